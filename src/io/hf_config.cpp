@@ -1,0 +1,268 @@
+#include "io/hf_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace nucleus {
+
+using json = nlohmann::json;
+
+const char* scoring_func_name(ScoringFunc f) { return f == ScoringFunc::kSoftmax ? "softmax" : "sigmoid"; }
+
+const char* topk_method_name(TopkMethod m) {
+  switch (m) {
+    case TopkMethod::kGreedy: return "greedy";
+    case TopkMethod::kGroupLimitedGreedy: return "group_limited_greedy";
+    case TopkMethod::kNoauxTc: return "noaux_tc";
+  }
+  return "?";
+}
+
+double yarn_get_mscale(double scale, double mscale) {
+  if (scale <= 1.0) return 1.0;
+  return 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+double ModelConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  if (rope_scaling.yarn && rope_scaling.mscale_all_dim != 0.0) {
+    double m = yarn_get_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
+namespace {
+
+// Field readers: each names the field when its type or value is wrong.
+class Reader {
+ public:
+  explicit Reader(const json& j) : j_(j) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  Status int_field(const char* key, int64_t* out, bool required, int64_t min_value = 0) const {
+    if (!has(key)) return required ? invalid_argument(std::string("config.json: missing field '") + key + "'")
+                                   : ok_status();
+    const json& v = j_[key];
+    if (!v.is_number_integer())
+      return invalid_argument(std::string("config.json: field '") + key + "' must be an integer, got " + v.dump());
+    if (v.get<int64_t>() < min_value)
+      return invalid_argument(std::string("config.json: field '") + key + "' must be >= " +
+                              std::to_string(min_value) + ", got " + v.dump());
+    *out = v.get<int64_t>();
+    return ok_status();
+  }
+
+  Status double_field(const char* key, double* out, bool required) const {
+    if (!has(key)) return required ? invalid_argument(std::string("config.json: missing field '") + key + "'")
+                                   : ok_status();
+    const json& v = j_[key];
+    if (!v.is_number())
+      return invalid_argument(std::string("config.json: field '") + key + "' must be a number, got " + v.dump());
+    *out = v.get<double>();
+    return ok_status();
+  }
+
+  Status bool_field(const char* key, bool* out) const {
+    if (!has(key)) return ok_status();
+    const json& v = j_[key];
+    if (!v.is_boolean())
+      return invalid_argument(std::string("config.json: field '") + key + "' must be true or false, got " + v.dump());
+    *out = v.get<bool>();
+    return ok_status();
+  }
+
+  Status string_field(const char* key, std::string* out, bool required) const {
+    if (!has(key)) return required ? invalid_argument(std::string("config.json: missing field '") + key + "'")
+                                   : ok_status();
+    const json& v = j_[key];
+    if (!v.is_string())
+      return invalid_argument(std::string("config.json: field '") + key + "' must be a string, got " + v.dump());
+    *out = v.get<std::string>();
+    return ok_status();
+  }
+
+ private:
+  const json& j_;
+};
+
+Status parse_rope_scaling(const json& j, RopeScaling* rs) {
+  if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return ok_status();
+  const json& r = j["rope_scaling"];
+  if (!r.is_object()) return invalid_argument("config.json: field 'rope_scaling' must be an object or null");
+  std::string type;
+  Reader rr(r);
+  if (rr.has("type")) {
+    NUCLEUS_RETURN_IF_ERROR(rr.string_field("type", &type, true));
+  } else if (rr.has("rope_type")) {
+    NUCLEUS_RETURN_IF_ERROR(rr.string_field("rope_type", &type, true));
+  } else {
+    return invalid_argument("config.json: rope_scaling has neither 'type' nor 'rope_type'");
+  }
+  if (type == "default") return ok_status();
+  if (type != "yarn")
+    return unsupported("config.json: rope_scaling type '" + type + "' is not supported (supported: yarn, default)");
+  rs->yarn = true;
+  NUCLEUS_RETURN_IF_ERROR(rr.double_field("factor", &rs->factor, true));
+  NUCLEUS_RETURN_IF_ERROR(
+      rr.int_field("original_max_position_embeddings", &rs->original_max_position_embeddings, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(rr.double_field("beta_fast", &rs->beta_fast, false));
+  NUCLEUS_RETURN_IF_ERROR(rr.double_field("beta_slow", &rs->beta_slow, false));
+  NUCLEUS_RETURN_IF_ERROR(rr.double_field("mscale", &rs->mscale, false));
+  NUCLEUS_RETURN_IF_ERROR(rr.double_field("mscale_all_dim", &rs->mscale_all_dim, false));
+  if (rs->factor <= 0) return invalid_argument("config.json: rope_scaling.factor must be > 0");
+  return ok_status();
+}
+
+Status apply_overrides(json* j, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) {
+    auto eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      return invalid_argument("--override '" + o + "': expected KEY=VALUE");
+    std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
+    (*j)[key] = v.is_discarded() ? json(value) : v;
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vector<std::string>& overrides) {
+  if (!config_in.is_object()) return invalid_argument("config.json: not a JSON object");
+  json config = config_in;
+  NUCLEUS_RETURN_IF_ERROR(apply_overrides(&config, overrides));
+  Reader r(config);
+  ModelConfig c;
+  NUCLEUS_RETURN_IF_ERROR(r.string_field("model_type", &c.model_type, true));
+  if (c.model_type != "deepseek_v2" && c.model_type != "deepseek_v3")
+    return unsupported("config.json: model_type '" + c.model_type +
+                       "' is not supported (supported: deepseek_v2, deepseek_v3)");
+  if (config.contains("architectures") && config["architectures"].is_array()) {
+    for (const auto& a : config["architectures"]) {
+      std::string arch = a.is_string() ? a.get<std::string>() : a.dump();
+      if (arch != "DeepseekV2ForCausalLM" && arch != "DeepseekV3ForCausalLM")
+        return unsupported("config.json: architecture '" + arch +
+                           "' is not supported (supported: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+    }
+  }
+  bool v3 = c.model_type == "deepseek_v3";
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("vocab_size", &c.vocab_size, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("hidden_size", &c.hidden_size, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("intermediate_size", &c.intermediate_size, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_hidden_layers", &c.num_hidden_layers, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_attention_heads", &c.num_attention_heads, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("q_lora_rank", &c.q_lora_rank, false, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("kv_lora_rank", &c.kv_lora_rank, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("qk_nope_head_dim", &c.qk_nope_head_dim, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("qk_rope_head_dim", &c.qk_rope_head_dim, true, 2));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("v_head_dim", &c.v_head_dim, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("max_position_embeddings", &c.max_position_embeddings, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.double_field("rms_norm_eps", &c.rms_norm_eps, false));
+  NUCLEUS_RETURN_IF_ERROR(r.double_field("rope_theta", &c.rope_theta, false));
+  if (c.qk_rope_head_dim % 2 != 0)
+    return invalid_argument("config.json: qk_rope_head_dim must be even, got " + std::to_string(c.qk_rope_head_dim));
+  NUCLEUS_RETURN_IF_ERROR(parse_rope_scaling(config, &c.rope_scaling));
+
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("n_routed_experts", &c.n_routed_experts, false, 0));
+  if (c.n_routed_experts > 0) {
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("moe_intermediate_size", &c.moe_intermediate_size, true, 1));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("num_experts_per_tok", &c.num_experts_per_tok, true, 1));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("n_shared_experts", &c.n_shared_experts, false, 0));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("n_group", &c.n_group, false, 1));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("topk_group", &c.topk_group, false, 1));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("first_k_dense_replace", &c.first_k_dense_replace, false, 0));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("moe_layer_freq", &c.moe_layer_freq, false, 1));
+    NUCLEUS_RETURN_IF_ERROR(r.bool_field("norm_topk_prob", &c.norm_topk_prob));
+    NUCLEUS_RETURN_IF_ERROR(r.double_field("routed_scaling_factor", &c.routed_scaling_factor, false));
+    std::string scoring = v3 ? "sigmoid" : "softmax";
+    NUCLEUS_RETURN_IF_ERROR(r.string_field("scoring_func", &scoring, false));
+    if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
+    else if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
+    else return unsupported("config.json: scoring_func '" + scoring + "' is not supported (supported: softmax, sigmoid)");
+    std::string method = v3 ? "noaux_tc" : "greedy";
+    NUCLEUS_RETURN_IF_ERROR(r.string_field("topk_method", &method, false));
+    if (method == "greedy") c.topk_method = TopkMethod::kGreedy;
+    else if (method == "group_limited_greedy") c.topk_method = TopkMethod::kGroupLimitedGreedy;
+    else if (method == "noaux_tc") c.topk_method = TopkMethod::kNoauxTc;
+    else
+      return unsupported("config.json: topk_method '" + method +
+                         "' is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
+    if (c.topk_method == TopkMethod::kNoauxTc && c.scoring_func != ScoringFunc::kSigmoid)
+      return unsupported("config.json: topk_method noaux_tc needs scoring_func sigmoid, got " + scoring);
+    if (c.n_routed_experts % c.n_group != 0)
+      return invalid_argument("config.json: n_routed_experts " + std::to_string(c.n_routed_experts) +
+                              " is not a multiple of n_group " + std::to_string(c.n_group));
+    if (c.topk_group > c.n_group)
+      return invalid_argument("config.json: topk_group " + std::to_string(c.topk_group) + " > n_group " +
+                              std::to_string(c.n_group));
+    if (c.num_experts_per_tok > c.n_routed_experts)
+      return invalid_argument("config.json: num_experts_per_tok > n_routed_experts");
+    if (c.topk_method != TopkMethod::kGreedy &&
+        c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group))
+      return invalid_argument("config.json: num_experts_per_tok exceeds the experts in topk_group groups");
+  }
+
+  if (config.contains("hidden_act") && config["hidden_act"] != "silu")
+    return unsupported("config.json: hidden_act " + config["hidden_act"].dump() + " is not supported (supported: silu)");
+  if (config.contains("attention_bias") && config["attention_bias"] == true)
+    return unsupported("config.json: attention_bias true is not supported");
+  NUCLEUS_RETURN_IF_ERROR(r.bool_field("tie_word_embeddings", &c.tie_word_embeddings));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("bos_token_id", &c.bos_token_id, false, 0));
+  if (r.has("eos_token_id")) {
+    const json& e = config["eos_token_id"];
+    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
+    else if (e.is_array()) {
+      for (const auto& x : e) {
+        if (!x.is_number_integer()) return invalid_argument("config.json: eos_token_id list holds a non-integer");
+        c.eos_token_ids.push_back(x.get<int64_t>());
+      }
+    } else {
+      return invalid_argument("config.json: eos_token_id must be an integer or a list of integers");
+    }
+  }
+
+  if (r.has("quantization_config")) {
+    const json& q = config["quantization_config"];
+    if (!q.is_object()) return invalid_argument("config.json: quantization_config must be an object");
+    Reader qr(q);
+    std::string method;
+    NUCLEUS_RETURN_IF_ERROR(qr.string_field("quant_method", &method, true));
+    if (method != "fp8")
+      return unsupported("config.json: quantization_config.quant_method '" + method +
+                         "' is not supported (supported: fp8)");
+    std::string fmt = "e4m3";
+    NUCLEUS_RETURN_IF_ERROR(qr.string_field("fmt", &fmt, false));
+    if (fmt != "e4m3")
+      return unsupported("config.json: quantization_config.fmt '" + fmt + "' is not supported (supported: e4m3)");
+    std::string scheme = "dynamic";
+    NUCLEUS_RETURN_IF_ERROR(qr.string_field("activation_scheme", &scheme, false));
+    if (scheme != "dynamic")
+      return unsupported("config.json: quantization_config.activation_scheme '" + scheme +
+                         "' is not supported (supported: dynamic)");
+    if (!q.contains("weight_block_size") || !q["weight_block_size"].is_array() ||
+        q["weight_block_size"].size() != 2 || !q["weight_block_size"][0].is_number_integer() ||
+        !q["weight_block_size"][1].is_number_integer())
+      return unsupported("config.json: quantization_config.weight_block_size must be [n, k] (per-tensor FP8 is not supported)");
+    c.fp8 = true;
+    c.weight_block_n = q["weight_block_size"][0].get<int64_t>();
+    c.weight_block_k = q["weight_block_size"][1].get<int64_t>();
+    if (c.weight_block_n <= 0 || c.weight_block_k <= 0)
+      return invalid_argument("config.json: quantization_config.weight_block_size must be positive");
+  }
+  return c;
+}
+
+StatusOr<ModelConfig> load_model_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  if (!in) return not_found("cannot open config file '" + path + "'");
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
+  auto c = parse_model_config(j, overrides);
+  if (!c.ok()) return c.status().with_context(path);
+  return c;
+}
+
+}  // namespace nucleus

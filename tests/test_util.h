@@ -1,0 +1,12 @@
+// Helpers shared by the tests: where the shipped models and references are.
+#pragma once
+
+#include <string>
+
+namespace nucleus::testing {
+// Directory holding tiny-dsv3/, tiny-dsv3-fp8/, ref/, configs/ (the project's models/).
+std::string models_dir();
+std::string model_path(const std::string& name);  // models_dir()/name
+// A fresh empty temporary directory, removed at exit.
+std::string make_temp_dir(const std::string& prefix);
+}  // namespace nucleus::testing
