@@ -1,0 +1,86 @@
+#include "graph/step_graph.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace nucleus {
+
+int StepGraph::buffer(const std::string& name, int64_t width, DType dtype, RowSpace rows) {
+  int id = find_buffer(name);
+  if (id >= 0) {
+    const BufferDesc& b = buffers_[id];
+    NUCLEUS_CHECK(b.width == width && b.dtype == dtype && b.rows == rows,
+                  "buffer {} redeclared: width {} vs {}, dtype {} vs {}", name, b.width, width, dtype_name(b.dtype),
+                  dtype_name(dtype));
+    return id;
+  }
+  buffers_.push_back({name, width, dtype, rows});
+  return static_cast<int>(buffers_.size()) - 1;
+}
+
+int StepGraph::find_buffer(const std::string& name) const {
+  for (size_t i = 0; i < buffers_.size(); ++i)
+    if (buffers_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+Node& StepGraph::add(std::string name, std::unique_ptr<Op> op, std::vector<int> inputs, std::vector<int> outputs) {
+  nodes_.push_back(Node{std::move(name), std::move(op), std::move(inputs), std::move(outputs), {}});
+  return nodes_.back();
+}
+
+Status StepGraph::select_backends(Device device) {
+  for (auto& n : nodes_) {
+    Status s = n.op->select_backend(device);
+    if (!s.ok()) return s.with_context("node " + n.name);
+  }
+  return ok_status();
+}
+
+std::string StepGraph::dump(const std::string& title) const {
+  std::string out = fmt::format("# step graph: {} ({} nodes, {} buffers)\n", title, nodes_.size(), buffers_.size());
+  auto names = [&](const std::vector<int>& ids) {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) s += ", ";
+      const BufferDesc& b = buffers_[ids[i]];
+      s += fmt::format("{}[{}{}]", b.name, b.rows == RowSpace::kTokens ? "T," : "L,", b.width);
+    }
+    return s;
+  };
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = nodes_[i];
+    out += fmt::format("{:4} {:<44} {:<20} {:<10} {} -> {}", i, n.name, n.op->kind(),
+                       n.op->backend().empty() ? "-" : n.op->backend(), names(n.inputs), names(n.outputs));
+    std::string attrs = n.op->attrs();
+    if (!attrs.empty()) out += "  {" + attrs + "}";
+    for (const auto& note : n.notes) out += "  <" + note + ">";
+    out += "\n";
+  }
+  return out;
+}
+
+std::vector<Tensor> allocate_step_buffers(const StepGraph& graph, const StepInputs& inputs, Device device) {
+  std::vector<Tensor> out;
+  out.reserve(graph.buffers().size());
+  for (const auto& b : graph.buffers()) {
+    int64_t rows = b.rows == RowSpace::kTokens ? inputs.num_tokens() : inputs.num_logits();
+    out.push_back(Tensor::empty({rows, b.width}, b.dtype, device));
+  }
+  return out;
+}
+
+void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end) {
+  std::vector<Tensor> in, out;
+  for (size_t i = begin; i < end; ++i) {
+    Node& n = graph.nodes()[i];
+    in.clear();
+    out.clear();
+    for (int id : n.inputs) in.push_back(buffers[id]);
+    for (int id : n.outputs) out.push_back(buffers[id]);
+    n.op->run(ctx, in, out);
+  }
+}
+
+}  // namespace nucleus

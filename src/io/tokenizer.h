@@ -1,0 +1,207 @@
+// Tokenizer: byte-level BPE as in a Hugging Face tokenizer.json, plus the
+// BOS/EOS/chat-template settings of tokenizer_config.json.
+//
+// Encoding follows the `tokenizers` library step by step, so ids match
+// PreTrainedTokenizerFast exactly:
+//   1. Added tokens (tokenizer.json "added_tokens") are cut out of the text
+//      first: at each position the longest one wins (leftmost-longest), with
+//      their lstrip / rstrip / single_word flags honoured.
+//   2. Each piece between them goes through the pre-tokenizer, one of
+//      ByteLevel (add_prefix_space, use_regex: the GPT-2 pattern), Split
+//      (Regex or String pattern; behaviors Isolated, Removed,
+//      MergedWithPrevious, MergedWithNext, Contiguous; invert), Digits, or a
+//      Sequence of them. ByteLevel maps every byte to one character of the
+//      GPT-2 bytes_to_unicode alphabet.
+//   3. Each pre-token is split into characters, looked up in model.vocab and
+//      merged by BPE: the adjacent pair with the lowest merge rank first, the
+//      leftmost among equals, until no pair has a merge.
+// Decoding maps token characters back to bytes (the ByteLevel decoder);
+// text that is not valid UTF-8 is kept as raw bytes.
+//
+// Regexes from tokenizer.json (Oniguruma syntax in HF) are compiled with
+// PCRE2 (UTF + UCP, JIT when available); the patterns real tokenizers use
+// mean the same in both.
+//
+// Supported: model BPE (no dropout, no byte_fallback, no subword prefix or
+// suffix; unk_token / fuse_unk / ignore_merges honoured), normalizer null,
+// decoder ByteLevel; post_processor, truncation and padding are ignored (BOS
+// and EOS come from tokenizer_config.json). Anything else is a load error
+// that names the file and the type, e.g.
+// "tokenizer.json: pre_tokenizer type 'Metaspace' is not supported".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/status.h"
+
+namespace nucleus {
+
+namespace detail {
+// A compiled PCRE2 pattern (defined in tokenizer.cpp).
+class TokenizerRegex;
+}  // namespace detail
+
+class Tokenizer {
+ public:
+  // Loads <model_dir>/tokenizer.json and <model_dir>/tokenizer_config.json
+  // (both required). The chat template comes from tokenizer_config.json, or
+  // else from <model_dir>/chat_template.jinja when that file exists.
+  // Errors name the file and the problem: kNotFound for a missing file,
+  // kInvalidArgument for bad JSON or a bad field (a merge naming an unknown
+  // token, a bos_token that is not a token, ...), kUnsupported for a
+  // component type this engine does not implement.
+  static StatusOr<std::unique_ptr<Tokenizer>> load(const std::string& model_dir);
+
+  // Builds a tokenizer from the parsed contents of tokenizer.json and
+  // tokenizer_config.json (`config` may be an empty object). `chat_template`
+  // is used when `config` has none. Errors as load(), naming the files by
+  // their base names.
+  static StatusOr<std::unique_ptr<Tokenizer>> from_json(const nlohmann::json& tokenizer,
+                                                        const nlohmann::json& config,
+                                                        const std::string& chat_template = "");
+
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // Text -> ids. Added and special tokens written literally in the text
+  // become their ids. With add_special_tokens, BOS is prepended when
+  // tokenizer_config.json's add_bos_token holds (default: true when a
+  // bos_token is set) and EOS appended when add_eos_token holds (default
+  // false). Text that is not valid UTF-8 is encoded byte by byte where the
+  // invalid bytes are. Thread-safe.
+  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
+
+  // Ids -> text: the concatenated token_bytes() of the ids (invalid UTF-8,
+  // such as half of a multi-byte character, is kept as is).
+  // skip_special_tokens drops the added tokens marked special.
+  // Every id must be in [0, vocab_size()) (checked: callers validate first).
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  // The raw bytes token `id` stands for, for incremental detokenization.
+  // As HF's ByteLevel decoder: each character of the token is mapped back to
+  // its byte, unless one of them is outside the byte alphabet, in which case
+  // the token's own UTF-8 text is used (so "<|end_of_text|>" gives itself).
+  // An id in range that no token has gives "". `id` must be in
+  // [0, vocab_size()) (checked).
+  std::string token_bytes(int32_t id) const;
+
+  // The token string of `id` as written in tokenizer.json (byte-level
+  // alphabet, e.g. "Ġthe"); "" for an unused id. `id` must be in
+  // [0, vocab_size()) (checked).
+  const std::string& id_to_token(int32_t id) const;
+
+  // True when `id` is an added token marked "special": true. False for ids
+  // outside [0, vocab_size()).
+  bool is_special(int32_t id) const;
+
+  // The id of a vocab or added-token string (added tokens first), if any.
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+
+  // Max id + 1 over model.vocab and added_tokens (ids may have gaps).
+  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+
+  // BOS / EOS ids from tokenizer_config.json's bos_token / eos_token, if set.
+  std::optional<int32_t> bos_id() const { return bos_id_; }
+  std::optional<int32_t> eos_id() const { return eos_id_; }
+  // Their strings; "" when unset.
+  const std::string& bos_token() const { return bos_token_; }
+  const std::string& eos_token() const { return eos_token_; }
+  // Whether encode(text, true) prepends BOS / appends EOS.
+  bool add_bos() const { return add_bos_; }
+  bool add_eos() const { return add_eos_; }
+
+  // The Jinja chat template; "" when the model has none.
+  const std::string& chat_template() const { return chat_template_; }
+
+  // The pre-tokens of `text` (no added-token splitting), in the byte-level
+  // alphabet when the pre-tokenizer has a ByteLevel step: what HF's
+  // pre_tokenizer.pre_tokenize_str returns, without offsets. For tests and
+  // debugging.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
+
+ private:
+  // One added token of tokenizer.json.
+  struct AddedToken {
+    std::string content;
+    int32_t id = 0;
+    bool single_word = false;
+    bool lstrip = false;
+    bool rstrip = false;
+    bool special = false;
+  };
+  // A run of text: an added token (id >= 0) or text to pre-tokenize (id -1).
+  struct Segment {
+    size_t begin = 0, end = 0;
+    int32_t id = -1;
+  };
+  // One pre-tokenizer step (a Sequence is flattened into its steps).
+  enum class StepKind { kSplit, kByteLevel, kDigits };
+  enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
+  struct Step {
+    StepKind kind = StepKind::kSplit;
+    std::shared_ptr<const detail::TokenizerRegex> regex;  // kSplit; kByteLevel with use_regex
+    SplitBehavior behavior = SplitBehavior::kIsolated;
+    bool invert = false;            // kSplit
+    bool add_prefix_space = false;  // kByteLevel
+    bool individual_digits = false; // kDigits
+  };
+  // Hash that lets maps keyed by std::string be searched with string_view.
+  struct StringHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using StringMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+  Tokenizer() = default;
+  Status parse_model(const nlohmann::json& model);
+  Status parse_added_tokens(const nlohmann::json& tokens);
+  Status parse_pre_tokenizer(const nlohmann::json& pre, const std::string& where);
+  Status parse_config(const nlohmann::json& config);
+
+  std::vector<Segment> split_added_tokens(std::string_view text) const;
+  void apply_step(const Step& step, std::vector<std::string>& pieces) const;
+  // Appends the BPE ids of one pre-token.
+  void bpe(std::string_view word, std::vector<int32_t>& out) const;
+  void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
+
+  StringMap vocab_;                  // model.vocab
+  StringMap added_ids_;              // added token content -> id
+  std::vector<std::string> tokens_;  // id -> token string ("" when unused)
+  std::vector<std::string> bytes_;   // id -> decoded bytes
+  std::vector<uint8_t> special_;     // id -> added token marked special
+  std::vector<AddedToken> added_;
+  // For each first byte, indexes into added_ of the tokens starting with it,
+  // longest first, so the first match at a position is the longest.
+  std::vector<std::vector<int32_t>> added_by_byte_;
+  std::shared_ptr<const detail::TokenizerRegex> word_char_;  // \w, for single_word
+
+  // BPE merges: (left id << 32 | right id) -> (rank, merged id).
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  std::optional<int32_t> unk_id_;
+  bool fuse_unk_ = false;
+  bool ignore_merges_ = false;
+  std::vector<Step> steps_;
+  bool byte_level_decoder_ = false;
+
+  std::string bos_token_, eos_token_, chat_template_;
+  std::optional<int32_t> bos_id_, eos_id_;
+  bool add_bos_ = false, add_eos_ = false;
+
+  // Pre-token -> ids. Prompts repeat words, and BPE is the costly step.
+  // Bounded: once full, new words are not cached.
+  mutable std::shared_mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
+};
+
+}  // namespace nucleus

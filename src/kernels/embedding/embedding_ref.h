@@ -1,0 +1,14 @@
+// CPU reference embedding lookup.
+#pragma once
+
+#include <cstdint>
+
+namespace nucleus::kernels {
+
+// out[t, :] = table[ids[t], :]
+//   table: [vocab_size, hidden_size] f32; ids: [num_tokens] int32, each in
+//   [0, vocab_size) (validated by the caller); out: [num_tokens, hidden_size].
+void embedding_ref(const float* table, int64_t vocab_size, int64_t hidden_size, const int32_t* ids,
+                   int64_t num_tokens, float* out);
+
+}  // namespace nucleus::kernels

@@ -1,0 +1,42 @@
+// Rotary position embedding on interleaved pairs (GPT-J style; what Hugging
+// Face calls rope_interleave=True for DeepSeek): elements (2i, 2i+1) of a
+// rope_dim-wide vector rotate by angle pos * inv_freq[i]:
+//   y[2i]   = x[2i] * cos - x[2i+1] * sin
+//   y[2i+1] = x[2i+1] * cos + x[2i] * sin
+// with cos/sin multiplied by the YaRN attention factor
+// mscale(factor, mscale) / mscale(factor, mscale_all_dim).
+// YaRN frequencies (DeepSeek-V2 modeling code, yarn_find_correction_range):
+//   extra[i] = theta^(-2i/d), inter[i] = extra[i] / factor,
+//   low = floor(d ln(L0 / (2 pi beta_fast)) / (2 ln theta)),
+//   high = ceil(d ln(L0 / (2 pi beta_slow)) / (2 ln theta)), clamped to [0, d-1],
+//   ramp[i] = clamp((i - low) / (high - low), 0, 1),
+//   inv_freq[i] = inter[i] * ramp[i] + extra[i] * (1 - ramp[i]).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "io/hf_config.h"
+
+namespace nucleus::kernels {
+
+// Per-position cos/sin table for one model: [max_positions, rope_dim / 2] each.
+struct RopeTable {
+  int64_t rope_dim = 0;
+  int64_t max_positions = 0;
+  std::vector<float> inv_freq;  // [rope_dim / 2]
+  std::vector<float> cos;       // [max_positions, rope_dim / 2], attention factor applied
+  std::vector<float> sin;
+};
+
+// Inverse frequencies for the config (plain RoPE or YaRN), f32.
+std::vector<float> rope_inv_freq(const ModelConfig& config);
+// The YaRN cos/sin multiplier (1 without YaRN).
+double rope_attention_factor(const ModelConfig& config);
+// Builds the table for positions [0, max_positions).
+RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions);
+
+// Rotates x[0:rope_dim] in place at position `pos` (pos < table.max_positions).
+void apply_rope_interleaved_ref(const RopeTable& table, int64_t pos, float* x);
+
+}  // namespace nucleus::kernels

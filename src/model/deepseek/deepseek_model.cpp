@@ -1,0 +1,163 @@
+#include "model/deepseek/deepseek_model.h"
+
+#include <filesystem>
+
+#include "core/check.h"
+#include "core/env.h"
+#include "core/logging.h"
+#include "ops/basic_ops.h"
+#include "ops/linear_op.h"
+#include "ops/moe_ops.h"
+
+namespace nucleus {
+
+DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, const ModelOptions& options)
+    : config_(config), weights_(std::move(weights)), options_(options) {
+  rope_ = kernels::make_rope_table(config_, config_.max_position_embeddings);
+}
+
+StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig& config, ModelWeights weights,
+                                                                const ModelOptions& options) {
+  std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options));
+  m->build(m->prefill_graph_, StepKind::kPrefill);
+  m->build(m->decode_graph_, StepKind::kDecode);
+  NUCLEUS_RETURN_IF_ERROR(m->prefill_graph_.select_backends(options.device).with_context("prefill graph"));
+  NUCLEUS_RETURN_IF_ERROR(m->decode_graph_.select_backends(options.device).with_context("decode graph"));
+  if (env_flag("NUCLEUS_DUMP_GRAPH")) {
+    std::fputs(m->prefill_graph_.dump("prefill").c_str(), stderr);
+    std::fputs(m->decode_graph_.dump("decode").c_str(), stderr);
+  }
+  return m;
+}
+
+void DeepseekModel::build(StepGraph& g, StepKind kind) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const DType act = DType::kF32;  // activation dtype of the CPU reference
+  kernels::MlaDims dims;
+  dims.num_heads = nh;
+  dims.qk_nope = c.qk_nope_head_dim;
+  dims.qk_rope = c.qk_rope_head_dim;
+  dims.v_head = c.v_head_dim;
+  dims.kv_lora = c.kv_lora_rank;
+  dims.scale = static_cast<float>(c.softmax_scale());
+  AttentionMode mode = options_.attention_mode;
+  if (mode == AttentionMode::kAuto && kind == StepKind::kDecode) mode = AttentionMode::kAbsorbed;
+
+  const int residual = g.buffer("residual", H, act);
+  const int x_norm = g.buffer("x_norm", H, act);
+  const int delta = g.buffer("delta", H, act);
+  const int q = g.buffer("q", nh * c.qk_head_dim(), act);
+  const int kv_a = g.buffer("kv_a", c.kv_cache_width(), act);
+  const int attn_out = g.buffer("attn_out", nh * c.v_head_dim, act);
+
+  g.add("embed_tokens", std::make_unique<EmbeddingOp>(weights_.embed_tokens), {}, {residual});
+
+  // SwiGLU MLP writing (or, with accumulate, adding to) `out`.
+  auto add_mlp = [&](const std::string& prefix, const MlpWeights& w, int in, int out, bool accumulate) {
+    const int gate_up = g.buffer("gate_up." + std::to_string(w.inter), 2 * w.inter, act);
+    const int h = g.buffer("mlp_act." + std::to_string(w.inter), w.inter, act);
+    g.add(prefix + ".gate_up_proj", std::make_unique<LinearOp>(&w.gate_up, false), {in}, {gate_up});
+    g.add(prefix + ".act", std::make_unique<SiluMulOp>(), {gate_up}, {h});
+    g.add(prefix + ".down_proj", std::make_unique<LinearOp>(&w.down, accumulate), {h}, {out});
+  };
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[l];
+    const AttentionWeights& aw = lw.attn;
+    const std::string p = "layers." + std::to_string(l) + ".";
+    // Attention block.
+    std::vector<int> norm_in = {residual};
+    if (l > 0) norm_in.push_back(delta);
+    g.add(p + "input_layernorm", std::make_unique<AddRmsNormOp>(lw.input_layernorm, eps, l > 0), norm_in,
+          {residual, x_norm});
+    if (aw.q_a_proj) {
+      const int q_a = g.buffer("q_a", c.q_lora_rank, act);
+      g.add(p + "self_attn.q_a_proj", std::make_unique<LinearOp>(&*aw.q_a_proj, false), {x_norm}, {q_a});
+      g.add(p + "self_attn.q_a_layernorm", std::make_unique<RmsNormOp>(aw.q_a_layernorm, eps), {q_a}, {q_a});
+      g.add(p + "self_attn.q_b_proj", std::make_unique<LinearOp>(&*aw.q_b_proj, false), {q_a}, {q});
+    } else {
+      g.add(p + "self_attn.q_proj", std::make_unique<LinearOp>(&*aw.q_proj, false), {x_norm}, {q});
+    }
+    g.add(p + "self_attn.kv_a_proj_with_mqa", std::make_unique<LinearOp>(&aw.kv_a_proj, false), {x_norm}, {kv_a});
+    g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
+    g.add(p + "self_attn.rope_kv_cache_write", std::make_unique<RopeKvCacheWriteOp>(l, &rope_, dims), {q, kv_a},
+          {q});
+    g.add(p + "self_attn.attn", std::make_unique<MlaAttentionOp>(l, &aw.kv_b_proj, dims, mode), {q}, {attn_out});
+    g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
+    // FFN block.
+    g.add(p + "post_attention_layernorm", std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true),
+          {residual, delta}, {residual, x_norm});
+    if (lw.moe) {
+      const MoeWeights& m = *lw.moe;
+      const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+      const int logits = g.buffer("router_logits", E, DType::kF32);
+      const int ids = g.buffer("topk_ids", k, DType::kI32);
+      const int weights = g.buffer("topk_weights", k, DType::kF32);
+      g.add(p + "mlp.gate", std::make_unique<LinearOp>(&m.router, false), {x_norm}, {logits});
+      g.add(p + "mlp.route",
+            std::make_unique<MoeRouteOp>(kernels::MoeRoutingParams::from_config(c), m.e_score_correction_bias),
+            {logits}, {ids, weights});
+      std::vector<ExpertWeights> experts;
+      for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
+      g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), c.moe_intermediate_size, k),
+            {x_norm, ids, weights}, {delta});
+      if (m.shared) add_mlp(p + "mlp.shared_experts", *m.shared, x_norm, delta, /*accumulate=*/true);
+    } else {
+      add_mlp(p + "mlp", *lw.mlp, x_norm, delta, /*accumulate=*/false);
+    }
+  }
+  g.add("norm", std::make_unique<AddRmsNormOp>(weights_.norm, eps, true), {residual, delta}, {residual, x_norm});
+  const int lm_in = g.buffer("lm_head_in", H, act, RowSpace::kLogits);
+  const int logits = g.buffer("logits", c.vocab_size, DType::kF32, RowSpace::kLogits);
+  g.add("gather_logit_rows", std::make_unique<GatherLogitRowsOp>(), {x_norm}, {lm_in});
+  g.add("lm_head", std::make_unique<LinearOp>(&weights_.lm_head, false), {lm_in}, {logits});
+}
+
+KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  KvCache kv;
+  kv.num_layers = config_.num_hidden_layers;
+  kv.num_blocks = num_blocks;
+  kv.block_size = block_size;
+  kv.width = config_.kv_cache_width();
+  kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, kv.width}, DType::kF32);
+  return kv;
+}
+
+StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_cache) {
+  NUCLEUS_CHECK(inputs.num_tokens() > 0, "empty step");
+  NUCLEUS_CHECK(static_cast<int64_t>(inputs.positions.size()) == inputs.num_tokens() &&
+                    static_cast<int64_t>(inputs.slot_mapping.size()) == inputs.num_tokens() &&
+                    static_cast<int64_t>(inputs.query_start.size()) == inputs.num_seqs() + 1 &&
+                    inputs.query_start.back() == inputs.num_tokens(),
+                "inconsistent step inputs");
+  for (int32_t p : inputs.positions)
+    NUCLEUS_CHECK(p >= 0 && p < config_.max_position_embeddings, "position {} outside [0, {})", p,
+                  config_.max_position_embeddings);
+  StepGraph& g = graph(inputs.is_decode() ? StepKind::kDecode : StepKind::kPrefill);
+  std::vector<Tensor> buffers = allocate_step_buffers(g, inputs, options_.device);
+  OpContext ctx;
+  ctx.device = options_.device;
+  ctx.inputs = &inputs;
+  ctx.kv_cache = &kv_cache;
+  run_nodes(g, ctx, buffers, 0, g.nodes().size());
+  return buffers[g.find_buffer("logits")];
+}
+
+StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& model_dir,
+                                                             const ModelOptions& options,
+                                                             const std::vector<std::string>& overrides,
+                                                             bool show_progress) {
+  namespace fs = std::filesystem;
+  NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
+                           load_model_config((fs::path(model_dir) / "config.json").string(), overrides));
+  NUCLEUS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(model_dir));
+  auto backend = make_cpu_weight_backend();
+  LoadOptions lo;
+  lo.show_progress = show_progress;
+  NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(ckpt, config, *backend, lo));
+  return DeepseekModel::create(config, std::move(weights), options);
+}
+
+}  // namespace nucleus

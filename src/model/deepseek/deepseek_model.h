@@ -1,0 +1,68 @@
+// The DeepSeek-V2/V3 model (MLA + MoE) as step graphs over its weights.
+//
+// Per layer l (design.md "The model"):
+//   h = x + o_proj(MLA(RMSNorm(x)))
+//   y = h + FFN(RMSNorm(h)),  FFN = dense SwiGLU (l < first_k_dense_replace) or MoE
+// and at the end logits = lm_head(RMSNorm(y)) for the step's logit rows.
+// Residual adds are fused into the following RMSNorm (AddRmsNormOp).
+#pragma once
+
+#include <memory>
+
+#include "core/status.h"
+#include "graph/step_graph.h"
+#include "io/hf_config.h"
+#include "kernels/rope/rope_ref.h"
+#include "model/weights.h"
+#include "ops/mla_ops.h"
+#include "ops/step_inputs.h"
+
+namespace nucleus {
+
+struct ModelOptions {
+  Device device = Device::kCpu;
+  AttentionMode attention_mode = AttentionMode::kAuto;
+};
+
+// The two graph shapes a step can take. kDecode: every sequence has one new
+// token; kPrefill: anything else (prefill chunks, possibly mixed with decodes).
+enum class StepKind { kPrefill, kDecode };
+
+class DeepseekModel {
+ public:
+  // Builds both step graphs and picks every node's backend for options.device.
+  static StatusOr<std::unique_ptr<DeepseekModel>> create(const ModelConfig& config, ModelWeights weights,
+                                                         const ModelOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  StepGraph& graph(StepKind kind) { return kind == StepKind::kDecode ? decode_graph_ : prefill_graph_; }
+
+  // Runs one step: writes the step's latent rows into `kv_cache` (slots from
+  // inputs.slot_mapping) and returns logits [num_logits, vocab_size] f32 on
+  // the host, one row per inputs.logit_indices entry.
+  StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache);
+
+  // A zeroed cache for this model: [num_layers, num_blocks, block_size, kv_lora + qk_rope].
+  KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;
+
+ private:
+  DeepseekModel(const ModelConfig& config, ModelWeights weights, const ModelOptions& options);
+  void build(StepGraph& g, StepKind kind);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  ModelOptions options_;
+  kernels::RopeTable rope_;
+  StepGraph prefill_graph_;
+  StepGraph decode_graph_;
+};
+
+// Loads config.json (with `overrides`, "key=value") and the checkpoint in
+// `model_dir` for options.device.
+StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& model_dir,
+                                                             const ModelOptions& options,
+                                                             const std::vector<std::string>& overrides = {},
+                                                             bool show_progress = true);
+
+}  // namespace nucleus

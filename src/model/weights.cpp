@@ -1,0 +1,285 @@
+#include "model/weights.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <regex>
+#include <set>
+
+#include "core/check.h"
+
+namespace nucleus {
+
+namespace {
+
+std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
+
+// Where tensors come from: a checkpoint, or a dummy generator.
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  // The tensor `name` with exactly `shape`, or an error naming it.
+  virtual StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) = 0;
+  // FP8 scale for `weight_name` if the weight is FP8 (undefined otherwise).
+  virtual StatusOr<Tensor> scale_for(const std::string& weight_name, const Tensor& weight,
+                                     const std::vector<int64_t>& scale_shape) = 0;
+  virtual int64_t progress_total() const { return 0; }
+  virtual int64_t progress_done() const { return 0; }
+};
+
+bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
+
+class CheckpointSource : public TensorSource {
+ public:
+  CheckpointSource(const Checkpoint& ckpt, const ModelConfig& config) : ckpt_(ckpt), config_(config) {}
+
+  StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) override {
+    NUCLEUS_ASSIGN_OR_RETURN(TensorEntry e, ckpt_.get(name));
+    used_.insert(name);
+    if (e.shape != shape)
+      return invalid_argument(e.file + ": tensor '" + name + "' has shape " + shape_to_string(e.shape) +
+                              " but config.json implies " + shape_to_string(shape));
+    bool ok_dtype = is_float_dtype(e.dtype) || (linear && e.dtype == DType::kF8E4M3);
+    if (!ok_dtype)
+      return unsupported(e.file + ": tensor '" + name + "' has dtype " + dtype_name(e.dtype) +
+                         (linear ? " (expected F32, BF16, F16 or F8_E4M3)" : " (expected F32, BF16 or F16)"));
+    if (e.dtype == DType::kF8E4M3 && !config_.fp8)
+      return unsupported(e.file + ": tensor '" + name +
+                         "' is F8_E4M3 but config.json has no fp8 quantization_config");
+    return ckpt_.view(e);
+  }
+
+  StatusOr<Tensor> scale_for(const std::string& weight_name, const Tensor& weight,
+                             const std::vector<int64_t>& scale_shape) override {
+    std::string base = weight_name.substr(0, weight_name.size() - std::string("weight").size());
+    std::string scale_name = base + "weight_scale_inv";
+    if (weight.dtype() != DType::kF8E4M3) {
+      if (ckpt_.contains(scale_name))
+        return invalid_argument("checkpoint '" + ckpt_.dir() + "': '" + scale_name + "' is present but '" +
+                                weight_name + "' is not F8_E4M3");
+      return Tensor();
+    }
+    auto e = ckpt_.get(scale_name);
+    if (!e.ok())
+      return not_found("checkpoint '" + ckpt_.dir() + "': F8_E4M3 tensor '" + weight_name + "' has no '" +
+                       scale_name + "'");
+    used_.insert(scale_name);
+    if (e->dtype != DType::kF32 && e->dtype != DType::kU8)
+      return unsupported(e->file + ": tensor '" + scale_name + "' has dtype " + dtype_name(e->dtype) +
+                         " (expected F32, or U8 holding E8M0 exponents)");
+    if (e->shape != scale_shape)
+      return invalid_argument(e->file + ": tensor '" + scale_name + "' has shape " + shape_to_string(e->shape) +
+                              " but a " + shape_to_string(weight.shape()) + " weight with " +
+                              std::to_string(config_.weight_block_n) + "x" + std::to_string(config_.weight_block_k) +
+                              " blocks needs " + shape_to_string(scale_shape));
+    return ckpt_.view(*e);
+  }
+
+  // Tensors in the checkpoint that the model did not read (ignoring layers
+  // past num_hidden_layers and rotary buffers).
+  Status check_unused() const {
+    static const std::regex layer_re(R"(^model\.layers\.(\d+)\.)");
+    for (const auto& [name, e] : ckpt_.entries()) {
+      if (used_.count(name)) continue;
+      std::smatch m;
+      if (std::regex_search(name, m, layer_re) && std::stoll(m[1].str()) >= config_.num_hidden_layers) continue;
+      if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
+      return invalid_argument(e.file + ": unexpected tensor '" + name + "' (not part of a " + config_.model_type +
+                              " model with this config.json)");
+    }
+    return ok_status();
+  }
+
+  int64_t progress_total() const override { return static_cast<int64_t>(ckpt_.entries().size()); }
+  int64_t progress_done() const override { return static_cast<int64_t>(used_.size()); }
+
+ private:
+  const Checkpoint& ckpt_;
+  const ModelConfig& config_;
+  std::set<std::string> used_;
+};
+
+class DummySource : public TensorSource {
+ public:
+  DummySource(const ModelConfig& config, uint64_t seed) : config_(config), rng_(seed) {}
+
+  StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) override {
+    const bool is_norm = name.find("norm") != std::string::npos;
+    const bool is_bias = name.find("e_score_correction_bias") != std::string::npos;
+    const int64_t n = shape_numel(shape);
+    if (linear && config_.fp8 && name.find("mlp.gate.") == std::string::npos) {
+      // FP8 weight: e4m3 bytes of N(0, 1) * 16 (within range), scales 0.02/16.
+      Tensor t = Tensor::empty(shape, DType::kF8E4M3);
+      auto* p = t.data<uint8_t>();
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_fp8e4m3(dist(rng_) * 16.0f);
+      return t;
+    }
+    Tensor t = Tensor::empty(shape, DType::kBF16);
+    auto* p = t.data<uint16_t>();
+    std::normal_distribution<float> dist(0.0f, 0.02f);
+    for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(is_norm ? 1.0f : is_bias ? 0.0f : dist(rng_));
+    return t;
+  }
+
+  StatusOr<Tensor> scale_for(const std::string&, const Tensor& weight,
+                             const std::vector<int64_t>& scale_shape) override {
+    if (weight.dtype() != DType::kF8E4M3) return Tensor();
+    Tensor s = Tensor::empty(scale_shape, DType::kF32);
+    for (int64_t i = 0; i < s.numel(); ++i) s.data<float>()[i] = 0.02f / 16.0f;
+    return s;
+  }
+
+ private:
+  const ModelConfig& config_;
+  std::mt19937_64 rng_;
+};
+
+class Progress {
+ public:
+  Progress(const TensorSource& src, bool enabled) : src_(src), enabled_(enabled && isatty(2)) {}
+  void update() {
+    if (!enabled_ || src_.progress_total() == 0) return;
+    int64_t done = src_.progress_done(), total = src_.progress_total();
+    std::fprintf(stderr, "\rLoading weights: %lld/%lld tensors (%d%%)", static_cast<long long>(done),
+                 static_cast<long long>(total), static_cast<int>(100 * done / total));
+    std::fflush(stderr);
+  }
+  ~Progress() {
+    if (enabled_ && src_.progress_total() > 0) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  const TensorSource& src_;
+  bool enabled_;
+};
+
+class Loader {
+ public:
+  Loader(const ModelConfig& c, TensorSource& src, WeightBackend& backend) : c_(c), src_(src), backend_(backend) {}
+
+  StatusOr<Tensor> dense(const std::string& name, std::vector<int64_t> shape) {
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor host, src_.get(name, shape, /*linear=*/false));
+    return backend_.dense(name, host);
+  }
+
+  StatusOr<LinearWeight> linear(const std::string& prefix, int64_t out, int64_t in) {
+    const std::string wname = prefix + ".weight";
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor w, src_.get(wname, {out, in}, /*linear=*/true));
+    const int64_t bn = c_.weight_block_n, bk = c_.weight_block_k;
+    std::vector<int64_t> scale_shape;
+    if (c_.fp8) scale_shape = {(out + bn - 1) / bn, (in + bk - 1) / bk};
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor scale, src_.scale_for(wname, w, scale_shape));
+    auto lw = backend_.linear(prefix, w, scale, bn, bk);
+    if (!lw.ok()) return lw.status().with_context(wname);
+    return lw;
+  }
+
+  StatusOr<MlpWeights> mlp(const std::string& prefix, int64_t inter) {
+    MlpWeights m;
+    m.inter = inter;
+    NUCLEUS_ASSIGN_OR_RETURN(LinearWeight gate, linear(prefix + ".gate_proj", inter, c_.hidden_size));
+    NUCLEUS_ASSIGN_OR_RETURN(LinearWeight up, linear(prefix + ".up_proj", inter, c_.hidden_size));
+    NUCLEUS_ASSIGN_OR_RETURN(m.gate_up, backend_.concat_rows(prefix + ".gate_up_proj", gate, up));
+    NUCLEUS_ASSIGN_OR_RETURN(m.down, linear(prefix + ".down_proj", c_.hidden_size, inter));
+    return m;
+  }
+
+  StatusOr<LayerWeights> layer(int64_t l) {
+    const std::string p = layer_prefix(l);
+    const int64_t H = c_.hidden_size, nh = c_.num_attention_heads;
+    LayerWeights w;
+    NUCLEUS_ASSIGN_OR_RETURN(w.input_layernorm, dense(p + "input_layernorm.weight", {H}));
+    NUCLEUS_ASSIGN_OR_RETURN(w.post_attention_layernorm, dense(p + "post_attention_layernorm.weight", {H}));
+    AttentionWeights& a = w.attn;
+    const std::string ap = p + "self_attn.";
+    if (c_.q_lora_rank > 0) {
+      NUCLEUS_ASSIGN_OR_RETURN(a.q_a_proj, linear(ap + "q_a_proj", c_.q_lora_rank, H));
+      NUCLEUS_ASSIGN_OR_RETURN(a.q_a_layernorm, dense(ap + "q_a_layernorm.weight", {c_.q_lora_rank}));
+      NUCLEUS_ASSIGN_OR_RETURN(a.q_b_proj, linear(ap + "q_b_proj", nh * c_.qk_head_dim(), c_.q_lora_rank));
+    } else {
+      NUCLEUS_ASSIGN_OR_RETURN(a.q_proj, linear(ap + "q_proj", nh * c_.qk_head_dim(), H));
+    }
+    NUCLEUS_ASSIGN_OR_RETURN(a.kv_a_proj, linear(ap + "kv_a_proj_with_mqa", c_.kv_cache_width(), H));
+    NUCLEUS_ASSIGN_OR_RETURN(a.kv_a_layernorm, dense(ap + "kv_a_layernorm.weight", {c_.kv_lora_rank}));
+    NUCLEUS_ASSIGN_OR_RETURN(a.kv_b_proj,
+                             linear(ap + "kv_b_proj", nh * (c_.qk_nope_head_dim + c_.v_head_dim), c_.kv_lora_rank));
+    NUCLEUS_ASSIGN_OR_RETURN(a.o_proj, linear(ap + "o_proj", H, nh * c_.v_head_dim));
+    if (c_.is_moe_layer(l)) {
+      MoeWeights m;
+      const int64_t E = c_.n_routed_experts;
+      NUCLEUS_ASSIGN_OR_RETURN(Tensor router_host, src_.get(p + "mlp.gate.weight", {E, H}, false));
+      m.router.name = p + "mlp.gate";
+      m.router.out_features = E;
+      m.router.in_features = H;
+      NUCLEUS_ASSIGN_OR_RETURN(m.router.weight, backend_.router(p + "mlp.gate.weight", router_host));
+      if (c_.topk_method == TopkMethod::kNoauxTc) {
+        NUCLEUS_ASSIGN_OR_RETURN(Tensor bias_host, src_.get(p + "mlp.gate.e_score_correction_bias", {E}, false));
+        NUCLEUS_ASSIGN_OR_RETURN(m.e_score_correction_bias,
+                                 backend_.router(p + "mlp.gate.e_score_correction_bias", bias_host));
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        NUCLEUS_ASSIGN_OR_RETURN(MlpWeights ew,
+                                 mlp(p + "mlp.experts." + std::to_string(e), c_.moe_intermediate_size));
+        m.experts.push_back(std::move(ew));
+        progress_->update();
+      }
+      if (c_.n_shared_experts > 0) {
+        NUCLEUS_ASSIGN_OR_RETURN(m.shared,
+                                 mlp(p + "mlp.shared_experts", c_.moe_intermediate_size * c_.n_shared_experts));
+      }
+      w.moe = std::move(m);
+    } else {
+      NUCLEUS_ASSIGN_OR_RETURN(w.mlp, mlp(p + "mlp", c_.intermediate_size));
+    }
+    return w;
+  }
+
+  StatusOr<ModelWeights> all(Progress* progress) {
+    progress_ = progress;
+    ModelWeights w;
+    const int64_t V = c_.vocab_size, H = c_.hidden_size;
+    NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}));
+    progress->update();
+    for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      NUCLEUS_ASSIGN_OR_RETURN(LayerWeights lw, layer(l));
+      w.layers.push_back(std::move(lw));
+      progress->update();
+    }
+    NUCLEUS_ASSIGN_OR_RETURN(w.norm, dense("model.norm.weight", {H}));
+    const std::string head = c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor head_host, src_.get(head, {V, H}, /*linear=*/false));
+    NUCLEUS_ASSIGN_OR_RETURN(w.lm_head, backend_.linear("lm_head", head_host, Tensor(), 0, 0));
+    progress->update();
+    return w;
+  }
+
+ private:
+  const ModelConfig& c_;
+  TensorSource& src_;
+  WeightBackend& backend_;
+  Progress* progress_ = nullptr;
+};
+
+}  // namespace
+
+StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
+                                    const LoadOptions& options) {
+  CheckpointSource src(ckpt, config);
+  Loader loader(config, src, backend);
+  Progress progress(src, options.show_progress);
+  NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, loader.all(&progress));
+  NUCLEUS_RETURN_IF_ERROR(src.check_unused());
+  return w;
+}
+
+StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed) {
+  DummySource src(config, seed);
+  Loader loader(config, src, backend);
+  Progress progress(src, false);
+  return loader.all(&progress);
+}
+
+}  // namespace nucleus

@@ -1,0 +1,102 @@
+// Model weights: what a DeepSeek checkpoint must hold (the manifest), the
+// loader that checks a checkpoint against it, and the per-device form the
+// kernels read (WeightBackend converts).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "ops/linear_weight.h"
+
+namespace nucleus {
+
+// SwiGLU MLP: down(silu(gate(x)) * up(x)); gate_up holds gate_proj's rows
+// then up_proj's rows ([2 * inter, hidden]).
+struct MlpWeights {
+  LinearWeight gate_up;
+  LinearWeight down;
+  int64_t inter = 0;
+};
+
+struct AttentionWeights {
+  std::optional<LinearWeight> q_a_proj;  // [q_lora_rank, hidden] (q LoRA)
+  Tensor q_a_layernorm;                  // [q_lora_rank]
+  std::optional<LinearWeight> q_b_proj;  // [num_heads * qk_head, q_lora_rank]
+  std::optional<LinearWeight> q_proj;    // [num_heads * qk_head, hidden] (no q LoRA)
+  LinearWeight kv_a_proj;                // [kv_lora_rank + qk_rope, hidden]
+  Tensor kv_a_layernorm;                 // [kv_lora_rank]
+  LinearWeight kv_b_proj;                // [num_heads * (qk_nope + v_head), kv_lora_rank]
+  LinearWeight o_proj;                   // [hidden, num_heads * v_head]
+};
+
+struct MoeWeights {
+  LinearWeight router;             // [num_experts, hidden], weight f32 (router logits in f32)
+  Tensor e_score_correction_bias;  // [num_experts] f32, undefined when absent
+  std::vector<MlpWeights> experts;
+  std::optional<MlpWeights> shared;  // width moe_intermediate_size * n_shared_experts
+};
+
+struct LayerWeights {
+  Tensor input_layernorm;           // [hidden]
+  Tensor post_attention_layernorm;  // [hidden]
+  AttentionWeights attn;
+  std::optional<MlpWeights> mlp;  // dense layers
+  std::optional<MoeWeights> moe;  // MoE layers
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Tensor norm;     // [hidden]
+  LinearWeight lm_head;  // [vocab, hidden] (never FP8: DeepSeek keeps lm_head bf16)
+};
+
+// Converts checkpoint tensors (host views in the stored dtype) to a device's
+// form. Implementations: CpuWeightBackend (f32), the CUDA backend.
+class WeightBackend {
+ public:
+  virtual ~WeightBackend() = default;
+  // A norm weight, embedding table or bias: any float dtype in.
+  virtual StatusOr<Tensor> dense(const std::string& name, const Tensor& host) = 0;
+  // The router weight: kept f32 on every device (router logits are f32).
+  virtual StatusOr<Tensor> router(const std::string& name, const Tensor& host) = 0;
+  // A linear weight; `scale_inv` is defined for f8e4m3 weights (f32 or
+  // E8M0 u8 in, [ceil(n/block_n), ceil(k/block_k)]).
+  virtual StatusOr<LinearWeight> linear(const std::string& name, const Tensor& weight, const Tensor& scale_inv,
+                                        int64_t block_n, int64_t block_k) = 0;
+  // gate_proj and up_proj fused row-wise into one [2 * inter, hidden] weight.
+  virtual StatusOr<LinearWeight> concat_rows(const std::string& name, const LinearWeight& a,
+                                             const LinearWeight& b) = 0;
+};
+
+// The CPU reference form: everything f32, FP8 dequantized.
+std::unique_ptr<WeightBackend> make_cpu_weight_backend();
+
+struct LoadOptions {
+  bool show_progress = true;  // a progress line on stderr when it is a terminal
+};
+
+// Loads and converts every tensor a DeepSeek-V2/V3 model with `config` needs.
+// Errors (each names the tensor and its file): a missing tensor, a shape
+// other than the config implies, an unsupported dtype, an FP8 weight
+// without weight_scale_inv or with a scale of the wrong shape, FP8 weights
+// while config.json has no fp8 quantization_config, and tensors the model
+// does not use (layers past num_hidden_layers, such as DeepSeek-V3's
+// multi-token-prediction layer, are skipped, as are rotary inv_freq buffers).
+StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
+                                    const LoadOptions& options = {});
+
+// Random weights from the config alone (--load-format dummy): N(0, 0.02)
+// linear weights (FP8 with block scales when the config says fp8), norm
+// weights 1, router bias 0; a fixed seed, so runs are repeatable.
+StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed = 0);
+
+}  // namespace nucleus

@@ -1,0 +1,82 @@
+#include "ops/basic_ops.h"
+
+#include <cstring>
+
+#include "kernels/activation/silu_mul_ref.h"
+#include "kernels/embedding/embedding_ref.h"
+#include "kernels/rmsnorm/rmsnorm_ref.h"
+
+namespace nucleus {
+
+std::string EmbeddingOp::attrs() const {
+  return "vocab=" + std::to_string(table_.dim(0)) + " hidden=" + std::to_string(table_.dim(1));
+}
+
+const std::vector<Backend<EmbeddingOp>>& EmbeddingOp::backends() {
+  static const std::vector<Backend<EmbeddingOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](EmbeddingOp& op, OpContext& ctx, const TensorList&, const TensorList& out) {
+         const auto& ids = ctx.inputs->token_ids;
+         kernels::embedding_ref(op.table().data<float>(), op.table().dim(0), op.table().dim(1), ids.data(),
+                                static_cast<int64_t>(ids.size()), out[0].data<float>());
+       }},
+  };
+  return list;
+}
+
+std::string RmsNormOp::attrs() const { return "width=" + std::to_string(width()); }
+
+const std::vector<Backend<RmsNormOp>>& RmsNormOp::backends() {
+  static const std::vector<Backend<RmsNormOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](RmsNormOp& op, OpContext&, const TensorList& in, const TensorList&) {
+         const Tensor& x = in[0];
+         const int64_t stride = x.row_numel();
+         kernels::rmsnorm_ref(x.data<float>(), stride, op.weight().data<float>(), x.dim(0), op.width(), op.eps(),
+                              x.data<float>(), stride);
+       }},
+  };
+  return list;
+}
+
+std::string AddRmsNormOp::attrs() const {
+  return "width=" + std::to_string(weight_.dim(0)) + (has_delta_ ? " residual_add=1" : " residual_add=0");
+}
+
+const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
+  static const std::vector<Backend<AddRmsNormOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](AddRmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+         const Tensor& residual = in[0];
+         const float* delta = op.has_delta() ? in[1].data<float>() : nullptr;
+         kernels::add_rmsnorm_ref(residual.data<float>(), delta, op.weight().data<float>(), residual.dim(0),
+                                  residual.dim(1), op.eps(), out[1].data<float>());
+       }},
+  };
+  return list;
+}
+
+const std::vector<Backend<SiluMulOp>>& SiluMulOp::backends() {
+  static const std::vector<Backend<SiluMulOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](SiluMulOp&, OpContext&, const TensorList& in, const TensorList& out) {
+         kernels::silu_mul_ref(in[0].data<float>(), in[0].dim(0), out[0].dim(1), out[0].data<float>());
+       }},
+  };
+  return list;
+}
+
+const std::vector<Backend<GatherLogitRowsOp>>& GatherLogitRowsOp::backends() {
+  static const std::vector<Backend<GatherLogitRowsOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](GatherLogitRowsOp&, OpContext& ctx, const TensorList& in, const TensorList& out) {
+         const int64_t width = in[0].dim(1);
+         const auto& idx = ctx.inputs->logit_indices;
+         for (size_t i = 0; i < idx.size(); ++i)
+           std::memcpy(out[0].data<float>() + i * width, in[0].data<float>() + idx[i] * width, width * 4);
+       }},
+  };
+  return list;
+}
+
+}  // namespace nucleus

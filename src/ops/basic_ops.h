@@ -1,0 +1,74 @@
+// Element-wise and row-wise ops of the step graph: embedding, RMSNorm (plain
+// and fused with the residual add), SwiGLU activation, row gather.
+#pragma once
+
+#include "ops/op.h"
+
+namespace nucleus {
+
+// out[t, :] = table[token_ids[t], :]. Buffers: out = {hidden [num_tokens, hidden]}.
+class EmbeddingOp : public OpWithBackends<EmbeddingOp> {
+ public:
+  explicit EmbeddingOp(Tensor table) : table_(std::move(table)) {}
+  const char* kind() const override { return "embedding"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<EmbeddingOp>>& backends();
+  const Tensor& table() const { return table_; }
+
+ private:
+  Tensor table_;  // [vocab, hidden]
+};
+
+// In place on the first `width` columns of each row of in[0]
+// ([num_rows, row_width >= width]): x = rmsnorm(x) * weight.
+class RmsNormOp : public OpWithBackends<RmsNormOp> {
+ public:
+  RmsNormOp(Tensor weight, float eps) : weight_(std::move(weight)), eps_(eps) {}
+  const char* kind() const override { return "rmsnorm"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<RmsNormOp>>& backends();
+  const Tensor& weight() const { return weight_; }
+  int64_t width() const { return weight_.dim(0); }
+  float eps() const { return eps_; }
+
+ private:
+  Tensor weight_;  // [width]
+  float eps_;
+};
+
+// residual += delta (when the op has a delta input), out = rmsnorm(residual) * weight.
+// Buffers: in = {residual, delta?} [num_tokens, hidden]; out = {residual, normed}.
+// The fused form saves a pass over the hidden state; the first layer's input
+// norm has no delta (the residual is the embedding).
+class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
+ public:
+  AddRmsNormOp(Tensor weight, float eps, bool has_delta)
+      : weight_(std::move(weight)), eps_(eps), has_delta_(has_delta) {}
+  const char* kind() const override { return "add_rmsnorm"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<AddRmsNormOp>>& backends();
+  const Tensor& weight() const { return weight_; }
+  float eps() const { return eps_; }
+  bool has_delta() const { return has_delta_; }
+
+ private:
+  Tensor weight_;
+  float eps_;
+  bool has_delta_;
+};
+
+// out[r, i] = silu(in[r, i]) * in[r, width + i]. in: [rows, 2 * width]; out: [rows, width].
+class SiluMulOp : public OpWithBackends<SiluMulOp> {
+ public:
+  const char* kind() const override { return "silu_mul"; }
+  static const std::vector<Backend<SiluMulOp>>& backends();
+};
+
+// out[i, :] = in[logit_indices[i], :] (the rows whose logits the step returns).
+class GatherLogitRowsOp : public OpWithBackends<GatherLogitRowsOp> {
+ public:
+  const char* kind() const override { return "gather_rows"; }
+  static const std::vector<Backend<GatherLogitRowsOp>>& backends();
+};
+
+}  // namespace nucleus

@@ -1,0 +1,29 @@
+#include "ops/linear_op.h"
+
+#include "kernels/gemm/gemm_ref.h"
+
+namespace nucleus {
+
+std::string LinearOp::attrs() const {
+  return "n=" + std::to_string(weight_->out_features) + " k=" + std::to_string(weight_->in_features) +
+         " dtype=" + dtype_name(weight_->weight.dtype()) + (accumulate_ ? " accumulate=1" : " accumulate=0");
+}
+
+const std::vector<Backend<LinearOp>>& LinearOp::backends() {
+  static const std::vector<Backend<LinearOp>> list = {
+      {"cpu_ref", Device::kCpu,
+       [](const LinearOp& op) -> Status {
+         if (op.weight().weight.dtype() != DType::kF32)
+           return unsupported("weight dtype " + std::string(dtype_name(op.weight().weight.dtype())) + " (needs F32)");
+         return ok_status();
+       },
+       [](LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+         const LinearWeight& w = op.weight();
+         kernels::gemm_ref(in[0].data<float>(), in[0].row_numel(), w.weight.data<float>(), in[0].dim(0),
+                           w.out_features, w.in_features, out[0].data<float>(), out[0].row_numel(), op.accumulate());
+       }},
+  };
+  return list;
+}
+
+}  // namespace nucleus

@@ -1,0 +1,29 @@
+// Linear layer op: out (+)= in W^T.
+#pragma once
+
+#include "ops/linear_weight.h"
+#include "ops/op.h"
+
+namespace nucleus {
+
+// out[m, n] = sum_k in[m, k] W[n, k] (accumulate = false, "zero_init"), or
+// out += that (accumulate = true: split-K / prezero consumers and residual
+// contributions such as the shared experts). in: [rows, in_features];
+// out: [rows, out_features].
+class LinearOp : public OpWithBackends<LinearOp> {
+ public:
+  LinearOp(const LinearWeight* weight, bool accumulate) : weight_(weight), accumulate_(accumulate) {}
+  const char* kind() const override { return "linear"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<LinearOp>>& backends();
+
+  const LinearWeight& weight() const { return *weight_; }
+  bool accumulate() const { return accumulate_; }
+  void set_accumulate(bool v) { accumulate_ = v; }
+
+ private:
+  const LinearWeight* weight_;  // owned by the model
+  bool accumulate_;
+};
+
+}  // namespace nucleus

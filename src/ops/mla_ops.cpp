@@ -1,0 +1,110 @@
+#include "ops/mla_ops.h"
+
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+
+namespace nucleus {
+
+const char* attention_mode_name(AttentionMode m) {
+  switch (m) {
+    case AttentionMode::kAuto: return "auto";
+    case AttentionMode::kExpanded: return "expanded";
+    case AttentionMode::kAbsorbed: return "absorbed";
+  }
+  return "?";
+}
+
+StatusOr<AttentionMode> parse_attention_mode(const std::string& s) {
+  if (s == "auto") return AttentionMode::kAuto;
+  if (s == "expanded") return AttentionMode::kExpanded;
+  if (s == "absorbed") return AttentionMode::kAbsorbed;
+  return invalid_argument("attention mode '" + s + "' is not one of auto, expanded, absorbed");
+}
+
+std::string RopeKvCacheWriteOp::attrs() const {
+  return "layer=" + std::to_string(layer_) + " heads=" + std::to_string(dims_.num_heads) +
+         " rope=" + std::to_string(dims_.qk_rope);
+}
+
+const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
+  static const std::vector<Backend<RopeKvCacheWriteOp>> list = {
+      {"cpu_ref", Device::kCpu,
+       [](const RopeKvCacheWriteOp&) -> Status { return ok_status(); },
+       [](RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList&) {
+         const auto& d = op.dims();
+         const StepInputs& si = *ctx.inputs;
+         KvCache& kv = *ctx.kv_cache;
+         NUCLEUS_CHECK(kv.data.dtype() == DType::kF32, "cpu_ref cache write needs an F32 cache");
+         const Tensor& q = in[0];
+         const Tensor& kv_a = in[1];
+         const int64_t q_stride = q.row_numel(), kv_stride = kv_a.row_numel();
+         float* cache = kv.data.data<float>() + op.layer() * kv.layer_stride();
+         std::vector<float> k_pe(d.qk_rope);
+         for (int64_t t = 0; t < si.num_tokens(); ++t) {
+           const int64_t pos = si.positions[t];
+           for (int64_t h = 0; h < d.num_heads; ++h)
+             kernels::apply_rope_interleaved_ref(op.rope(), pos, q.data<float>() + t * q_stride + h * d.qk_head() +
+                                                                   d.qk_nope);
+           const float* row = kv_a.data<float>() + t * kv_stride;
+           std::memcpy(k_pe.data(), row + d.kv_lora, d.qk_rope * 4);
+           kernels::apply_rope_interleaved_ref(op.rope(), pos, k_pe.data());
+           const int64_t slot = si.slot_mapping[t];
+           if (slot < 0) continue;
+           NUCLEUS_CHECK(slot < kv.num_slots(), "slot {} outside the cache ({} slots)", slot, kv.num_slots());
+           float* dst = cache + slot * kv.width;
+           std::memcpy(dst, row, d.kv_lora * 4);
+           std::memcpy(dst + d.kv_lora, k_pe.data(), d.qk_rope * 4);
+         }
+       }},
+  };
+  return list;
+}
+
+std::string MlaAttentionOp::attrs() const {
+  return "layer=" + std::to_string(layer_) + " heads=" + std::to_string(dims_.num_heads) +
+         " mode=" + attention_mode_name(mode_);
+}
+
+const std::vector<Backend<MlaAttentionOp>>& MlaAttentionOp::backends() {
+  static const std::vector<Backend<MlaAttentionOp>> list = {
+      {"cpu_ref", Device::kCpu,
+       [](const MlaAttentionOp& op) -> Status {
+         if (op.kv_b().weight.dtype() != DType::kF32) return unsupported("kv_b_proj weight is not F32");
+         return ok_status();
+       },
+       [](MlaAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+         const auto& d = op.dims();
+         const StepInputs& si = *ctx.inputs;
+         const KvCache& kv = *ctx.kv_cache;
+         const float* cache = kv.data.data<float>() + op.layer() * kv.layer_stride();
+         const Tensor& q = in[0];
+         const Tensor& o = out[0];
+         std::vector<float> latent;
+         for (int64_t s = 0; s < si.num_seqs(); ++s) {
+           const int64_t q_begin = si.query_start[s], num_q = si.query_len(s);
+           if (num_q == 0) continue;
+           const int64_t ctx_len = si.context_lens[s], num_keys = ctx_len + num_q;
+           // Gather the sequence's latent rows in position order.
+           latent.resize(num_keys * kv.width);
+           const int32_t* table = si.block_tables.data() + s * si.max_blocks_per_seq;
+           for (int64_t j = 0; j < num_keys; ++j) {
+             const int64_t block_idx = j / kv.block_size;
+             NUCLEUS_CHECK(block_idx < si.max_blocks_per_seq && table[block_idx] >= 0,
+                           "sequence {} has no block for position {}", s, j);
+             const int64_t slot = static_cast<int64_t>(table[block_idx]) * kv.block_size + j % kv.block_size;
+             std::memcpy(latent.data() + j * kv.width, cache + slot * kv.width, kv.width * 4);
+           }
+           const bool absorbed = op.mode() == AttentionMode::kAbsorbed ||
+                                 (op.mode() == AttentionMode::kAuto && num_q == 1);
+           auto* fn = absorbed ? kernels::mla_attention_absorbed_ref : kernels::mla_attention_expanded_ref;
+           fn(d, q.data<float>() + q_begin * q.row_numel(), q.row_numel(), num_q, ctx_len, latent.data(),
+              op.kv_b().weight.data<float>(), o.data<float>() + q_begin * o.row_numel(), o.row_numel(), nullptr);
+         }
+       }},
+  };
+  return list;
+}
+
+}  // namespace nucleus

@@ -1,0 +1,66 @@
+// Multi-head latent attention ops: RoPE fused with the latent KV-cache write,
+// and attention over the cache in expanded or absorbed form.
+#pragma once
+
+#include "kernels/mla/mla_attention_ref.h"
+#include "kernels/rope/rope_ref.h"
+#include "ops/linear_weight.h"
+#include "ops/op.h"
+
+namespace nucleus {
+
+// For each token t (position p = positions[t]):
+//   q[t, h, qk_nope:] = rope(q[t, h, qk_nope:], p) for every head h;
+//   k_pe = rope(kv_a[t, kv_lora:], p);
+//   if slot_mapping[t] >= 0: cache[layer, slot] = [kv_a[t, :kv_lora] | k_pe].
+// kv_a's first kv_lora columns must already be normalised (kv_a_layernorm).
+// Buffers: in = {q [T, num_heads * qk_head], kv_a [T, kv_lora + qk_rope]};
+// out = {q} (in place).
+class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
+ public:
+  RopeKvCacheWriteOp(int64_t layer, const kernels::RopeTable* rope, kernels::MlaDims dims)
+      : layer_(layer), rope_(rope), dims_(dims) {}
+  const char* kind() const override { return "rope_kv_cache_write"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<RopeKvCacheWriteOp>>& backends();
+  int64_t layer() const { return layer_; }
+  const kernels::RopeTable& rope() const { return *rope_; }
+  const kernels::MlaDims& dims() const { return dims_; }
+
+ private:
+  int64_t layer_;
+  const kernels::RopeTable* rope_;
+  kernels::MlaDims dims_;
+};
+
+// How attention reads the latent cache.
+//   kExpanded: kv_b_proj applied to every cached latent (prefill form).
+//   kAbsorbed: W_UK folded into the query, W_UV into the output (decode form).
+//   kAuto:     absorbed for sequences with one query token, else expanded.
+enum class AttentionMode { kAuto, kExpanded, kAbsorbed };
+const char* attention_mode_name(AttentionMode m);
+StatusOr<AttentionMode> parse_attention_mode(const std::string& s);
+
+// Causal MLA over each sequence's cached rows (the step's own rows included:
+// run after RopeKvCacheWriteOp). Buffers: in = {q [T, num_heads * qk_head]};
+// out = {attn_out [T, num_heads * v_head]}.
+class MlaAttentionOp : public OpWithBackends<MlaAttentionOp> {
+ public:
+  MlaAttentionOp(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode)
+      : layer_(layer), kv_b_(kv_b), dims_(dims), mode_(mode) {}
+  const char* kind() const override { return "mla_attention"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<MlaAttentionOp>>& backends();
+  int64_t layer() const { return layer_; }
+  const LinearWeight& kv_b() const { return *kv_b_; }
+  const kernels::MlaDims& dims() const { return dims_; }
+  AttentionMode mode() const { return mode_; }
+
+ private:
+  int64_t layer_;
+  const LinearWeight* kv_b_;
+  kernels::MlaDims dims_;
+  AttentionMode mode_;
+};
+
+}  // namespace nucleus

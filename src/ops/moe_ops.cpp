@@ -1,0 +1,48 @@
+#include "ops/moe_ops.h"
+
+namespace nucleus {
+
+std::string MoeRouteOp::attrs() const {
+  return std::string("experts=") + std::to_string(params_.num_experts) + " top_k=" + std::to_string(params_.top_k) +
+         " scoring=" + scoring_func_name(params_.scoring) + " method=" + topk_method_name(params_.method) +
+         " groups=" + std::to_string(params_.topk_group) + "/" + std::to_string(params_.n_group);
+}
+
+const std::vector<Backend<MoeRouteOp>>& MoeRouteOp::backends() {
+  static const std::vector<Backend<MoeRouteOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](MoeRouteOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+         kernels::moe_route_ref(op.params(), in[0].data<float>(), op.bias().defined() ? op.bias().data<float>() : nullptr,
+                                in[0].dim(0), out[0].data<int32_t>(), out[1].data<float>());
+       }},
+  };
+  return list;
+}
+
+std::string MoeExpertsOp::attrs() const {
+  return "experts=" + std::to_string(experts_.size()) + " inter=" + std::to_string(inter_) +
+         " top_k=" + std::to_string(top_k_);
+}
+
+const std::vector<Backend<MoeExpertsOp>>& MoeExpertsOp::backends() {
+  static const std::vector<Backend<MoeExpertsOp>> list = {
+      {"cpu_ref", Device::kCpu,
+       [](const MoeExpertsOp& op) -> Status {
+         for (const auto& e : op.experts())
+           if (e.gate_up->weight.dtype() != DType::kF32 || e.down->weight.dtype() != DType::kF32)
+             return unsupported("expert weights are not F32");
+         return ok_status();
+       },
+       [](MoeExpertsOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+         std::vector<kernels::ExpertWeightsRef> refs;
+         refs.reserve(op.experts().size());
+         for (const auto& e : op.experts()) refs.push_back({e.gate_up->weight.data<float>(), e.down->weight.data<float>()});
+         const int64_t hidden = in[0].dim(1);
+         kernels::moe_experts_ref(in[0].data<float>(), in[0].dim(0), hidden, op.inter(), in[1].data<int32_t>(),
+                                  in[2].data<float>(), op.top_k(), refs.data(), out[0].data<float>(), false);
+       }},
+  };
+  return list;
+}
+
+}  // namespace nucleus

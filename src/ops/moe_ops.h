@@ -1,0 +1,55 @@
+// Mixture-of-experts ops: routing (top-k experts and their weights per token)
+// and the routed experts' weighted sum.
+#pragma once
+
+#include <vector>
+
+#include "kernels/moe/moe_ref.h"
+#include "ops/linear_weight.h"
+#include "ops/op.h"
+
+namespace nucleus {
+
+// Buffers: in = {router_logits [T, num_experts] f32};
+// out = {topk_ids [T, top_k] i32, topk_weights [T, top_k] f32}.
+// Semantics: kernels/moe/moe_ref.h.
+class MoeRouteOp : public OpWithBackends<MoeRouteOp> {
+ public:
+  MoeRouteOp(kernels::MoeRoutingParams params, Tensor bias) : params_(params), bias_(std::move(bias)) {}
+  const char* kind() const override { return "moe_route"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<MoeRouteOp>>& backends();
+  const kernels::MoeRoutingParams& params() const { return params_; }
+  const Tensor& bias() const { return bias_; }  // [num_experts] f32, or undefined
+
+ private:
+  kernels::MoeRoutingParams params_;
+  Tensor bias_;
+};
+
+// One routed expert (SwiGLU): gate_up [2 * inter, hidden], down [hidden, inter].
+struct ExpertWeights {
+  const LinearWeight* gate_up;
+  const LinearWeight* down;
+};
+
+// out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
+// Buffers: in = {x [T, hidden], topk_ids, topk_weights}; out = {out [T, hidden]} (overwritten).
+class MoeExpertsOp : public OpWithBackends<MoeExpertsOp> {
+ public:
+  MoeExpertsOp(std::vector<ExpertWeights> experts, int64_t inter, int64_t top_k)
+      : experts_(std::move(experts)), inter_(inter), top_k_(top_k) {}
+  const char* kind() const override { return "moe_experts"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<MoeExpertsOp>>& backends();
+  const std::vector<ExpertWeights>& experts() const { return experts_; }
+  int64_t inter() const { return inter_; }
+  int64_t top_k() const { return top_k_; }
+
+ private:
+  std::vector<ExpertWeights> experts_;
+  int64_t inter_;
+  int64_t top_k_;
+};
+
+}  // namespace nucleus

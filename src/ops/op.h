@@ -1,0 +1,117 @@
+// Op: one operation of a step graph (a norm, a GEMM, attention, ...) bound to
+// its weights and attributes. The graph feeds it buffers; the op runs the
+// backend chosen for it when the graph was built (so replay never
+// re-dispatches).
+//
+// Backend choice: each op family keeps an ordered list of backends, each with
+// a supports() check that returns OK or the reason it refuses; the first
+// supporter wins; when none does, the error lists every refusal.
+// NUCLEUS_FORCE_KERNEL=<family>=<backend>[,...] forces a backend for A/B runs.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "ops/step_inputs.h"
+
+namespace nucleus {
+
+// Everything an op may read besides its buffers.
+struct OpContext {
+  Device device = Device::kCpu;
+  void* stream = nullptr;  // cudaStream_t on CUDA
+  const StepInputs* inputs = nullptr;
+  KvCache* kv_cache = nullptr;
+};
+
+class Op {
+ public:
+  virtual ~Op() = default;
+  // Op family, e.g. "linear", "rmsnorm", "mla_attention".
+  virtual const char* kind() const = 0;
+  // Attributes for graph dumps, e.g. "n=576 k=256 accumulate=0".
+  virtual std::string attrs() const { return {}; }
+  // Chooses this op's backend for `device` (called once, at graph build).
+  virtual Status select_backend(Device device) = 0;
+  // The chosen backend's name.
+  const std::string& backend() const { return backend_; }
+  // Runs on `in` / `out` (the node's buffers, rows = the step's rows).
+  virtual void run(OpContext& ctx, const std::vector<Tensor>& in, const std::vector<Tensor>& out) = 0;
+
+ protected:
+  std::string backend_;
+};
+
+using TensorList = std::vector<Tensor>;
+
+// An entry of an op family's ordered backend list; OpT is the op class
+// (its attributes are what supports() inspects).
+template <typename OpT>
+struct Backend {
+  const char* name;
+  Device device;
+  Status (*supports)(const OpT& op);  // OK, or why not; null: always
+  void (*run)(OpT& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+};
+
+// The first backend in `list` for `device` whose supports(spec) is OK, as an
+// index; or kUnsupported listing each backend's refusal. Honours
+// NUCLEUS_FORCE_KERNEL for `family`.
+template <typename OpT>
+StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<OpT>>& list, Device device,
+                                const OpT& op);
+
+// The backend NUCLEUS_FORCE_KERNEL names for `family`, or "" (parsed once).
+std::string forced_backend(const char* family);
+
+template <typename OpT>
+StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<OpT>>& list, Device device,
+                                const OpT& op) {
+  const std::string forced = forced_backend(family);
+  std::string reasons;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto& b = list[i];
+    if (b.device != device) continue;
+    if (!forced.empty() && forced != b.name) {
+      reasons += std::string("; ") + b.name + ": not the forced backend";
+      continue;
+    }
+    Status s = b.supports ? b.supports(op) : ok_status();
+    if (s.ok()) return i;
+    reasons += std::string("; ") + b.name + ": " + s.message();
+  }
+  return unsupported(std::string("no ") + device_name(device) + " backend for " + family +
+                     (forced.empty() ? "" : " (NUCLEUS_FORCE_KERNEL=" + forced + ")") +
+                     (reasons.empty() ? "" : ": " + reasons.substr(2)));
+}
+
+}  // namespace nucleus
+
+namespace nucleus {
+
+// Base for ops whose backends are a static ordered list, Derived::backends().
+template <typename Derived>
+class OpWithBackends : public Op {
+ public:
+  Status select_backend(Device device) override {
+    const auto& list = Derived::backends();
+    auto i = choose_backend(kind(), list, device, static_cast<const Derived&>(*this));
+    if (!i.ok()) return i.status();
+    chosen_ = &list[*i];
+    backend_ = chosen_->name;
+    return ok_status();
+  }
+  void run(OpContext& ctx, const TensorList& in, const TensorList& out) override {
+    NUCLEUS_CHECK(chosen_ != nullptr, "op {} run before select_backend", kind());
+    chosen_->run(static_cast<Derived&>(*this), ctx, in, out);
+  }
+
+ private:
+  const Backend<Derived>* chosen_ = nullptr;
+};
+
+}  // namespace nucleus

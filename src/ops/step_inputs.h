@@ -1,0 +1,48 @@
+// What one forward step reads besides weights: the packed tokens of every
+// sequence in the step (its metadata) and the paged latent KV cache.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace nucleus {
+
+// Metadata of one step, packed by the model runner (host side).
+// Tokens of sequence s are rows [query_start[s], query_start[s+1]); they sit
+// at positions context_lens[s] .. context_lens[s] + query_len - 1 and attend
+// to the sequence's first context_lens[s] + query_len cached rows.
+struct StepInputs {
+  std::vector<int32_t> token_ids;     // [num_tokens]
+  std::vector<int32_t> positions;     // [num_tokens]
+  std::vector<int64_t> slot_mapping;  // [num_tokens]: block * block_size + offset; -1 writes nothing
+  std::vector<int32_t> query_start;   // [num_seqs + 1], query_start[0] = 0
+  std::vector<int32_t> context_lens;  // [num_seqs]: tokens of the sequence already cached before this step
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], row-major; unused entries -1
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> logit_indices;  // rows whose logits the step returns, in output order
+
+  int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+  int64_t num_seqs() const { return static_cast<int64_t>(context_lens.size()); }
+  int64_t num_logits() const { return static_cast<int64_t>(logit_indices.size()); }
+  int32_t query_len(int64_t s) const { return query_start[s + 1] - query_start[s]; }
+  // Every sequence contributes exactly one token (a pure decode step).
+  bool is_decode() const { return num_tokens() == num_seqs(); }
+};
+
+// The paged latent KV cache: one row [c_kv | k_pe] (kv_lora + qk_rope wide)
+// per token and layer. data: [num_layers, num_blocks, block_size, width].
+// Row of slot s in layer l: data[l, s / block_size, s % block_size, :].
+struct KvCache {
+  Tensor data;
+  int64_t num_layers = 0;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t width = 0;
+
+  int64_t layer_stride() const { return num_blocks * block_size * width; }  // elements
+  int64_t num_slots() const { return num_blocks * block_size; }
+};
+
+}  // namespace nucleus
