@@ -215,7 +215,8 @@ class TokenizerRegex {
   static StatusOr<std::shared_ptr<const TokenizerRegex>> compile(const std::string& pattern, bool literal) {
     int err = 0;
     PCRE2_SIZE offset = 0;
-    uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0);
+    // PCRE2_LITERAL refuses PCRE2_UCP (it has no character classes to affect).
+    uint32_t options = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                                      &err, &offset, nullptr);
     if (!code) {

@@ -1,0 +1,41 @@
+// Flags shared by `nucleus generate`, `serve` and `bench`: which model, which
+// device, and the engine's scheduling and cache settings.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "runtime/llm_engine.h"
+
+namespace nucleus::cli {
+
+struct EngineArgs {
+  std::string model;           // model directory
+  std::string device = "auto";  // cpu | cuda | auto
+  std::string load_format = "auto";  // auto | dummy
+  std::vector<std::string> overrides;
+  std::string attention_mode = "auto";
+  EngineConfig engine;
+  bool no_prefix_caching = false;
+
+  // Registers the flags on `app`.
+  void add_to(CLI::App& app);
+};
+
+// The default model: the tiny checkpoint shipped in the repository.
+std::string default_model_dir();
+
+struct LoadedEngine {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<LLMEngine> engine;
+  std::string model_dir;
+};
+
+// Resolves the device, loads the model (or dummy weights), the tokenizer and
+// builds the engine. Errors name the flag or file at fault.
+StatusOr<LoadedEngine> load_engine(const EngineArgs& args);
+
+}  // namespace nucleus::cli

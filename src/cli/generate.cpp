@@ -1,0 +1,157 @@
+// nucleus generate: offline batch generation. Prompts in (--prompt, or
+// --prompts FILE.jsonl with {"prompt": "..."} or {"prompt_token_ids": [...]}
+// per line), continuations out: text per prompt, or with --json one line per
+// prompt in input order:
+// {"prompt_token_ids": [...], "token_ids": [...], "text": "...", "finish_reason": "stop" | "length"}
+// A prompt the engine refuses gets {"prompt_token_ids": [...], "error": "..."};
+// the others still run; the exit status is then 1.
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/engine_args.h"
+#include "core/logging.h"
+
+namespace nucleus::cli {
+
+using nlohmann::json;
+
+namespace {
+
+struct PromptInput {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool has_ids = false;
+};
+
+StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return not_found("--prompts: cannot open '" + path + "'");
+  std::vector<PromptInput> out;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(line, nullptr, false);
+    const std::string where = path + ":" + std::to_string(line_no);
+    if (j.is_discarded() || !j.is_object()) return invalid_argument(where + ": not a JSON object");
+    PromptInput p;
+    if (j.contains("prompt_token_ids")) {
+      if (!j["prompt_token_ids"].is_array()) return invalid_argument(where + ": prompt_token_ids must be a list");
+      for (const auto& t : j["prompt_token_ids"]) {
+        if (!t.is_number_integer()) return invalid_argument(where + ": prompt_token_ids holds a non-integer");
+        p.ids.push_back(t.get<int32_t>());
+      }
+      p.has_ids = true;
+    } else if (j.contains("prompt") && j["prompt"].is_string()) {
+      p.text = j["prompt"].get<std::string>();
+    } else {
+      return invalid_argument(where + ": expected {\"prompt\": \"...\"} or {\"prompt_token_ids\": [...]}");
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+  CLI::App app{"nucleus generate: offline batch generation"};
+  EngineArgs args;
+  args.add_to(app);
+  std::string prompt, prompts_file;
+  SamplingParams sp;
+  sp.temperature = 0.0f;
+  sp.max_tokens = 64;
+  int64_t seed = -1;
+  bool as_json = false;
+  auto* p1 = app.add_option("--prompt", prompt, "Prompt text");
+  auto* p2 = app.add_option("--prompts", prompts_file, "JSONL file of prompts");
+  p1->excludes(p2);
+  app.add_option("--max-tokens", sp.max_tokens, "Tokens to generate per prompt")->capture_default_str();
+  app.add_option("--temperature", sp.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  app.add_option("--top-k", sp.top_k, "Sample from the k most likely tokens (0: all)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p, "Sample from the smallest set with this mass")->capture_default_str();
+  app.add_option("--seed", seed, "Sampling seed (same seed, same output)");
+  app.add_flag("--ignore-eos", sp.ignore_eos, "Keep generating past EOS");
+  app.add_flag("--json", as_json, "One JSON line per prompt");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  init_logging();
+  if (seed >= 0) sp.seed = static_cast<uint64_t>(seed);
+  if (Status s = sp.validate(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  }
+  std::vector<PromptInput> prompts;
+  if (!prompts_file.empty()) {
+    auto r = read_prompts_file(prompts_file);
+    if (!r.ok()) {
+      std::cerr << "error: " << r.status().message() << "\n";
+      return 2;
+    }
+    prompts = std::move(*r);
+  } else {
+    PromptInput p;
+    p.text = prompt.empty() ? "def fibonacci(n):\n" : prompt;
+    prompts.push_back(p);
+  }
+  auto loaded = load_engine(args);
+  if (!loaded.ok()) {
+    std::cerr << "error: " << loaded.status().message() << "\n";
+    return 1;
+  }
+  LLMEngine& engine = *loaded->engine;
+  Tokenizer& tok = *loaded->tokenizer;
+
+  struct Result {
+    std::vector<int32_t> prompt_ids, output_ids;
+    std::string error;
+    FinishReason reason = FinishReason::kNone;
+  };
+  std::vector<Result> results(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Result& r = results[i];
+    r.prompt_ids = prompts[i].has_ids ? prompts[i].ids : tok.encode(prompts[i].text);
+    Status s = engine.add_request(std::to_string(i), r.prompt_ids, sp);
+    if (!s.ok()) r.error = s.message();
+  }
+  while (engine.has_unfinished()) {
+    for (const auto& o : engine.step()) {
+      Result& r = results[std::stoul(o.request_id)];
+      r.output_ids.insert(r.output_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) r.reason = o.finish_reason;
+    }
+  }
+  int rc = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    if (!r.error.empty()) rc = 1;
+    if (as_json) {
+      json j;
+      j["prompt_token_ids"] = r.prompt_ids;
+      if (!r.error.empty()) {
+        j["error"] = r.error;
+      } else {
+        j["token_ids"] = r.output_ids;
+        j["text"] = tok.decode(r.output_ids);
+        j["finish_reason"] = finish_reason_name(r.reason);
+      }
+      std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    } else if (!r.error.empty()) {
+      std::cerr << "prompt " << i << ": error: " << r.error << "\n";
+    } else {
+      if (results.size() > 1) std::cout << "=== prompt " << i << " ===\n";
+      if (!prompts[i].has_ids) std::cout << prompts[i].text;
+      std::cout << tok.decode(r.output_ids) << "\n";
+    }
+  }
+  return rc;
+}
+
+}  // namespace nucleus::cli

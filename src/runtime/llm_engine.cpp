@@ -1,0 +1,169 @@
+#include "runtime/llm_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "core/check.h"
+#include "core/logging.h"
+
+namespace nucleus {
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Status EngineConfig::validate() const {
+  if (block_size < 1) return invalid_argument("--block-size must be >= 1, got " + std::to_string(block_size));
+  if (num_kv_blocks < 0) return invalid_argument("--num-kv-blocks must be >= 0");
+  if (max_num_batched_tokens < 1) return invalid_argument("--max-num-batched-tokens must be >= 1");
+  if (max_num_seqs < 1) return invalid_argument("--max-num-seqs must be >= 1");
+  if (max_model_len < 0) return invalid_argument("--max-model-len must be >= 0");
+  if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
+    return invalid_argument("--gpu-memory-utilization must be in (0, 1]");
+  return ok_status();
+}
+
+StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekModel> model, EngineConfig config) {
+  NUCLEUS_RETURN_IF_ERROR(config.validate());
+  const ModelConfig& mc = model->config();
+  if (config.max_model_len == 0) config.max_model_len = mc.max_position_embeddings;
+  if (config.max_model_len > mc.max_position_embeddings)
+    return invalid_argument("--max-model-len " + std::to_string(config.max_model_len) +
+                            " exceeds the model's max_position_embeddings " +
+                            std::to_string(mc.max_position_embeddings));
+  if (config.eos_token_ids.empty())
+    for (int64_t e : mc.eos_token_ids) config.eos_token_ids.push_back(static_cast<int32_t>(e));
+  if (config.num_kv_blocks == 0) {
+    NUCLEUS_CHECK(model->options().device == Device::kCpu, "GPU pool sizing is the CUDA runner's");
+    config.num_kv_blocks = 16 * ((config.max_model_len + config.block_size - 1) / config.block_size);
+  }
+  std::unique_ptr<LLMEngine> e(new LLMEngine());
+  e->config_ = config;
+  e->model_ = std::move(model);
+  e->blocks_ = std::make_unique<BlockManager>(config.num_kv_blocks, config.block_size, config.enable_prefix_caching);
+  SchedulerConfig sc;
+  sc.max_num_batched_tokens = config.max_num_batched_tokens;
+  sc.max_num_seqs = config.max_num_seqs;
+  e->scheduler_ = std::make_unique<Scheduler>(sc, e->blocks_.get());
+  KvCache kv = e->model_->make_kv_cache(config.num_kv_blocks, config.block_size);
+  e->runner_ = std::make_unique<ModelRunner>(e->model_.get(), std::move(kv));
+  NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens), max_num_batched_tokens {}, max_num_seqs {}, "
+                   "prefix caching {}",
+                   config.num_kv_blocks, config.block_size, config.num_kv_blocks * config.block_size,
+                   config.max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching ? "on" : "off");
+  return e;
+}
+
+Status LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> prompt,
+                              const SamplingParams& params) {
+  if (requests_.count(request_id)) return invalid_argument("request id '" + request_id + "' is already in use");
+  if (prompt.empty()) return invalid_argument("the prompt is empty");
+  const int64_t vocab = model_->config().vocab_size;
+  for (size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= vocab)
+      return invalid_argument("prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
+                              " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+  NUCLEUS_RETURN_IF_ERROR(params.validate());
+  const int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
+  if (total > config_.max_model_len)
+    return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
+                            std::to_string(params.max_tokens) + ") = " + std::to_string(total) +
+                            " exceeds the maximum context length " + std::to_string(config_.max_model_len));
+  if (blocks_->blocks_for(total) > blocks_->num_blocks())
+    return resource_exhausted("prompt + max_tokens needs " + std::to_string(blocks_->blocks_for(total)) +
+                              " KV blocks but the pool has only " + std::to_string(blocks_->num_blocks()) +
+                              " (raise --num-kv-blocks or lower max_tokens)");
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = next_seq_id_++;
+  seq->request_id = request_id;
+  seq->prompt_token_ids = std::move(prompt);
+  seq->params = params;
+  seq->seed = params.seed ? *params.seed : std::random_device{}();
+  seq->arrival_time = now_seconds();
+  scheduler_->add(seq.get());
+  requests_[request_id] = std::move(seq);
+  return ok_status();
+}
+
+RequestOutput LLMEngine::make_output(const Sequence& seq) const {
+  RequestOutput o;
+  o.request_id = seq.request_id;
+  o.finished = seq.finished();
+  o.finish_reason = seq.finish_reason;
+  o.error = seq.error;
+  o.num_prompt_tokens = seq.num_prompt_tokens();
+  o.num_output_tokens = seq.num_output_tokens();
+  o.num_cached_tokens = seq.num_cached_prompt_tokens;
+  return o;
+}
+
+std::vector<RequestOutput> LLMEngine::step() {
+  std::vector<RequestOutput> outputs;
+  SchedulerOutput plan = scheduler_->schedule();
+  preemptions_ += static_cast<int64_t>(plan.preempted.size());
+  if (plan.empty()) return outputs;
+  ++steps_;
+  auto logits = runner_->execute(plan);
+  NUCLEUS_CHECK(logits.ok(), "forward failed: {}", logits.status().to_string());
+  scheduler_->on_step_done(plan);
+  const int64_t vocab = model_->config().vocab_size;
+  int64_t row = 0;
+  std::vector<Sequence*> done;
+  for (const auto& s : plan.scheduled) {
+    if (!s.samples) continue;
+    Sequence& seq = *s.seq;
+    const float* l = logits->data<float>() + row++ * vocab;
+    SampleResult r = sample_token(l, vocab, seq.params, seq.seed, seq.num_output_tokens());
+    if (seq.output_token_ids.empty()) seq.first_token_time = now_seconds();
+    seq.output_token_ids.push_back(r.token);
+    seq.output_samples.push_back(r);
+    RequestOutput o = make_output(seq);
+    o.new_token_ids.push_back(r.token);
+    o.new_samples.push_back(std::move(r));
+    const int32_t tok = o.new_token_ids.back();
+    FinishReason reason = FinishReason::kNone;
+    if (!seq.params.ignore_eos &&
+        std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) != config_.eos_token_ids.end())
+      reason = FinishReason::kStop;
+    else if (std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), tok) !=
+             seq.params.stop_token_ids.end())
+      reason = FinishReason::kStop;
+    else if (seq.num_output_tokens() >= seq.params.max_tokens)
+      reason = FinishReason::kLength;
+    if (reason != FinishReason::kNone) {
+      scheduler_->finish(&seq, reason);
+      o.finished = true;
+      o.finish_reason = reason;
+      done.push_back(&seq);
+    }
+    outputs.push_back(std::move(o));
+  }
+  for (Sequence* seq : done) requests_.erase(seq->request_id);
+  return outputs;
+}
+
+bool LLMEngine::abort(const std::string& request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  scheduler_->finish(it->second.get(), FinishReason::kAbort);
+  requests_.erase(it);
+  return true;
+}
+
+EngineStats LLMEngine::stats() const {
+  EngineStats s;
+  s.num_waiting = static_cast<int64_t>(scheduler_->waiting().size());
+  s.num_running = static_cast<int64_t>(scheduler_->running().size());
+  s.kv_blocks_total = blocks_->num_blocks();
+  s.kv_blocks_used = blocks_->num_used_blocks();
+  s.num_preemptions = preemptions_;
+  s.prefix_query_tokens = blocks_->prefix_query_tokens();
+  s.prefix_hit_tokens = blocks_->prefix_hit_tokens();
+  s.steps = steps_;
+  return s;
+}
+
+}  // namespace nucleus

@@ -1,0 +1,103 @@
+// LLMEngine: the C++ serving API. Requests are added with their sampling
+// parameters; each step() schedules a batch (continuous batching, chunked
+// prefill, prefix caching, preemption), runs the model once, samples, and
+// reports what every request produced.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/deepseek/deepseek_model.h"
+#include "runtime/block_manager.h"
+#include "runtime/model_runner.h"
+#include "runtime/scheduler.h"
+#include "runtime/sequence.h"
+
+namespace nucleus {
+
+struct EngineConfig {
+  // Tokens per KV block. 64: the block granularity Hopper MLA decode kernels
+  // read best (FlashMLA requires 64; one block of a bf16 latent cache is
+  // 64 x 576 x 2 B = 72 KiB, large enough for full-bandwidth bulk copies),
+  // while prefix-cache reuse stays fine-grained next to typical prompt
+  // lengths. Tests use smaller blocks to exercise block boundaries.
+  int64_t block_size = 64;
+  // Blocks in the pool; 0: derived (GPU: from gpu_memory_utilization; CPU:
+  // room for 16 sequences of max_model_len).
+  int64_t num_kv_blocks = 0;
+  double gpu_memory_utilization = 0.9;
+  bool enable_prefix_caching = true;
+  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_seqs = 256;
+  int64_t max_model_len = 0;            // 0: the model's max_position_embeddings
+  std::vector<int32_t> eos_token_ids;  // finish with "stop" on these unless ignore_eos
+
+  Status validate() const;
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<int32_t> new_token_ids;    // tokens sampled this step (0 or 1)
+  std::vector<SampleResult> new_samples;  // with their logprobs
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  Status error;  // set when finish_reason == kError
+  int64_t num_prompt_tokens = 0;
+  int64_t num_output_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+struct EngineStats {
+  int64_t num_waiting = 0;
+  int64_t num_running = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_used = 0;
+  int64_t num_preemptions = 0;
+  int64_t prefix_query_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t steps = 0;
+};
+
+class LLMEngine {
+ public:
+  static StatusOr<std::unique_ptr<LLMEngine>> create(std::unique_ptr<DeepseekModel> model, EngineConfig config);
+
+  // Queues a request. Errors (kInvalidArgument): a duplicate id, an empty
+  // prompt, a token id outside the vocabulary, bad sampling parameters,
+  // prompt + max_tokens past max_model_len, or more KV blocks than the
+  // whole pool holds (kResourceExhausted).
+  Status add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
+                     const SamplingParams& params);
+
+  // Runs one step; returns an entry for every request that produced a token
+  // or finished in it. Returns nothing when idle.
+  std::vector<RequestOutput> step();
+
+  // Finishes a request with reason "abort"; false if it is unknown or done.
+  bool abort(const std::string& request_id);
+
+  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+  EngineStats stats() const;
+  const EngineConfig& config() const { return config_; }
+  DeepseekModel& model() { return runner_->model(); }
+
+ private:
+  LLMEngine() = default;
+  RequestOutput make_output(const Sequence& seq) const;
+
+  EngineConfig config_;
+  std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::map<std::string, std::unique_ptr<Sequence>> requests_;
+  int64_t next_seq_id_ = 0;
+  int64_t steps_ = 0;
+  int64_t preemptions_ = 0;
+};
+
+}  // namespace nucleus

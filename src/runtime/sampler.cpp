@@ -1,0 +1,92 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace nucleus {
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+double counter_uniform(uint64_t seed, uint64_t counter) {
+  uint64_t bits = splitmix64(seed ^ splitmix64(counter));
+  return static_cast<double>(bits >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+SampleResult sample_token(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t seed,
+                          int64_t output_index) {
+  SampleResult r;
+  // Raw log-softmax, needed for logprobs.
+  float mx = *std::max_element(logits, logits + vocab);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const double log_z = mx + std::log(sum);
+  auto logprob = [&](int64_t i) { return static_cast<float>(logits[i] - log_z); };
+
+  if (params.temperature == 0.0f) {
+    r.token = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);  // first max
+  } else {
+    std::vector<int32_t> cand(vocab);
+    std::iota(cand.begin(), cand.end(), 0);
+    auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    if (params.top_k > 0 && params.top_k < vocab) {
+      std::partial_sort(cand.begin(), cand.begin() + params.top_k, cand.end(), by_logit);
+      cand.resize(params.top_k);
+    } else {
+      std::sort(cand.begin(), cand.end(), by_logit);
+    }
+    const double inv_t = 1.0 / params.temperature;
+    const double cmax = logits[cand[0]] * inv_t;
+    std::vector<double> p(cand.size());
+    double total = 0.0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      p[i] = std::exp(logits[cand[i]] * inv_t - cmax);
+      total += p[i];
+    }
+    // Top-p over the candidates in decreasing-probability order.
+    size_t keep = cand.size();
+    if (params.top_p < 1.0f) {
+      double cum = 0.0;
+      for (size_t i = 0; i < cand.size(); ++i) {
+        cum += p[i] / total;
+        if (cum >= params.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    double kept_total = 0.0;
+    for (size_t i = 0; i < keep; ++i) kept_total += p[i];
+    const double u = counter_uniform(seed, static_cast<uint64_t>(output_index)) * kept_total;
+    double cum = 0.0;
+    r.token = cand[keep - 1];
+    for (size_t i = 0; i < keep; ++i) {
+      cum += p[i];
+      if (u < cum) {
+        r.token = cand[i];
+        break;
+      }
+    }
+  }
+  r.logprob = logprob(r.token);
+  if (params.logprobs > 0) {
+    const int64_t n = std::min<int64_t>(params.logprobs, vocab);
+    std::vector<int32_t> idx(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < n; ++i) r.top_logprobs.emplace_back(idx[i], logprob(idx[i]));
+  }
+  return r;
+}
+
+}  // namespace nucleus

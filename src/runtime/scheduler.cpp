@@ -1,0 +1,86 @@
+#include "runtime/scheduler.h"
+
+#include <algorithm>
+
+#include "core/check.h"
+
+namespace nucleus {
+
+void Scheduler::add(Sequence* seq) {
+  seq->status = SeqStatus::kWaiting;
+  waiting_.push_back(seq);
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  blocks_->free(*seq);
+  seq->status = SeqStatus::kWaiting;
+  ++seq->num_preemptions;
+  waiting_.push_front(seq);
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+
+  // 1. Running sequences, oldest first; preempt from the back when blocks run out.
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    Sequence* seq = running_[i];
+    const int64_t num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
+    NUCLEUS_CHECK(num_new > 0, "running sequence {} has nothing to compute", seq->seq_id);
+    bool self_preempted = false;
+    while (!blocks_->allocate_slots(*seq, seq->num_computed_tokens + num_new)) {
+      Sequence* victim = running_.back();
+      running_.pop_back();
+      preempt(victim);
+      out.preempted.push_back(victim);
+      if (victim == seq) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) break;
+    out.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    budget -= num_new;
+    ++i;
+  }
+
+  // 2. Waiting sequences, in order, unless this step had to preempt.
+  while (out.preempted.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    blocks_->acquire_cached_prefix(*seq);
+    seq->num_cached_prompt_tokens = seq->num_computed_tokens;
+    const int64_t num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
+    if (!blocks_->allocate_slots(*seq, seq->num_computed_tokens + num_new)) {
+      blocks_->free(*seq);  // give the prefix hits back; try again next step
+      break;
+    }
+    waiting_.pop_front();
+    seq->status = SeqStatus::kRunning;
+    running_.push_back(seq);
+    out.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    budget -= num_new;
+  }
+  out.num_batched_tokens = config_.max_num_batched_tokens - budget;
+  return out;
+}
+
+void Scheduler::on_step_done(const SchedulerOutput& out) {
+  for (const auto& s : out.scheduled) {
+    s.seq->num_computed_tokens += s.num_new_tokens;
+    blocks_->cache_full_blocks(*s.seq);
+  }
+}
+
+void Scheduler::finish(Sequence* seq, FinishReason reason) {
+  if (seq->finished()) return;
+  auto r = std::find(running_.begin(), running_.end(), seq);
+  if (r != running_.end()) running_.erase(r);
+  auto w = std::find(waiting_.begin(), waiting_.end(), seq);
+  if (w != waiting_.end()) waiting_.erase(w);
+  blocks_->free(*seq);
+  seq->status = SeqStatus::kFinished;
+  seq->finish_reason = reason;
+}
+
+}  // namespace nucleus

@@ -1,0 +1,80 @@
+// Scheduler: continuous batching with chunked prefill and preemption by
+// recompute.
+//
+// Each step gets a token budget (max_num_batched_tokens) and a sequence cap
+// (max_num_seqs). Prefill and decode share a step (as in vLLM's v1
+// scheduler): running sequences are served first, in arrival order — each
+// decode takes one token, an unfinished prefill takes its next chunk —
+// then waiting sequences are admitted in arrival order while budget and cap
+// allow, their prompt chunked to what budget is left. Why share: a decode
+// never waits behind a long prompt (TPOT stays flat under load), and a
+// prompt longer than the budget still progresses every step. The cost is
+// that a mixed step is not a pure-decode step (decode CUDA graphs apply only
+// to pure-decode steps; mixed steps use the prefill path).
+//
+// When a running sequence needs a block and none is free, the most recently
+// admitted running sequence is preempted: its blocks are freed, its progress
+// reset, and it goes back to the front of the waiting queue; on readmission
+// it recomputes prompt + generated tokens (reusing cached prefix blocks) and
+// continues where it stopped. No sequence is admitted in a step that
+// preempted. A sequence whose prompt + max_tokens cannot fit the whole pool
+// is refused when added (LLMEngine::add_request), so nothing waits forever.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "runtime/block_manager.h"
+#include "runtime/sequence.h"
+
+namespace nucleus {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_seqs = 256;
+};
+
+struct ScheduledSeq {
+  Sequence* seq = nullptr;
+  int64_t num_new_tokens = 0;  // rows this step computes for the sequence
+  // True when the step reaches the sequence's last token, so it yields logits
+  // and samples a token.
+  bool samples = false;
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledSeq> scheduled;  // running order
+  std::vector<Sequence*> preempted;     // this step
+  int64_t num_batched_tokens = 0;
+  bool empty() const { return scheduled.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, BlockManager* blocks) : config_(config), blocks_(blocks) {}
+
+  void add(Sequence* seq);
+  // Plans the next step and allocates its KV slots.
+  SchedulerOutput schedule();
+  // After the step ran: advances every scheduled sequence's computed tokens
+  // and enters newly full blocks into the prefix cache. Sampling and stop
+  // checks are the engine's.
+  void on_step_done(const SchedulerOutput& out);
+  // Finishes a sequence (any state): frees its blocks, drops it from the queues.
+  void finish(Sequence* seq, FinishReason reason);
+
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const std::vector<Sequence*>& running() const { return running_; }
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+
+ private:
+  void preempt(Sequence* seq);
+
+  SchedulerConfig config_;
+  BlockManager* blocks_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;
+};
+
+}  // namespace nucleus
