@@ -200,6 +200,62 @@ StatusOr<json> read_json_file(const fs::path& path) {
   return j;
 }
 
+// HF compiles tokenizer.json patterns with Oniguruma, whose Unicode \s is
+// the White_Space property and \w is Letter | Mark | Decimal_Number |
+// Connector_Punctuation. PCRE2 10.42's UCP \s adds U+180E and its \w takes
+// all of \p{N} but no marks, so those escapes are spelled out. Inside a
+// character class the set is inserted without brackets; \W inside a class
+// (which would need a negated union) is left to PCRE2.
+std::string onig_to_pcre2(const std::string& pattern) {
+  constexpr const char* kSpace = R"(\p{White_Space})";
+  constexpr const char* kNotSpace = R"(\P{White_Space})";
+  constexpr const char* kWord = R"(\p{L}\p{M}\p{Nd}\p{Pc})";
+  std::string out;
+  out.reserve(pattern.size() + 32);
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      char e = pattern[++i];
+      if (e == 's') {
+        out += kSpace;
+      } else if (e == 'S') {
+        out += kNotSpace;
+      } else if (e == 'w') {
+        // Appended piecewise: "[" + std::string trips a GCC 12 -Wrestrict false positive.
+        if (!in_class) out += '[';
+        out += kWord;
+        if (!in_class) out += ']';
+      } else if (e == 'W' && !in_class) {
+        out += "[^";
+        out += kWord;
+        out += ']';
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      // A ']' first in the class (after an optional '^') is literal.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      // POSIX class [:name:] inside a class: copy through its ":]".
+      size_t end = pattern.find(":]", i + 2);
+      if (end != std::string::npos) {
+        out.append(pattern, i + 1, end + 2 - (i + 1));
+        i = end + 1;
+      }
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- Regex ------------------------------------------------------------------
@@ -217,12 +273,14 @@ class TokenizerRegex {
     PCRE2_SIZE offset = 0;
     // PCRE2_LITERAL refuses PCRE2_UCP (it has no character classes to affect).
     uint32_t options = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+    std::string translated = literal ? pattern : onig_to_pcre2(pattern);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
                                      &err, &offset, nullptr);
     if (!code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
       return invalid_argument("regex '" + pattern + "' does not compile (at offset " + std::to_string(offset) +
+                              (translated != pattern ? " of '" + translated + "'" : std::string()) +
                               "): " + reinterpret_cast<const char*>(msg));
     }
     auto re = std::shared_ptr<TokenizerRegex>(new TokenizerRegex());
@@ -354,12 +412,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const json& tokenizer,
     std::string decoder_type = decoder ? type_of(*decoder) : "null";
     if (decoder_type != "ByteLevel")
       return unsupported("tokenizer.json: decoder type '" + decoder_type + "' is not supported (only ByteLevel)");
-    t->byte_level_decoder_ = true;
 
     // Decoded bytes of every token, once, so decode() is a table lookup.
     t->bytes_.resize(t->tokens_.size());
     for (size_t id = 0; id < t->tokens_.size(); ++id)
-      t->bytes_[id] = t->byte_level_decoder_ ? byte_level_decode(t->tokens_[id]) : t->tokens_[id];
+      t->bytes_[id] = byte_level_decode(t->tokens_[id]);
 
     NUCLEUS_RETURN_IF_ERROR(t->parse_config(config));
   } catch (const json::exception& e) {
@@ -476,6 +533,7 @@ Status Tokenizer::parse_added_tokens(const json& tokens) {
     NUCLEUS_RETURN_IF_ERROR(read_bool(e, "lstrip", where, &a.lstrip));
     NUCLEUS_RETURN_IF_ERROR(read_bool(e, "rstrip", where, &a.rstrip));
     NUCLEUS_RETURN_IF_ERROR(read_bool(e, "special", where, &a.special));
+    NUCLEUS_RETURN_IF_ERROR(read_bool(e, "normalized", where, &a.normalized));
     a.id = static_cast<int32_t>(id->get<int64_t>());
     // A token already in the vocab keeps its vocab id (as HF, which only
     // warns when the file says otherwise).
@@ -496,18 +554,23 @@ Status Tokenizer::parse_added_tokens(const json& tokens) {
     added_.push_back(std::move(a));
   }
   special_.assign(tokens_.size(), 0);
-  added_by_byte_.assign(256, {});
+  added_by_byte_.assign(512, {});
   bool any_single_word = false;
   for (size_t i = 0; i < added_.size(); ++i) {
     if (added_[i].special) special_[added_[i].id] = 1;
     any_single_word |= added_[i].single_word;
-    added_by_byte_[static_cast<unsigned char>(added_[i].content[0])].push_back(static_cast<int32_t>(i));
+    size_t slot = (added_[i].normalized ? 256 : 0) + static_cast<unsigned char>(added_[i].content[0]);
+    added_by_byte_[slot].push_back(static_cast<int32_t>(i));
   }
   for (auto& list : added_by_byte_)
     std::stable_sort(list.begin(), list.end(),
                      [&](int32_t x, int32_t y) { return added_[x].content.size() > added_[y].content.size(); });
   if (any_single_word) {
-    NUCLEUS_ASSIGN_OR_RETURN(word_char_, detail::TokenizerRegex::compile(R"(\w)", false));
+    // HF tests word boundaries with Rust's regex \w (Unicode: alphabetic,
+    // marks, decimal digits, connector punctuation, join controls).
+    NUCLEUS_ASSIGN_OR_RETURN(
+        word_char_,
+        detail::TokenizerRegex::compile(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", false));
   }
   return ok_status();
 }
@@ -564,8 +627,12 @@ Status Tokenizer::parse_pre_tokenizer(const json& pre, const std::string& where)
     }
     NUCLEUS_RETURN_IF_ERROR(read_bool(pre, "invert", w, &step.invert));
   } else if (type == "Digits") {
+    // HF splits on char::is_numeric: Unicode Nd, Nl and No, one character a match.
     step.kind = StepKind::kDigits;
     NUCLEUS_RETURN_IF_ERROR(read_bool(pre, "individual_digits", w, &step.individual_digits));
+    auto re = detail::TokenizerRegex::compile(R"(\p{N})", false);
+    if (!re.ok()) return internal_error(w + ": " + re.status().message());
+    step.regex = *re;
   } else {
     return unsupported("tokenizer.json: " + where + " type '" + (type.empty() ? pre.dump() : type) +
                        "' is not supported (ByteLevel, Split, Digits, Sequence)");
@@ -656,14 +723,17 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 // HF AddedVocabulary::find_matches: leftmost-longest matches; a single_word
 // token next to a word character is skipped; lstrip / rstrip widen the match
-// over neighbouring whitespace. Segments cover the text in order.
-std::vector<Tokenizer::Segment> Tokenizer::split_added_tokens(std::string_view text) const {
-  std::vector<Segment> segs;
+// over neighbouring whitespace. The word and whitespace tests see only
+// text[begin, end), as HF sees only the piece it splits.
+void Tokenizer::find_added_tokens(std::string_view text, size_t begin, size_t end, bool normalized,
+                                  std::vector<Segment>& out) const {
+  std::string_view piece = text.substr(begin, end - begin);
+  const auto* lists = &added_by_byte_[normalized ? 256 : 0];
   size_t start_offset = 0;  // end of the previous segment
-  for (size_t pos = 0; pos < text.size();) {
+  for (size_t pos = 0; pos < piece.size();) {
     const AddedToken* hit = nullptr;
-    for (int32_t idx : added_by_byte_[static_cast<unsigned char>(text[pos])]) {
-      if (text.substr(pos).starts_with(added_[idx].content)) {
+    for (int32_t idx : lists[static_cast<unsigned char>(piece[pos])]) {
+      if (piece.substr(pos).starts_with(added_[idx].content)) {
         hit = &added_[idx];
         break;  // longest first
       }
@@ -673,30 +743,48 @@ std::vector<Tokenizer::Segment> Tokenizer::split_added_tokens(std::string_view t
       continue;
     }
     size_t start = pos, stop = pos + hit->content.size();
+    // The search goes on from the end of the match, even when rstrip below
+    // takes more: a token may then start inside the stripped whitespace,
+    // and is cut to start after it (HF does the same through lstrip).
     pos = stop;
     if (hit->single_word) {
-      bool word_before = start > 0 && word_char_->matches_char_at(text, prev_char_start(text, start));
-      bool word_after = stop < text.size() && word_char_->matches_char_at(text, stop);
+      bool word_before = start > 0 && word_char_->matches_char_at(piece, prev_char_start(piece, start));
+      bool word_after = stop < piece.size() && word_char_->matches_char_at(piece, stop);
       if (word_before || word_after) continue;
     }
     size_t n = 0;
     if (hit->lstrip) {
-      while (start > start_offset) {
-        size_t p = prev_char_start(text, start);
-        if (!white_space_at(text, p, &n) || p < start_offset) break;
+      while (start > 0) {
+        size_t p = prev_char_start(piece, start);
+        if (!white_space_at(piece, p, &n)) break;
         start = p;
       }
     }
-    if (hit->rstrip) {
-      while (stop < text.size() && white_space_at(text, stop, &n)) stop += n;
-      pos = stop;  // the stripped whitespace belongs to this token
-    }
-    if (start_offset < start) segs.push_back({start_offset, start, -1});
-    segs.push_back({start, stop, hit->id});
+    start = std::max(start, start_offset);
+    if (hit->rstrip)
+      while (stop < piece.size() && white_space_at(piece, stop, &n)) stop += n;
+    if (stop <= start) continue;  // wholly inside the previous token's whitespace
+    if (start_offset < start) out.push_back({begin + start_offset, begin + start, -1});
+    out.push_back({begin + start, begin + stop, hit->id});
     start_offset = stop;
   }
-  if (start_offset < text.size()) segs.push_back({start_offset, text.size(), -1});
-  return segs;
+  if (start_offset < piece.size()) out.push_back({begin + start_offset, end, -1});
+}
+
+// HF AddedVocabulary::extract_and_normalize: tokens with normalized false
+// are cut out first, then those with normalized true from what is left (no
+// normalizer runs in between here). Segments cover the text in order.
+std::vector<Tokenizer::Segment> Tokenizer::split_added_tokens(std::string_view text) const {
+  std::vector<Segment> first, out;
+  find_added_tokens(text, 0, text.size(), /*normalized=*/false, first);
+  for (const Segment& seg : first) {
+    if (seg.id >= 0) {
+      out.push_back(seg);
+    } else {
+      find_added_tokens(text, seg.begin, seg.end, /*normalized=*/true, out);
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -781,9 +869,8 @@ void Tokenizer::apply_step(const Step& step, std::vector<std::string>& pieces) c
         split_pieces(piece, matches, step.invert, step.behavior, out);
         break;
       case StepKind::kDigits:
-        // Every ASCII digit is a match; Contiguous then joins runs of them.
-        for (size_t i = 0; i < piece.size(); ++i)
-          if (piece[i] >= '0' && piece[i] <= '9') matches.emplace_back(i, i + 1);
+        // Every numeric character is a match; Contiguous then joins runs of them.
+        step.regex->find_all(piece, matches);
         split_pieces(piece, matches, false,
                      step.individual_digits ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, out);
         break;

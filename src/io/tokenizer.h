@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <shared_mutex>
@@ -138,6 +139,7 @@ class Tokenizer {
     bool single_word = false;
     bool lstrip = false;
     bool rstrip = false;
+    bool normalized = true;  // matched in the second pass (see split_added_tokens)
     bool special = false;
   };
   // A run of text: an added token (id >= 0) or text to pre-tokenize (id -1).
@@ -170,6 +172,10 @@ class Tokenizer {
   Status parse_config(const nlohmann::json& config);
 
   std::vector<Segment> split_added_tokens(std::string_view text) const;
+  // One matching pass over text[begin, end) with the tokens whose
+  // `normalized` flag equals `normalized`; appends segments covering it.
+  void find_added_tokens(std::string_view text, size_t begin, size_t end, bool normalized,
+                         std::vector<Segment>& out) const;
   void apply_step(const Step& step, std::vector<std::string>& pieces) const;
   // Appends the BPE ids of one pre-token.
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
@@ -181,8 +187,9 @@ class Tokenizer {
   std::vector<std::string> bytes_;   // id -> decoded bytes
   std::vector<uint8_t> special_;     // id -> added token marked special
   std::vector<AddedToken> added_;
-  // For each first byte, indexes into added_ of the tokens starting with it,
-  // longest first, so the first match at a position is the longest.
+  // For [normalized * 256 + first byte], indexes into added_ of the tokens
+  // starting with that byte, longest first, so the first match at a
+  // position is the longest.
   std::vector<std::vector<int32_t>> added_by_byte_;
   std::shared_ptr<const detail::TokenizerRegex> word_char_;  // \w, for single_word
 
@@ -192,7 +199,6 @@ class Tokenizer {
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
   std::vector<Step> steps_;
-  bool byte_level_decoder_ = false;
 
   std::string bos_token_, eos_token_, chat_template_;
   std::optional<int32_t> bos_id_, eos_id_;

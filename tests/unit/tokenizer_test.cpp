@@ -261,6 +261,50 @@ TEST(TokenizerTest, LongestAddedTokenWins) {
   EXPECT_EQ(t->encode("<|end_of_text|>!<|end_of_text|><|end", false), (Ids{4097, 1, 4096}));
 }
 
+// HF cuts out tokens with normalized false first, then those with
+// normalized true from the rest, so a normalized token never spans one of
+// the others even where it would be the leftmost match.
+TEST(TokenizerTest, AddedTokensMatchInTwoPasses) {
+  auto t = tiny_with([](json& tok, json&) {
+    json xab = added_token(4096, "xab", false);
+    xab["normalized"] = true;
+    xab["lstrip"] = true;
+    json bc = added_token(2625, "bc", true);  // also a vocab token: keeps its id
+    bc["rstrip"] = true;
+    json cx = added_token(4097, "cX", false);
+    cx["normalized"] = true;
+    cx["single_word"] = true;
+    json eotx = added_token(4098, "<|end_of_text|>x", false);
+    eotx["normalized"] = true;
+    for (const json& a : {xab, bc, cx, eotx}) tok["added_tokens"].push_back(a);
+  });
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("xabc", false), (Ids{1497, 2625}));  // "xa" "bc"
+  EXPECT_EQ(t->encode("zz xab cX", false), (Ids{92, 92, 4096, 223, 4097}));
+  EXPECT_EQ(t->encode("xab<|end_of_text|>x", false), (Ids{4096, 1, 90}));
+}
+
+// A token found inside the whitespace an rstrip token took starts after it;
+// single_word follows Rust's \w ("½" is not a word character, "²" neither).
+TEST(TokenizerTest, AddedTokenOverlapsAndWordCharacters) {
+  auto t = tiny_with([](json& tok, json&) {
+    tok["pre_tokenizer"]["add_prefix_space"] = true;
+    json l = added_token(4096, " <L>", true);
+    l["lstrip"] = true;
+    l["rstrip"] = true;
+    json def = added_token(327, "def", false);
+    def["single_word"] = true;
+    json end = added_token(4097, "<|end", false);
+    end["rstrip"] = true;
+    for (const json& a : {l, def, end}) tok["added_tokens"].push_back(a);
+  });
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->encode("<|end <L>3", false), (Ids{4097, 4096, 824}));
+  EXPECT_EQ(t->encode("a <L> <L>b", false), (Ids{274, 4096, 4096, 315}));
+  EXPECT_EQ(t->encode("\u00bd" "def`", false), (Ids{223, 129, 124, 327, 850}));
+  EXPECT_EQ(t->encode("\u00b2" "def", false), (Ids{223, 129, 113, 327}));
+}
+
 // ---- tokenizer_config.json -----------------------------------------------------
 
 TEST(TokenizerTest, ConfigVariants) {

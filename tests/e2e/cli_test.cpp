@@ -1,0 +1,136 @@
+// `nucleus generate` end to end: the binary on the shipped tiny model.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "test_util.h"
+
+namespace nucleus {
+namespace {
+
+using nlohmann::json;
+
+struct RunResult {
+  int status = -1;
+  std::string out;
+};
+
+std::string binary() {
+  const char* bin = std::getenv("NUCLEUS_BIN");
+  return bin ? bin : "";
+}
+
+// Runs the binary; stdout only, or stdout and stderr together.
+RunResult run(const std::string& args, bool with_stderr = false) {
+  std::string cmd = binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+json ref_cases() {
+  std::ifstream in(testing::model_path("ref/cases.json"));
+  return json::parse(in);
+}
+
+std::vector<json> json_lines(const std::string& s) {
+  std::vector<json> out;
+  std::stringstream ss(s);
+  std::string line;
+  while (std::getline(ss, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST(CliTest, GenerateJsonLinesMatchReference) {
+  json cases = ref_cases()["tiny-dsv3"];
+  const std::string dir = testing::make_temp_dir("nucleus_cli");
+  const std::string file = dir + "/prompts.jsonl";
+  {
+    std::ofstream f(file);
+    f << json{{"prompt", cases[0]["prompt"]}}.dump() << "\n";
+    f << json{{"prompt_token_ids", cases[1]["prompt_token_ids"]}}.dump() << "\n";
+    f << json{{"prompt", cases[6]["prompt"]}}.dump() << "\n";
+  }
+  RunResult r = run("generate --device cpu --model " + testing::model_path("tiny-dsv3") + " --prompts " + file +
+                    " --max-tokens 32 --ignore-eos --json");
+  ASSERT_EQ(r.status, 0) << r.out;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 3u);
+  const int idx[3] = {0, 1, 6};
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(lines[i]["prompt_token_ids"], cases[idx[i]]["prompt_token_ids"]) << i;
+    EXPECT_EQ(lines[i]["token_ids"], cases[idx[i]]["greedy_token_ids"]) << i;
+    EXPECT_EQ(lines[i]["text"], cases[idx[i]]["greedy_text"]) << i;
+    EXPECT_EQ(lines[i]["finish_reason"], "length") << i;
+  }
+}
+
+TEST(CliTest, SeededSamplingIsRepeatable) {
+  const std::string args = "generate --device cpu --model " + testing::model_path("tiny-dsv3") +
+                           " --prompt 'import os' --max-tokens 16 --temperature 0.8 --top-p 0.9 --top-k 50 "
+                           "--seed 7 --ignore-eos --json";
+  RunResult a = run(args), b = run(args);
+  ASSERT_EQ(a.status, 0);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(json_lines(a.out)[0]["token_ids"].size(), 16u);
+}
+
+TEST(CliTest, RefusedPromptGetsErrorLineOthersFinish) {
+  const std::string dir = testing::make_temp_dir("nucleus_cli");
+  const std::string file = dir + "/prompts.jsonl";
+  {
+    std::ofstream f(file);
+    f << R"({"prompt": "def f(x):"})" << "\n";
+    f << R"({"prompt_token_ids": [0, 99999]})" << "\n";
+  }
+  RunResult r = run("generate --device cpu --prompts " + file + " --max-tokens 4 --json");
+  EXPECT_EQ(r.status, 1);
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["token_ids"].size(), 4u);
+  ASSERT_TRUE(lines[1].contains("error"));
+  EXPECT_NE(lines[1]["error"].get<std::string>().find("vocabulary"), std::string::npos);
+}
+
+TEST(CliTest, BinaryIsThere) {
+  ASSERT_FALSE(binary().empty()) << "NUCLEUS_BIN is not set (run through ctest)";
+  RunResult r = run("--help", true);
+  EXPECT_NE(r.out.find("generate"), std::string::npos) << r.out;
+}
+
+TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
+  struct Case {
+    std::string args;
+    int status;
+    std::string message;
+  };
+  const std::string dir = testing::make_temp_dir("nucleus_cli");
+  std::ofstream(dir + "/bad.jsonl") << "{not json\n";
+  std::vector<Case> cases = {
+      {"generate --device cpu --temperature -1", 2, "temperature"},
+      {"generate --device cpu --top-p 1.5", 2, "top_p"},
+      {"generate --device cpu --model /nonexistent", 1, "/nonexistent"},
+      {"generate --device tpu", 105, "--device"},  // CLI11 validation error
+      {"bogus", 2, "unknown command 'bogus'"},
+      {"generate --device cpu --prompts " + dir + "/bad.jsonl", 2, "bad.jsonl:1"},
+      {"generate --device cpu --prompts " + dir + "/missing.jsonl", 2, "missing.jsonl"},
+  };
+  for (const auto& c : cases) {
+    RunResult r = run(c.args, true);
+    EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace nucleus
