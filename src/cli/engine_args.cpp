@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "core/device.h"
 #include "core/logging.h"
 
 namespace nucleus::cli {
@@ -42,10 +43,8 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
   if (!std::filesystem::is_directory(args.model))
     return not_found("--model '" + args.model + "' is not a directory");
   ModelOptions mo;
-  if (args.device == "cuda") {
-    return unsupported("--device cuda: this build has no CUDA backend yet; use --device cpu");
-  }
-  mo.device = Device::kCpu;
+  NUCLEUS_ASSIGN_OR_RETURN(mo.device, resolve_device(args.device));
+  mo.scratch_rows = std::min<int64_t>(args.engine.max_num_seqs, 256);
   NUCLEUS_ASSIGN_OR_RETURN(mo.attention_mode, parse_attention_mode(args.attention_mode));
   NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
   std::unique_ptr<DeepseekModel> model;
@@ -53,7 +52,7 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
     NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
                              load_model_config((std::filesystem::path(args.model) / "config.json").string(),
                                                args.overrides));
-    auto backend = make_cpu_weight_backend();
+    auto backend = make_weight_backend(mo.device);
     NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, make_dummy_weights(config, *backend));
     NUCLEUS_ASSIGN_OR_RETURN(model, DeepseekModel::create(config, std::move(w), mo));
   } else {

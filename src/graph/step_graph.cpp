@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/check.h"
 
 namespace nucleus {
@@ -17,6 +19,13 @@ int StepGraph::buffer(const std::string& name, int64_t width, DType dtype, RowSp
   }
   buffers_.push_back({name, width, dtype, rows});
   return static_cast<int>(buffers_.size()) - 1;
+}
+
+int StepGraph::scratch(const std::string& name, int64_t fixed_rows, int64_t width, DType dtype) {
+  int id = buffer(name, width, dtype, RowSpace::kFixed);
+  NUCLEUS_CHECK(buffers_[id].fixed_rows == 0 || buffers_[id].fixed_rows == fixed_rows, "scratch {} resized", name);
+  buffers_[id].fixed_rows = fixed_rows;
+  return id;
 }
 
 int StepGraph::find_buffer(const std::string& name) const {
@@ -45,7 +54,9 @@ std::string StepGraph::dump(const std::string& title) const {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i) s += ", ";
       const BufferDesc& b = buffers_[ids[i]];
-      s += fmt::format("{}[{}{}]", b.name, b.rows == RowSpace::kTokens ? "T," : "L,", b.width);
+      s += fmt::format("{}[{}{}]", b.name,
+                       b.rows == RowSpace::kTokens ? "T," : b.rows == RowSpace::kLogits ? "L," : fmt::format("{},", b.fixed_rows),
+                       b.width);
     }
     return s;
   };
@@ -61,14 +72,29 @@ std::string StepGraph::dump(const std::string& title) const {
   return out;
 }
 
-std::vector<Tensor> allocate_step_buffers(const StepGraph& graph, const StepInputs& inputs, Device device) {
-  std::vector<Tensor> out;
-  out.reserve(graph.buffers().size());
-  for (const auto& b : graph.buffers()) {
-    int64_t rows = b.rows == RowSpace::kTokens ? inputs.num_tokens() : inputs.num_logits();
-    out.push_back(Tensor::empty({rows, b.width}, b.dtype, device));
+const std::vector<Tensor>& StepBuffers::for_step(const StepGraph& graph, int64_t num_tokens, int64_t num_logits,
+                                                 Device device) {
+  if (full_.size() != graph.buffers().size() || num_tokens > token_capacity_ || num_logits > logit_capacity_) {
+    token_capacity_ = std::max(token_capacity_, num_tokens);
+    logit_capacity_ = std::max(logit_capacity_, num_logits);
+    full_.clear();
+    bytes_ = 0;
+    for (const auto& b : graph.buffers()) {
+      const int64_t rows = b.rows == RowSpace::kTokens   ? token_capacity_
+                           : b.rows == RowSpace::kLogits ? logit_capacity_
+                                                         : b.fixed_rows;
+      full_.push_back(Tensor::empty({rows, b.width}, b.dtype, device));
+      bytes_ += full_.back().nbytes();
+    }
   }
-  return out;
+  views_.clear();
+  for (size_t i = 0; i < full_.size(); ++i) {
+    const BufferDesc& b = graph.buffers()[i];
+    const int64_t rows = b.rows == RowSpace::kTokens ? num_tokens : b.rows == RowSpace::kLogits ? num_logits
+                                                                                               : b.fixed_rows;
+    views_.push_back(full_[i].rows(0, rows));
+  }
+  return views_;
 }
 
 void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end) {

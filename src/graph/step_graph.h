@@ -17,13 +17,17 @@
 
 namespace nucleus {
 
-enum class RowSpace { kTokens, kLogits };
+// How many rows a buffer has in a step: the step's tokens, its logit rows, or
+// a fixed count set when the graph is built (scratch that kernels process
+// in chunks of at most that many rows).
+enum class RowSpace { kTokens, kLogits, kFixed };
 
 struct BufferDesc {
   std::string name;
   int64_t width = 0;
   DType dtype = DType::kF32;
   RowSpace rows = RowSpace::kTokens;
+  int64_t fixed_rows = 0;  // RowSpace::kFixed only
 };
 
 struct Node {
@@ -39,6 +43,8 @@ class StepGraph {
   // Id of buffer `name`, created on first use. A later use must agree on
   // width, dtype and row space (checked).
   int buffer(const std::string& name, int64_t width, DType dtype, RowSpace rows = RowSpace::kTokens);
+  // A scratch buffer of `fixed_rows` rows whatever the step.
+  int scratch(const std::string& name, int64_t fixed_rows, int64_t width, DType dtype);
   // Appends a node; returns it.
   Node& add(std::string name, std::unique_ptr<Op> op, std::vector<int> inputs, std::vector<int> outputs);
 
@@ -60,8 +66,20 @@ class StepGraph {
   std::vector<Node> nodes_;
 };
 
-// Allocates the graph's buffers for a step on `device` (uninitialised).
-std::vector<Tensor> allocate_step_buffers(const StepGraph& graph, const StepInputs& inputs, Device device);
+// The graph's buffers at a capacity (max tokens and logit rows per step),
+// allocated once on a device; each step takes row views of them.
+class StepBuffers {
+ public:
+  // Views for a step with the given rows; reallocates (all buffers) when the
+  // step exceeds the capacity.
+  const std::vector<Tensor>& for_step(const StepGraph& graph, int64_t num_tokens, int64_t num_logits, Device device);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::vector<Tensor> full_, views_;
+  int64_t token_capacity_ = 0, logit_capacity_ = 0;
+  size_t bytes_ = 0;
+};
 
 // Runs nodes [begin, end) in order.
 void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace nucleus {
@@ -45,7 +46,16 @@ Status parse_entry(const std::string& path, const std::string& name, const json&
   if (end > data_bytes)
     return bad("data_offsets end " + std::to_string(end) + " is past the end of the data (" +
                std::to_string(data_bytes) + " bytes; file truncated?)");
-  uint64_t expect = static_cast<uint64_t>(shape_numel(out->shape)) * dtype_size(out->dtype);
+  // dtype x shape in bytes, refusing a shape whose element count or byte size
+  // overflows (shape_numel would wrap, and a wrapped size can match the extent).
+  const uint64_t max_numel = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / dtype_size(out->dtype);
+  uint64_t numel = 1;
+  for (int64_t d : out->shape) {
+    if (numel != 0 && static_cast<uint64_t>(d) > max_numel / numel)
+      return bad("shape " + shape_to_string(out->shape) + " is too large (its byte size overflows 64 bits)");
+    numel *= static_cast<uint64_t>(d);
+  }
+  uint64_t expect = numel * dtype_size(out->dtype);
   if (end - begin != expect)
     return bad("holds " + std::to_string(end - begin) + " bytes but " + dtype_name(out->dtype) + " x " +
                shape_to_string(out->shape) + " needs " + std::to_string(expect));

@@ -23,8 +23,7 @@ namespace {
 
 // The pattern HF's ByteLevel pre-tokenizer splits with when use_regex is set
 // (GPT-2's, tokenizers/src/pre_tokenizers/byte_level.rs).
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Ids index dense tables; this bounds them (real vocabularies: ~130k).
 constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
@@ -72,8 +71,8 @@ size_t char_step(std::string_view s, size_t i) {
   return n ? n : 1;
 }
 
-// Start of the character that ends at s[end] (end > 0); a lone byte when the
-// bytes before `end` do not form a valid character.
+// Start of the character just before s[end] (end > 0); end - 1 when the
+// bytes there do not end a valid character.
 size_t prev_char_start(std::string_view s, size_t end) {
   for (size_t back = 1; back <= 4 && back <= end; ++back) {
     auto b = static_cast<unsigned char>(s[end - back]);
@@ -104,8 +103,7 @@ void append_utf8(uint32_t cp, std::string& out) {
 // added tokens) matches.
 bool is_white_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 bool white_space_at(std::string_view s, size_t i, size_t* len) {
@@ -166,12 +164,18 @@ const json* field(const json& obj, const char* key) {
   return &*it;
 }
 
+// A JSON value for an error message, cut short: a bad value can be large.
+std::string short_dump(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
+}
+
 // Reads optional boolean `key` of `obj` into *out (left as is when absent).
 Status read_bool(const json& obj, const char* key, const std::string& where, bool* out) {
   const json* v = field(obj, key);
   if (!v) return ok_status();
   if (!v->is_boolean())
-    return invalid_argument(where + ": field '" + key + "' must be true or false, got " + v->dump());
+    return invalid_argument(where + ": field '" + key + "' must be true or false, got " + short_dump(*v));
   *out = v->get<bool>();
   return ok_status();
 }
@@ -274,8 +278,8 @@ class TokenizerRegex {
     // PCRE2_LITERAL refuses PCRE2_UCP (it has no character classes to affect).
     uint32_t options = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     std::string translated = literal ? pattern : onig_to_pcre2(pattern);
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
-                                     &err, &offset, nullptr);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,
+                                     &offset, nullptr);
     if (!code) {
       PCRE2_UCHAR msg[256];
       pcre2_get_error_message(err, msg, sizeof(msg));
@@ -310,8 +314,8 @@ class TokenizerRegex {
         // rather than failing the request.
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(rc, msg, sizeof(msg));
-        NUCLEUS_LOG_WARN("tokenizer: regex '{}' failed at byte {}: {}; the rest of the text is not split",
-                         pattern_, offset, reinterpret_cast<const char*>(msg));
+        NUCLEUS_LOG_WARN("tokenizer: regex '{}' failed at byte {}: {}; the rest of the text is not split", pattern_,
+                         offset, reinterpret_cast<const char*>(msg));
         break;
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
@@ -397,7 +401,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const json& tokenizer,
       const json* list = field(*n, "normalizers");
       bool empty_sequence = type == "Sequence" && list && list->is_array() && list->empty();
       if (!empty_sequence)
-        return unsupported("tokenizer.json: normalizer type '" + (type.empty() ? n->dump() : type) +
+        return unsupported("tokenizer.json: normalizer type '" + (type.empty() ? short_dump(*n) : type) +
                            "' is not supported (only null)");
     }
     const json* model = field(tokenizer, "model");
@@ -415,13 +419,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const json& tokenizer,
 
     // Decoded bytes of every token, once, so decode() is a table lookup.
     t->bytes_.resize(t->tokens_.size());
-    for (size_t id = 0; id < t->tokens_.size(); ++id)
-      t->bytes_[id] = byte_level_decode(t->tokens_[id]);
+    for (size_t id = 0; id < t->tokens_.size(); ++id) t->bytes_[id] = byte_level_decode(t->tokens_[id]);
 
     NUCLEUS_RETURN_IF_ERROR(t->parse_config(config));
   } catch (const json::exception& e) {
-    return invalid_argument(std::string("tokenizer.json / tokenizer_config.json: unexpected JSON shape: ") +
-                            e.what());
+    return invalid_argument(std::string("tokenizer.json / tokenizer_config.json: unexpected JSON shape: ") + e.what());
   }
   return t;
 }
@@ -431,17 +433,16 @@ Status Tokenizer::parse_model(const json& model) {
   std::string type = type_of(model);
   // Older files leave out "type"; HF then recognises BPE by its merges.
   if (type.empty() && !field(model, "merges")) return invalid_argument(w + ": model has no 'type'");
-  if (!type.empty() && type != "BPE")
-    return unsupported(w + ": model type '" + type + "' is not supported (only BPE)");
+  if (!type.empty() && type != "BPE") return unsupported(w + ": model type '" + type + "' is not supported (only BPE)");
   if (const json* d = field(model, "dropout"); d && !(d->is_number() && d->get<double>() == 0.0))
-    return unsupported(w + ": model.dropout " + d->dump() + " is not supported (only null)");
+    return unsupported(w + ": model.dropout " + short_dump(*d) + " is not supported (only null)");
   bool byte_fallback = false;
   NUCLEUS_RETURN_IF_ERROR(read_bool(model, "byte_fallback", w + ": model", &byte_fallback));
   if (byte_fallback) return unsupported(w + ": model.byte_fallback true is not supported");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const json* v = field(model, key);
     if (v && !(v->is_string() && v->get<std::string>().empty()))
-      return unsupported(w + ": model." + key + " " + v->dump() + " is not supported (only null)");
+      return unsupported(w + ": model." + key + " " + short_dump(*v) + " is not supported (only null)");
   }
   NUCLEUS_RETURN_IF_ERROR(read_bool(model, "fuse_unk", w + ": model", &fuse_unk_));
   NUCLEUS_RETURN_IF_ERROR(read_bool(model, "ignore_merges", w + ": model", &ignore_merges_));
@@ -452,7 +453,7 @@ Status Tokenizer::parse_model(const json& model) {
   for (const auto& [token, v] : vocab->items()) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId)
       return invalid_argument(w + ": model.vocab['" + token + "'] must be an integer id in [0, " +
-                              std::to_string(kMaxTokenId) + "], got " + v.dump());
+                              std::to_string(kMaxTokenId) + "], got " + short_dump(v));
     vocab_.emplace(token, static_cast<int32_t>(v.get<int64_t>()));
     max_id = std::max(max_id, v.get<int64_t>());
   }
@@ -467,7 +468,7 @@ Status Tokenizer::parse_model(const json& model) {
   }
 
   if (const json* unk = field(model, "unk_token")) {
-    if (!unk->is_string()) return invalid_argument(w + ": model.unk_token must be a string, got " + unk->dump());
+    if (!unk->is_string()) return invalid_argument(w + ": model.unk_token must be a string, got " + short_dump(*unk));
     auto it = vocab_.find(unk->get<std::string>());
     if (it == vocab_.end())
       return invalid_argument(w + ": model.unk_token '" + unk->get<std::string>() + "' is not in model.vocab");
@@ -494,8 +495,8 @@ Status Tokenizer::parse_model(const json& model) {
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
     } else {
-      return invalid_argument(w + ": model.merges[" + std::to_string(rank) + "] must be \"a b\" or [\"a\", \"b\"], got " +
-                              m.dump());
+      return invalid_argument(w + ": model.merges[" + std::to_string(rank) +
+                              "] must be \"a b\" or [\"a\", \"b\"], got " + short_dump(m));
     }
     auto lookup = [&](const std::string& token) -> StatusOr<int32_t> {
       auto it = vocab_.find(token);
@@ -538,17 +539,20 @@ Status Tokenizer::parse_added_tokens(const json& tokens) {
     // A token already in the vocab keeps its vocab id (as HF, which only
     // warns when the file says otherwise).
     if (auto it = vocab_.find(a.content); it != vocab_.end()) a.id = it->second;
+    if (auto it = added_ids_.find(a.content); it != added_ids_.end()) {
+      if (it->second != a.id)
+        return invalid_argument(where + ": '" + a.content + "' repeats with id " + std::to_string(a.id) +
+                                " (earlier: " + std::to_string(it->second) + ")");
+      // A repeat with the same id replaces the earlier entry's flags.
+      for (auto& prev : added_)
+        if (prev.content == a.content) prev = a;
+      continue;
+    }
     if (static_cast<size_t>(a.id) >= tokens_.size()) tokens_.resize(static_cast<size_t>(a.id) + 1);
     std::string& slot = tokens_[a.id];
     if (!slot.empty() && slot != a.content)
       return invalid_argument(where + ": '" + a.content + "' has id " + std::to_string(a.id) +
                               ", which is already the id of '" + slot + "'");
-    if (added_ids_.count(a.content)) {
-      // A repeat replaces the earlier entry's flags.
-      for (auto& prev : added_)
-        if (prev.content == a.content) prev = a;
-      continue;
-    }
     slot = a.content;
     added_ids_.emplace(a.content, a.id);
     added_.push_back(std::move(a));
@@ -569,8 +573,7 @@ Status Tokenizer::parse_added_tokens(const json& tokens) {
     // HF tests word boundaries with Rust's regex \w (Unicode: alphabetic,
     // marks, decimal digits, connector punctuation, join controls).
     NUCLEUS_ASSIGN_OR_RETURN(
-        word_char_,
-        detail::TokenizerRegex::compile(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", false));
+        word_char_, detail::TokenizerRegex::compile(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}])", false));
   }
   return ok_status();
 }
@@ -622,7 +625,7 @@ Status Tokenizer::parse_pre_tokenizer(const json& pre, const std::string& where)
     } else if (b == "Contiguous") {
       step.behavior = SplitBehavior::kContiguous;
     } else {
-      return unsupported(w + ": Split behavior " + (behavior ? behavior->dump() : "(missing)") +
+      return unsupported(w + ": Split behavior " + (behavior ? short_dump(*behavior) : "(missing)") +
                          " is not supported (Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous)");
     }
     NUCLEUS_RETURN_IF_ERROR(read_bool(pre, "invert", w, &step.invert));
@@ -634,7 +637,7 @@ Status Tokenizer::parse_pre_tokenizer(const json& pre, const std::string& where)
     if (!re.ok()) return internal_error(w + ": " + re.status().message());
     step.regex = *re;
   } else {
-    return unsupported("tokenizer.json: " + where + " type '" + (type.empty() ? pre.dump() : type) +
+    return unsupported("tokenizer.json: " + where + " type '" + (type.empty() ? short_dump(pre) : type) +
                        "' is not supported (ByteLevel, Split, Digits, Sequence)");
   }
   steps_.push_back(std::move(step));
@@ -649,7 +652,8 @@ Status Tokenizer::parse_config(const json& config) {
     if (!v) return ok_status();
     const json* content = v->is_object() ? field(*v, "content") : v;
     if (!content || !content->is_string())
-      return invalid_argument(w + ": field '" + key + "' must be a string or {\"content\": string}, got " + v->dump());
+      return invalid_argument(w + ": field '" + key + "' must be a string or {\"content\": string}, got " +
+                              short_dump(*v));
     *text = content->get<std::string>();
     *id = token_to_id(*text);
     if (!*id) return invalid_argument(w + ": " + key + " '" + *text + "' is not a token of tokenizer.json");
@@ -679,7 +683,7 @@ Status Tokenizer::parse_config(const json& config) {
       }
     } else {
       return invalid_argument(w + ": chat_template must be a string or a list of {name, template}, got " +
-                              ct->dump().substr(0, 80));
+                              short_dump(*ct));
     }
   }
   return ok_status();
@@ -745,7 +749,8 @@ void Tokenizer::find_added_tokens(std::string_view text, size_t begin, size_t en
     size_t start = pos, stop = pos + hit->content.size();
     // The search goes on from the end of the match, even when rstrip below
     // takes more: a token may then start inside the stripped whitespace,
-    // and is cut to start after it (HF does the same through lstrip).
+    // and is cut to start after it (as HF does for lstrip tokens; for others
+    // HF would emit those bytes twice).
     pos = stop;
     if (hit->single_word) {
       bool word_before = start > 0 && word_char_->matches_char_at(piece, prev_char_start(piece, start));

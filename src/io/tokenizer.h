@@ -4,13 +4,15 @@
 // Encoding follows the `tokenizers` library step by step, so ids match
 // PreTrainedTokenizerFast exactly:
 //   1. Added tokens (tokenizer.json "added_tokens") are cut out of the text
-//      first: at each position the longest one wins (leftmost-longest), with
-//      their lstrip / rstrip / single_word flags honoured.
+//      first, those with "normalized": false before the others, as HF does:
+//      at each position the longest one wins (leftmost-longest), with their
+//      lstrip / rstrip / single_word flags honoured.
 //   2. Each piece between them goes through the pre-tokenizer, one of
 //      ByteLevel (add_prefix_space, use_regex: the GPT-2 pattern), Split
 //      (Regex or String pattern; behaviors Isolated, Removed,
 //      MergedWithPrevious, MergedWithNext, Contiguous; invert), Digits, or a
-//      Sequence of them. ByteLevel maps every byte to one character of the
+//      Sequence of them (DeepSeek-V3: three Regex Splits, then ByteLevel
+//      without regex). ByteLevel maps every byte to one character of the
 //      GPT-2 bytes_to_unicode alphabet.
 //   3. Each pre-token is split into characters, looked up in model.vocab and
 //      merged by BPE: the adjacent pair with the lowest merge rank first, the
@@ -19,8 +21,13 @@
 // text that is not valid UTF-8 is kept as raw bytes.
 //
 // Regexes from tokenizer.json (Oniguruma syntax in HF) are compiled with
-// PCRE2 (UTF + UCP, JIT when available); the patterns real tokenizers use
-// mean the same in both.
+// PCRE2 (UTF + UCP, JIT when available), with \s and \w rewritten to
+// Oniguruma's Unicode definitions. One known difference remains: PCRE2
+// 10.42 knows Unicode 14, so characters assigned since then (unassigned to
+// it) may split differently from HF.
+//
+// Ids are those written in tokenizer.json (an added token that is also in
+// model.vocab keeps its vocab id, as in HF).
 //
 // Supported: model BPE (no dropout, no byte_fallback, no subword prefix or
 // suffix; unk_token / fuse_unk / ignore_merges honoured), normalizer null,
@@ -67,8 +74,7 @@ class Tokenizer {
   // tokenizer_config.json (`config` may be an empty object). `chat_template`
   // is used when `config` has none. Errors as load(), naming the files by
   // their base names.
-  static StatusOr<std::unique_ptr<Tokenizer>> from_json(const nlohmann::json& tokenizer,
-                                                        const nlohmann::json& config,
+  static StatusOr<std::unique_ptr<Tokenizer>> from_json(const nlohmann::json& tokenizer, const nlohmann::json& config,
                                                         const std::string& chat_template = "");
 
   ~Tokenizer();
@@ -152,11 +158,11 @@ class Tokenizer {
   enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
   struct Step {
     StepKind kind = StepKind::kSplit;
-    std::shared_ptr<const detail::TokenizerRegex> regex;  // kSplit; kByteLevel with use_regex
+    std::shared_ptr<const detail::TokenizerRegex> regex;  // kSplit, kDigits (\p{N}), kByteLevel with use_regex
     SplitBehavior behavior = SplitBehavior::kIsolated;
-    bool invert = false;            // kSplit
-    bool add_prefix_space = false;  // kByteLevel
-    bool individual_digits = false; // kDigits
+    bool invert = false;             // kSplit
+    bool add_prefix_space = false;   // kByteLevel
+    bool individual_digits = false;  // kDigits
   };
   // Hash that lets maps keyed by std::string be searched with string_view.
   struct StringHash {

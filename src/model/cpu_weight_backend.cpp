@@ -19,7 +19,8 @@ Tensor to_f32(const Tensor& host) {
 
 class CpuWeightBackend : public WeightBackend {
  public:
-  StatusOr<Tensor> dense(const std::string&, const Tensor& host) override { return to_f32(host); }
+  StatusOr<Tensor> embedding(const std::string&, const Tensor& host) override { return to_f32(host); }
+  StatusOr<Tensor> vector(const std::string&, const Tensor& host) override { return to_f32(host); }
   StatusOr<Tensor> router(const std::string&, const Tensor& host) override { return to_f32(host); }
 
   StatusOr<LinearWeight> linear(const std::string& name, const Tensor& weight, const Tensor& scale_inv,

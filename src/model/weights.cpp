@@ -9,6 +9,7 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/parallel.h"
 
 namespace nucleus {
 
@@ -101,26 +102,33 @@ class CheckpointSource : public TensorSource {
   std::set<std::string> used_;
 };
 
+// Dummy weights: uniform values with the standard deviation of N(0, 0.02)
+// from a counter-based hash (deterministic for a seed, whatever the thread
+// count); FP8 weights as e4m3 of values in +-16*sqrt(3) with scale 0.02/16.
 class DummySource : public TensorSource {
  public:
-  DummySource(const ModelConfig& config, uint64_t seed) : config_(config), rng_(seed) {}
+  DummySource(const ModelConfig& config, uint64_t seed) : config_(config), seed_(seed) {}
 
   StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) override {
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.find("e_score_correction_bias") != std::string::npos;
     const int64_t n = shape_numel(shape);
+    const uint64_t key = seed_ ^ std::hash<std::string>{}(name);
+    constexpr float kHalfWidth = 0.02f * 1.7320508f;  // uniform(-a, a) has std a / sqrt(3)
     if (linear && config_.fp8 && name.find("mlp.gate.") == std::string::npos) {
-      // FP8 weight: e4m3 bytes of N(0, 1) * 16 (within range), scales 0.02/16.
       Tensor t = Tensor::empty(shape, DType::kF8E4M3);
       auto* p = t.data<uint8_t>();
-      std::normal_distribution<float> dist(0.0f, 1.0f);
-      for (int64_t i = 0; i < n; ++i) p[i] = f32_to_fp8e4m3(dist(rng_) * 16.0f);
+      parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) p[i] = f32_to_fp8e4m3(uniform(key, i) * 16.0f * 1.7320508f);
+      });
       return t;
     }
     Tensor t = Tensor::empty(shape, DType::kBF16);
     auto* p = t.data<uint16_t>();
-    std::normal_distribution<float> dist(0.0f, 0.02f);
-    for (int64_t i = 0; i < n; ++i) p[i] = f32_to_bf16(is_norm ? 1.0f : is_bias ? 0.0f : dist(rng_));
+    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i)
+        p[i] = f32_to_bf16(is_norm ? 1.0f : is_bias ? 0.0f : uniform(key, i) * kHalfWidth);
+    });
     return t;
   }
 
@@ -133,8 +141,17 @@ class DummySource : public TensorSource {
   }
 
  private:
+  // Uniform in [-1, 1) from (key, i).
+  static float uniform(uint64_t key, int64_t i) {
+    uint64_t x = key + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
+  }
+
   const ModelConfig& config_;
-  std::mt19937_64 rng_;
+  uint64_t seed_;
 };
 
 class Progress {
@@ -162,7 +179,7 @@ class Loader {
 
   StatusOr<Tensor> dense(const std::string& name, std::vector<int64_t> shape) {
     NUCLEUS_ASSIGN_OR_RETURN(Tensor host, src_.get(name, shape, /*linear=*/false));
-    return backend_.dense(name, host);
+    return shape.size() == 1 ? backend_.vector(name, host) : backend_.embedding(name, host);
   }
 
   StatusOr<LinearWeight> linear(const std::string& prefix, int64_t out, int64_t in) {
@@ -218,7 +235,7 @@ class Loader {
       if (c_.topk_method == TopkMethod::kNoauxTc) {
         NUCLEUS_ASSIGN_OR_RETURN(Tensor bias_host, src_.get(p + "mlp.gate.e_score_correction_bias", {E}, false));
         NUCLEUS_ASSIGN_OR_RETURN(m.e_score_correction_bias,
-                                 backend_.router(p + "mlp.gate.e_score_correction_bias", bias_host));
+                                 backend_.vector(p + "mlp.gate.e_score_correction_bias", bias_host));
       }
       for (int64_t e = 0; e < E; ++e) {
         NUCLEUS_ASSIGN_OR_RETURN(MlpWeights ew,
@@ -264,6 +281,10 @@ class Loader {
 };
 
 }  // namespace
+
+std::unique_ptr<WeightBackend> make_weight_backend(Device device) {
+  return device == Device::kCuda ? make_cuda_weight_backend() : make_cpu_weight_backend();
+}
 
 StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
                                     const LoadOptions& options) {

@@ -64,9 +64,12 @@ struct ModelWeights {
 class WeightBackend {
  public:
   virtual ~WeightBackend() = default;
-  // A norm weight, embedding table or bias: any float dtype in.
-  virtual StatusOr<Tensor> dense(const std::string& name, const Tensor& host) = 0;
-  // The router weight: kept f32 on every device (router logits are f32).
+  // The embedding table [vocab, hidden]: any float dtype in.
+  virtual StatusOr<Tensor> embedding(const std::string& name, const Tensor& host) = 0;
+  // A norm weight or a bias (a vector): f32 on every device.
+  virtual StatusOr<Tensor> vector(const std::string& name, const Tensor& host) = 0;
+  // The MoE router weight [num_experts, hidden], read by an f32-output GEMM
+  // (CPU: f32; CUDA: bf16, the checkpoint's own values).
   virtual StatusOr<Tensor> router(const std::string& name, const Tensor& host) = 0;
   // A linear weight; `scale_inv` is defined for f8e4m3 weights (f32 or
   // E8M0 u8 in, [ceil(n/block_n), ceil(k/block_k)]).
@@ -79,6 +82,12 @@ class WeightBackend {
 
 // The CPU reference form: everything f32, FP8 dequantized.
 std::unique_ptr<WeightBackend> make_cpu_weight_backend();
+// The CUDA form: bf16 linear weights (FP8 e4m3 + f32 block scales kept as
+// such), bf16 embedding and router, f32 vectors, on the device. Null in
+// builds without CUDA.
+std::unique_ptr<WeightBackend> make_cuda_weight_backend();
+// The backend for `device`.
+std::unique_ptr<WeightBackend> make_weight_backend(Device device);
 
 struct LoadOptions {
   bool show_progress = true;  // a progress line on stderr when it is a terminal

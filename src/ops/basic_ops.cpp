@@ -6,6 +6,10 @@
 #include "kernels/embedding/embedding_ref.h"
 #include "kernels/rmsnorm/rmsnorm_ref.h"
 
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/cuda_backends.h"
+#endif
+
 namespace nucleus {
 
 std::string EmbeddingOp::attrs() const {
@@ -20,6 +24,9 @@ const std::vector<Backend<EmbeddingOp>>& EmbeddingOp::backends() {
          kernels::embedding_ref(op.table().data<float>(), op.table().dim(0), op.table().dim(1), ids.data(),
                                 static_cast<int64_t>(ids.size()), out[0].data<float>());
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::embedding},
+#endif
   };
   return list;
 }
@@ -35,6 +42,9 @@ const std::vector<Backend<RmsNormOp>>& RmsNormOp::backends() {
          kernels::rmsnorm_ref(x.data<float>(), stride, op.weight().data<float>(), x.dim(0), op.width(), op.eps(),
                               x.data<float>(), stride);
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::rmsnorm},
+#endif
   };
   return list;
 }
@@ -52,6 +62,9 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
          kernels::add_rmsnorm_ref(residual.data<float>(), delta, op.weight().data<float>(), residual.dim(0),
                                   residual.dim(1), op.eps(), out[1].data<float>());
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::add_rmsnorm},
+#endif
   };
   return list;
 }
@@ -62,6 +75,9 @@ const std::vector<Backend<SiluMulOp>>& SiluMulOp::backends() {
        [](SiluMulOp&, OpContext&, const TensorList& in, const TensorList& out) {
          kernels::silu_mul_ref(in[0].data<float>(), in[0].dim(0), out[0].dim(1), out[0].data<float>());
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::silu_mul},
+#endif
   };
   return list;
 }
@@ -75,6 +91,9 @@ const std::vector<Backend<GatherLogitRowsOp>>& GatherLogitRowsOp::backends() {
          for (size_t i = 0; i < idx.size(); ++i)
            std::memcpy(out[0].data<float>() + i * width, in[0].data<float>() + idx[i] * width, width * 4);
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::gather_logit_rows},
+#endif
   };
   return list;
 }

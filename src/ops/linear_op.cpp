@@ -2,6 +2,10 @@
 
 #include "kernels/gemm/gemm_ref.h"
 
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/cuda_backends.h"
+#endif
+
 namespace nucleus {
 
 std::string LinearOp::attrs() const {
@@ -22,6 +26,10 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
          kernels::gemm_ref(in[0].data<float>(), in[0].row_numel(), w.weight.data<float>(), in[0].dim(0),
                            w.out_features, w.in_features, out[0].data<float>(), out[0].row_numel(), op.accumulate());
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
+      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::linear_naive},
+#endif
   };
   return list;
 }

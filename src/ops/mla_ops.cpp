@@ -5,6 +5,10 @@
 
 #include "core/check.h"
 
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/cuda_backends.h"
+#endif
+
 namespace nucleus {
 
 const char* attention_mode_name(AttentionMode m) {
@@ -58,6 +62,9 @@ const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
            std::memcpy(dst + d.kv_lora, k_pe.data(), d.qk_rope * 4);
          }
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::rope_kv_cache_write},
+#endif
   };
   return list;
 }
@@ -103,6 +110,9 @@ const std::vector<Backend<MlaAttentionOp>>& MlaAttentionOp::backends() {
               op.kv_b().weight.data<float>(), o.data<float>() + q_begin * o.row_numel(), o.row_numel(), nullptr);
          }
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_attention_naive},
+#endif
   };
   return list;
 }

@@ -18,19 +18,27 @@ namespace nucleus {
 // out = {q} (in place).
 class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
  public:
-  RopeKvCacheWriteOp(int64_t layer, const kernels::RopeTable* rope, kernels::MlaDims dims)
-      : layer_(layer), rope_(rope), dims_(dims) {}
+  // `inv_freq_device` ([qk_rope / 2] f32 on the device, CUDA only) and
+  // `attention_factor` give the CUDA kernel the same rotation as `rope`.
+  RopeKvCacheWriteOp(int64_t layer, const kernels::RopeTable* rope, kernels::MlaDims dims,
+                     const float* inv_freq_device = nullptr, float attention_factor = 1.0f)
+      : layer_(layer), rope_(rope), dims_(dims), inv_freq_device_(inv_freq_device),
+        attention_factor_(attention_factor) {}
   const char* kind() const override { return "rope_kv_cache_write"; }
   std::string attrs() const override;
   static const std::vector<Backend<RopeKvCacheWriteOp>>& backends();
   int64_t layer() const { return layer_; }
   const kernels::RopeTable& rope() const { return *rope_; }
   const kernels::MlaDims& dims() const { return dims_; }
+  const float* inv_freq_device() const { return inv_freq_device_; }
+  float attention_factor() const { return attention_factor_; }
 
  private:
   int64_t layer_;
   const kernels::RopeTable* rope_;
   kernels::MlaDims dims_;
+  const float* inv_freq_device_;
+  float attention_factor_;
 };
 
 // How attention reads the latent cache.
@@ -43,11 +51,16 @@ StatusOr<AttentionMode> parse_attention_mode(const std::string& s);
 
 // Causal MLA over each sequence's cached rows (the step's own rows included:
 // run after RopeKvCacheWriteOp). Buffers: in = {q [T, num_heads * qk_head]};
-// out = {attn_out [T, num_heads * v_head]}.
+// out = {attn_out [T, num_heads * v_head], q_lat scratch, o_lat scratch}
+// (scratch: [W, num_heads * kv_lora] f32 for the absorbed form on CUDA,
+// processed W rows at a time). The expanded form on CUDA expands at most
+// `context_chunk` cached rows at a time and merges the pieces by
+// log-sum-exp.
 class MlaAttentionOp : public OpWithBackends<MlaAttentionOp> {
  public:
-  MlaAttentionOp(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode)
-      : layer_(layer), kv_b_(kv_b), dims_(dims), mode_(mode) {}
+  MlaAttentionOp(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode,
+                 int64_t context_chunk = 8192)
+      : layer_(layer), kv_b_(kv_b), dims_(dims), mode_(mode), context_chunk_(context_chunk) {}
   const char* kind() const override { return "mla_attention"; }
   std::string attrs() const override;
   static const std::vector<Backend<MlaAttentionOp>>& backends();
@@ -55,12 +68,21 @@ class MlaAttentionOp : public OpWithBackends<MlaAttentionOp> {
   const LinearWeight& kv_b() const { return *kv_b_; }
   const kernels::MlaDims& dims() const { return dims_; }
   AttentionMode mode() const { return mode_; }
+  int64_t context_chunk() const { return context_chunk_; }
+
+  // Device scratch of the CUDA expanded path, grown on demand.
+  struct Workspace {
+    Tensor latent, kv, acc, lse;
+  };
+  Workspace& workspace() { return workspace_; }
 
  private:
   int64_t layer_;
   const LinearWeight* kv_b_;
   kernels::MlaDims dims_;
   AttentionMode mode_;
+  int64_t context_chunk_;
+  Workspace workspace_;
 };
 
 }  // namespace nucleus

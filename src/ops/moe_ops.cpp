@@ -1,5 +1,9 @@
 #include "ops/moe_ops.h"
 
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/cuda_backends.h"
+#endif
+
 namespace nucleus {
 
 std::string MoeRouteOp::attrs() const {
@@ -15,6 +19,9 @@ const std::vector<Backend<MoeRouteOp>>& MoeRouteOp::backends() {
          kernels::moe_route_ref(op.params(), in[0].data<float>(), op.bias().defined() ? op.bias().data<float>() : nullptr,
                                 in[0].dim(0), out[0].data<int32_t>(), out[1].data<float>());
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::moe_route},
+#endif
   };
   return list;
 }
@@ -41,6 +48,9 @@ const std::vector<Backend<MoeExpertsOp>>& MoeExpertsOp::backends() {
          kernels::moe_experts_ref(in[0].data<float>(), in[0].dim(0), hidden, op.inter(), in[1].data<int32_t>(),
                                   in[2].data<float>(), op.top_k(), refs.data(), out[0].data<float>(), false);
        }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::moe_experts_naive},
+#endif
   };
   return list;
 }

@@ -34,7 +34,8 @@ struct ExpertWeights {
 };
 
 // out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
-// Buffers: in = {x [T, hidden], topk_ids, topk_weights}; out = {out [T, hidden]} (overwritten).
+// Buffers: in = {x [T, hidden], topk_ids, topk_weights}; out = {out [T, hidden]
+// (overwritten), scratch [W, top_k * inter] f32 (CUDA: tokens processed W at a time)}.
 class MoeExpertsOp : public OpWithBackends<MoeExpertsOp> {
  public:
   MoeExpertsOp(std::vector<ExpertWeights> experts, int64_t inter, int64_t top_k)
@@ -45,8 +46,11 @@ class MoeExpertsOp : public OpWithBackends<MoeExpertsOp> {
   const std::vector<ExpertWeights>& experts() const { return experts_; }
   int64_t inter() const { return inter_; }
   int64_t top_k() const { return top_k_; }
+  // Backend-owned device state (e.g. the experts' weight views), built on first use.
+  Tensor& device_state() { return device_state_; }
 
  private:
+  Tensor device_state_;
   std::vector<ExpertWeights> experts_;
   int64_t inter_;
   int64_t top_k_;

@@ -24,7 +24,8 @@ namespace nucleus {
 struct OpContext {
   Device device = Device::kCpu;
   void* stream = nullptr;  // cudaStream_t on CUDA
-  const StepInputs* inputs = nullptr;
+  const StepInputs* inputs = nullptr;     // host metadata
+  const DeviceStepInputs* dev = nullptr;  // device copies (CUDA only)
   KvCache* kv_cache = nullptr;
 };
 

@@ -31,6 +31,23 @@ struct StepInputs {
   bool is_decode() const { return num_tokens() == num_seqs(); }
 };
 
+// Device copies of a step's metadata (CUDA backends read these). Arrays as
+// in StepInputs, plus token_seq [num_tokens] (the sequence of each row) and
+// single_token_rows [num_single_token_rows] (rows whose sequence has exactly
+// one query token: the decode rows of a mixed step).
+struct DeviceStepInputs {
+  const int32_t* token_ids = nullptr;
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  const int32_t* query_start = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* block_tables = nullptr;
+  const int32_t* logit_indices = nullptr;
+  const int32_t* token_seq = nullptr;
+  const int32_t* single_token_rows = nullptr;
+  int64_t num_single_token_rows = 0;
+};
+
 // The paged latent KV cache: one row [c_kv | k_pe] (kv_lora + qk_rope wide)
 // per token and layer. data: [num_layers, num_blocks, block_size, width].
 // Row of slot s in layer l: data[l, s / block_size, s % block_size, :].

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/logging.h"
 
 namespace nucleus {
@@ -36,8 +37,24 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
                             std::to_string(mc.max_position_embeddings));
   if (config.eos_token_ids.empty())
     for (int64_t e : mc.eos_token_ids) config.eos_token_ids.push_back(static_cast<int32_t>(e));
-  if (config.num_kv_blocks == 0) {
-    NUCLEUS_CHECK(model->options().device == Device::kCpu, "GPU pool sizing is the CUDA runner's");
+  const int64_t block_bytes = model->kv_bytes_per_token() * config.block_size;
+  if (model->options().device == Device::kCuda) {
+    model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs);
+    if (config.num_kv_blocks == 0) {
+      // The pool takes what gpu_memory_utilization leaves after weights and
+      // step buffers, minus a margin for kernel scratch (expanded attention,
+      // cuBLASLt) allocated on first use.
+      constexpr size_t kScratchMargin = 1ull << 30;
+      size_t free_bytes = 0, total_bytes = 0;
+      device_memory_info(&free_bytes, &total_bytes);
+      const double budget = config.gpu_memory_utilization * static_cast<double>(total_bytes) -
+                            static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kScratchMargin);
+      config.num_kv_blocks = static_cast<int64_t>(budget / static_cast<double>(block_bytes));
+      if (config.num_kv_blocks < 1)
+        return resource_exhausted("--gpu-memory-utilization " + std::to_string(config.gpu_memory_utilization) +
+                                  " leaves no room for the KV cache after the weights and activations");
+    }
+  } else if (config.num_kv_blocks == 0) {
     config.num_kv_blocks = 16 * ((config.max_model_len + config.block_size - 1) / config.block_size);
   }
   std::unique_ptr<LLMEngine> e(new LLMEngine());
@@ -50,9 +67,10 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->blocks_.get());
   KvCache kv = e->model_->make_kv_cache(config.num_kv_blocks, config.block_size);
   e->runner_ = std::make_unique<ModelRunner>(e->model_.get(), std::move(kv));
-  NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens), max_num_batched_tokens {}, max_num_seqs {}, "
-                   "prefix caching {}",
+  NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens, {:.2f} GiB), max_num_batched_tokens {}, "
+                   "max_num_seqs {}, prefix caching {}",
                    config.num_kv_blocks, config.block_size, config.num_kv_blocks * config.block_size,
+                   config.num_kv_blocks * block_bytes / double(1ull << 30),
                    config.max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching ? "on" : "off");
   return e;
 }

@@ -49,7 +49,7 @@ std::unique_ptr<Tokenizer> tiny_with(Edit edit) {
 }
 
 json added_token(int id, const std::string& content, bool special) {
-  return {{"id", id},        {"content", content}, {"single_word", false}, {"lstrip", false},
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
           {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
@@ -92,8 +92,8 @@ json mini_config() {
 }
 
 json byte_level(bool add_prefix_space, bool use_regex) {
-  return {{"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", true},
-          {"use_regex", use_regex}};
+  return {
+      {"type", "ByteLevel"}, {"add_prefix_space", add_prefix_space}, {"trim_offsets", true}, {"use_regex", use_regex}};
 }
 
 json split(const std::string& pattern, const std::string& behavior, bool invert = false, bool literal = false) {
@@ -167,19 +167,16 @@ TEST(TokenizerTest, Accessors) {
 TEST(TokenizerTest, RoundTripUnicode) {
   const Tokenizer& t = tiny();
   const std::vector<std::string> texts = {
-      "",
-      " ",
-      "hello world",
-      "你好，世界！这是一个测试。",                       // CJK
-      "日本語のテキストとカタカナ、한국어",               // kana, hangul
+      "", " ", "hello world",
+      "你好，世界！这是一个测试。",                         // CJK
+      "日本語のテキストとカタカナ、한국어",                 // kana, hangul
       "\xF0\x9F\x98\x80 \xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",  // 😀 👍🏽 (skin tone modifier)
       // 👨‍👩‍👧‍👦 family: a ZWJ sequence; 🏳️‍🌈 with a variation selector
       "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7\xE2\x80\x8D\xF0\x9F\x91\xA6 "
       "\xF0\x9F\x8F\xB3\xEF\xB8\x8F\xE2\x80\x8D\xF0\x9F\x8C\x88",
       "e\xCC\x81 n\xCC\x83 a\xCC\x8A\xCC\x81",  // combining marks: é ñ ǻ
       "caf\xC3\xA9 na\xC3\xAFve \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xD8\xB3\xD9\x84\xD8\xA7\xD9\x85",
-      "\t\ttabs\tand  spaces \n\n\nnewlines\r\n  \t \n",
-      "   leading and trailing   ",
+      "\t\ttabs\tand  spaces \n\n\nnewlines\r\n  \t \n", "   leading and trailing   ",
       "\xC2\xA0\xE2\x80\x83\xE3\x80\x80 no-break, em and ideographic spaces",
       "x = [1, 22, 333, 4444, 55555];  // 3.14159e-10",
       "\xF4\x8F\xBF\xBF \xEF\xBF\xBD \xEF\xBB\xBF",  // U+10FFFF, U+FFFD, BOM
@@ -301,8 +298,8 @@ TEST(TokenizerTest, AddedTokenOverlapsAndWordCharacters) {
   ASSERT_TRUE(t);
   EXPECT_EQ(t->encode("<|end <L>3", false), (Ids{4097, 4096, 824}));
   EXPECT_EQ(t->encode("a <L> <L>b", false), (Ids{274, 4096, 4096, 315}));
-  EXPECT_EQ(t->encode("\u00bd" "def`", false), (Ids{223, 129, 124, 327, 850}));
-  EXPECT_EQ(t->encode("\u00b2" "def", false), (Ids{223, 129, 113, 327}));
+  EXPECT_EQ(t->encode("\u00bddef`", false), (Ids{223, 129, 124, 327, 850}));  // \u takes exactly 4 digits
+  EXPECT_EQ(t->encode("\u00b2def", false), (Ids{223, 129, 113, 327}));
 }
 
 // ---- tokenizer_config.json -----------------------------------------------------
@@ -314,7 +311,8 @@ TEST(TokenizerTest, ConfigVariants) {
     c["eos_token"] = {{"content", "<|pad|>"}};
     c["add_bos_token"] = false;
     c["add_eos_token"] = true;
-    c["chat_template"] = json::array({{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}});
+    c["chat_template"] = json::array({json{{"name", "tool_use"}, {"template", "T"}},  //
+                                      json{{"name", "default"}, {"template", "D"}}});
   });
   ASSERT_TRUE(t);
   EXPECT_EQ(t->bos_id(), 0);
@@ -399,18 +397,58 @@ TEST(TokenizerTest, SplitBehaviors) {
       {split("x*", "Isolated"), "axxb", {"a", "xx", "b"}},  // empty matches split nothing
       {{{"type", "Digits"}, {"individual_digits", true}}, "ab123c4", {"ab", "1", "2", "3", "c", "4"}},
       {{{"type", "Digits"}, {"individual_digits", false}}, "ab123c4", {"ab", "123", "c", "4"}},
+      // Digits means Unicode numeric (char::is_numeric): "²" and Arabic-Indic "٣" too.
+      {{{"type", "Digits"}, {"individual_digits", true}}, "a\u00b2\u06634b", {"a", "\u00b2", "\u0663", "4", "b"}},
+      {{{"type", "Digits"}, {"individual_digits", false}}, "a\u00b2\u06634b", {"a", "\u00b2\u06634", "b"}},
       {byte_level(true, true),
        "hello world  it's\n\n x",
        {"\xC4\xA0hello", "\xC4\xA0world", "\xC4\xA0", "\xC4\xA0it", "'s", "\xC4\x8A\xC4\x8A", "\xC4\xA0x"}},
       {byte_level(true, false), " hi there", {"\xC4\xA0hi\xC4\xA0there"}},
       // add_prefix_space applies to every piece a previous step made.
-      {sequence({split(" ", "Removed", false, true), byte_level(true, false)}), "ab cd", {"\xC4\xA0" "ab", "\xC4\xA0" "cd"}},
+      {sequence({split(" ", "Removed", false, true), byte_level(true, false)}),
+       "ab cd",
+       {"\u0120ab", "\u0120cd"}},  // U+0120 is "Ġ"
   };
   for (const Case& c : cases) {
     auto t = mini(c.pre);
     ASSERT_TRUE(t) << c.pre.dump();
     EXPECT_EQ(t->pre_tokenize(c.text), c.want) << c.pre.dump() << " on '" << c.text << "'";
   }
+}
+
+// Regex classes follow Oniguruma, which HF uses: \s is Unicode White_Space,
+// so U+180E MONGOLIAN VOWEL SEPARATOR (in PCRE2's own \s) is not a space.
+TEST(TokenizerTest, WhitespaceClassMatchesOniguruma) {
+  const Tokenizer& t = tiny();
+  EXPECT_EQ(t.pre_tokenize(" \u180eb"), (Pieces{"\u0120\u00e1\u0142\u0130", "b"}));  // "Ġáłİ" "b"
+  EXPECT_EQ(t.encode("a\u180e's", false), (Ids{67, 160, 257, 239, 9, 85}));
+}
+
+TEST(TokenizerTest, UnknownTokensAndIgnoreMerges) {
+  auto make = [](const char* unk, bool fuse_unk, bool ignore_merges) {
+    json j = mini_tokenizer(digits_in_threes());
+    j["added_tokens"] = json::array();
+    j["model"]["vocab"]["<unk>"] = 20;
+    j["model"]["vocab"]["345"] = 21;  // no merges lead to it
+    j["model"]["unk_token"] = unk ? json(unk) : json(nullptr);
+    j["model"]["fuse_unk"] = fuse_unk;
+    j["model"]["ignore_merges"] = ignore_merges;
+    auto t = Tokenizer::from_json(j, json::object());
+    EXPECT_TRUE(t.ok()) << t.status().to_string();
+    return std::move(t).value();
+  };
+  // "ab xyz1" pre-tokenizes as "abĠxyz" "1"; x, y and z are not in the vocab.
+  auto t = make(nullptr, false, false);
+  EXPECT_EQ(t->encode("ab xyz1"), (Ids{17, 12, 1}));  // unknown characters dropped
+  EXPECT_EQ(t->encode("345"), (Ids{13, 5}));
+  t = make("<unk>", false, false);
+  EXPECT_EQ(t->encode("ab xyz1"), (Ids{17, 12, 20, 20, 20, 1}));
+  EXPECT_EQ(t->encode("x345y"), (Ids{20, 13, 5, 20}));
+  t = make("<unk>", true, false);
+  EXPECT_EQ(t->encode("ab xyz1"), (Ids{17, 12, 20, 1}));
+  t = make(nullptr, false, true);
+  EXPECT_EQ(t->encode("345"), (Ids{21}));  // a whole pre-token in the vocab wins
+  EXPECT_EQ(t->encode("x345y"), (Ids{21}));
 }
 
 // DeepSeek-V3's own pre-tokenizer (digits in threes, CJK runs, then its main
@@ -430,41 +468,43 @@ TEST(TokenizerTest, DeepSeekV3PreTokenizer) {
       "Hello, \u4e16\u754c! 12345 apples\u2014caf\u00e9\n\n\tdef f(x):\n    return x**2  # ok\r\n"
       "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \u30ab\u30bf\u30ab\u30ca "
       "\U0001F600\U0001F44D\U0001F3FD 1,234.5678 .Net don't";
+  // clang-format off
   const Pieces want_pieces = {
       "Hello", ",", "Ġ", "ä¸ĸçķĮ", "!", "Ġ", "123", "45", "Ġapples", "âĢĶ", "cafÃ©", "ĊĊ", "ĉdef", "Ġf",
-      "(x", "):Ċ", "ĠĠĠ", "Ġreturn", "Ġx", "**", "2", "Ġ", "Ġ#", "Ġok", "čĊ",
-      "æĹ¥æľ¬èªŀãģ®ãĥĨãĤŃãĤ¹ãĥĪ", "Ġ", "ãĤ«ãĤ¿ãĤ«ãĥĬ", "ĠðŁĺĢðŁĳįðŁı½", "Ġ", "1", ",", "234", ".", "567",
-      "8", "Ġ.", "Net", "Ġdon", "'t"};
+      "(x", "):Ċ", "ĠĠĠ", "Ġreturn", "Ġx", "**", "2", "Ġ", "Ġ#", "Ġok", "čĊ", "æĹ¥æľ¬èªŀãģ®ãĥĨãĤŃãĤ¹ãĥĪ",
+      "Ġ", "ãĤ«ãĤ¿ãĤ«ãĥĬ", "ĠðŁĺĢðŁĳįðŁı½", "Ġ", "1", ",", "234", ".", "567", "8", "Ġ.", "Net", "Ġdon", "'t"};
+  // clang-format on
   EXPECT_EQ(t->pre_tokenize(text), want_pieces);
-  const Ids want = {
-      1696, 78,  334, 14,  223, 163, 119, 247, 166, 246, 237, 3,   223, 1111, 21,  3597, 2256, 280, 85,  1414,
-      245,  616, 72,  130, 105, 566, 200, 327, 290, 10,  90,  314, 201, 261,  343, 953,  471,  20,  223, 282,
-      302,  77,  204, 201, 165, 248, 101, 165, 253, 108, 167, 106, 255, 162,  226, 109,  162,  228, 231, 162,
-      227,  258, 162, 227, 120, 162, 228, 233, 223, 162, 227, 107, 162, 227,  126, 162,  227,  107, 162, 228,
-      235,  223, 175, 256, 249, 225, 175, 256, 242, 238, 175, 256, 240, 124,  223, 19,   14,   1898, 22, 16,
-      2679, 25,  26,  1400, 48, 655, 1981, 876};
+  const Ids want = {1696, 78,   334, 14,  223, 163, 119, 247,  166, 246, 237,  3,   223, 1111, 21,  3597, 2256, 280,
+                    85,   1414, 245, 616, 72,  130, 105, 566,  200, 327, 290,  10,  90,  314,  201, 261,  343,  953,
+                    471,  20,   223, 282, 302, 77,  204, 201,  165, 248, 101,  165, 253, 108,  167, 106,  255,  162,
+                    226,  109,  162, 228, 231, 162, 227, 258,  162, 227, 120,  162, 228, 233,  223, 162,  227,  107,
+                    162,  227,  126, 162, 227, 107, 162, 228,  235, 223, 175,  256, 249, 225,  175, 256,  242,  238,
+                    175,  256,  240, 124, 223, 19,  14,  1898, 22,  16,  2679, 25,  26,  1400, 48,  655,  1981, 876};
   EXPECT_EQ(t->encode(text, false), want);
   EXPECT_EQ(t->decode(want), text);
   // The same text through the tiny model's own GPT-2 ByteLevel pre-tokenizer.
   const Ids want_gpt2 = {
-      1696, 78,  334, 14,  223, 163, 119, 247, 166, 246, 237, 3,   452, 1898, 3597, 2256, 280, 85,  1414, 245,
-      616,  72,  130, 105, 566, 200, 327, 290, 10,  90,  314, 267, 343, 953,  471,  20,   223, 282, 302,  77,
-      204,  201, 165, 248, 101, 165, 253, 108, 167, 106, 255, 162, 226, 109,  162,  228,  231, 162, 227,  258,
-      162,  227, 120, 162, 228, 233, 223, 162, 227, 107, 162, 227, 126, 162,  227,  107,  162, 228, 235,  223,
-      175,  256, 249, 225, 175, 256, 242, 238, 175, 256, 240, 124, 452, 14,   1898, 22,   16,  2679, 25,  26,
-      1400, 48,  655, 1981, 876};
+      1696, 78,  334, 14,  223, 163, 119, 247, 166, 246, 237,  3,   452, 1898, 3597, 2256, 280,  85,  1414, 245,  616,
+      72,   130, 105, 566, 200, 327, 290, 10,  90,  314, 267,  343, 953, 471,  20,   223,  282,  302, 77,   204,  201,
+      165,  248, 101, 165, 253, 108, 167, 106, 255, 162, 226,  109, 162, 228,  231,  162,  227,  258, 162,  227,  120,
+      162,  228, 233, 223, 162, 227, 107, 162, 227, 126, 162,  227, 107, 162,  228,  235,  223,  175, 256,  249,  225,
+      175,  256, 242, 238, 175, 256, 240, 124, 452, 14,  1898, 22,  16,  2679, 25,   26,   1400, 48,  655,  1981, 876};
   EXPECT_EQ(tiny().encode(text, false), want_gpt2);
 }
 
 TEST(TokenizerTest, ConcurrentEncodeAgrees) {
-  const Tokenizer& t = tiny();
-  // Each thread encodes the same texts; all share (and fill) the BPE cache.
+  // Threads encode the same texts with a fresh tokenizer, so they fill its
+  // BPE cache concurrently; the expected ids come from another instance.
+  auto fresh = tiny_with([](json&, json&) {});
+  ASSERT_TRUE(fresh);
+  const Tokenizer& t = *fresh;
   std::vector<std::string> texts;
   std::vector<Ids> want;
   for (int i = 0; i < 16; ++i) {
     texts.push_back("def f" + std::to_string(i) + "(x):\n    return [x * i for i in range(" + std::to_string(i * 7) +
                     ")]  # \u4f60\u597d\n");
-    want.push_back(t.encode(texts.back()));
+    want.push_back(tiny().encode(texts.back()));
   }
   std::vector<int> mismatches(8, 0);
   std::vector<std::thread> threads;
@@ -479,102 +519,140 @@ TEST(TokenizerTest, ConcurrentEncodeAgrees) {
 
 // ---- Load errors ---------------------------------------------------------------
 
-// Loads a directory holding `tokenizer_json` (unless null) and the tiny
-// model's tokenizer_config.json; returns the error message ("" if it loads).
-std::string load_error(const char* tokenizer_json, const std::string& config_json = "") {
+// Loads a directory holding `tokenizer_json` (unless null) and
+// `config_json` (default: the tiny model's tokenizer_config.json).
+Status load_status(const char* tokenizer_json, const std::string& config_json = "") {
   std::string dir = testing::make_temp_dir("nucleus_tok");
   if (tokenizer_json) write_file(dir + "/tokenizer.json", tokenizer_json);
-  write_file(dir + "/tokenizer_config.json",
-             config_json.empty() ? read_json(testing::model_path("tiny-dsv3/tokenizer_config.json")).dump()
-                                 : config_json);
+  write_file(
+      dir + "/tokenizer_config.json",
+      config_json.empty() ? read_json(testing::model_path("tiny-dsv3/tokenizer_config.json")).dump() : config_json);
   auto t = Tokenizer::load(dir);
-  return t.ok() ? "" : t.status().message();
+  return t.ok() ? ok_status() : t.status();
 }
 
-std::string load_error(const json& tokenizer, const json& config = mini_config()) {
+Status load_status(const json& tokenizer, const json& config = mini_config()) {
   std::string text = tokenizer.dump();
-  return load_error(text.c_str(), config.dump());
+  return load_status(text.c_str(), config.dump());
 }
 
-void expect_contains(const std::string& message, const std::string& part) {
-  EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nexpected to contain: " << part;
+// Expects a load error of `code` whose message contains `part`.
+void expect_error(const Status& s, StatusCode code, const std::string& part) {
+  ASSERT_FALSE(s.ok()) << "expected an error containing: " << part;
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  EXPECT_NE(s.message().find(part), std::string::npos) << "message: " << s.message() << "\nexpected: " << part;
 }
 
-TEST(TokenizerTest, LoadErrorsNameTheFileAndProblem) {
-  std::string m = load_error("{\"model\": {");
-  expect_contains(m, "tokenizer.json: not valid JSON");
-  m = load_error(nullptr);
-  expect_contains(m, "tokenizer.json: cannot open");
-
+TEST(TokenizerTest, LoadErrorsForFiles) {
+  expect_error(load_status("{\"model\": {"), StatusCode::kInvalidArgument, "/tokenizer.json: not valid JSON");
+  expect_error(load_status("[1, 2]"), StatusCode::kInvalidArgument, "/tokenizer.json: not a JSON object");
+  expect_error(load_status(nullptr), StatusCode::kNotFound, "/tokenizer.json: cannot open");
   std::string missing = testing::make_temp_dir("nucleus_tok_none") + "/absent";
   auto t = Tokenizer::load(missing);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
-  expect_contains(t.status().message(), missing + "/tokenizer.json");
+  expect_error(t.status(), StatusCode::kNotFound, missing + "/tokenizer.json");
 
-  json j = mini_tokenizer({{"type", "Metaspace"}, {"replacement", "_"}});
-  m = load_error(j);
-  expect_contains(m, "tokenizer.json: pre_tokenizer type 'Metaspace' is not supported");
-  j = mini_tokenizer(sequence({split(R"(\d)", "Isolated"), {{"type", "Whitespace"}}}));
-  expect_contains(load_error(j), "pre_tokenizer.pretokenizers[1] type 'Whitespace' is not supported");
-  j = mini_tokenizer(split(R"(\d)", "Sideways"));
-  expect_contains(load_error(j), "Split behavior \"Sideways\" is not supported");
-  j = mini_tokenizer(split("(unclosed", "Isolated"));
-  expect_contains(load_error(j), "regex '(unclosed' does not compile");
+  std::string tok = mini_tokenizer(digits_in_threes()).dump();
+  expect_error(load_status(tok.c_str(), "not json"), StatusCode::kInvalidArgument,
+               "/tokenizer_config.json: not valid JSON");
+  std::string dir = testing::make_temp_dir("nucleus_tok_nocfg");
+  write_file(dir + "/tokenizer.json", tok);
+  t = Tokenizer::load(dir);
+  ASSERT_FALSE(t.ok());
+  expect_error(t.status(), StatusCode::kNotFound, "/tokenizer_config.json: cannot open");
+}
 
-  j = mini_tokenizer(digits_in_threes());
+TEST(TokenizerTest, LoadErrorsForUnsupportedComponents) {
+  const auto kUnsupported = StatusCode::kUnsupported;
+  expect_error(load_status(mini_tokenizer({{"type", "Metaspace"}, {"replacement", "_"}})), kUnsupported,
+               "tokenizer.json: pre_tokenizer type 'Metaspace' is not supported");
+  expect_error(load_status(mini_tokenizer(sequence({split(R"(\d)", "Isolated"), {{"type", "Whitespace"}}}))),
+               kUnsupported, "tokenizer.json: pre_tokenizer.pretokenizers[1] type 'Whitespace' is not supported");
+  expect_error(load_status(mini_tokenizer(split(R"(\d)", "Sideways"))), kUnsupported,
+               "Split behavior \"Sideways\" is not supported");
+  expect_error(load_status(mini_tokenizer(split("(unclosed", "Isolated"))), StatusCode::kInvalidArgument,
+               "tokenizer.json: pre_tokenizer: Split pattern: regex '(unclosed' does not compile");
+
+  json j = mini_tokenizer(digits_in_threes());
   j["normalizer"] = {{"type", "NFKC"}};
-  expect_contains(load_error(j), "tokenizer.json: normalizer type 'NFKC' is not supported");
+  expect_error(load_status(j), kUnsupported, "tokenizer.json: normalizer type 'NFKC' is not supported");
   j = mini_tokenizer(digits_in_threes());
   j["decoder"] = {{"type", "Metaspace"}};
-  expect_contains(load_error(j), "tokenizer.json: decoder type 'Metaspace' is not supported");
+  expect_error(load_status(j), kUnsupported, "tokenizer.json: decoder type 'Metaspace' is not supported");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["type"] = "WordPiece";
-  expect_contains(load_error(j), "tokenizer.json: model type 'WordPiece' is not supported");
+  expect_error(load_status(j), kUnsupported, "tokenizer.json: model type 'WordPiece' is not supported");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["byte_fallback"] = true;
-  expect_contains(load_error(j), "byte_fallback");
+  expect_error(load_status(j), kUnsupported, "tokenizer.json: model.byte_fallback true is not supported");
+  j = mini_tokenizer(digits_in_threes());
+  j["model"]["dropout"] = 0.1;
+  expect_error(load_status(j), kUnsupported, "tokenizer.json: model.dropout 0.1 is not supported");
+}
+
+TEST(TokenizerTest, LoadErrorsForBadVocabMergesAndAddedTokens) {
+  const auto kInvalid = StatusCode::kInvalidArgument;
+  json j = mini_tokenizer(digits_in_threes());
+  j.erase("model");
+  expect_error(load_status(j), kInvalid, "tokenizer.json: missing object field 'model'");
   j = mini_tokenizer(digits_in_threes());
   j["model"].erase("vocab");
-  expect_contains(load_error(j), "tokenizer.json: missing object field 'model.vocab'");
+  expect_error(load_status(j), kInvalid, "tokenizer.json: missing object field 'model.vocab'");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["vocab"]["a"] = "ten";
-  expect_contains(load_error(j), "model.vocab['a'] must be an integer id");
+  expect_error(load_status(j), kInvalid, "tokenizer.json: model.vocab['a'] must be an integer id");
+  j = mini_tokenizer(digits_in_threes());
+  j["model"]["vocab"]["z"] = 3;  // 3 is "3"
+  expect_error(load_status(j), kInvalid, "model.vocab gives id 3 to both");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["merges"].push_back(json::array({"b", "z"}));
-  expect_contains(load_error(j), "model.merges[5] (\"b\", \"z\") refers to 'z', which is not in model.vocab");
+  expect_error(load_status(j), kInvalid,
+               "tokenizer.json: model.merges[5] (\"b\", \"z\") refers to 'z', which is not in model.vocab");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["merges"].push_back(json::array({"b", "a"}));  // "ba" is not a token
-  expect_contains(load_error(j), "refers to 'ba'");
+  expect_error(load_status(j), kInvalid, "refers to 'ba', which is not in model.vocab");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["merges"] = json::array({"1  2"});
-  expect_contains(load_error(j), "model.merges[0] \"1  2\" is not two tokens");
+  expect_error(load_status(j), kInvalid, "model.merges[0] \"1  2\" is not two tokens separated by one space");
+  j = mini_tokenizer(digits_in_threes());
+  j["model"]["merges"] = json::array({json::array({"1", 2})});
+  expect_error(load_status(j), kInvalid, "model.merges[0] must be \"a b\" or [\"a\", \"b\"], got [\"1\",2]");
+  j = mini_tokenizer(digits_in_threes());
+  j["model"]["unk_token"] = "<unk>";
+  expect_error(load_status(j), kInvalid, "model.unk_token '<unk>' is not in model.vocab");
   j = mini_tokenizer(digits_in_threes());
   j["added_tokens"].push_back(added_token(3, "<x>", true));  // 3 is "3"
-  expect_contains(load_error(j), "added_tokens[2]: '<x>' has id 3, which is already the id of '3'");
+  expect_error(load_status(j), kInvalid, "added_tokens[2]: '<x>' has id 3, which is already the id of '3'");
+  j = mini_tokenizer(digits_in_threes());
+  j["added_tokens"].push_back(added_token(30, "<s>", true));
+  expect_error(load_status(j), kInvalid, "added_tokens[2]: '<s>' repeats with id 30 (earlier: 18)");
   j = mini_tokenizer(digits_in_threes());
   j["added_tokens"][0].erase("content");
-  expect_contains(load_error(j), "added_tokens[0]: missing string field 'content'");
-  expect_contains(load_error("[1, 2]"), "tokenizer.json: not a JSON object");
-
-  // tokenizer_config.json problems.
+  expect_error(load_status(j), kInvalid, "added_tokens[0]: missing string field 'content'");
   j = mini_tokenizer(digits_in_threes());
+  j["added_tokens"][1]["special"] = "yes";
+  expect_error(load_status(j), kInvalid, "added_tokens[1]: field 'special' must be true or false, got \"yes\"");
+}
+
+TEST(TokenizerTest, LoadErrorsForBadConfig) {
+  const auto kInvalid = StatusCode::kInvalidArgument;
+  json j = mini_tokenizer(digits_in_threes());
   json c = mini_config();
   c["bos_token"] = "<missing>";
-  expect_contains(load_error(j, c), "tokenizer_config.json: bos_token '<missing>' is not a token");
+  expect_error(load_status(j, c), kInvalid, "tokenizer_config.json: bos_token '<missing>' is not a token");
+  c = mini_config();
+  c["eos_token"] = 7;
+  expect_error(load_status(j, c), kInvalid, "tokenizer_config.json: field 'eos_token' must be a string");
   c = mini_config();
   c["add_eos_token"] = "yes";
-  expect_contains(load_error(j, c), "tokenizer_config.json: field 'add_eos_token' must be true or false");
+  expect_error(load_status(j, c), kInvalid, "tokenizer_config.json: field 'add_eos_token' must be true or false");
   c = mini_config();
   c.erase("bos_token");
   c["add_bos_token"] = true;
-  expect_contains(load_error(j, c), "add_bos_token is true but bos_token is not set");
-  expect_contains(load_error(j.dump().c_str(), "not json"), "tokenizer_config.json: not valid JSON");
-  std::string dir = testing::make_temp_dir("nucleus_tok_nocfg");
-  write_file(dir + "/tokenizer.json", j.dump());
-  t = Tokenizer::load(dir);
-  ASSERT_FALSE(t.ok());
-  expect_contains(t.status().message(), "tokenizer_config.json: cannot open");
+  expect_error(load_status(j, c), kInvalid, "tokenizer_config.json: add_bos_token is true but bos_token is not set");
+  c = mini_config();
+  c["chat_template"] = 42;
+  expect_error(load_status(j, c), kInvalid, "tokenizer_config.json: chat_template must be a string");
 }
 
 }  // namespace

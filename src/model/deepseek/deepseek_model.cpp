@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/device.h"
 #include "core/env.h"
 #include "core/logging.h"
 #include "ops/basic_ops.h"
@@ -14,6 +15,10 @@ namespace nucleus {
 DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, const ModelOptions& options)
     : config_(config), weights_(std::move(weights)), options_(options) {
   rope_ = kernels::make_rope_table(config_, config_.max_position_embeddings);
+  if (options_.device == Device::kCuda) {
+    rope_inv_freq_device_ = to_device(Tensor::from_f32({static_cast<int64_t>(rope_.inv_freq.size())}, rope_.inv_freq));
+    uploader_ = std::make_unique<DeviceInputUploader>();
+  }
 }
 
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig& config, ModelWeights weights,
@@ -34,7 +39,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const DType act = DType::kF32;  // activation dtype of the CPU reference
+  // Activations: f32 in the CPU reference, bf16 on CUDA; the residual stream
+  // is f32 on both.
+  const DType act = options_.device == Device::kCuda ? DType::kBF16 : DType::kF32;
   kernels::MlaDims dims;
   dims.num_heads = nh;
   dims.qk_nope = c.qk_nope_head_dim;
@@ -45,12 +52,15 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
   AttentionMode mode = options_.attention_mode;
   if (mode == AttentionMode::kAuto && kind == StepKind::kDecode) mode = AttentionMode::kAbsorbed;
 
-  const int residual = g.buffer("residual", H, act);
+  const int residual = g.buffer("residual", H, DType::kF32);
   const int x_norm = g.buffer("x_norm", H, act);
   const int delta = g.buffer("delta", H, act);
   const int q = g.buffer("q", nh * c.qk_head_dim(), act);
   const int kv_a = g.buffer("kv_a", c.kv_cache_width(), act);
   const int attn_out = g.buffer("attn_out", nh * c.v_head_dim, act);
+  const int64_t W = options_.scratch_rows;
+  const int q_lat = g.scratch("mla_q_lat", W, nh * c.kv_lora_rank, DType::kF32);
+  const int o_lat = g.scratch("mla_o_lat", W, nh * c.kv_lora_rank, DType::kF32);
 
   g.add("embed_tokens", std::make_unique<EmbeddingOp>(weights_.embed_tokens), {}, {residual});
 
@@ -82,9 +92,14 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
     }
     g.add(p + "self_attn.kv_a_proj_with_mqa", std::make_unique<LinearOp>(&aw.kv_a_proj, false), {x_norm}, {kv_a});
     g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
-    g.add(p + "self_attn.rope_kv_cache_write", std::make_unique<RopeKvCacheWriteOp>(l, &rope_, dims), {q, kv_a},
-          {q});
-    g.add(p + "self_attn.attn", std::make_unique<MlaAttentionOp>(l, &aw.kv_b_proj, dims, mode), {q}, {attn_out});
+    g.add(p + "self_attn.rope_kv_cache_write",
+          std::make_unique<RopeKvCacheWriteOp>(
+              l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
+              static_cast<float>(kernels::rope_attention_factor(c))),
+          {q, kv_a}, {q});
+    g.add(p + "self_attn.attn",
+          std::make_unique<MlaAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk), {q},
+          {attn_out, q_lat, o_lat});
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.
     g.add(p + "post_attention_layernorm", std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true),
@@ -101,8 +116,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
             {logits}, {ids, weights});
       std::vector<ExpertWeights> experts;
       for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
+      const int moe_scratch = g.scratch("moe_scratch", W, k * c.moe_intermediate_size, DType::kF32);
       g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), c.moe_intermediate_size, k),
-            {x_norm, ids, weights}, {delta});
+            {x_norm, ids, weights}, {delta, moe_scratch});
       if (m.shared) add_mlp(p + "mlp.shared_experts", *m.shared, x_norm, delta, /*accumulate=*/true);
     } else {
       add_mlp(p + "mlp", *lw.mlp, x_norm, delta, /*accumulate=*/false);
@@ -121,8 +137,23 @@ KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) con
   kv.num_blocks = num_blocks;
   kv.block_size = block_size;
   kv.width = config_.kv_cache_width();
-  kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, kv.width}, DType::kF32);
+  if (options_.device == Device::kCuda) {
+    kv.data = Tensor::empty({kv.num_layers, num_blocks, block_size, kv.width}, DType::kBF16, Device::kCuda);
+    zero_device(kv.data);
+  } else {
+    kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, kv.width}, DType::kF32);
+  }
   return kv;
+}
+
+void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits) {
+  prefill_buffers_.for_step(prefill_graph_, max_tokens, max_logits, options_.device);
+  decode_buffers_.for_step(decode_graph_, max_logits, max_logits, options_.device);
+}
+
+int64_t DeepseekModel::kv_bytes_per_token() const {
+  const int64_t elem = options_.device == Device::kCuda ? 2 : 4;
+  return config_.num_hidden_layers * config_.kv_cache_width() * elem;
 }
 
 StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_cache) {
@@ -135,14 +166,22 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   for (int32_t p : inputs.positions)
     NUCLEUS_CHECK(p >= 0 && p < config_.max_position_embeddings, "position {} outside [0, {})", p,
                   config_.max_position_embeddings);
-  StepGraph& g = graph(inputs.is_decode() ? StepKind::kDecode : StepKind::kPrefill);
-  std::vector<Tensor> buffers = allocate_step_buffers(g, inputs, options_.device);
+  const bool decode = inputs.is_decode();
+  StepGraph& g = graph(decode ? StepKind::kDecode : StepKind::kPrefill);
+  StepBuffers& sb = decode ? decode_buffers_ : prefill_buffers_;
+  const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
   OpContext ctx;
   ctx.device = options_.device;
   ctx.inputs = &inputs;
   ctx.kv_cache = &kv_cache;
+  DeviceStepInputs dev;
+  if (options_.device == Device::kCuda) {
+    dev = uploader_->upload(inputs);
+    ctx.dev = &dev;
+  }
   run_nodes(g, ctx, buffers, 0, g.nodes().size());
-  return buffers[g.find_buffer("logits")];
+  const Tensor& logits = buffers[g.find_buffer("logits")];
+  return options_.device == Device::kCuda ? to_host(logits) : logits.clone();
 }
 
 StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& model_dir,
@@ -153,7 +192,8 @@ StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& 
   NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
                            load_model_config((fs::path(model_dir) / "config.json").string(), overrides));
   NUCLEUS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(model_dir));
-  auto backend = make_cpu_weight_backend();
+  auto backend = make_weight_backend(options.device);
+  if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
   LoadOptions lo;
   lo.show_progress = show_progress;
   NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(ckpt, config, *backend, lo));

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/status.h"
+#include "graph/device_inputs.h"
 #include "graph/step_graph.h"
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
@@ -22,6 +23,12 @@ namespace nucleus {
 struct ModelOptions {
   Device device = Device::kCpu;
   AttentionMode attention_mode = AttentionMode::kAuto;
+  // Rows of the fixed scratch buffers (absorbed attention, MoE fallback):
+  // kernels process at most this many rows per launch.
+  int64_t scratch_rows = 256;
+  // Cached rows the expanded attention expands at a time (CUDA), merged by
+  // log-sum-exp (--prefill-context-chunk).
+  int64_t prefill_context_chunk = 8192;
 };
 
 // The two graph shapes a step can take. kDecode: every sequence has one new
@@ -43,8 +50,17 @@ class DeepseekModel {
   // the host, one row per inputs.logit_indices entry.
   StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache);
 
-  // A zeroed cache for this model: [num_layers, num_blocks, block_size, kv_lora + qk_rope].
+  // A zeroed cache for this model on its device: [num_layers, num_blocks,
+  // block_size, kv_lora + qk_rope], f32 on the CPU, bf16 on CUDA.
   KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;
+  // Allocates the step buffers of both graphs for steps of up to
+  // `max_tokens` tokens and `max_logits` logit rows (so memory is known
+  // before the KV pool is sized).
+  void reserve_step_buffers(int64_t max_tokens, int64_t max_logits);
+  // Bytes one cached token takes over all layers.
+  int64_t kv_bytes_per_token() const;
+  // Device bytes the step buffers take at the current capacity.
+  size_t activation_bytes() const { return prefill_buffers_.bytes() + decode_buffers_.bytes(); }
 
  private:
   DeepseekModel(const ModelConfig& config, ModelWeights weights, const ModelOptions& options);
@@ -54,6 +70,9 @@ class DeepseekModel {
   ModelWeights weights_;
   ModelOptions options_;
   kernels::RopeTable rope_;
+  Tensor rope_inv_freq_device_;  // CUDA: [qk_rope / 2] f32
+  StepBuffers prefill_buffers_, decode_buffers_;
+  std::unique_ptr<DeviceInputUploader> uploader_;
   StepGraph prefill_graph_;
   StepGraph decode_graph_;
 };

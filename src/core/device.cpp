@@ -1,0 +1,89 @@
+#include "core/device.h"
+
+#include <cstring>
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#endif
+
+namespace nucleus {
+
+bool cuda_available(std::string* why) {
+#ifdef NUCLEUS_HAVE_CUDA
+  auto c = cuda::get_context();
+  if (!c.ok() && why) *why = c.status().message();
+  return c.ok();
+#else
+  if (why) *why = "this build has no CUDA kernels (configured without nvcc)";
+  return false;
+#endif
+}
+
+StatusOr<Device> resolve_device(const std::string& name) {
+  if (name == "cpu") return Device::kCpu;
+  std::string why;
+  if (name == "cuda") {
+    if (!cuda_available(&why)) return unsupported("--device cuda: " + why);
+    return Device::kCuda;
+  }
+  if (name == "auto") return cuda_available() ? Device::kCuda : Device::kCpu;
+  return invalid_argument("--device '" + name + "' is not one of cpu, cuda, auto");
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+#ifdef NUCLEUS_HAVE_CUDA
+  if (bytes) NUCLEUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+#else
+  NUCLEUS_CHECK(false, "copy_to_device without CUDA");
+#endif
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+#ifdef NUCLEUS_HAVE_CUDA
+  if (bytes) NUCLEUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+#else
+  NUCLEUS_CHECK(false, "copy_to_host without CUDA");
+#endif
+}
+
+Tensor to_device(const Tensor& t) {
+  NUCLEUS_CHECK(t.device() == Device::kCpu, "to_device of a device tensor");
+  Tensor d = Tensor::empty(t.shape(), t.dtype(), Device::kCuda);
+  copy_to_device(d.raw(), t.raw(), t.nbytes());
+  return d;
+}
+
+Tensor to_host(const Tensor& t) {
+  if (t.device() == Device::kCpu) return t;
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::kCpu);
+#ifdef NUCLEUS_HAVE_CUDA
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));
+#endif
+  copy_to_host(h.raw(), t.raw(), t.nbytes());
+  return h;
+}
+
+void device_memory_info(size_t* free_bytes, size_t* total_bytes) {
+#ifdef NUCLEUS_HAVE_CUDA
+  NUCLEUS_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+#else
+  *free_bytes = *total_bytes = 0;
+#endif
+}
+
+void zero_device(Tensor& t) {
+#ifdef NUCLEUS_HAVE_CUDA
+  if (t.nbytes()) NUCLEUS_CUDA_CHECK(cudaMemset(t.raw(), 0, t.nbytes()));
+#else
+  NUCLEUS_CHECK(false, "zero_device without CUDA");
+#endif
+}
+
+void synchronize_device() {
+#ifdef NUCLEUS_HAVE_CUDA
+  if (cuda_available()) NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));
+#endif
+}
+
+}  // namespace nucleus

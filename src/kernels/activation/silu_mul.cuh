@@ -1,0 +1,16 @@
+// CUDA SwiGLU activation.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace nucleus::kernels {
+
+// out[r, i] = bf16(silu(f32(gate_up[r, i])) * f32(gate_up[r, width + i]))
+//   gate_up: [rows, 2 * width] bf16; out: [rows, width] bf16. Stream-async, graph-safe.
+cudaError_t launch_silu_mul(const __nv_bfloat16* gate_up, int64_t rows, int64_t width, __nv_bfloat16* out,
+                            cudaStream_t stream);
+
+}  // namespace nucleus::kernels

@@ -1,0 +1,36 @@
+// CUDA MoE routing (both families) and a plain expert computation
+// (semantics: moe_ref.h). The routing kernel is the production one; the
+// expert kernels are the always-available fallback behind the dispatch.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/common/weight_view.cuh"
+#include "kernels/moe/moe_ref.h"
+
+namespace nucleus::kernels {
+
+// logits: [num_tokens, num_experts] f32; bias: [num_experts] f32 or null;
+// topk_ids / topk_weights: [num_tokens, top_k]. num_experts <= 1024.
+// Stream-async, graph-safe.
+cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
+                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+
+// One expert: gate_up [2 * inter, hidden], down [hidden, inter].
+struct ExpertView {
+  WeightView gate_up;
+  WeightView down;
+};
+
+// out[t, :] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t, :]).
+//   x: [num_tokens, hidden] bf16; experts: device array [num_experts];
+//   scratch: [num_tokens * top_k, inter] f32; out: [num_tokens, hidden] bf16.
+cudaError_t launch_moe_experts_naive(const __nv_bfloat16* x, int64_t num_tokens, int64_t hidden, int64_t inter,
+                                     const int32_t* topk_ids, const float* topk_weights, int64_t top_k,
+                                     const ExpertView* experts, float* scratch, __nv_bfloat16* out,
+                                     cudaStream_t stream);
+
+}  // namespace nucleus::kernels

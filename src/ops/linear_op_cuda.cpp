@@ -1,0 +1,75 @@
+#ifdef NUCLEUS_HAVE_CUDA
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "kernels/gemm/gemm_cublaslt.h"
+#include "kernels/gemm/gemm_naive.cuh"
+#include "ops/cuda_backends.h"
+
+namespace nucleus::cuda_ops {
+
+kernels::WeightView weight_view(const LinearWeight& w) {
+  kernels::WeightView v;
+  v.data = w.weight.raw();
+  v.scale_inv = w.fp8() ? w.scale_inv.data<float>() : nullptr;
+  v.n = w.out_features;
+  v.k = w.in_features;
+  v.block_n = static_cast<int>(w.block_n);
+  v.block_k = static_cast<int>(w.block_k);
+  return v;
+}
+
+void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
+                    int64_t out_stride, bool accumulate) {
+  cudaStream_t stream = cuda::context().stream;
+  if (!w.fp8()) {
+    kernels::GemmArgs a;
+    a.x = x;
+    a.x_stride = x_stride;
+    a.w = w.weight.raw();
+    a.out = out;
+    a.out_stride = out_stride;
+    a.out_dtype = out_dtype;
+    a.m = m;
+    a.n = w.out_features;
+    a.k = w.in_features;
+    a.accumulate = accumulate;
+    if (kernels::gemm_bf16_cublaslt(a, stream).ok()) return;
+  }
+  NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(static_cast<const __nv_bfloat16*>(x), x_stride, weight_view(w), m, out,
+                                                out_dtype, out_stride, accumulate, stream));
+}
+
+Status linear_cublaslt_supports(const LinearOp& op) {
+  if (op.weight().weight.dtype() != DType::kBF16)
+    return unsupported(std::string("weight dtype ") + dtype_name(op.weight().weight.dtype()) + " (needs BF16)");
+  if (op.weight().in_features % 8 != 0 || op.weight().out_features % 8 != 0)
+    return unsupported("dims not multiples of 8 (16-byte alignment)");
+  return ok_status();
+}
+
+void linear_cublaslt(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+  const LinearWeight& w = op.weight();
+  kernels::GemmArgs a;
+  a.x = in[0].raw();
+  a.x_stride = in[0].row_numel();
+  a.w = w.weight.raw();
+  a.out = out[0].raw();
+  a.out_stride = out[0].row_numel();
+  a.out_dtype = out[0].dtype();
+  a.m = in[0].dim(0);
+  a.n = w.out_features;
+  a.k = w.in_features;
+  a.accumulate = op.accumulate();
+  Status s = kernels::gemm_bf16_cublaslt(a, cuda::context().stream);
+  NUCLEUS_CHECK(s.ok(), "{}: {}", w.name, s.to_string());
+}
+
+void linear_naive(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+  NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(in[0].data<__nv_bfloat16>(), in[0].row_numel(),
+                                                weight_view(op.weight()), in[0].dim(0), out[0].raw(),
+                                                out[0].dtype(), out[0].row_numel(), op.accumulate(),
+                                                cuda::context().stream));
+}
+
+}  // namespace nucleus::cuda_ops
+#endif  // NUCLEUS_HAVE_CUDA
