@@ -30,7 +30,8 @@ void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const T
 void linear_naive(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
 void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
-void mla_attention_naive(MlaAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
 void moe_route(MoeRouteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void moe_experts_naive(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

@@ -69,49 +69,88 @@ const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
   return list;
 }
 
-std::string MlaAttentionOp::attrs() const {
-  return "layer=" + std::to_string(layer_) + " heads=" + std::to_string(dims_.num_heads) +
-         " mode=" + attention_mode_name(mode_);
+bool serves_sequence(AttentionMode mode, bool decode_op, int32_t query_len) {
+  switch (mode) {
+    case AttentionMode::kAbsorbed: return decode_op;
+    case AttentionMode::kExpanded: return !decode_op;
+    case AttentionMode::kAuto: return decode_op == (query_len == 1);
+  }
+  return false;
 }
 
-const std::vector<Backend<MlaAttentionOp>>& MlaAttentionOp::backends() {
-  static const std::vector<Backend<MlaAttentionOp>> list = {
-      {"cpu_ref", Device::kCpu,
-       [](const MlaAttentionOp& op) -> Status {
-         if (op.kv_b().weight.dtype() != DType::kF32) return unsupported("kv_b_proj weight is not F32");
-         return ok_status();
-       },
-       [](MlaAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
-         const auto& d = op.dims();
-         const StepInputs& si = *ctx.inputs;
-         const KvCache& kv = *ctx.kv_cache;
-         const float* cache = kv.data.data<float>() + op.layer() * kv.layer_stride();
-         const Tensor& q = in[0];
-         const Tensor& o = out[0];
-         std::vector<float> latent;
-         for (int64_t s = 0; s < si.num_seqs(); ++s) {
-           const int64_t q_begin = si.query_start[s], num_q = si.query_len(s);
-           if (num_q == 0) continue;
-           const int64_t ctx_len = si.context_lens[s], num_keys = ctx_len + num_q;
-           // Gather the sequence's latent rows in position order.
-           latent.resize(num_keys * kv.width);
-           const int32_t* table = si.block_tables.data() + s * si.max_blocks_per_seq;
-           for (int64_t j = 0; j < num_keys; ++j) {
-             const int64_t block_idx = j / kv.block_size;
-             NUCLEUS_CHECK(block_idx < si.max_blocks_per_seq && table[block_idx] >= 0,
-                           "sequence {} has no block for position {}", s, j);
-             const int64_t slot = static_cast<int64_t>(table[block_idx]) * kv.block_size + j % kv.block_size;
-             std::memcpy(latent.data() + j * kv.width, cache + slot * kv.width, kv.width * 4);
-           }
-           const bool absorbed = op.mode() == AttentionMode::kAbsorbed ||
-                                 (op.mode() == AttentionMode::kAuto && num_q == 1);
-           auto* fn = absorbed ? kernels::mla_attention_absorbed_ref : kernels::mla_attention_expanded_ref;
-           fn(d, q.data<float>() + q_begin * q.row_numel(), q.row_numel(), num_q, ctx_len, latent.data(),
-              op.kv_b().weight.data<float>(), o.data<float>() + q_begin * o.row_numel(), o.row_numel(), nullptr);
-         }
+namespace {
+
+// The latent rows [0, num_keys) of sequence `s`, gathered through its block table.
+void gather_latent_rows(const StepInputs& si, const KvCache& kv, int64_t layer, int64_t s, int64_t num_keys,
+                        std::vector<float>* latent) {
+  const float* cache = kv.data.data<float>() + layer * kv.layer_stride();
+  latent->resize(num_keys * kv.width);
+  const int32_t* table = si.block_tables.data() + s * si.max_blocks_per_seq;
+  for (int64_t j = 0; j < num_keys; ++j) {
+    const int64_t block_idx = j / kv.block_size;
+    NUCLEUS_CHECK(block_idx < si.max_blocks_per_seq && table[block_idx] >= 0,
+                  "sequence {} has no block for position {}", s, j);
+    const int64_t slot = static_cast<int64_t>(table[block_idx]) * kv.block_size + j % kv.block_size;
+    std::memcpy(latent->data() + j * kv.width, cache + slot * kv.width, kv.width * 4);
+  }
+}
+
+// Runs `fn` (absorbed or expanded reference) for every sequence the op serves.
+template <typename Fn>
+void run_reference(const MlaAttentionBase& op, bool decode_op, OpContext& ctx, const Tensor& q, const Tensor& o,
+                   Fn fn) {
+  const StepInputs& si = *ctx.inputs;
+  const KvCache& kv = *ctx.kv_cache;
+  NUCLEUS_CHECK(kv.data.dtype() == DType::kF32, "cpu_ref attention needs an F32 cache");
+  std::vector<float> latent;
+  for (int64_t s = 0; s < si.num_seqs(); ++s) {
+    const int32_t num_q = si.query_len(s);
+    if (num_q == 0 || !serves_sequence(op.mode(), decode_op, num_q)) continue;
+    const int64_t q_begin = si.query_start[s], ctx_len = si.context_lens[s];
+    gather_latent_rows(si, kv, op.layer(), s, ctx_len + num_q, &latent);
+    fn(op.dims(), q.data<float>() + q_begin * q.row_numel(), q.row_numel(), num_q, ctx_len, latent.data(),
+       op.kv_b().weight.data<float>(), o.data<float>() + q_begin * o.row_numel(), o.row_numel(), nullptr);
+  }
+}
+
+Status cpu_kv_b_supported(const MlaAttentionBase& op) {
+  if (op.kv_b().weight.dtype() != DType::kF32) return unsupported("kv_b_proj weight is not F32");
+  return ok_status();
+}
+
+}  // namespace
+
+std::string MlaDecodeAttentionOp::attrs() const {
+  return "layer=" + std::to_string(layer()) + " heads=" + std::to_string(dims().num_heads) +
+         " mode=" + attention_mode_name(mode());
+}
+
+const std::vector<Backend<MlaDecodeAttentionOp>>& MlaDecodeAttentionOp::backends() {
+  static const std::vector<Backend<MlaDecodeAttentionOp>> list = {
+      {"cpu_ref", Device::kCpu, [](const MlaDecodeAttentionOp& op) { return cpu_kv_b_supported(op); },
+       [](MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+         run_reference(op, true, ctx, in[0], out[0], kernels::mla_attention_absorbed_ref);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
-      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_attention_naive},
+      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_decode_naive},
+#endif
+  };
+  return list;
+}
+
+std::string MlaPrefillAttentionOp::attrs() const {
+  return "layer=" + std::to_string(layer()) + " heads=" + std::to_string(dims().num_heads) +
+         " mode=" + attention_mode_name(mode()) + " context_chunk=" + std::to_string(context_chunk_);
+}
+
+const std::vector<Backend<MlaPrefillAttentionOp>>& MlaPrefillAttentionOp::backends() {
+  static const std::vector<Backend<MlaPrefillAttentionOp>> list = {
+      {"cpu_ref", Device::kCpu, [](const MlaPrefillAttentionOp& op) { return cpu_kv_b_supported(op); },
+       [](MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+         run_reference(op, false, ctx, in[0], out[0], kernels::mla_attention_expanded_ref);
+       }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_prefill_naive},
 #endif
   };
   return list;

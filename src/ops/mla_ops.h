@@ -49,40 +49,62 @@ enum class AttentionMode { kAuto, kExpanded, kAbsorbed };
 const char* attention_mode_name(AttentionMode m);
 StatusOr<AttentionMode> parse_attention_mode(const std::string& s);
 
-// Causal MLA over each sequence's cached rows (the step's own rows included:
-// run after RopeKvCacheWriteOp). Buffers: in = {q [T, num_heads * qk_head]};
-// out = {attn_out [T, num_heads * v_head], q_lat scratch, o_lat scratch}
-// (scratch: [W, num_heads * kv_lora] f32 for the absorbed form on CUDA,
-// processed W rows at a time). The expanded form on CUDA expands at most
-// `context_chunk` cached rows at a time and merges the pieces by
-// log-sum-exp.
-class MlaAttentionOp : public OpWithBackends<MlaAttentionOp> {
+// Which sequences an attention op serves in a step, by the model's mode:
+// kAuto: the decode op serves sequences with one query token, the prefill op
+// the others; kAbsorbed: the decode op serves all; kExpanded: the prefill op
+// serves all.
+bool serves_sequence(AttentionMode mode, bool decode_op, int32_t query_len);
+
+// Fields both attention ops share.
+class MlaAttentionBase {
  public:
-  MlaAttentionOp(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode,
-                 int64_t context_chunk = 8192)
-      : layer_(layer), kv_b_(kv_b), dims_(dims), mode_(mode), context_chunk_(context_chunk) {}
-  const char* kind() const override { return "mla_attention"; }
-  std::string attrs() const override;
-  static const std::vector<Backend<MlaAttentionOp>>& backends();
+  MlaAttentionBase(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode)
+      : layer_(layer), kv_b_(kv_b), dims_(dims), mode_(mode) {}
   int64_t layer() const { return layer_; }
   const LinearWeight& kv_b() const { return *kv_b_; }
   const kernels::MlaDims& dims() const { return dims_; }
   AttentionMode mode() const { return mode_; }
-  int64_t context_chunk() const { return context_chunk_; }
-
-  // Device scratch of the CUDA expanded path, grown on demand.
-  struct Workspace {
-    Tensor latent, kv, acc, lse;
-  };
-  Workspace& workspace() { return workspace_; }
+  // Backend-owned device state (scratch, prepared weights), built on first use.
+  std::vector<Tensor>& state() { return state_; }
 
  private:
   int64_t layer_;
   const LinearWeight* kv_b_;
   kernels::MlaDims dims_;
   AttentionMode mode_;
+  std::vector<Tensor> state_;
+};
+
+// Absorbed-form (decode) attention over the paged latent cache for the rows of
+// the sequences it serves (run after RopeKvCacheWriteOp, so a row sees its own
+// key). Buffers: in = {q [T, num_heads * qk_head]}; out = {attn_out
+// [T, num_heads * v_head] (only its rows written), q_lat, o_lat scratch
+// [W, num_heads * kv_lora] f32 (backends may use them, W rows at a time)}.
+class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public MlaAttentionBase {
+ public:
+  using MlaAttentionBase::MlaAttentionBase;
+  const char* kind() const override { return "mla_decode"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<MlaDecodeAttentionOp>>& backends();
+};
+
+// Expanded-form (prefill) causal attention for the sequences it serves: each
+// query attends to the sequence's cached rows (earlier chunks, prefix-cache
+// hits) and its own chunk, K_nope / V rebuilt from the latent rows by
+// kv_b_proj. CUDA expands at most `context_chunk` cached rows at a time and
+// merges the pieces by log-sum-exp. Buffers: in = {q}; out = {attn_out}.
+class MlaPrefillAttentionOp : public OpWithBackends<MlaPrefillAttentionOp>, public MlaAttentionBase {
+ public:
+  MlaPrefillAttentionOp(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode,
+                        int64_t context_chunk)
+      : MlaAttentionBase(layer, kv_b, dims, mode), context_chunk_(context_chunk) {}
+  const char* kind() const override { return "mla_prefill"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<MlaPrefillAttentionOp>>& backends();
+  int64_t context_chunk() const { return context_chunk_; }
+
+ private:
   int64_t context_chunk_;
-  Workspace workspace_;
 };
 
 }  // namespace nucleus

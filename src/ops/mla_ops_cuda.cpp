@@ -53,29 +53,23 @@ void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorLis
   NUCLEUS_CUDA_CHECK(kernels::launch_rope_kv_cache_write(p, stream()));
 }
 
-void mla_attention_naive(MlaAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const StepInputs& si = *ctx.inputs;
   const DeviceStepInputs& dev = *ctx.dev;
   KvCache& kv = *ctx.kv_cache;
-  const kernels::MlaShape s = shape_of(op.dims());
-  const __nv_bfloat16* cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
   const Tensor& q = in[0];
-  const Tensor& o = out[0];
   const int64_t T = q.dim(0);
-
-  // Absorbed rows: all (forced), the single-token sequences' rows (auto), or none.
+  // All rows (forced absorbed), or the single-token sequences' rows (auto).
   const int32_t* rows = nullptr;
-  int64_t num_rows = 0;
-  if (op.mode() == AttentionMode::kAbsorbed) {
-    num_rows = T;
-  } else if (op.mode() == AttentionMode::kAuto) {
+  int64_t num_rows = T;
+  if (op.mode() == AttentionMode::kAuto && dev.num_single_token_rows != T) {
+    rows = dev.single_token_rows;
     num_rows = dev.num_single_token_rows;
-    if (num_rows != T) rows = dev.single_token_rows;
   }
   const int64_t chunk_rows = out[1].dim(0);
   for (int64_t r0 = 0; r0 < num_rows; r0 += chunk_rows) {
     kernels::MlaAbsorbedParams p;
-    p.s = s;
+    p.s = shape_of(op.dims());
     p.q = q.data<__nv_bfloat16>();
     p.q_stride = q.row_numel();
     p.rows = rows ? rows + r0 : nullptr;
@@ -87,54 +81,63 @@ void mla_attention_naive(MlaAttentionOp& op, OpContext& ctx, const TensorList& i
     p.block_tables = dev.block_tables;
     p.max_blocks = si.max_blocks_per_seq;
     p.block_size = static_cast<int>(kv.block_size);
-    p.cache = cache;
+    p.cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
     p.kv_b = weight_view(op.kv_b());
     p.q_lat = out[1].data<float>();
     p.o_lat = out[2].data<float>();
-    p.out = o.data<__nv_bfloat16>();
-    p.out_stride = o.row_numel();
+    p.out = out[0].data<__nv_bfloat16>();
+    p.out_stride = out[0].row_numel();
     NUCLEUS_CUDA_CHECK(kernels::launch_mla_absorbed_naive(p, stream()));
   }
-  if (op.mode() == AttentionMode::kAbsorbed) return;
+}
 
-  // Expanded sequences: gather + expand the keys piecewise, merge by LSE.
-  auto& ws = op.workspace();
+void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const StepInputs& si = *ctx.inputs;
+  const DeviceStepInputs& dev = *ctx.dev;
+  KvCache& kv = *ctx.kv_cache;
+  const kernels::MlaShape s = shape_of(op.dims());
+  const __nv_bfloat16* cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+  const Tensor& q = in[0];
+  const Tensor& o = out[0];
+  // state: latent rows, expanded K/V, running output, running LSE.
+  auto& st = op.state();
+  st.resize(4);
   const int64_t kv_width = s.num_heads * (s.qk_nope + s.v_head);
   const int64_t chunk = std::max<int64_t>(
       64, std::min<int64_t>(op.context_chunk(), kKvBudgetBytes / (kv_width * 2)));
   for (int64_t seq = 0; seq < si.num_seqs(); ++seq) {
-    const int64_t num_q = si.query_len(seq);
-    if (op.mode() == AttentionMode::kAuto && num_q == 1) continue;
+    const int32_t num_q = si.query_len(seq);
+    if (num_q == 0 || !serves_sequence(op.mode(), false, num_q)) continue;
     const int64_t q_begin = si.query_start[seq], ctx_len = si.context_lens[seq];
     const int32_t* table = dev.block_tables + seq * si.max_blocks_per_seq;
-    ensure(ws.latent, {chunk, s.latent()}, DType::kBF16);
-    ensure(ws.kv, {chunk, kv_width}, DType::kBF16);
-    ensure(ws.acc, {kQueryGroup, s.num_heads, s.v_head}, DType::kF32);
-    ensure(ws.lse, {kQueryGroup, s.num_heads}, DType::kF32);
+    ensure(st[0], {chunk, s.latent()}, DType::kBF16);
+    ensure(st[1], {chunk, kv_width}, DType::kBF16);
+    ensure(st[2], {kQueryGroup, s.num_heads, s.v_head}, DType::kF32);
+    ensure(st[3], {kQueryGroup, s.num_heads}, DType::kF32);
     for (int64_t i0 = 0; i0 < num_q; i0 += kQueryGroup) {
-      const int64_t nq = std::min(kQueryGroup, num_q - i0);
+      const int64_t nq = std::min<int64_t>(kQueryGroup, num_q - i0);
       const int64_t keys = ctx_len + i0 + nq;  // causal: the group's last query sees these
       for (int64_t k0 = 0; k0 < keys; k0 += chunk) {
         const int64_t nk = std::min(chunk, keys - k0);
         NUCLEUS_CUDA_CHECK(kernels::launch_gather_latent(cache, s.latent(), table, static_cast<int>(kv.block_size),
-                                                         k0, nk, ws.latent.data<__nv_bfloat16>(), stream()));
-        linear_forward(op.kv_b(), ws.latent.raw(), s.latent(), nk, ws.kv.raw(), DType::kBF16, kv_width, false);
+                                                         k0, nk, st[0].data<__nv_bfloat16>(), stream()));
+        linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width, false);
         kernels::MlaExpandedPieceParams p;
         p.s = s;
         p.q = q.data<__nv_bfloat16>() + (q_begin + i0) * q.row_numel();
         p.q_stride = q.row_numel();
         p.num_q = nq;
         p.q_pos0 = ctx_len + i0;
-        p.kv = ws.kv.data<__nv_bfloat16>();
-        p.latent = ws.latent.data<__nv_bfloat16>();
+        p.kv = st[1].data<__nv_bfloat16>();
+        p.latent = st[0].data<__nv_bfloat16>();
         p.key_begin = k0;
         p.num_keys = nk;
-        p.acc = ws.acc.data<float>();
-        p.lse = ws.lse.data<float>();
+        p.acc = st[2].data<float>();
+        p.lse = st[3].data<float>();
         p.first = k0 == 0;
         NUCLEUS_CUDA_CHECK(kernels::launch_mla_expanded_piece_naive(p, stream()));
       }
-      NUCLEUS_CUDA_CHECK(kernels::launch_mla_store_output(ws.acc.data<float>(), nq, s.num_heads, s.v_head,
+      NUCLEUS_CUDA_CHECK(kernels::launch_mla_store_output(st[2].data<float>(), nq, s.num_heads, s.v_head,
                                                           o.data<__nv_bfloat16>() + (q_begin + i0) * o.row_numel(),
                                                           o.row_numel(), stream()));
     }

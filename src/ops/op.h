@@ -72,7 +72,19 @@ std::string forced_backend(const char* family);
 template <typename OpT>
 StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<OpT>>& list, Device device,
                                 const OpT& op) {
-  const std::string forced = forced_backend(family);
+  std::string forced = forced_backend(family);
+  // A forced name applies to the device that has a backend of that name.
+  bool forced_here = false, forced_anywhere = false;
+  std::string known;
+  for (const auto& b : list) {
+    forced_here |= b.device == device && forced == b.name;
+    forced_anywhere |= forced == b.name;
+    known += std::string(known.empty() ? "" : ", ") + b.name;
+  }
+  if (!forced.empty() && !forced_anywhere)
+    return invalid_argument("NUCLEUS_FORCE_KERNEL names backend '" + forced + "' for " + family +
+                            ", which has none of that name (known: " + known + ")");
+  if (!forced_here) forced.clear();
   std::string reasons;
   for (size_t i = 0; i < list.size(); ++i) {
     const auto& b = list[i];

@@ -49,8 +49,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
   dims.v_head = c.v_head_dim;
   dims.kv_lora = c.kv_lora_rank;
   dims.scale = static_cast<float>(c.softmax_scale());
-  AttentionMode mode = options_.attention_mode;
-  if (mode == AttentionMode::kAuto && kind == StepKind::kDecode) mode = AttentionMode::kAbsorbed;
+  const AttentionMode mode = options_.attention_mode;
 
   const int residual = g.buffer("residual", H, DType::kF32);
   const int x_norm = g.buffer("x_norm", H, act);
@@ -97,9 +96,15 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
               l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
               static_cast<float>(kernels::rope_attention_factor(c))),
           {q, kv_a}, {q});
-    g.add(p + "self_attn.attn",
-          std::make_unique<MlaAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk), {q},
-          {attn_out, q_lat, o_lat});
+    // The decode graph has only single-token sequences: no prefill op
+    // unless expanded attention is forced.
+    if (mode != AttentionMode::kExpanded)
+      g.add(p + "self_attn.attn_decode", std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode), {q},
+            {attn_out, q_lat, o_lat});
+    if (mode == AttentionMode::kExpanded || (mode == AttentionMode::kAuto && kind == StepKind::kPrefill))
+      g.add(p + "self_attn.attn_prefill",
+            std::make_unique<MlaPrefillAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk),
+            {q}, {attn_out});
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.
     g.add(p + "post_attention_layernorm", std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true),

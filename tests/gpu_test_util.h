@@ -1,0 +1,85 @@
+// Helpers for GPU tests: random inputs, bf16 rounding, device round trips,
+// and comparisons that report the first mismatching coordinate.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace nucleus::testing {
+
+// Values uniform in [-scale, scale], rounded to bf16 (so the CPU reference
+// sees exactly what the GPU sees).
+inline std::vector<float> random_bf16_values(size_t n, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = round_to_bf16(d(rng));
+  return v;
+}
+
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = bf16_to_f32(v[i]);
+  return out;
+}
+
+// A device buffer holding a copy of `host`.
+template <typename T>
+Tensor device_copy(const std::vector<T>& host, DType dtype) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(host.size() * sizeof(T) / dtype_size(dtype))}, dtype, Device::kCuda);
+  copy_to_device(t.raw(), host.data(), host.size() * sizeof(T));
+  return t;
+}
+
+// A device buffer of `count` elements filled with a poison byte pattern.
+inline Tensor device_poisoned(int64_t count, DType dtype) {
+  Tensor t = Tensor::empty({count}, dtype, Device::kCuda);
+  std::vector<uint8_t> poison(t.nbytes(), 0x7f);  // NaN in f32, bf16 and fp8
+  copy_to_device(t.raw(), poison.data(), poison.size());
+  return t;
+}
+
+template <typename T>
+std::vector<T> host_copy(const Tensor& t) {
+  synchronize_device();
+  std::vector<T> out(t.nbytes() / sizeof(T));
+  copy_to_host(out.data(), t.raw(), t.nbytes());
+  return out;
+}
+
+// |got - want| <= atol + rtol * |want| everywhere; reports the first failure.
+inline ::testing::AssertionResult all_close(const std::vector<float>& got, const std::vector<float>& want, float atol,
+                                            float rtol, int64_t row_width = 0) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float err = std::fabs(got[i] - want[i]);
+    worst = std::max<double>(worst, err);
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      auto f = ::testing::AssertionFailure() << "first mismatch at ";
+      if (row_width) f << "[" << i / row_width << ", " << i % row_width << "]";
+      else f << i;
+      return f << ": got " << got[i] << ", want " << want[i] << " (atol " << atol << ", rtol " << rtol << ")";
+    }
+  }
+  return ::testing::AssertionSuccess() << "max abs error " << worst;
+}
+
+inline bool have_gpu() { return cuda_available(); }
+
+}  // namespace nucleus::testing
