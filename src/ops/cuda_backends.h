@@ -36,5 +36,10 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 void moe_route(MoeRouteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void moe_experts_naive(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// Expanded-form MLA prefill on tensor cores, all served sequences in one
+// attention launch per scratch-sized batch (ops/mla_prefill_cuda.cpp).
+Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op);
+void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
 }  // namespace nucleus::cuda_ops
 #endif  // NUCLEUS_HAVE_CUDA

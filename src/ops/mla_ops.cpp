@@ -150,6 +150,7 @@ const std::vector<Backend<MlaPrefillAttentionOp>>& MlaPrefillAttentionOp::backen
          run_reference(op, false, ctx, in[0], out[0], kernels::mla_attention_expanded_ref);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_flash", Device::kCuda, cuda_ops::mla_prefill_flash_supports, cuda_ops::mla_prefill_flash},
       {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_prefill_naive},
 #endif
   };

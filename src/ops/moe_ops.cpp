@@ -1,5 +1,9 @@
 #include "ops/moe_ops.h"
 
+#include <set>
+
+#include "core/device.h"
+
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/cuda_backends.h"
 #endif
@@ -10,6 +14,15 @@ std::string MoeRouteOp::attrs() const {
   return std::string("experts=") + std::to_string(params_.num_experts) + " top_k=" + std::to_string(params_.top_k) +
          " scoring=" + scoring_func_name(params_.scoring) + " method=" + topk_method_name(params_.method) +
          " groups=" + std::to_string(params_.topk_group) + "/" + std::to_string(params_.n_group);
+}
+
+void MoeRouteOp::run(OpContext& ctx, const TensorList& in, const TensorList& out) {
+  OpWithBackends<MoeRouteOp>::run(ctx, in, out);
+  if (!ctx.stats) return;
+  Tensor ids = to_host(out[0]);
+  std::set<int32_t> unique(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+  ++ctx.stats->moe_layers;
+  ctx.stats->experts_activated += static_cast<int64_t>(unique.size());
 }
 
 const std::vector<Backend<MoeRouteOp>>& MoeRouteOp::backends() {

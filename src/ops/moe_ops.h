@@ -19,6 +19,8 @@ class MoeRouteOp : public OpWithBackends<MoeRouteOp> {
   const char* kind() const override { return "moe_route"; }
   std::string attrs() const override;
   static const std::vector<Backend<MoeRouteOp>>& backends();
+  // Runs the backend; with ctx.stats, also counts the experts activated.
+  void run(OpContext& ctx, const TensorList& in, const TensorList& out) override;
   const kernels::MoeRoutingParams& params() const { return params_; }
   const Tensor& bias() const { return bias_; }  // [num_experts] f32, or undefined
 

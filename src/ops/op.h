@@ -20,6 +20,13 @@
 
 namespace nucleus {
 
+// What a step touched, recorded on request (nucleus bench latency): the
+// routed experts each MoE layer activated.
+struct StepStats {
+  int64_t moe_layers = 0;
+  int64_t experts_activated = 0;  // unique experts summed over MoE layers
+};
+
 // Everything an op may read besides its buffers.
 struct OpContext {
   Device device = Device::kCpu;
@@ -27,6 +34,7 @@ struct OpContext {
   const StepInputs* inputs = nullptr;     // host metadata
   const DeviceStepInputs* dev = nullptr;  // device copies (CUDA only)
   KvCache* kv_cache = nullptr;
+  StepStats* stats = nullptr;  // non-null: ops record what the step touched (benchmarks; syncs)
 };
 
 class Op {

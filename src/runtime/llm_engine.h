@@ -84,6 +84,8 @@ class LLMEngine {
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
   DeepseekModel& model() { return runner_->model(); }
+  // While set, steps record what they touched (benchmarks; slower).
+  void set_step_stats(StepStats* stats) { runner_->set_stats(stats); }
 
  private:
   LLMEngine() = default;

@@ -36,7 +36,7 @@ StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size) {
 
 StatusOr<Tensor> ModelRunner::execute(const SchedulerOutput& out) {
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
-  return model_->forward(in, kv_cache_);
+  return model_->forward(in, kv_cache_, stats_);
 }
 
 }  // namespace nucleus

@@ -22,11 +22,14 @@ class ModelRunner {
   StatusOr<Tensor> execute(const SchedulerOutput& out);
 
   KvCache& kv_cache() { return kv_cache_; }
+  // While set, every step records what it touched into *stats (slower: syncs).
+  void set_stats(StepStats* stats) { stats_ = stats; }
   DeepseekModel& model() { return *model_; }
 
  private:
   DeepseekModel* model_;
   KvCache kv_cache_;
+  StepStats* stats_ = nullptr;
 };
 
 }  // namespace nucleus

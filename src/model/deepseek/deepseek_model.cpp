@@ -161,7 +161,31 @@ int64_t DeepseekModel::kv_bytes_per_token() const {
   return config_.num_hidden_layers * config_.kv_cache_width() * elem;
 }
 
-StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_cache) {
+DeepseekModel::WeightBytes DeepseekModel::weight_bytes() const {
+  WeightBytes b;
+  auto lin = [](const LinearWeight& w) {
+    return static_cast<int64_t>(w.weight.nbytes() + (w.scale_inv.defined() ? w.scale_inv.nbytes() : 0));
+  };
+  auto mlp = [&](const MlpWeights& m) { return lin(m.gate_up) + lin(m.down); };
+  // The embedding is gathered row by row (a step reads num_tokens rows): not counted.
+  b.dense += lin(weights_.lm_head) + static_cast<int64_t>(weights_.norm.nbytes());
+  for (const auto& l : weights_.layers) {
+    const auto& a = l.attn;
+    b.dense += static_cast<int64_t>(l.input_layernorm.nbytes() + l.post_attention_layernorm.nbytes());
+    if (a.q_a_proj) b.dense += lin(*a.q_a_proj) + lin(*a.q_b_proj) + static_cast<int64_t>(a.q_a_layernorm.nbytes());
+    if (a.q_proj) b.dense += lin(*a.q_proj);
+    b.dense += lin(a.kv_a_proj) + lin(a.kv_b_proj) + lin(a.o_proj) + static_cast<int64_t>(a.kv_a_layernorm.nbytes());
+    if (l.mlp) b.dense += mlp(*l.mlp);
+    if (l.moe) {
+      b.dense += lin(l.moe->router);
+      if (l.moe->shared) b.dense += mlp(*l.moe->shared);
+      if (!l.moe->experts.empty()) b.per_expert = mlp(l.moe->experts[0]);
+    }
+  }
+  return b;
+}
+
+StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
   NUCLEUS_CHECK(inputs.num_tokens() > 0, "empty step");
   NUCLEUS_CHECK(static_cast<int64_t>(inputs.positions.size()) == inputs.num_tokens() &&
                     static_cast<int64_t>(inputs.slot_mapping.size()) == inputs.num_tokens() &&
@@ -179,6 +203,7 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   ctx.device = options_.device;
   ctx.inputs = &inputs;
   ctx.kv_cache = &kv_cache;
+  ctx.stats = stats;
   DeviceStepInputs dev;
   if (options_.device == Device::kCuda) {
     dev = uploader_->upload(inputs);

@@ -48,7 +48,15 @@ class DeepseekModel {
   // Runs one step: writes the step's latent rows into `kv_cache` (slots from
   // inputs.slot_mapping) and returns logits [num_logits, vocab_size] f32 on
   // the host, one row per inputs.logit_indices entry.
-  StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache);
+  StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
+
+  // Bytes of weights by kind, for roofline accounting: everything but the
+  // routed experts (read once per step), and one routed expert (incl. scales).
+  struct WeightBytes {
+    int64_t dense = 0;
+    int64_t per_expert = 0;
+  };
+  WeightBytes weight_bytes() const;
 
   // A zeroed cache for this model on its device: [num_layers, num_blocks,
   // block_size, kv_lora + qk_rope], f32 on the CPU, bf16 on CUDA.

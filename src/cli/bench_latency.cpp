@@ -1,0 +1,207 @@
+// nucleus bench latency: prefill and decode latency of a batch of random
+// prompts (the way vLLM's benchmark_latency measures), with decode as a
+// fraction of the memory roofline.
+//
+// Decode bytes per step = dense weights (every weight but the routed experts,
+// read once per step) + routed experts activated by a representative step
+// (counted from its routing, one extra recorded step) + the KV cache read
+// (batch x context x bytes per cached token). Achieved bandwidth = bytes /
+// measured step time, against 4.3 TB/s (the figure) and 4.58 TB/s
+// (the read-only stream measured on the H200).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <unistd.h>
+
+#include "cli/commands.h"
+#include "cli/engine_args.h"
+#include "core/device.h"
+#include "core/logging.h"
+
+namespace nucleus::cli {
+
+namespace {
+
+double now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      int64_t v = std::stoll(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (...) {
+      return invalid_argument("--batch-sizes: '" + item + "' is not a positive integer");
+    }
+  }
+  if (out.empty()) return invalid_argument("--batch-sizes is empty");
+  return out;
+}
+
+struct Result {
+  int64_t batch = 0;
+  double prefill_s = 0, decode_step_s = 0;
+  double decode_bytes = 0;
+  int64_t experts_per_step = 0;
+};
+
+}  // namespace
+
+int run_bench_latency(int argc, char** argv) {
+  CLI::App app{"nucleus bench latency: prefill and decode latency at given batch sizes"};
+  EngineArgs args;
+  args.add_to(app);
+  std::string config_file, batch_sizes = "1,8,32,128";
+  int64_t input_len = 1024, output_len = 128, seed = 0;
+  app.add_option("--config", config_file, "config.json to build the model from (with --load-format dummy)");
+  app.add_option("--batch-sizes", batch_sizes, "Comma-separated batch sizes")->capture_default_str();
+  app.add_option("--input-len", input_len, "Prompt tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--output-len", output_len, "Generated tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "Seed of the random prompts")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  init_logging();
+  auto sizes = parse_sizes(batch_sizes);
+  if (!sizes.ok()) {
+    std::fprintf(stderr, "error: %s\n", sizes.status().message().c_str());
+    return 2;
+  }
+  ModelOptions mo;
+  auto device = resolve_device(args.device);
+  if (!device.ok()) {
+    std::fprintf(stderr, "error: %s\n", device.status().message().c_str());
+    return 1;
+  }
+  mo.device = *device;
+  const int64_t max_batch = *std::max_element(sizes->begin(), sizes->end());
+  mo.scratch_rows = std::min<int64_t>(std::max<int64_t>(max_batch, 1), 256);
+  std::unique_ptr<DeepseekModel> model;
+  {
+    std::string cfg = config_file.empty() ? (std::filesystem::path(args.model) / "config.json").string() : config_file;
+    auto config = load_model_config(cfg, args.overrides);
+    if (!config.ok()) {
+      std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
+      return 1;
+    }
+    StatusOr<std::unique_ptr<DeepseekModel>> m = unsupported("unset");
+    if (args.load_format == "dummy") {
+      auto backend = make_weight_backend(mo.device);
+      auto w = make_dummy_weights(*config, *backend);
+      if (w.ok()) m = DeepseekModel::create(*config, std::move(*w), mo);
+      else m = w.status();
+    } else {
+      if (!config_file.empty()) {
+        std::fprintf(stderr, "error: --config needs --load-format dummy (a checkpoint is read with --model DIR)\n");
+        return 2;
+      }
+      m = load_deepseek_model(args.model, mo, args.overrides);
+    }
+    if (!m.ok()) {
+      std::fprintf(stderr, "error: %s\n", m.status().message().c_str());
+      return 1;
+    }
+    model = std::move(*m);
+  }
+  const ModelConfig mc = model->config();
+  const auto wb = model->weight_bytes();
+  EngineConfig ec = args.engine;
+  ec.max_num_seqs = std::max(ec.max_num_seqs, max_batch);
+  ec.enable_prefix_caching = false;  // random prompts; measure the compute
+  if (ec.max_model_len == 0) ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, input_len + output_len + 16);
+  auto engine = LLMEngine::create(std::move(model), ec);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
+    return 1;
+  }
+  LLMEngine& e = **engine;
+  const bool tty = isatty(2);
+  std::mt19937_64 rng(static_cast<uint64_t>(seed));
+  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(mc.vocab_size - 1));
+  std::vector<Result> results;
+  for (int64_t batch : *sizes) {
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.ignore_eos = true;
+    sp.max_tokens = static_cast<int32_t>(output_len);
+    for (int warm = 0; warm < 2; ++warm) {  // pass 0 warms up (allocations, cuBLASLt plans)
+      for (int64_t i = 0; i < batch; ++i) {
+        std::vector<int32_t> prompt(input_len);
+        for (auto& t : prompt) t = tok(rng);
+        Status s = e.add_request("b" + std::to_string(batch) + "w" + std::to_string(warm) + "_" + std::to_string(i),
+                                 prompt, sp);
+        if (!s.ok()) {
+          std::fprintf(stderr, "error: batch %lld: %s\n", static_cast<long long>(batch), s.message().c_str());
+          return 1;
+        }
+      }
+      Result r;
+      r.batch = batch;
+      const double t0 = now();
+      int64_t first_tokens = 0, decode_steps = 0;
+      double decode_start = 0;
+      StepStats stats;
+      while (e.has_unfinished()) {
+        const bool all_prefilled = first_tokens == batch;
+        // One recorded decode step (routing counted) right after the timed ones.
+        const bool record = all_prefilled && decode_steps == output_len - 2 && warm == 1;
+        if (record) e.set_step_stats(&stats);
+        const double ts = now();
+        auto outs = e.step();
+        const double te = now();
+        if (record) e.set_step_stats(nullptr);
+        if (!all_prefilled) {
+          for (const auto& o : outs) first_tokens += o.num_output_tokens == 1;
+          if (first_tokens == batch) {
+            r.prefill_s = te - t0;
+            decode_start = te;
+          }
+        } else if (!record) {
+          ++decode_steps;
+          r.decode_step_s += te - ts;
+        }
+        if (tty && warm == 1)
+          std::fprintf(stderr, "\rbatch %lld: %s %lld/%lld", static_cast<long long>(batch),
+                       all_prefilled ? "decode" : "prefill",
+                       static_cast<long long>(all_prefilled ? decode_steps : first_tokens),
+                       static_cast<long long>(all_prefilled ? output_len - 1 : batch));
+      }
+      (void)decode_start;
+      if (tty && warm == 1) std::fprintf(stderr, "\n");
+      if (warm == 0) continue;
+      r.decode_step_s /= std::max<int64_t>(decode_steps, 1);
+      r.experts_per_step = stats.experts_activated;
+      const double avg_context = input_len + output_len / 2.0;
+      r.decode_bytes = static_cast<double>(wb.dense) + static_cast<double>(stats.experts_activated) * wb.per_expert +
+                       batch * avg_context * static_cast<double>(e.model().kv_bytes_per_token());
+      results.push_back(r);
+    }
+  }
+  std::printf("nucleus bench latency: %s, %s, input %lld, output %lld, %s\n", mc.model_type.c_str(),
+              device_name(e.model().options().device), static_cast<long long>(input_len),
+              static_cast<long long>(output_len), args.load_format == "dummy" ? "dummy weights" : args.model.c_str());
+  std::printf("weights: dense %.2f GB, one routed expert %.2f MB; KV %lld bytes/token\n", wb.dense / 1e9,
+              wb.per_expert / 1e6, static_cast<long long>(e.model().kv_bytes_per_token()));
+  std::printf("%6s %11s %13s %11s %12s %9s %11s %9s %9s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_ms",
+              "decode_tok/s", "experts", "GB/step", "%4.3TB/s", "%4.58TB/s");
+  for (const auto& r : results) {
+    const double gbps = r.decode_bytes / r.decode_step_s / 1e9;
+    std::printf("%6lld %11.2f %13.0f %11.3f %12.0f %9lld %11.3f %8.1f%% %8.1f%%\n", static_cast<long long>(r.batch),
+                r.prefill_s * 1e3, r.batch * input_len / r.prefill_s, r.decode_step_s * 1e3,
+                r.batch / r.decode_step_s, static_cast<long long>(r.experts_per_step), r.decode_bytes / 1e9,
+                100.0 * gbps / 4300.0, 100.0 * gbps / 4580.0);
+  }
+  return 0;
+}
+
+}  // namespace nucleus::cli

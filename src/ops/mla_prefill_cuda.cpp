@@ -1,0 +1,292 @@
+// "cuda_flash": expanded-form MLA prefill attention on tensor cores.
+//
+// Per call (one layer of one step), for the sequences the op serves:
+//  1. plan on the host: each sequence needs the K/V of its key positions
+//     [0, context_len + query_len); sequences are packed (first-fit,
+//     longest first) into batches whose keys fit the K/V scratch
+//     (context_chunk keys); a sequence with more keys than that runs alone,
+//     in key pieces of context_chunk merged by log-sum-exp;
+//  2. one upload of every launch's descriptors (sequences, work list);
+//  3. per batch: the K/V of each sequence expanded from the latent cache into
+//     the scratch (GatherKvBProj layout: k [keys, heads, 192], v [keys, heads,
+//     128]), then ONE attention launch for all of the batch's sequences.
+// With the default chunk (8192) a typical prefill step is one batch: one
+// attention launch per layer.
+#ifdef NUCLEUS_HAVE_CUDA
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "kernels/mla/mla_attention_naive.cuh"
+#include "kernels/mla/mla_prefill.cuh"
+#include "ops/cuda_backends.h"
+#include "ops/gather_kv_b_proj.h"
+
+namespace nucleus::cuda_ops {
+
+namespace {
+
+using kernels::MlaPrefillSeq;
+using kernels::MlaPrefillWork;
+
+cudaStream_t engine_stream() { return cuda::context().stream; }
+
+void ensure_bytes(Tensor& t, int64_t bytes) {
+  if (t.defined() && static_cast<int64_t>(t.nbytes()) >= bytes) return;
+  t = Tensor::empty({std::max<int64_t>(bytes, 16)}, DType::kU8, Device::kCuda);
+}
+
+// K/V expansion in GatherKvBProj's layout from plain steps (gather latent
+// rows, kv_b GEMM, split), used until GatherKvBProj's own implementation is
+// linked in.
+class PlainKvExpansion final : public GatherKvBProj {
+ public:
+  PlainKvExpansion(const LinearWeight& kv_b, const GatherKvBProjSpec& spec) : kv_b_(kv_b), spec_(spec) {}
+  const char* name() const override { return "flash_plain"; }
+  void run(const GatherKvBProjArgs& a) override {
+    if (a.num_keys == 0) return;
+    const int64_t latent_width = spec_.kv_lora + spec_.qk_rope;
+    const int64_t kv_width = spec_.num_heads * (spec_.qk_nope + spec_.v_head);
+    ensure_bytes(latent_, a.num_keys * latent_width * 2);
+    ensure_bytes(kv_, a.num_keys * kv_width * 2);
+    auto stream = static_cast<cudaStream_t>(a.stream);
+    NUCLEUS_CUDA_CHECK(kernels::launch_gather_latent(static_cast<const __nv_bfloat16*>(a.cache),
+                                                     static_cast<int>(latent_width), a.block_table,
+                                                     static_cast<int>(a.block_size), a.key_begin, a.num_keys,
+                                                     latent_.data<__nv_bfloat16>(), stream));
+    linear_forward(kv_b_, latent_.raw(), latent_width, a.num_keys, kv_.raw(), DType::kBF16, kv_width, false);
+    NUCLEUS_CUDA_CHECK(kernels::launch_mla_prefill_split_kv(
+        kv_.data<__nv_bfloat16>(), latent_.data<__nv_bfloat16>(), a.num_keys, static_cast<int>(spec_.num_heads),
+        static_cast<int>(spec_.qk_nope), static_cast<int>(spec_.qk_rope), static_cast<int>(spec_.v_head),
+        static_cast<int>(spec_.kv_lora), static_cast<__nv_bfloat16*>(a.k), static_cast<__nv_bfloat16*>(a.v),
+        stream));
+  }
+
+ private:
+  const LinearWeight& kv_b_;
+  GatherKvBProjSpec spec_;
+  Tensor latent_, kv_;
+};
+
+GatherKvBProjSpec expansion_spec(const MlaPrefillAttentionOp& op) {
+  const auto& d = op.dims();
+  GatherKvBProjSpec spec;
+  spec.num_heads = d.num_heads;
+  spec.qk_nope = d.qk_nope;
+  spec.qk_rope = d.qk_rope;
+  spec.v_head = d.v_head;
+  spec.kv_lora = d.kv_lora;
+  spec.cache_dtype = KvCacheDtype::kBF16;
+  return spec;
+}
+
+// The backend's per-op state, kept alive by op.state()[0].
+struct FlashState {
+  std::unique_ptr<GatherKvBProj> expand;
+  Tensor k, v;       // K/V scratch: [capacity, heads, 192] / [capacity, heads, 128] bf16
+  int64_t capacity = 0;
+  Tensor lse;        // [rows, heads] f32: running LSE of a long sequence's pieces
+  Tensor meta;       // device copy of `host`
+  std::vector<uint8_t> host;
+};
+
+FlashState& state_of(MlaPrefillAttentionOp& op) {
+  auto& st = op.state();
+  if (st.empty()) {
+    auto s = std::make_shared<FlashState>();
+    st.push_back(Tensor::wrap(s.get(), {1}, DType::kU8, Device::kCpu, s));
+    s->expand = std::make_unique<PlainKvExpansion>(op.kv_b(), expansion_spec(op));
+  }
+  return *static_cast<FlashState*>(st[0].raw());
+}
+
+// One sequence's K/V expansion into the scratch.
+struct Expansion {
+  int64_t seq;
+  int64_t key_begin, num_keys, kv_row0;
+};
+
+// One attention launch and the expansions before it.
+struct Launch {
+  std::vector<Expansion> expansions;
+  size_t seq_offset = 0, work_offset = 0;  // bytes into the uploaded descriptors
+  int num_work = 0;
+  int block_m = 128;
+  bool piece = false;  // a long sequence's key piece: rows relative to q_begin, LSE merged
+  bool merge = false;
+  int64_t q_begin = 0;
+  int64_t keys = 0;  // scratch rows used
+};
+
+struct Served {
+  int64_t seq;
+  int32_t q_begin, num_q, context;
+  int64_t keys() const { return static_cast<int64_t>(context) + num_q; }
+};
+
+// Appends `seqs` and their work list (sequences in order, each sequence's
+// tiles last-first: heaviest first) to `host`; fills the launch's offsets.
+void add_descriptors(const std::vector<MlaPrefillSeq>& seqs, int num_heads, int num_sms, Launch* l,
+                     std::vector<uint8_t>* host) {
+  int64_t tiles_128 = 0;
+  for (const auto& s : seqs) tiles_128 += (s.num_q + 127) / 128;
+  l->block_m = kernels::mla_prefill_block_m(tiles_128, num_heads, num_sms);
+  std::vector<MlaPrefillWork> work;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const auto& s = seqs[i];
+    for (int32_t t = (s.num_q + l->block_m - 1) / l->block_m - 1; t >= 0; --t) {
+      const int32_t last_row = std::min(s.num_q, (t + 1) * l->block_m) - 1;
+      if (s.q_pos0 + last_row < s.key_begin) continue;  // sees no key of this piece
+      work.push_back({static_cast<int32_t>(i), t});
+    }
+  }
+  auto append = [&](const void* src, size_t bytes) {
+    const size_t at = (host->size() + 15) / 16 * 16;
+    host->resize(at + bytes);
+    if (bytes) std::memcpy(host->data() + at, src, bytes);
+    return at;
+  };
+  l->seq_offset = append(seqs.data(), seqs.size() * sizeof(MlaPrefillSeq));
+  l->work_offset = append(work.data(), work.size() * sizeof(MlaPrefillWork));
+  l->num_work = static_cast<int>(work.size());
+}
+
+}  // namespace
+
+Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op) {
+  const auto& d = op.dims();
+  if (d.qk_nope != 128 || d.qk_rope != 64 || d.v_head != 128)
+    return unsupported("head dims nope/rope/v = " + std::to_string(d.qk_nope) + "/" + std::to_string(d.qk_rope) +
+                       "/" + std::to_string(d.v_head) + " (the kernel is built for 128/64/128)");
+  if (d.num_heads < 1 || d.num_heads > 65535) return unsupported("num_heads " + std::to_string(d.num_heads));
+  if (d.kv_lora % 8 != 0) return unsupported("kv_lora " + std::to_string(d.kv_lora) + " is not a multiple of 8");
+  if (!(d.scale > 0.0f)) return unsupported("softmax scale is not set");
+  const DType wt = op.kv_b().weight.dtype();
+  if (wt != DType::kBF16 && wt != DType::kF8E4M3)
+    return unsupported(std::string("kv_b_proj weight dtype ") + dtype_name(wt) + " (needs BF16 or F8E4M3)");
+  if (op.context_chunk() < 1) return unsupported("context chunk " + std::to_string(op.context_chunk()) + " < 1");
+  return ok_status();
+}
+
+void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const StepInputs& si = *ctx.inputs;
+  const DeviceStepInputs& dev = *ctx.dev;
+  KvCache& kv = *ctx.kv_cache;
+  NUCLEUS_CHECK(kv.data.dtype() == DType::kBF16, "cuda_flash needs a BF16 latent cache, got {}",
+                dtype_name(kv.data.dtype()));
+  const auto& d = op.dims();
+  const int num_heads = static_cast<int>(d.num_heads);
+  const Tensor& q = in[0];
+  const Tensor& o = out[0];
+
+  std::vector<Served> served;
+  for (int64_t s = 0; s < si.num_seqs(); ++s) {
+    const int32_t num_q = si.query_len(s);
+    if (num_q == 0 || !serves_sequence(op.mode(), false, num_q)) continue;
+    served.push_back({s, si.query_start[s], num_q, si.context_lens[s]});
+  }
+  if (served.empty()) return;
+  std::stable_sort(served.begin(), served.end(), [](const Served& a, const Served& b) { return a.keys() > b.keys(); });
+
+  FlashState& fs = state_of(op);
+  const int num_sms = cuda::context().num_sms;
+  const int64_t capacity = op.context_chunk();
+  fs.host.clear();
+  std::vector<Launch> launches;
+
+  // Batches: first-fit decreasing into scratch-sized bins.
+  std::vector<std::vector<const Served*>> bins;
+  std::vector<int64_t> bin_keys;
+  int64_t longest_q = 0;
+  for (const auto& s : served) {
+    if (s.keys() > capacity) {  // pieces of `capacity` keys, merged by LSE
+      longest_q = std::max<int64_t>(longest_q, s.num_q);
+      for (int64_t k0 = 0; k0 < s.keys(); k0 += capacity) {
+        Launch l;
+        l.piece = true;
+        l.merge = k0 > 0;
+        l.q_begin = s.q_begin;
+        l.keys = std::min(capacity, s.keys() - k0);
+        l.expansions.push_back({s.seq, k0, l.keys, 0});
+        MlaPrefillSeq desc{0, s.num_q, s.context, 0, static_cast<int32_t>(k0), static_cast<int32_t>(k0 + l.keys)};
+        add_descriptors({desc}, num_heads, num_sms, &l, &fs.host);
+        launches.push_back(std::move(l));
+      }
+      continue;
+    }
+    size_t b = 0;
+    while (b < bins.size() && bin_keys[b] + s.keys() > capacity) ++b;
+    if (b == bins.size()) {
+      bins.emplace_back();
+      bin_keys.push_back(0);
+    }
+    bins[b].push_back(&s);
+    bin_keys[b] += s.keys();
+  }
+  for (const auto& bin : bins) {
+    Launch l;
+    std::vector<MlaPrefillSeq> descs;
+    for (const Served* s : bin) {
+      l.expansions.push_back({s->seq, 0, s->keys(), l.keys});
+      descs.push_back({s->q_begin, s->num_q, s->context, static_cast<int32_t>(l.keys), 0,
+                       static_cast<int32_t>(s->keys())});
+      l.keys += s->keys();
+    }
+    add_descriptors(descs, num_heads, num_sms, &l, &fs.host);
+    launches.push_back(std::move(l));
+  }
+
+  // Scratch and one upload of every launch's descriptors.
+  int64_t need_keys = 0;
+  for (const auto& l : launches) need_keys = std::max(need_keys, l.keys);
+  if (need_keys > fs.capacity) {
+    fs.k = Tensor::empty({need_keys, d.num_heads, d.qk_head()}, DType::kBF16, Device::kCuda);
+    fs.v = Tensor::empty({need_keys, d.num_heads, d.v_head}, DType::kBF16, Device::kCuda);
+    fs.capacity = need_keys;
+  }
+  if (longest_q > 0) ensure_bytes(fs.lse, longest_q * d.num_heads * 4);
+  ensure_bytes(fs.meta, static_cast<int64_t>(fs.host.size()));
+  cudaStream_t stream = engine_stream();
+  NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(fs.meta.raw(), fs.host.data(), fs.host.size(), cudaMemcpyHostToDevice, stream));
+
+  const __nv_bfloat16* cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+  const auto* meta = static_cast<const uint8_t*>(fs.meta.raw());
+  for (const auto& l : launches) {
+    for (const auto& e : l.expansions) {
+      GatherKvBProjArgs a;
+      a.cache = cache;
+      a.block_table = dev.block_tables + e.seq * si.max_blocks_per_seq;
+      a.block_size = kv.block_size;
+      a.key_begin = e.key_begin;
+      a.num_keys = e.num_keys;
+      a.k = fs.k.data<__nv_bfloat16>() + e.kv_row0 * d.num_heads * d.qk_head();
+      a.v = fs.v.data<__nv_bfloat16>() + e.kv_row0 * d.num_heads * d.v_head;
+      a.stream = stream;
+      fs.expand->run(a);
+    }
+    kernels::MlaPrefillParams p;
+    p.q = q.data<__nv_bfloat16>() + (l.piece ? l.q_begin * q.row_numel() : 0);
+    p.q_stride = q.row_numel();
+    p.k = fs.k.data<__nv_bfloat16>();
+    p.k_stride = d.num_heads * d.qk_head();
+    p.v = fs.v.data<__nv_bfloat16>();
+    p.v_stride = d.num_heads * d.v_head;
+    p.out = o.data<__nv_bfloat16>() + (l.piece ? l.q_begin * o.row_numel() : 0);
+    p.out_stride = o.row_numel();
+    p.lse = l.piece ? fs.lse.data<float>() : nullptr;
+    p.merge = l.merge;
+    p.seqs = reinterpret_cast<const MlaPrefillSeq*>(meta + l.seq_offset);
+    p.work = reinterpret_cast<const MlaPrefillWork*>(meta + l.work_offset);
+    p.num_work = l.num_work;
+    p.num_heads = num_heads;
+    p.scale = d.scale;
+    p.block_m = l.block_m;
+    NUCLEUS_CUDA_CHECK(kernels::launch_mla_prefill(p, stream));
+  }
+}
+
+}  // namespace nucleus::cuda_ops
+#endif  // NUCLEUS_HAVE_CUDA
