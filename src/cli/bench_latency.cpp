@@ -77,15 +77,15 @@ int run_bench_latency(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", sizes.status().message().c_str());
     return 2;
   }
-  ModelOptions mo;
+  const int64_t max_batch = *std::max_element(sizes->begin(), sizes->end());
+  args.engine.max_num_seqs = std::max(args.engine.max_num_seqs, max_batch);
   auto device = resolve_device(args.device);
-  if (!device.ok()) {
-    std::fprintf(stderr, "error: %s\n", device.status().message().c_str());
+  StatusOr<ModelOptions> mo_or = device.ok() ? args.model_options(*device) : StatusOr<ModelOptions>(device.status());
+  if (!mo_or.ok()) {
+    std::fprintf(stderr, "error: %s\n", mo_or.status().message().c_str());
     return 1;
   }
-  mo.device = *device;
-  const int64_t max_batch = *std::max_element(sizes->begin(), sizes->end());
-  mo.scratch_rows = std::min<int64_t>(std::max<int64_t>(max_batch, 1), 256);
+  ModelOptions mo = *mo_or;
   std::unique_ptr<DeepseekModel> model;
   {
     std::string cfg = config_file.empty() ? (std::filesystem::path(args.model) / "config.json").string() : config_file;
@@ -116,7 +116,6 @@ int run_bench_latency(int argc, char** argv) {
   const ModelConfig mc = model->config();
   const auto wb = model->weight_bytes();
   EngineConfig ec = args.engine;
-  ec.max_num_seqs = std::max(ec.max_num_seqs, max_batch);
   ec.enable_prefix_caching = false;  // random prompts; measure the compute
   if (ec.max_model_len == 0) ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, input_len + output_len + 16);
   auto engine = LLMEngine::create(std::move(model), ec);

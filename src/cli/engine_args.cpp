@@ -1,8 +1,10 @@
 #include "cli/engine_args.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/device.h"
+#include "core/env.h"
 #include "core/logging.h"
 
 namespace nucleus::cli {
@@ -35,6 +37,35 @@ void EngineArgs::add_to(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", engine.enable_prefix_caching,
                "Reuse cached KV blocks of shared prompt prefixes (default on)");
+  app.add_option("--cuda-graph-sizes", cuda_graph_sizes,
+                 "Decode batch sizes captured as CUDA graphs (default 1,2,4,8,16,24,32,48,64, then every 32 to 512, "
+                 "capped by --max-num-seqs)")
+      ->delimiter(',');
+  app.add_flag("--enforce-eager", enforce_eager, "Run every step eagerly (no CUDA graphs)");
+  app.add_option("--prefill-context-chunk", prefill_context_chunk,
+                 "Cached rows expanded at a time in prefill attention (longer contexts are merged by log-sum-exp)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+}
+
+StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
+  ModelOptions mo;
+  mo.device = device;
+  NUCLEUS_ASSIGN_OR_RETURN(mo.attention_mode, parse_attention_mode(attention_mode));
+  mo.scratch_rows = std::min<int64_t>(engine.max_num_seqs, 256);
+  mo.prefill_context_chunk = prefill_context_chunk;
+  mo.graph_eager_pad = env_flag("NUCLEUS_GRAPH_EAGER_PAD");
+  if (device == Device::kCuda && !enforce_eager) {
+    mo.cuda_graph_sizes = cuda_graph_sizes.empty() ? default_cuda_graph_sizes(engine.max_num_seqs) : cuda_graph_sizes;
+    std::sort(mo.cuda_graph_sizes.begin(), mo.cuda_graph_sizes.end());
+    mo.cuda_graph_sizes.erase(std::unique(mo.cuda_graph_sizes.begin(), mo.cuda_graph_sizes.end()),
+                              mo.cuda_graph_sizes.end());
+    for (int64_t s : mo.cuda_graph_sizes)
+      if (s < 1 || s > engine.max_num_seqs)
+        return invalid_argument("--cuda-graph-sizes: " + std::to_string(s) + " is outside [1, --max-num-seqs " +
+                                std::to_string(engine.max_num_seqs) + "]");
+  }
+  return mo;
 }
 
 StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
@@ -42,10 +73,8 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
   out.model_dir = args.model;
   if (!std::filesystem::is_directory(args.model))
     return not_found("--model '" + args.model + "' is not a directory");
-  ModelOptions mo;
-  NUCLEUS_ASSIGN_OR_RETURN(mo.device, resolve_device(args.device));
-  mo.scratch_rows = std::min<int64_t>(args.engine.max_num_seqs, 256);
-  NUCLEUS_ASSIGN_OR_RETURN(mo.attention_mode, parse_attention_mode(args.attention_mode));
+  NUCLEUS_ASSIGN_OR_RETURN(Device device, resolve_device(args.device));
+  NUCLEUS_ASSIGN_OR_RETURN(ModelOptions mo, args.model_options(device));
   NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
   std::unique_ptr<DeepseekModel> model;
   if (args.load_format == "dummy") {

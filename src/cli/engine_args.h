@@ -19,6 +19,12 @@ struct EngineArgs {
   std::vector<std::string> overrides;
   std::string attention_mode = "auto";
   EngineConfig engine;
+  std::vector<int64_t> cuda_graph_sizes;  // empty: defaults
+  bool enforce_eager = false;
+  int64_t prefill_context_chunk = 8192;
+
+  // The model options these flags give for `device`.
+  StatusOr<ModelOptions> model_options(Device device) const;
   bool no_prefix_caching = false;
 
   // Registers the flags on `app`.

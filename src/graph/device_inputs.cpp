@@ -1,6 +1,7 @@
 #include "graph/device_inputs.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -14,48 +15,82 @@ DeviceInputUploader::~DeviceInputUploader() {
   if (dev_) cudaFree(dev_);
 }
 
+namespace {
+// Region order: token_ids, positions, slot_mapping, query_start, context_lens,
+// block_tables, logit_indices, token_seq, single_token_rows.
+size_t region_bytes(const DeviceInputUploader::Capacity& c, int i) {
+  switch (i) {
+    case 0: case 1: case 7: return c.tokens * 4;
+    case 2: return c.tokens * 8;
+    case 3: return (c.seqs + 1) * 4;
+    case 4: case 8: return c.seqs * 4;
+    case 5: return c.block_table_entries * 4;
+    case 6: return c.logits * 4;
+  }
+  return 0;
+}
+}  // namespace
+
+void DeviceInputUploader::layout() {
+  size_t total = 0;
+  for (int i = 0; i < 9; ++i) {
+    offsets_[i] = total;
+    total += (region_bytes(cap_, i) + 255) / 256 * 256;
+  }
+  offsets_[9] = total;
+  cudaStream_t stream = cuda::context().stream;
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (host_) NUCLEUS_CUDA_CHECK(cudaFreeHost(host_));
+  if (dev_) NUCLEUS_CUDA_CHECK(cudaFree(dev_));
+  bytes_ = std::max<size_t>(total, 256);
+  NUCLEUS_CUDA_CHECK(cudaMallocHost(&host_, bytes_));
+  NUCLEUS_CUDA_CHECK(cudaMalloc(&dev_, bytes_));
+  ++generation_;
+}
+
+void DeviceInputUploader::reserve(const Capacity& cap) {
+  if (dev_ && cap.tokens <= cap_.tokens && cap.seqs <= cap_.seqs &&
+      cap.block_table_entries <= cap_.block_table_entries && cap.logits <= cap_.logits)
+    return;
+  cap_.tokens = std::max(cap_.tokens, cap.tokens);
+  cap_.seqs = std::max(cap_.seqs, cap.seqs);
+  cap_.block_table_entries = std::max(cap_.block_table_entries, cap.block_table_entries);
+  cap_.logits = std::max(cap_.logits, cap.logits);
+  layout();
+}
+
 DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in) {
   std::vector<int32_t> token_seq(in.num_tokens()), single_rows;
   for (int64_t s = 0; s < in.num_seqs(); ++s) {
     for (int32_t r = in.query_start[s]; r < in.query_start[s + 1]; ++r) token_seq[r] = static_cast<int32_t>(s);
     if (in.query_len(s) == 1) single_rows.push_back(in.query_start[s]);
   }
-  struct Part {
-    const void* src;
-    size_t bytes;
-    size_t offset;
-  };
-  std::vector<Part> parts = {
-      {in.token_ids.data(), in.token_ids.size() * 4, 0},
-      {in.positions.data(), in.positions.size() * 4, 0},
-      {in.slot_mapping.data(), in.slot_mapping.size() * 8, 0},
-      {in.query_start.data(), in.query_start.size() * 4, 0},
-      {in.context_lens.data(), in.context_lens.size() * 4, 0},
-      {in.block_tables.data(), in.block_tables.size() * 4, 0},
-      {in.logit_indices.data(), in.logit_indices.size() * 4, 0},
-      {token_seq.data(), token_seq.size() * 4, 0},
-      {single_rows.data(), single_rows.size() * 4, 0},
-  };
-  size_t total = 0;
-  for (auto& p : parts) {
-    p.offset = total;
-    total += (p.bytes + 15) / 16 * 16;
+  if (!dev_ || in.num_tokens() > cap_.tokens || in.num_seqs() > cap_.seqs ||
+      static_cast<int64_t>(in.block_tables.size()) > cap_.block_table_entries || in.num_logits() > cap_.logits) {
+    Capacity c;
+    c.tokens = std::max<int64_t>(in.num_tokens(), cap_.tokens);
+    c.seqs = std::max<int64_t>(in.num_seqs(), cap_.seqs);
+    c.block_table_entries = std::max<int64_t>(static_cast<int64_t>(in.block_tables.size()), cap_.block_table_entries);
+    c.logits = std::max<int64_t>(in.num_logits(), cap_.logits);
+    reserve(c);
   }
+  const void* src[9] = {in.token_ids.data(),    in.positions.data(),    in.slot_mapping.data(),
+                        in.query_start.data(),  in.context_lens.data(), in.block_tables.data(),
+                        in.logit_indices.data(), token_seq.data(),      single_rows.data()};
+  const size_t len[9] = {in.token_ids.size() * 4,    in.positions.size() * 4,    in.slot_mapping.size() * 8,
+                         in.query_start.size() * 4,  in.context_lens.size() * 4, in.block_tables.size() * 4,
+                         in.logit_indices.size() * 4, token_seq.size() * 4,      single_rows.size() * 4};
+  // The previous step's copies have completed: the engine synchronises at
+  // the end of every step (logits to the host).
   cudaStream_t stream = cuda::context().stream;
-  if (total > capacity_) {
-    NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (host_) NUCLEUS_CUDA_CHECK(cudaFreeHost(host_));
-    if (dev_) NUCLEUS_CUDA_CHECK(cudaFree(dev_));
-    capacity_ = std::max<size_t>(total * 2, 1 << 16);
-    NUCLEUS_CUDA_CHECK(cudaMallocHost(&host_, capacity_));
-    NUCLEUS_CUDA_CHECK(cudaMalloc(&dev_, capacity_));
+  for (int i = 0; i < 9; ++i) {
+    if (!len[i]) continue;
+    std::memcpy(static_cast<char*>(host_) + offsets_[i], src[i], len[i]);
+    NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets_[i],
+                                       static_cast<char*>(host_) + offsets_[i], len[i], cudaMemcpyHostToDevice,
+                                       stream));
   }
-  // The previous step's copy has completed: the engine synchronises at the
-  // end of every step (logits to the host).
-  for (const auto& p : parts)
-    if (p.bytes) std::memcpy(static_cast<char*>(host_) + p.offset, p.src, p.bytes);
-  NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(dev_, host_, total, cudaMemcpyHostToDevice, stream));
-  auto at = [&](int i) { return static_cast<char*>(dev_) + parts[i].offset; };
+  auto at = [&](int i) { return static_cast<char*>(dev_) + offsets_[i]; };
   DeviceStepInputs d;
   d.token_ids = reinterpret_cast<const int32_t*>(at(0));
   d.positions = reinterpret_cast<const int32_t*>(at(1));
@@ -74,6 +109,8 @@ DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in) {
 #else
 namespace nucleus {
 DeviceInputUploader::~DeviceInputUploader() = default;
+void DeviceInputUploader::layout() {}
+void DeviceInputUploader::reserve(const Capacity&) {}
 DeviceStepInputs DeviceInputUploader::upload(const StepInputs&) { return {}; }
 }  // namespace nucleus
 #endif

@@ -1,7 +1,8 @@
-// Uploads a step's metadata to the device in one copy: the arrays are packed
-// into pinned host memory and copied to one device buffer on the engine
-// stream. The device buffer persists across steps (its addresses change only
-// when a step needs more room).
+// Uploads a step's metadata to the device: each array is packed into pinned
+// host memory and copied to its region of one device buffer on the engine
+// stream. Regions sit at offsets fixed by the reserved capacity, so the
+// device addresses are the same every step (CUDA graphs bake them in); a
+// step larger than the capacity grows the buffer and bumps generation().
 #pragma once
 
 #include <cstddef>
@@ -17,13 +18,27 @@ class DeviceInputUploader {
   DeviceInputUploader(const DeviceInputUploader&) = delete;
   DeviceInputUploader& operator=(const DeviceInputUploader&) = delete;
 
+  struct Capacity {
+    int64_t tokens = 0;
+    int64_t seqs = 0;
+    int64_t block_table_entries = 0;  // num_seqs * max_blocks_per_seq
+    int64_t logits = 0;
+  };
+  // Allocates the regions for steps up to `cap`.
+  void reserve(const Capacity& cap);
   // Stream-async; the returned pointers stay valid until the next upload.
   DeviceStepInputs upload(const StepInputs& in);
+  // Changes whenever the buffer is reallocated (device addresses changed).
+  int64_t generation() const { return generation_; }
 
  private:
+  void layout();
+  Capacity cap_;
+  size_t offsets_[10] = {};
   void* host_ = nullptr;
   void* dev_ = nullptr;
-  size_t capacity_ = 0;
+  size_t bytes_ = 0;
+  int64_t generation_ = 0;
 };
 
 }  // namespace nucleus

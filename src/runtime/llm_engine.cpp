@@ -38,8 +38,17 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   if (config.eos_token_ids.empty())
     for (int64_t e : mc.eos_token_ids) config.eos_token_ids.push_back(static_cast<int32_t>(e));
   const int64_t block_bytes = model->kv_bytes_per_token() * config.block_size;
+  size_t graph_bytes = 0;
   if (model->options().device == Device::kCuda) {
+    model->set_max_blocks_per_seq((config.max_model_len + config.block_size - 1) / config.block_size);
     model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs);
+    if (!model->options().cuda_graph_sizes.empty()) {
+      // Measure what the decode graphs take against a one-block cache, so the
+      // pool leaves room for them; they are captured again against the pool.
+      KvCache probe = model->make_kv_cache(1, config.block_size);
+      NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, model->capture_decode_graphs(probe));
+      model->drop_graphs();
+    }
     if (config.num_kv_blocks == 0) {
       // The pool takes what gpu_memory_utilization leaves after weights and
       // step buffers, minus a margin for kernel scratch (expanded attention,
@@ -48,7 +57,8 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
       size_t free_bytes = 0, total_bytes = 0;
       device_memory_info(&free_bytes, &total_bytes);
       const double budget = config.gpu_memory_utilization * static_cast<double>(total_bytes) -
-                            static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kScratchMargin);
+                            static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kScratchMargin) -
+                            static_cast<double>(graph_bytes);
       config.num_kv_blocks = static_cast<int64_t>(budget / static_cast<double>(block_bytes));
       if (config.num_kv_blocks < 1)
         return resource_exhausted("--gpu-memory-utilization " + std::to_string(config.gpu_memory_utilization) +
@@ -67,6 +77,13 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->blocks_.get());
   KvCache kv = e->model_->make_kv_cache(config.num_kv_blocks, config.block_size);
   e->runner_ = std::make_unique<ModelRunner>(e->model_.get(), std::move(kv));
+  if (e->model_->options().device == Device::kCuda && !e->model_->options().cuda_graph_sizes.empty()) {
+    const double t0 = now_seconds();
+    NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, e->model_->capture_decode_graphs(e->runner_->kv_cache()));
+    NUCLEUS_LOG_INFO("cuda graphs: captured {} decode sizes (1..{}) in {:.2f} s, {:.1f} MiB",
+                     e->model_->options().cuda_graph_sizes.size(), e->model_->options().cuda_graph_sizes.back(),
+                     now_seconds() - t0, graph_bytes / double(1 << 20));
+  }
   NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens, {:.2f} GiB), max_num_batched_tokens {}, "
                    "max_num_seqs {}, prefix caching {}",
                    config.num_kv_blocks, config.block_size, config.num_kv_blocks * config.block_size,

@@ -154,6 +154,10 @@ KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) con
 void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits) {
   prefill_buffers_.for_step(prefill_graph_, max_tokens, max_logits, options_.device);
   decode_buffers_.for_step(decode_graph_, max_logits, max_logits, options_.device);
+  if (uploader_) {
+    const int64_t width = std::max<int64_t>(options_.max_blocks_per_seq, 1);
+    uploader_->reserve({std::max(max_tokens, max_logits), max_logits, max_logits * width, max_logits});
+  }
 }
 
 int64_t DeepseekModel::kv_bytes_per_token() const {
@@ -198,20 +202,111 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   const bool decode = inputs.is_decode();
   StepGraph& g = graph(decode ? StepKind::kDecode : StepKind::kPrefill);
   StepBuffers& sb = decode ? decode_buffers_ : prefill_buffers_;
-  const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
   OpContext ctx;
   ctx.device = options_.device;
-  ctx.inputs = &inputs;
   ctx.kv_cache = &kv_cache;
   ctx.stats = stats;
-  DeviceStepInputs dev;
-  if (options_.device == Device::kCuda) {
-    dev = uploader_->upload(inputs);
-    ctx.dev = &dev;
+  if (options_.device != Device::kCuda) {
+    const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
+    ctx.inputs = &inputs;
+    run_nodes(g, ctx, buffers, 0, g.nodes().size());
+    return buffers[g.find_buffer("logits")].clone();
   }
+  // CUDA: replay a captured decode graph when one fits, else run eagerly.
+  const int64_t padded = decode && !stats ? graph_size_for(inputs.num_seqs()) : 0;
+  if (padded > 0 && inputs.max_blocks_per_seq <= options_.max_blocks_per_seq &&
+      uploader_->generation() == graphs_generation_) {
+    StepInputs p = pad_decode_step(inputs, padded, static_cast<int32_t>(options_.max_blocks_per_seq));
+    const std::vector<Tensor>& buffers = sb.for_step(g, padded, padded, options_.device);
+    DeviceStepInputs dev = uploader_->upload(p);
+    if (options_.graph_eager_pad) {
+      ctx.inputs = &p;
+      ctx.dev = &dev;
+      run_nodes(g, ctx, buffers, 0, g.nodes().size());
+    } else {
+      decode_graphs_.at(padded).replay();
+      ++graph_replays_;
+    }
+    return to_host(buffers[g.find_buffer("logits")].rows(0, inputs.num_logits()));
+  }
+  const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
+  DeviceStepInputs dev = uploader_->upload(inputs);
+  ctx.inputs = &inputs;
+  ctx.dev = &dev;
   run_nodes(g, ctx, buffers, 0, g.nodes().size());
-  const Tensor& logits = buffers[g.find_buffer("logits")];
-  return options_.device == Device::kCuda ? to_host(logits) : logits.clone();
+  return to_host(buffers[g.find_buffer("logits")]);
+}
+
+std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs) {
+  std::vector<int64_t> sizes = {1, 2, 4, 8, 16, 24, 32, 48, 64};
+  for (int64_t s = 96; s <= 512; s += 32) sizes.push_back(s);
+  std::vector<int64_t> out;
+  for (int64_t s : sizes)
+    if (s <= max_num_seqs) out.push_back(s);
+  if (out.empty() || out.back() < std::min<int64_t>(max_num_seqs, 512)) out.push_back(std::min<int64_t>(max_num_seqs, 512));
+  return out;
+}
+
+StepInputs pad_decode_step(const StepInputs& in, int64_t padded, int32_t width) {
+  NUCLEUS_CHECK(in.is_decode() && padded >= in.num_seqs() && width >= in.max_blocks_per_seq,
+                "pad_decode_step: {} seqs to {}, width {} to {}", in.num_seqs(), padded, in.max_blocks_per_seq, width);
+  StepInputs out = in;
+  const int64_t n = in.num_seqs();
+  out.block_tables.assign(padded * width, -1);
+  for (int64_t s = 0; s < n; ++s)
+    std::copy(in.block_tables.begin() + s * in.max_blocks_per_seq,
+              in.block_tables.begin() + (s + 1) * in.max_blocks_per_seq, out.block_tables.begin() + s * width);
+  out.max_blocks_per_seq = width;
+  for (int64_t s = n; s < padded; ++s) {
+    out.token_ids.push_back(0);
+    out.positions.push_back(0);
+    out.slot_mapping.push_back(-1);
+    out.query_start.push_back(static_cast<int32_t>(s + 1));
+    out.context_lens.push_back(0);
+    out.block_tables[s * width] = 0;
+  }
+  out.logit_indices.resize(padded);
+  for (int64_t s = 0; s < padded; ++s) out.logit_indices[s] = static_cast<int32_t>(s);
+  return out;
+}
+
+int64_t DeepseekModel::graph_size_for(int64_t num_seqs) const {
+  auto it = decode_graphs_.lower_bound(num_seqs);
+  return it == decode_graphs_.end() ? 0 : it->first;
+}
+
+StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
+  decode_graphs_.clear();
+  if (options_.device != Device::kCuda || options_.cuda_graph_sizes.empty()) return size_t{0};
+  const int64_t largest = options_.cuda_graph_sizes.back();
+  const int32_t width = static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1));
+  uploader_->reserve({largest, largest, largest * width, largest});
+  decode_buffers_.for_step(decode_graph_, largest, largest, options_.device);
+  size_t free_before = 0, total = 0, free_after = 0;
+  synchronize_device();
+  device_memory_info(&free_before, &total);
+  StepInputs empty;
+  empty.query_start = {0};
+  empty.max_blocks_per_seq = 0;
+  for (int64_t size : options_.cuda_graph_sizes) {
+    // A request-less decode step: every row is a pad row.
+    StepInputs dummy = pad_decode_step(empty, size, width);
+    const std::vector<Tensor>& buffers = decode_buffers_.for_step(decode_graph_, size, size, options_.device);
+    DeviceStepInputs dev = uploader_->upload(dummy);
+    OpContext ctx;
+    ctx.device = options_.device;
+    ctx.kv_cache = &kv_cache;
+    ctx.inputs = &dummy;
+    ctx.dev = &dev;
+    run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size());  // warm-up: plans, lazy state
+    auto g = CudaGraph::capture([&] { run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size()); });
+    if (!g.ok()) return g.status().with_context("decode graph of batch " + std::to_string(size));
+    decode_graphs_.emplace(size, std::move(*g));
+  }
+  synchronize_device();
+  device_memory_info(&free_after, &total);
+  graphs_generation_ = uploader_->generation();
+  return free_before > free_after ? free_before - free_after : size_t{0};
 }
 
 StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& model_dir,

@@ -10,6 +10,9 @@
 #include <memory>
 
 #include "core/status.h"
+#include <map>
+
+#include "graph/cuda_graph.h"
 #include "graph/device_inputs.h"
 #include "graph/step_graph.h"
 #include "io/hf_config.h"
@@ -29,7 +32,25 @@ struct ModelOptions {
   // Cached rows the expanded attention expands at a time (CUDA), merged by
   // log-sum-exp (--prefill-context-chunk).
   int64_t prefill_context_chunk = 8192;
+  // Decode steps captured as CUDA graphs, one per batch size (ascending);
+  // empty: every step eager (--enforce-eager). CUDA only.
+  std::vector<int64_t> cuda_graph_sizes;
+  // Block-table width of graph steps: ceil(max_model_len / block_size).
+  int64_t max_blocks_per_seq = 0;
+  // Steps that would replay a graph run the same padded step eagerly instead
+  // (tells padding effects from graph effects; NUCLEUS_GRAPH_EAGER_PAD=1).
+  bool graph_eager_pad = false;
 };
+
+// The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
+// 32 up to 512, capped at max_num_seqs (vLLM's defaults).
+std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs);
+
+// A decode step padded to `padded` rows for graph replay: pad rows are their
+// own sequences with no context, token 0 at position 0, slot -1 (they write
+// no KV), a block table of block 0 (read, never written) and their own logit
+// row; block tables are widened to `width` entries.
+StepInputs pad_decode_step(const StepInputs& in, int64_t padded, int32_t width);
 
 // The two graph shapes a step can take. kDecode: every sequence has one new
 // token; kPrefill: anything else (prefill chunks, possibly mixed with decodes).
@@ -65,6 +86,17 @@ class DeepseekModel {
   // `max_tokens` tokens and `max_logits` logit rows (so memory is known
   // before the KV pool is sized).
   void reserve_step_buffers(int64_t max_tokens, int64_t max_logits);
+  // Captures one decode graph per options().cuda_graph_sizes entry against
+  // `kv_cache` (whose addresses the graphs keep). Returns the device bytes
+  // the graphs took. Replaces graphs captured before.
+  StatusOr<size_t> capture_decode_graphs(KvCache& kv_cache);
+  void drop_graphs() { decode_graphs_.clear(); }
+  // The engine's block-table width (ceil(max_model_len / block_size)).
+  void set_max_blocks_per_seq(int64_t n) { options_.max_blocks_per_seq = n; }
+  // Graph replays and eager decode steps so far (for tests and logs).
+  int64_t graph_replays() const { return graph_replays_; }
+  // The captured size a decode step of `num_seqs` replays, or 0 (eager).
+  int64_t graph_size_for(int64_t num_seqs) const;
   // Bytes one cached token takes over all layers.
   int64_t kv_bytes_per_token() const;
   // Device bytes the step buffers take at the current capacity.
@@ -80,6 +112,9 @@ class DeepseekModel {
   kernels::RopeTable rope_;
   Tensor rope_inv_freq_device_;  // CUDA: [qk_rope / 2] f32
   StepBuffers prefill_buffers_, decode_buffers_;
+  std::map<int64_t, CudaGraph> decode_graphs_;  // by padded batch size
+  int64_t graphs_generation_ = -1;             // uploader generation the graphs were captured with
+  int64_t graph_replays_ = 0;
   std::unique_ptr<DeviceInputUploader> uploader_;
   StepGraph prefill_graph_;
   StepGraph decode_graph_;
