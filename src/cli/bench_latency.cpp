@@ -59,9 +59,8 @@ int run_bench_latency(int argc, char** argv) {
   CLI::App app{"nucleus bench latency: prefill and decode latency at given batch sizes"};
   EngineArgs args;
   args.add_to(app);
-  std::string config_file, batch_sizes = "1,8,32,128";
+  std::string batch_sizes = "1,8,32,128";
   int64_t input_len = 1024, output_len = 128, seed = 0;
-  app.add_option("--config", config_file, "config.json to build the model from (with --load-format dummy)");
   app.add_option("--batch-sizes", batch_sizes, "Comma-separated batch sizes")->capture_default_str();
   app.add_option("--input-len", input_len, "Prompt tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--output-len", output_len, "Generated tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
@@ -88,7 +87,7 @@ int run_bench_latency(int argc, char** argv) {
   ModelOptions mo = *mo_or;
   std::unique_ptr<DeepseekModel> model;
   {
-    std::string cfg = config_file.empty() ? (std::filesystem::path(args.model) / "config.json").string() : config_file;
+    std::string cfg = args.config_file.empty() ? (std::filesystem::path(args.model) / "config.json").string() : args.config_file;
     auto config = load_model_config(cfg, args.overrides);
     if (!config.ok()) {
       std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
@@ -101,7 +100,7 @@ int run_bench_latency(int argc, char** argv) {
       if (w.ok()) m = DeepseekModel::create(*config, std::move(*w), mo);
       else m = w.status();
     } else {
-      if (!config_file.empty()) {
+      if (!args.config_file.empty()) {
         std::fprintf(stderr, "error: --config needs --load-format dummy (a checkpoint is read with --model DIR)\n");
         return 2;
       }

@@ -20,6 +20,7 @@ void EngineArgs::add_to(CLI::App& app) {
   app.add_option("--load-format", load_format, "auto (checkpoint) or dummy (random weights from config.json)")
       ->check(CLI::IsMember({"auto", "dummy"}))
       ->capture_default_str();
+  app.add_option("--config", config_file, "config.json to build the model from (with --load-format dummy)");
   app.add_option("--override", overrides, "Override a config.json field, KEY=VALUE (repeatable)");
   app.add_option("--attention-mode", attention_mode, "MLA form: auto, expanded or absorbed")
       ->check(CLI::IsMember({"auto", "expanded", "absorbed"}))
@@ -69,18 +70,25 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
 }
 
 StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
+  namespace fs = std::filesystem;
   LoadedEngine out;
   out.model_dir = args.model;
-  if (!std::filesystem::is_directory(args.model))
+  const bool dummy = args.load_format == "dummy";
+  if (!args.config_file.empty() && !dummy)
+    return invalid_argument("--config needs --load-format dummy (a checkpoint is read with --model DIR)");
+  if (args.config_file.empty() && !fs::is_directory(args.model))
     return not_found("--model '" + args.model + "' is not a directory");
   NUCLEUS_ASSIGN_OR_RETURN(Device device, resolve_device(args.device));
   NUCLEUS_ASSIGN_OR_RETURN(ModelOptions mo, args.model_options(device));
-  NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
+  const bool has_tokenizer = args.config_file.empty() && fs::exists(fs::path(args.model) / "tokenizer.json");
+  if (has_tokenizer || !dummy) {
+    NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
+  }
   std::unique_ptr<DeepseekModel> model;
-  if (args.load_format == "dummy") {
-    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
-                             load_model_config((std::filesystem::path(args.model) / "config.json").string(),
-                                               args.overrides));
+  if (dummy) {
+    const std::string cfg =
+        args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
+    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg, args.overrides));
     auto backend = make_weight_backend(mo.device);
     NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, make_dummy_weights(config, *backend));
     NUCLEUS_ASSIGN_OR_RETURN(model, DeepseekModel::create(config, std::move(w), mo));
@@ -88,7 +96,8 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
     NUCLEUS_ASSIGN_OR_RETURN(model, load_deepseek_model(args.model, mo, args.overrides));
   }
   EngineConfig ec = args.engine;
-  if (ec.eos_token_ids.empty() && out.tokenizer->eos_id()) ec.eos_token_ids.push_back(*out.tokenizer->eos_id());
+  if (ec.eos_token_ids.empty() && out.tokenizer && out.tokenizer->eos_id())
+    ec.eos_token_ids.push_back(*out.tokenizer->eos_id());
   NUCLEUS_ASSIGN_OR_RETURN(out.engine, LLMEngine::create(std::move(model), ec));
   return out;
 }

@@ -14,6 +14,7 @@ namespace nucleus::cli {
 
 struct EngineArgs {
   std::string model;           // model directory
+  std::string config_file;     // --config: config.json for --load-format dummy without a directory
   std::string device = "auto";  // cpu | cuda | auto
   std::string load_format = "auto";  // auto | dummy
   std::vector<std::string> overrides;
@@ -35,6 +36,8 @@ struct EngineArgs {
 std::string default_model_dir();
 
 struct LoadedEngine {
+  // Null only for dummy weights without tokenizer files (prompts must then
+  // be token ids).
   std::unique_ptr<Tokenizer> tokenizer;
   std::unique_ptr<LLMEngine> engine;
   std::string model_dir;

@@ -5,6 +5,7 @@
 // {"prompt_token_ids": [...], "token_ids": [...], "text": "...", "finish_reason": "stop" | "length"}
 // A prompt the engine refuses gets {"prompt_token_ids": [...], "error": "..."};
 // the others still run; the exit status is then 1.
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -107,7 +108,14 @@ int run_generate(int argc, char** argv) {
     return 1;
   }
   LLMEngine& engine = *loaded->engine;
-  Tokenizer& tok = *loaded->tokenizer;
+  const Tokenizer* tok = loaded->tokenizer.get();
+  if (!tok)
+    for (const auto& p : prompts)
+      if (!p.has_ids) {
+        std::cerr << "error: the model has no tokenizer files (dummy weights from --config): give prompts as "
+                     "{\"prompt_token_ids\": [...]} lines\n";
+        return 2;
+      }
 
   struct Result {
     std::vector<int32_t> prompt_ids, output_ids;
@@ -117,17 +125,34 @@ int run_generate(int argc, char** argv) {
   std::vector<Result> results(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     Result& r = results[i];
-    r.prompt_ids = prompts[i].has_ids ? prompts[i].ids : tok.encode(prompts[i].text);
+    r.prompt_ids = prompts[i].has_ids ? prompts[i].ids : tok->encode(prompts[i].text);
     Status s = engine.add_request(std::to_string(i), r.prompt_ids, sp);
     if (!s.ok()) r.error = s.message();
   }
+  // Timing summary (stderr): time until every request had its first token
+  // (prefill), and output tokens per second over the whole run.
+  const auto t0 = std::chrono::steady_clock::now();
+  double all_first_s = 0;
+  size_t with_first = 0, total_out = 0, total_prompt = 0;
+  for (const auto& r : results) total_prompt += r.error.empty() ? r.prompt_ids.size() : 0;
+  size_t accepted = 0;
+  for (const auto& r : results) accepted += r.error.empty();
   while (engine.has_unfinished()) {
     for (const auto& o : engine.step()) {
       Result& r = results[std::stoul(o.request_id)];
+      if (r.output_ids.empty() && !o.new_token_ids.empty() && ++with_first == accepted)
+        all_first_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       r.output_ids.insert(r.output_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      total_out += o.new_token_ids.size();
       if (o.finished) r.reason = o.finish_reason;
     }
   }
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const EngineStats st = engine.stats();
+  NUCLEUS_LOG_INFO("generate: {} requests, {} prompt tokens ({} from the prefix cache), {} output tokens in {:.3f} s: "
+                   "all prefilled after {:.3f} s, {:.1f} output tokens/s, {} preemptions",
+                   accepted, total_prompt, st.prefix_hit_tokens, total_out, elapsed, all_first_s,
+                   elapsed > 0 ? total_out / elapsed : 0.0, st.num_preemptions);
   int rc = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
@@ -139,7 +164,7 @@ int run_generate(int argc, char** argv) {
         j["error"] = r.error;
       } else {
         j["token_ids"] = r.output_ids;
-        j["text"] = tok.decode(r.output_ids);
+        if (tok) j["text"] = tok->decode(r.output_ids);
         j["finish_reason"] = finish_reason_name(r.reason);
       }
       std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
@@ -148,7 +173,8 @@ int run_generate(int argc, char** argv) {
     } else {
       if (results.size() > 1) std::cout << "=== prompt " << i << " ===\n";
       if (!prompts[i].has_ids) std::cout << prompts[i].text;
-      std::cout << tok.decode(r.output_ids) << "\n";
+      if (tok) std::cout << tok->decode(r.output_ids) << "\n";
+      else for (int32_t id : r.output_ids) std::cout << id << (&id == &r.output_ids.back() ? "\n" : " ");
     }
   }
   return rc;
