@@ -16,13 +16,13 @@ for t in "$build"/bin/*_gpu_test "$build"/bin/gpu_*_test; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   [ -n "$filter" ] && [[ "$name" != *$filter* ]] && continue
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   "$t" --gtest_color=no >"$out/$name.log" 2>&1
   rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  secs=$(( ($(date +%s%N) - start) / 1000000 ))
   pass=$(grep -c '^\[       OK \]' "$out/$name.log")
   fail=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$out/$name.log")
-  summary+=("$(printf '%-32s rc=%-3s ok=%-3s failed=%-3s %6.1fs' "$name" "$rc" "$pass" "$fail" "$secs")")
+  summary+=("$(printf '%-32s rc=%-3s ok=%-3s failed=%-3s %8s ms' "$name" "$rc" "$pass" "$fail" "$secs")")
   if [ $rc -ne 0 ]; then grep -E 'Failure|Expected|Which is|mismatch|error|FAILED' "$out/$name.log" | head -40; fi
   grep -E '^[a-z-]+.*(checked|compared|max )' "$out/$name.log" | head -20
 done

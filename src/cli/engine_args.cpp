@@ -43,6 +43,11 @@ void EngineArgs::add_to(CLI::App& app) {
                  "capped by --max-num-seqs)")
       ->delimiter(',');
   app.add_flag("--enforce-eager", enforce_eager, "Run every step eagerly (no CUDA graphs)");
+  app.add_option_function<std::vector<int64_t>>(
+         "--token-graph-sizes", [this](const std::vector<int64_t>& v) { token_graph_sizes = v; },
+         "Prefill token-graph buckets (default 256,512,1024,2048,3072 or NUCLEUS_TOKEN_GRAPH_SIZES; '' disables)")
+      ->delimiter(',')
+      ->expected(0, -1);
   app.add_option("--prefill-context-chunk", prefill_context_chunk,
                  "Cached rows expanded at a time in prefill attention (longer contexts are merged by log-sum-exp)")
       ->capture_default_str()
@@ -56,6 +61,18 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.scratch_rows = std::min<int64_t>(engine.max_num_seqs, 256);
   mo.prefill_context_chunk = prefill_context_chunk;
   mo.graph_eager_pad = env_flag("NUCLEUS_GRAPH_EAGER_PAD");
+  mo.token_graph_eager_pad = env_flag("NUCLEUS_TOKEN_GRAPH_EAGER_PAD");
+  if (device == Device::kCuda && !enforce_eager) {
+    if (token_graph_sizes) {
+      for (int64_t s : *token_graph_sizes)
+        if (s < 1) return invalid_argument("--token-graph-sizes: " + std::to_string(s) + " is not positive");
+      for (int64_t s : *token_graph_sizes)
+        if (s <= engine.max_num_batched_tokens) mo.token_graph_sizes.push_back(s);
+      std::sort(mo.token_graph_sizes.begin(), mo.token_graph_sizes.end());
+    } else {
+      NUCLEUS_ASSIGN_OR_RETURN(mo.token_graph_sizes, token_graph_sizes_from_env(engine.max_num_batched_tokens));
+    }
+  }
   if (device == Device::kCuda && !enforce_eager) {
     mo.cuda_graph_sizes = cuda_graph_sizes.empty() ? default_cuda_graph_sizes(engine.max_num_seqs) : cuda_graph_sizes;
     std::sort(mo.cuda_graph_sizes.begin(), mo.cuda_graph_sizes.end());

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@ struct EngineArgs {
   EngineConfig engine;
   std::vector<int64_t> cuda_graph_sizes;  // empty: defaults
   bool enforce_eager = false;
+  std::optional<std::vector<int64_t>> token_graph_sizes;  // unset: defaults / env
   int64_t prefill_context_chunk = 8192;
 
   // The model options these flags give for `device`.

@@ -80,6 +80,17 @@ void zero_device(Tensor& t) {
 #endif
 }
 
+void zero_rows_async(const Tensor& t, int64_t begin, int64_t count) {
+  if (count <= 0) return;
+#ifdef NUCLEUS_HAVE_CUDA
+  const size_t row_bytes = static_cast<size_t>(t.row_numel()) * dtype_size(t.dtype());
+  NUCLEUS_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(t.raw()) + begin * row_bytes, 0, count * row_bytes,
+                                     cuda::context().stream));
+#else
+  NUCLEUS_CHECK(false, "zero_rows_async without CUDA");
+#endif
+}
+
 void synchronize_device() {
 #ifdef NUCLEUS_HAVE_CUDA
   if (cuda_available()) NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));

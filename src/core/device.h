@@ -27,6 +27,9 @@ Tensor to_host(const Tensor& t);
 void device_memory_info(size_t* free_bytes, size_t* total_bytes);
 // Fills a device tensor with zero bytes (synchronous).
 void zero_device(Tensor& t);
+// Zeroes rows [begin, begin + count) of a 2-D device tensor on the engine
+// stream (async, graph-safe).
+void zero_rows_async(const Tensor& t, int64_t begin, int64_t count);
 // Waits for the engine stream's work (no-op on the CPU).
 void synchronize_device();
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "graph/op_profiler.h"
 
 namespace nucleus {
 
@@ -105,7 +106,13 @@ void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buff
     out.clear();
     for (int id : n.inputs) in.push_back(buffers[id]);
     for (int id : n.outputs) out.push_back(buffers[id]);
-    n.op->run(ctx, in, out);
+    if (op_profiling_enabled()) {
+      op_profile_begin();
+      n.op->run(ctx, in, out);
+      op_profile_end(std::string(n.op->kind()) + "/" + n.op->backend());
+    } else {
+      n.op->run(ctx, in, out);
+    }
   }
 }
 

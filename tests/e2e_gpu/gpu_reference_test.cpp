@@ -23,9 +23,14 @@ namespace {
 
 using nlohmann::json;
 
-// Logit tolerance of the bf16 backend against the f32 CPU reference on the
-// tiny models (bf16 activations and KV cache, f32 accumulation).
-constexpr float kLogitTolerance = 0.25f;
+// Logit tolerance of the bf16 backend: its deviation from the f32 CPU
+// reference may be at most 1.5x (+0.1) what bf16 storage alone causes, as
+// measured by the CPU reference with every bf16 buffer of the CUDA backend
+// rounded to bf16 after each op (ModelOptions::cpu_bf16_emulation). On the
+// tiny models that yardstick is ~3.0 (tiny-dsv3) and ~2.1 (tiny-dsv3-fp8)
+// at worst over all positions; the mean deviation is held the same way.
+constexpr float kToleranceFactor = 1.5f;
+constexpr float kToleranceSlack = 0.1f;
 constexpr float kMarginThreshold = 0.05f;
 
 json cases_for(const std::string& model) {
@@ -33,9 +38,10 @@ json cases_for(const std::string& model) {
   return json::parse(in)[model];
 }
 
-std::unique_ptr<DeepseekModel> load(const std::string& name, Device device) {
+std::unique_ptr<DeepseekModel> load(const std::string& name, Device device, bool bf16_emulation = false) {
   ModelOptions o;
   o.device = device;
+  o.cpu_bf16_emulation = bf16_emulation;
   auto m = load_deepseek_model(testing::model_path(name), o, {}, false);
   NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
   return std::move(*m);
@@ -77,8 +83,11 @@ TEST_P(GpuReferenceTest, TeacherForced) {
   const std::string name = GetParam();
   auto gpu = load(name, Device::kCuda);
   auto cpu = load(name, Device::kCpu);
+  auto emu = load(name, Device::kCpu, /*bf16_emulation=*/true);
   const int64_t V = gpu->config().vocab_size;
-  float worst = 0;
+  float worst = 0, emu_worst = 0;
+  double sum = 0, emu_sum = 0;
+  int64_t count = 0;
   int checked = 0;
   for (const auto& c : cases_for(name)) {
     std::vector<int32_t> tokens = c["prompt_token_ids"].get<std::vector<int32_t>>();
@@ -86,9 +95,16 @@ TEST_P(GpuReferenceTest, TeacherForced) {
     const auto margins = c["greedy_top2_margins"].get<std::vector<float>>();
     const int64_t n = static_cast<int64_t>(tokens.size());
     tokens.insert(tokens.end(), greedy.begin(), greedy.end() - 1);
-    Tensor lg = full_logits(*gpu, tokens), lc = full_logits(*cpu, tokens);
-    for (int64_t i = 0; i < lg.numel(); ++i)
-      worst = std::max(worst, std::fabs(lg.data<float>()[i] - lc.data<float>()[i]));
+    Tensor lg = full_logits(*gpu, tokens), lc = full_logits(*cpu, tokens), le = full_logits(*emu, tokens);
+    for (int64_t i = 0; i < lg.numel(); ++i) {
+      const float d = std::fabs(lg.data<float>()[i] - lc.data<float>()[i]);
+      const float de = std::fabs(le.data<float>()[i] - lc.data<float>()[i]);
+      worst = std::max(worst, d);
+      emu_worst = std::max(emu_worst, de);
+      sum += d;
+      emu_sum += de;
+      ++count;
+    }
     for (size_t s = 0; s < greedy.size(); ++s) {
       if (margins[s] < kMarginThreshold) continue;
       const int64_t row = n - 1 + static_cast<int64_t>(s);
@@ -96,8 +112,11 @@ TEST_P(GpuReferenceTest, TeacherForced) {
       ++checked;
     }
   }
-  std::printf("%s teacher-forced: %d positions checked, max |gpu - cpu logit| %.4f\n", name.c_str(), checked, worst);
-  EXPECT_LT(worst, kLogitTolerance);
+  const double mean = sum / count, emu_mean = emu_sum / count;
+  std::printf("%s teacher-forced: %d positions checked; |gpu - cpu| max %.4f mean %.5f; bf16-emulated cpu: max %.4f "
+              "mean %.5f\n", name.c_str(), checked, worst, mean, emu_worst, emu_mean);
+  EXPECT_LE(worst, kToleranceFactor * emu_worst + kToleranceSlack);
+  EXPECT_LE(mean, kToleranceFactor * emu_mean + 0.01);
 }
 
 TEST_P(GpuReferenceTest, FreeRunningGreedyThroughEngine) {

@@ -1,6 +1,8 @@
 #include "model/deepseek/deepseek_model.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -28,6 +30,15 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   m->build(m->decode_graph_, StepKind::kDecode);
   NUCLEUS_RETURN_IF_ERROR(m->prefill_graph_.select_backends(options.device).with_context("prefill graph"));
   NUCLEUS_RETURN_IF_ERROR(m->decode_graph_.select_backends(options.device).with_context("decode graph"));
+  // Prefill segments: attention and the logits tail run eagerly.
+  for (size_t i = 0; i < m->prefill_graph_.nodes().size(); ++i) {
+    const std::string kind = m->prefill_graph_.nodes()[i].op->kind();
+    const bool eager = kind == "mla_decode" || kind == "mla_prefill" || kind == "gather_rows" ||
+                       m->prefill_graph_.nodes()[i].name == "lm_head";
+    if (m->prefill_segments_.empty() || m->prefill_segments_.back().graph == eager)
+      m->prefill_segments_.push_back({i, i, !eager});
+    m->prefill_segments_.back().end = i + 1;
+  }
   if (env_flag("NUCLEUS_DUMP_GRAPH")) {
     std::fputs(m->prefill_graph_.dump("prefill").c_str(), stderr);
     std::fputs(m->decode_graph_.dump("decode").c_str(), stderr);
@@ -52,6 +63,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
   const AttentionMode mode = options_.attention_mode;
 
   const int residual = g.buffer("residual", H, DType::kF32);
+  const size_t buffers_before = g.buffers().size();
   const int x_norm = g.buffer("x_norm", H, act);
   const int delta = g.buffer("delta", H, act);
   const int q = g.buffer("q", nh * c.qk_head_dim(), act);
@@ -134,6 +146,15 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
   const int logits = g.buffer("logits", c.vocab_size, DType::kF32, RowSpace::kLogits);
   g.add("gather_logit_rows", std::make_unique<GatherLogitRowsOp>(), {x_norm}, {lm_in});
   g.add("lm_head", std::make_unique<LinearOp>(&weights_.lm_head, false), {lm_in}, {logits});
+  // Buffers the CUDA backend stores in bf16 (for cpu_bf16_emulation).
+  auto& rounded = kind == StepKind::kDecode ? bf16_buffers_decode_ : bf16_buffers_prefill_;
+  static const char* kF32Buffers[] = {"residual", "router_logits", "topk_ids", "topk_weights", "logits",
+                                      "mla_q_lat", "mla_o_lat", "moe_scratch"};
+  for (size_t id = buffers_before; id < g.buffers().size(); ++id) {
+    bool keep = false;
+    for (const char* n : kF32Buffers) keep |= g.buffers()[id].name == n;
+    if (!keep) rounded.push_back(static_cast<int>(id));
+  }
 }
 
 KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const {
@@ -209,7 +230,23 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   if (options_.device != Device::kCuda) {
     const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
     ctx.inputs = &inputs;
-    run_nodes(g, ctx, buffers, 0, g.nodes().size());
+    if (!options_.cpu_bf16_emulation) {
+      run_nodes(g, ctx, buffers, 0, g.nodes().size());
+    } else {
+      const auto& rounded = decode ? bf16_buffers_decode_ : bf16_buffers_prefill_;
+      for (size_t i = 0; i < g.nodes().size(); ++i) {
+        run_nodes(g, ctx, buffers, i, i + 1);
+        for (int id : g.nodes()[i].outputs) {
+          if (std::find(rounded.begin(), rounded.end(), id) == rounded.end()) continue;
+          float* p = buffers[id].data<float>();
+          for (int64_t k = 0; k < buffers[id].numel(); ++k) p[k] = round_to_bf16(p[k]);
+        }
+        if (std::string(g.nodes()[i].op->kind()) == "rope_kv_cache_write") {
+          float* c = kv_cache.data.data<float>();
+          for (int64_t k = 0; k < kv_cache.data.numel(); ++k) c[k] = round_to_bf16(c[k]);
+        }
+      }
+    }
     return buffers[g.find_buffer("logits")].clone();
   }
   // CUDA: replay a captured decode graph when one fits, else run eagerly.
@@ -229,12 +266,53 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
     }
     return to_host(buffers[g.find_buffer("logits")].rows(0, inputs.num_logits()));
   }
+  if (!decode && !stats) {
+    const int64_t bucket = token_bucket_for(inputs.num_tokens());
+    if (bucket > 0 && uploader_->generation() == graphs_generation_) return forward_token_graph(inputs, kv_cache, bucket);
+    NUCLEUS_LOG_DEBUG("prefill step of {} tokens runs eagerly ({})", inputs.num_tokens(),
+                      token_graphs_.empty() ? "no token graphs" : "larger than the largest bucket");
+  }
   const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
   DeviceStepInputs dev = uploader_->upload(inputs);
   ctx.inputs = &inputs;
   ctx.dev = &dev;
   run_nodes(g, ctx, buffers, 0, g.nodes().size());
   return to_host(buffers[g.find_buffer("logits")]);
+}
+
+StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, KvCache& kv_cache, int64_t bucket) {
+  StepGraph& g = prefill_graph_;
+  const int64_t T = inputs.num_tokens();
+  StepInputs padded = pad_prefill_step(inputs, bucket);
+  const std::vector<Tensor>& full = prefill_buffers_.for_step(g, bucket, inputs.num_logits(), options_.device);
+  std::vector<Tensor> full_copy = full;  // views at bucket height
+  const std::vector<Tensor>& real = prefill_buffers_.for_step(g, T, inputs.num_logits(), options_.device);
+  DeviceStepInputs dev = uploader_->upload(padded);
+  OpContext ctx;
+  ctx.device = options_.device;
+  ctx.kv_cache = &kv_cache;
+  ctx.dev = &dev;
+  const int attn_out = g.find_buffer("attn_out");
+  size_t graph_index = 0;
+  for (const Segment& seg : prefill_segments_) {
+    if (seg.graph) {
+      if (options_.token_graph_eager_pad) {
+        ctx.inputs = &padded;
+        run_nodes(g, ctx, full_copy, seg.begin, seg.end);
+      } else {
+        token_graphs_.at(bucket)[graph_index].replay();
+      }
+      ++graph_index;
+      continue;
+    }
+    // Eager region on the real rows; attention hands back zero pad rows.
+    ctx.inputs = &inputs;
+    run_nodes(g, ctx, real, seg.begin, seg.end);
+    const std::string kind = g.nodes()[seg.begin].op->kind();
+    if (kind == "mla_decode" || kind == "mla_prefill") zero_rows_async(full_copy[attn_out], T, bucket - T);
+  }
+  if (!options_.token_graph_eager_pad) ++token_graph_replays_;
+  return to_host(real[g.find_buffer("logits")]);
 }
 
 std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs) {
@@ -270,6 +348,54 @@ StepInputs pad_decode_step(const StepInputs& in, int64_t padded, int32_t width) 
   return out;
 }
 
+StatusOr<std::vector<int64_t>> token_graph_sizes_from_env(int64_t max_num_batched_tokens) {
+  std::vector<int64_t> sizes = {256, 512, 1024, 2048, 3072};
+  if (auto env = env_string("NUCLEUS_TOKEN_GRAPH_SIZES")) {
+    sizes.clear();
+    std::stringstream ss(*env);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item.empty()) continue;
+      char* end = nullptr;
+      const long long v = std::strtoll(item.c_str(), &end, 10);
+      if (*end != '\0' || v < 1)
+        return invalid_argument("NUCLEUS_TOKEN_GRAPH_SIZES: '" + item + "' is not a positive integer");
+      sizes.push_back(v);
+    }
+  }
+  std::vector<int64_t> out;
+  for (int64_t s : sizes)
+    if (s <= max_num_batched_tokens) out.push_back(s);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+StepInputs pad_prefill_step(const StepInputs& in, int64_t padded) {
+  NUCLEUS_CHECK(padded >= in.num_tokens(), "pad_prefill_step: {} tokens to {}", in.num_tokens(), padded);
+  StepInputs out = in;
+  const int64_t pad = padded - in.num_tokens();
+  if (pad == 0) return out;
+  for (int64_t i = 0; i < pad; ++i) {
+    out.token_ids.push_back(0);
+    out.positions.push_back(0);
+    out.slot_mapping.push_back(-1);
+  }
+  out.query_start.push_back(static_cast<int32_t>(padded));
+  out.context_lens.push_back(0);
+  const int32_t width = std::max<int32_t>(in.max_blocks_per_seq, 1);
+  if (in.max_blocks_per_seq == 0) out.block_tables.clear();
+  out.max_blocks_per_seq = width;
+  out.block_tables.push_back(0);
+  for (int32_t b = 1; b < width; ++b) out.block_tables.push_back(-1);
+  return out;
+}
+
+int64_t DeepseekModel::token_bucket_for(int64_t num_tokens) const {
+  auto it = token_graphs_.lower_bound(num_tokens);
+  return it == token_graphs_.end() ? 0 : it->first;
+}
+
 int64_t DeepseekModel::graph_size_for(int64_t num_seqs) const {
   auto it = decode_graphs_.lower_bound(num_seqs);
   return it == decode_graphs_.end() ? 0 : it->first;
@@ -277,8 +403,9 @@ int64_t DeepseekModel::graph_size_for(int64_t num_seqs) const {
 
 StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
   decode_graphs_.clear();
-  if (options_.device != Device::kCuda || options_.cuda_graph_sizes.empty()) return size_t{0};
-  const int64_t largest = options_.cuda_graph_sizes.back();
+  token_graphs_.clear();
+  if (options_.device != Device::kCuda) return size_t{0};
+  const int64_t largest = options_.cuda_graph_sizes.empty() ? 1 : options_.cuda_graph_sizes.back();
   const int32_t width = static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1));
   uploader_->reserve({largest, largest, largest * width, largest});
   decode_buffers_.for_step(decode_graph_, largest, largest, options_.device);
@@ -302,6 +429,31 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
     auto g = CudaGraph::capture([&] { run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size()); });
     if (!g.ok()) return g.status().with_context("decode graph of batch " + std::to_string(size));
     decode_graphs_.emplace(size, std::move(*g));
+  }
+  // Token graphs: the prefill graph's segments at each bucket height, captured
+  // from a request-less step (every row a pad row).
+  token_graphs_.clear();
+  for (int64_t bucket : options_.token_graph_sizes) {
+    StepInputs empty_prefill;
+    empty_prefill.query_start = {0};
+    StepInputs dummy = pad_prefill_step(empty_prefill, bucket);
+    const std::vector<Tensor>& buffers = prefill_buffers_.for_step(prefill_graph_, bucket, 0, options_.device);
+    std::vector<Tensor> views = buffers;
+    DeviceStepInputs dev = uploader_->upload(dummy);
+    OpContext ctx;
+    ctx.device = options_.device;
+    ctx.kv_cache = &kv_cache;
+    ctx.inputs = &dummy;
+    ctx.dev = &dev;
+    std::vector<CudaGraph> graphs;
+    for (const Segment& seg : prefill_segments_) {
+      if (!seg.graph) continue;
+      run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end);  // warm-up
+      auto cg = CudaGraph::capture([&] { run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end); });
+      if (!cg.ok()) return cg.status().with_context("token graph of bucket " + std::to_string(bucket));
+      graphs.push_back(std::move(*cg));
+    }
+    token_graphs_.emplace(bucket, std::move(graphs));
   }
   synchronize_device();
   device_memory_info(&free_after, &total);

@@ -40,11 +40,31 @@ struct ModelOptions {
   // Steps that would replay a graph run the same padded step eagerly instead
   // (tells padding effects from graph effects; NUCLEUS_GRAPH_EAGER_PAD=1).
   bool graph_eager_pad = false;
+  // Prefill "token graph" buckets (ascending; empty: none): a prefill step of
+  // at most the largest bucket pads to the smallest bucket that holds it;
+  // the dense segments between attention layers replay as graphs captured
+  // at bucket height, attention runs eagerly on the real rows.
+  std::vector<int64_t> token_graph_sizes;
+  // Padded prefill steps run eagerly (NUCLEUS_TOKEN_GRAPH_EAGER_PAD=1).
+  bool token_graph_eager_pad = false;
+  // CPU only: round every buffer the CUDA backend keeps in bf16 to bf16
+  // after each op, to estimate the bf16 backend's expected deviation from
+  // the f32 reference (sets the GPU tests' tolerances).
+  bool cpu_bf16_emulation = false;
 };
 
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
 // 32 up to 512, capped at max_num_seqs (vLLM's defaults).
 std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs);
+
+// Default token-graph buckets: 256, 512, 1024, 2048, 3072, capped at
+// max_num_batched_tokens; NUCLEUS_TOKEN_GRAPH_SIZES overrides ("" disables).
+StatusOr<std::vector<int64_t>> token_graph_sizes_from_env(int64_t max_num_batched_tokens);
+
+// A prefill step padded to `padded` rows: the pad rows form one extra
+// sequence (no context, tokens 0 at position 0, slot -1, block table of
+// block 0) that no attention op serves.
+StepInputs pad_prefill_step(const StepInputs& in, int64_t padded);
 
 // A decode step padded to `padded` rows for graph replay: pad rows are their
 // own sequences with no context, token 0 at position 0, slot -1 (they write
@@ -86,11 +106,18 @@ class DeepseekModel {
   // `max_tokens` tokens and `max_logits` logit rows (so memory is known
   // before the KV pool is sized).
   void reserve_step_buffers(int64_t max_tokens, int64_t max_logits);
-  // Captures one decode graph per options().cuda_graph_sizes entry against
+  // Captures one decode graph per options().cuda_graph_sizes entry and the
+  // token-graph segments per options().token_graph_sizes bucket against
   // `kv_cache` (whose addresses the graphs keep). Returns the device bytes
   // the graphs took. Replaces graphs captured before.
   StatusOr<size_t> capture_decode_graphs(KvCache& kv_cache);
-  void drop_graphs() { decode_graphs_.clear(); }
+  void drop_graphs() {
+    decode_graphs_.clear();
+    token_graphs_.clear();
+  }
+  // The bucket a prefill step of `num_tokens` pads to, or 0 (eager).
+  int64_t token_bucket_for(int64_t num_tokens) const;
+  int64_t token_graph_replays() const { return token_graph_replays_; }
   // The engine's block-table width (ceil(max_model_len / block_size)).
   void set_max_blocks_per_seq(int64_t n) { options_.max_blocks_per_seq = n; }
   // Graph replays and eager decode steps so far (for tests and logs).
@@ -112,7 +139,18 @@ class DeepseekModel {
   kernels::RopeTable rope_;
   Tensor rope_inv_freq_device_;  // CUDA: [qk_rope / 2] f32
   StepBuffers prefill_buffers_, decode_buffers_;
+  std::vector<int> bf16_buffers_prefill_, bf16_buffers_decode_;  // cpu_bf16_emulation
   std::map<int64_t, CudaGraph> decode_graphs_;  // by padded batch size
+  // Prefill graph segments: node ranges replayed as graphs, with the eager
+  // nodes (attention, logits) between them.
+  struct Segment {
+    size_t begin = 0, end = 0;
+    bool graph = false;
+  };
+  std::vector<Segment> prefill_segments_;
+  std::map<int64_t, std::vector<CudaGraph>> token_graphs_;  // by bucket: one per graph segment
+  int64_t token_graph_replays_ = 0;
+  StatusOr<Tensor> forward_token_graph(const StepInputs& inputs, KvCache& kv_cache, int64_t bucket);
   int64_t graphs_generation_ = -1;             // uploader generation the graphs were captured with
   int64_t graph_replays_ = 0;
   std::unique_ptr<DeviceInputUploader> uploader_;

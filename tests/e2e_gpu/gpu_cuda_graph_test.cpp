@@ -41,7 +41,7 @@ TEST_F(CudaGraphTest, ReplayEqualsEagerPaddedStepForEveryBatchSize) {
   auto m = load(sizes);
   const int64_t bs = 16, blocks_per_seq = 8, num_seqs = 16;
   m->set_max_blocks_per_seq(blocks_per_seq);
-  m->reserve_step_buffers(512, num_seqs);
+  m->reserve_step_buffers(1024, num_seqs);  // the prefill below has 648 tokens
   KvCache kv = m->make_kv_cache(num_seqs * blocks_per_seq + 1, bs);
   ASSERT_TRUE(m->capture_decode_graphs(kv).ok());
   // Prefill 16 sequences of different lengths (eager), sequence s in blocks

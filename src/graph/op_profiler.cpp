@@ -1,0 +1,139 @@
+#include "graph/op_profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/env.h"
+#include "core/tensor.h"
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/context.h"
+#endif
+
+namespace nucleus {
+
+namespace {
+struct Entry {
+  double ms = 0;
+  int64_t calls = 0;
+};
+struct Profiler {
+  std::mutex mu;
+  std::map<std::string, Entry> totals;
+#ifdef NUCLEUS_HAVE_CUDA
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;
+  std::vector<std::string> labels;
+  cudaEvent_t pending = nullptr;
+#endif
+  std::chrono::steady_clock::time_point cpu_start;
+  ~Profiler() { op_profile_report(); }
+};
+Profiler& profiler() {
+  static Profiler p;
+  return p;
+}
+// Device timing applies once the CUDA context exists (a CUDA model is loaded).
+bool cuda_ready() { return device_allocator_registered(Device::kCuda); }
+
+// No profiling while a CUDA graph is being captured.
+bool capturing() {
+#ifdef NUCLEUS_HAVE_CUDA
+  if (!cuda_ready()) return false;
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(cuda::context().stream, &st);
+  return st != cudaStreamCaptureStatusNone;
+#else
+  return false;
+#endif
+}
+}  // namespace
+
+bool op_profiling_enabled() {
+  static const bool on = env_flag("NUCLEUS_PROFILE_OPS");
+  return on;
+}
+
+void op_profile_begin() {
+  if (capturing()) return;
+  Profiler& p = profiler();
+#ifdef NUCLEUS_HAVE_CUDA
+  if (cuda_ready()) {
+    cudaEventCreate(&p.pending);
+    cudaEventRecord(p.pending, cuda::context().stream);
+    return;
+  }
+#endif
+  p.cpu_start = std::chrono::steady_clock::now();
+}
+
+void op_profile_end(const std::string& label) {
+  if (capturing()) return;
+  Profiler& p = profiler();
+  std::lock_guard<std::mutex> lock(p.mu);
+#ifdef NUCLEUS_HAVE_CUDA
+  if (cuda_ready()) {
+    cudaEvent_t end;
+    cudaEventCreate(&end);
+    cudaEventRecord(end, cuda::context().stream);
+    p.events.emplace_back(p.pending, end);
+    p.labels.push_back(label);
+    if (p.events.size() >= 4096) {  // drain
+      cudaEventSynchronize(end);
+      for (size_t i = 0; i < p.events.size(); ++i) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, p.events[i].first, p.events[i].second);
+        auto& e = p.totals[p.labels[i]];
+        e.ms += ms;
+        ++e.calls;
+        cudaEventDestroy(p.events[i].first);
+        cudaEventDestroy(p.events[i].second);
+      }
+      p.events.clear();
+      p.labels.clear();
+    }
+    return;
+  }
+#endif
+  auto& e = p.totals[label];
+  e.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p.cpu_start).count();
+  ++e.calls;
+}
+
+void op_profile_report() {
+  if (!op_profiling_enabled()) return;
+  Profiler& p = profiler();
+  std::lock_guard<std::mutex> lock(p.mu);
+#ifdef NUCLEUS_HAVE_CUDA
+  if (!p.events.empty()) {
+    cudaEventSynchronize(p.events.back().second);
+    for (size_t i = 0; i < p.events.size(); ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, p.events[i].first, p.events[i].second);
+      auto& e = p.totals[p.labels[i]];
+      e.ms += ms;
+      ++e.calls;
+    }
+    p.events.clear();
+    p.labels.clear();
+  }
+#endif
+  if (p.totals.empty()) return;
+  std::vector<std::pair<std::string, Entry>> rows(p.totals.begin(), p.totals.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.ms;
+  std::fprintf(stderr, "op profile (NUCLEUS_PROFILE_OPS): %.3f ms in %zu op kinds\n", total, rows.size());
+  std::fprintf(stderr, "%-36s %10s %8s %10s %6s\n", "op/backend", "total_ms", "calls", "us/call", "%");
+  for (const auto& [label, e] : rows)
+    std::fprintf(stderr, "%-36s %10.3f %8lld %10.2f %5.1f%%\n", label.c_str(), e.ms, static_cast<long long>(e.calls),
+                 1000.0 * e.ms / e.calls, 100.0 * e.ms / total);
+  p.totals.clear();
+}
+
+}  // namespace nucleus
