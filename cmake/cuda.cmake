@@ -40,4 +40,5 @@ function(nucleus_add_cuda_sources target)
   target_link_libraries(${target} PUBLIC CUDA::cudart_static CUDA::cublasLt)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wno-unused-parameter>)
+  nucleus_add_flashinfer(${target})
 endfunction()

@@ -1,5 +1,8 @@
 // nucleus: DeepSeek-family inference engine.
 //   nucleus generate --model DIR [...]   offline batch generation
+//   nucleus serve --model DIR [...]      OpenAI-compatible HTTP server
+//   nucleus bench serve --base-url URL   serving benchmark against a running server
+//   nucleus bench latency --model DIR    prefill/decode latency, % of roofline
 // Run `nucleus <command> --help` for a command's flags.
 #include <cstdio>
 #include <cstring>
@@ -12,7 +15,10 @@ void usage() {
   std::fprintf(stderr,
                "usage: nucleus <command> [flags]\n"
                "commands:\n"
-               "  generate   offline batch generation (prompts in, text or JSON lines out)\n"
+               "  generate      offline batch generation (prompts in, text or JSON lines out)\n"
+               "  serve         OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)\n"
+               "  bench serve   serving benchmark (TTFT, TPOT, ITL, throughput) against a server\n"
+               "  bench latency prefill/decode latency and %% of roofline at given batch sizes\n"
                "run 'nucleus <command> --help' for the command's flags\n");
 }
 }  // namespace
@@ -25,6 +31,11 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   // The subcommand sees argv without the command word.
   if (cmd == "generate") return nucleus::cli::run_generate(argc - 1, argv + 1);
+  if (cmd == "serve") return nucleus::cli::run_serve(argc - 1, argv + 1);
+  if (cmd == "bench" && argc >= 3 && !std::strcmp(argv[2], "serve"))
+    return nucleus::cli::run_bench_serve(argc - 2, argv + 2);
+  if (cmd == "bench" && argc >= 3 && !std::strcmp(argv[2], "latency"))
+    return nucleus::cli::run_bench_latency(argc - 2, argv + 2);
   std::fprintf(stderr, "nucleus: unknown command '%s'\n", cmd.c_str());
   usage();
   return 2;

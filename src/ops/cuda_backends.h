@@ -41,5 +41,52 @@ void moe_experts_naive(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, c
 Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// mla_decode fast backends (ops/mla_decode_cuda.cpp): "nucleus" (own
+// split-KV kernel) and "flashinfer" (FlashInfer's Hopper MLA kernel, planned on
+// the host; under CUDA-graph capture it runs the nucleus kernel). Both need kv_lora 512, qk_rope 64, qk_nope 128,
+// v_head 128 and a bf16 or FP8 kv_b_proj.
+Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op);
+void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op);
+void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
+// cuda_grouped (ops/moe_grouped_cuda.cpp): grouped tensor-core GEMMs over
+// expert-sorted tokens, bf16 or FP8 block-scaled weights.
+Status moe_experts_grouped_supports(const MoeExpertsOp& op);
+void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
+// FP8 block-scaled linears (ops/linear_fp8_cuda.cpp). W: f8e4m3 with 128x128
+// f32 block scales; x: [m, k] bf16; out: [m, n] bf16 or f32.
+enum class Fp8Path {
+  kAuto,    // cuBLASLt (W8A8, activations quantized per 1x128) where it helps and accepts, own kernels otherwise
+  kOwn,     // own kernels only (W8A16): decode kernel for m <= 64, tiled tensor-core kernel otherwise
+  kCublas,  // cuBLASLt only (for benchmarks and tests): kUnsupported where it refuses
+};
+// Fp8Path::kAuto: the own kernels for m <= kFp8OwnMaxRows on weights of at
+// most kFp8OwnMaxWeightBytes (cuBLASLt's FP8 path costs >= 16 us there,
+// the decode kernel 7-17 us); cuBLASLt everywhere else it accepts the layout
+// (measured, docs/perf.md). cuBLASLt's activation operand needs
+// m % kFp8CublasRowMultiple == 0; other m run padded (zero rows, f32 scratch,
+// then copied out) or, when that copy would outweigh a second read of the
+// weight, leave their last m % 4 rows to the own kernels.
+constexpr int64_t kFp8OwnMaxRows = 8;
+constexpr int64_t kFp8OwnMaxWeightBytes = int64_t{16} << 20;
+constexpr int64_t kFp8CublasRowMultiple = 4;
+// Rows [0, r) of an m-row call on `path` that cuBLASLt computes (W8A8,
+// activations quantized); rows [r, m) run on the own kernels (W8A16).
+int64_t fp8_cublas_rows(int64_t m, int64_t n, int64_t k, Fp8Path path);
+// OK when the FP8 kernels read `w` (f8e4m3, 128x128 blocks, f32 scales).
+Status fp8_linear_supported(const LinearWeight& w);
+// OK when cuBLASLt's block-scaled FP8 GEMM takes an [n, k] weight.
+Status fp8_cublaslt_layout_supported(int64_t n, int64_t k);
+// out[m, n] (+)= x W^T on the engine stream (async; graph-capturable after one
+// eager call per shape, which sizes the scratch and plans cuBLASLt).
+Status fp8_linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out,
+                          DType out_dtype, int64_t out_stride, bool accumulate, Fp8Path path = Fp8Path::kAuto);
+Status linear_cublaslt_fp8_supports(const LinearOp& op);
+void linear_cublaslt_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+Status linear_cuda_fp8_supports(const LinearOp& op);
+void linear_cuda_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
 }  // namespace nucleus::cuda_ops
 #endif  // NUCLEUS_HAVE_CUDA

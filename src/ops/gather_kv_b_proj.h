@@ -23,6 +23,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "kernels/mla/gather_kv_b_proj_ref.h"
 #include "ops/linear_weight.h"
 
 namespace nucleus {
@@ -41,6 +42,9 @@ struct GatherKvBProjSpec {
   int64_t kv_lora = 0;
   KvCacheDtype cache_dtype = KvCacheDtype::kBF16;
   bool shuffled_cache = false;  // a layout private to some kernels; always refused
+  // kv_b_proj holds packed FP4 values (e.g. MXFP4), whatever its dtype says;
+  // always refused (a U8 weight of shape [n, k/2] is recognised as such too).
+  bool packed_fp4_weight = false;
 };
 
 struct GatherKvBProjArgs {
@@ -62,10 +66,48 @@ class GatherKvBProj {
   // implementation's reason when none can read this weight/cache layout.
   static StatusOr<std::unique_ptr<GatherKvBProj>> create(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
                                                          Device device);
+  // As above with the forced implementation given ("" = none) instead of
+  // read from NUCLEUS_FORCE_KERNEL: forcing one that refuses is an error.
+  // Weights on the other device are copied; FP8 weights are dequantized to
+  // BF16 once here when the unfused path serves them.
+  static StatusOr<std::unique_ptr<GatherKvBProj>> create(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
+                                                         Device device, const std::string& forced);
   // The chosen implementation: "fused", "unfused" or "cpu_ref".
   virtual const char* name() const = 0;
   // Stream-async on CUDA. Scratch is owned by the object (grown on demand).
   virtual void run(const GatherKvBProjArgs& args) = 0;
+  // Allocates now the scratch that runs of up to max_num_keys keys need, so
+  // that a later run (under CUDA-graph capture, say) allocates nothing.
+  virtual void reserve(int64_t max_num_keys) {}
 };
+
+// kv_b_proj's stored format as every implementation reads it:
+//   weight BF16 / F32: no scales (scale_inv must be undefined);
+//   weight F8_E4M3 with scale_inv F32 or U8 (E8M0: byte e means 2^(e-127)) of
+//     shape [n] or [n, 1] (per-row), or [ceil(n/block_n), ceil(k/block_k)]
+//     with block_n, block_k set (block scales).
+// kUnsupported naming the weight when it is none of these: packed FP4 (a U8
+// weight, or spec.packed_fp4_weight), an unknown scale shape or dtype.
+StatusOr<kernels::KvBWeightFormat> read_kv_b_weight_format(const LinearWeight& kv_b,
+                                                           const GatherKvBProjSpec& spec);
+
+// "F8_E4M3, 128x128 block scales (E8M0)" and the like, for messages and logs.
+std::string describe_kv_b_weight_format(const kernels::KvBWeightFormat& f);
+
+// The implementations as the dispatch lists them (internal; the CUDA ones are
+// in gather_kv_b_proj_cuda.cpp). supports() returns OK or why not.
+namespace gather_kv_b_proj_impl {
+using Format = StatusOr<kernels::KvBWeightFormat>;
+// What every implementation refuses: a shuffled cache, an unreadable format.
+Status common_refusal(const Format& format, const GatherKvBProjSpec& spec);
+#ifdef NUCLEUS_HAVE_CUDA
+Status fused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, const Format& format);
+StatusOr<std::unique_ptr<GatherKvBProj>> fused_make(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
+                                                    const kernels::KvBWeightFormat& format);
+Status unfused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, const Format& format);
+StatusOr<std::unique_ptr<GatherKvBProj>> unfused_make(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
+                                                      const kernels::KvBWeightFormat& format);
+#endif
+}  // namespace gather_kv_b_proj_impl
 
 }  // namespace nucleus

@@ -28,6 +28,8 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
+      {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8},
+      {"cuda_fp8", Device::kCuda, cuda_ops::linear_cuda_fp8_supports, cuda_ops::linear_cuda_fp8},
       {"cuda_naive", Device::kCuda, nullptr, cuda_ops::linear_naive},
 #endif
   };

@@ -35,6 +35,11 @@ void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int6
     a.accumulate = accumulate;
     if (kernels::gemm_bf16_cublaslt(a, stream).ok()) return;
   }
+  if (fp8_linear_supported(w).ok()) {
+    Status s = fp8_linear_forward(w, x, x_stride, m, out, out_dtype, out_stride, accumulate);
+    NUCLEUS_CHECK(s.ok(), "{}: {}", w.name, s.to_string());
+    return;
+  }
   NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(static_cast<const __nv_bfloat16*>(x), x_stride, weight_view(w), m, out,
                                                 out_dtype, out_stride, accumulate, stream));
 }

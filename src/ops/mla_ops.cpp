@@ -132,6 +132,12 @@ const std::vector<Backend<MlaDecodeAttentionOp>>& MlaDecodeAttentionOp::backends
          run_reference(op, true, ctx, in[0], out[0], kernels::mla_attention_absorbed_ref);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      // nucleus first although FlashInfer is faster at most shapes (docs/perf.md,
+      // "MLA decode attention"): FlashInfer plans on the host, so under graph
+      // capture it runs the nucleus kernel, and a replay would then differ from
+      // the eager step (the graphs must be bit-identical to eager runs).
+      {"nucleus", Device::kCuda, cuda_ops::mla_decode_nucleus_supports, cuda_ops::mla_decode_nucleus},
+      {"flashinfer", Device::kCuda, cuda_ops::mla_decode_flashinfer_supports, cuda_ops::mla_decode_flashinfer},
       {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_decode_naive},
 #endif
   };

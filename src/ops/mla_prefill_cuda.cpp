@@ -20,7 +20,7 @@
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
-#include "kernels/mla/mla_attention_naive.cuh"
+#include "core/env.h"
 #include "kernels/mla/mla_prefill.cuh"
 #include "ops/cuda_backends.h"
 #include "ops/gather_kv_b_proj.h"
@@ -34,42 +34,17 @@ using kernels::MlaPrefillWork;
 
 cudaStream_t engine_stream() { return cuda::context().stream; }
 
+// NUCLEUS_MLA_PREFILL_WGMMA=0 runs the kernel's mma.sync variant instead of
+// the wgmma one (A/B runs; both are tested).
+bool use_wgmma() {
+  static const bool on = env_flag("NUCLEUS_MLA_PREFILL_WGMMA", true);
+  return on;
+}
+
 void ensure_bytes(Tensor& t, int64_t bytes) {
   if (t.defined() && static_cast<int64_t>(t.nbytes()) >= bytes) return;
   t = Tensor::empty({std::max<int64_t>(bytes, 16)}, DType::kU8, Device::kCuda);
 }
-
-// K/V expansion in GatherKvBProj's layout from plain steps (gather latent
-// rows, kv_b GEMM, split), used until GatherKvBProj's own implementation is
-// linked in.
-class PlainKvExpansion final : public GatherKvBProj {
- public:
-  PlainKvExpansion(const LinearWeight& kv_b, const GatherKvBProjSpec& spec) : kv_b_(kv_b), spec_(spec) {}
-  const char* name() const override { return "flash_plain"; }
-  void run(const GatherKvBProjArgs& a) override {
-    if (a.num_keys == 0) return;
-    const int64_t latent_width = spec_.kv_lora + spec_.qk_rope;
-    const int64_t kv_width = spec_.num_heads * (spec_.qk_nope + spec_.v_head);
-    ensure_bytes(latent_, a.num_keys * latent_width * 2);
-    ensure_bytes(kv_, a.num_keys * kv_width * 2);
-    auto stream = static_cast<cudaStream_t>(a.stream);
-    NUCLEUS_CUDA_CHECK(kernels::launch_gather_latent(static_cast<const __nv_bfloat16*>(a.cache),
-                                                     static_cast<int>(latent_width), a.block_table,
-                                                     static_cast<int>(a.block_size), a.key_begin, a.num_keys,
-                                                     latent_.data<__nv_bfloat16>(), stream));
-    linear_forward(kv_b_, latent_.raw(), latent_width, a.num_keys, kv_.raw(), DType::kBF16, kv_width, false);
-    NUCLEUS_CUDA_CHECK(kernels::launch_mla_prefill_split_kv(
-        kv_.data<__nv_bfloat16>(), latent_.data<__nv_bfloat16>(), a.num_keys, static_cast<int>(spec_.num_heads),
-        static_cast<int>(spec_.qk_nope), static_cast<int>(spec_.qk_rope), static_cast<int>(spec_.v_head),
-        static_cast<int>(spec_.kv_lora), static_cast<__nv_bfloat16*>(a.k), static_cast<__nv_bfloat16*>(a.v),
-        stream));
-  }
-
- private:
-  const LinearWeight& kv_b_;
-  GatherKvBProjSpec spec_;
-  Tensor latent_, kv_;
-};
 
 GatherKvBProjSpec expansion_spec(const MlaPrefillAttentionOp& op) {
   const auto& d = op.dims();
@@ -83,14 +58,10 @@ GatherKvBProjSpec expansion_spec(const MlaPrefillAttentionOp& op) {
   return spec;
 }
 
-// The backend's per-op state, kept alive by op.state()[0].
+// Per-op state (kept alive by op.state()[0]): the K/V expansion bound to
+// this layer's kv_b_proj.
 struct FlashState {
   std::unique_ptr<GatherKvBProj> expand;
-  Tensor k, v;       // K/V scratch: [capacity, heads, 192] / [capacity, heads, 128] bf16
-  int64_t capacity = 0;
-  Tensor lse;        // [rows, heads] f32: running LSE of a long sequence's pieces
-  Tensor meta;       // device copy of `host`
-  std::vector<uint8_t> host;
 };
 
 FlashState& state_of(MlaPrefillAttentionOp& op) {
@@ -98,9 +69,27 @@ FlashState& state_of(MlaPrefillAttentionOp& op) {
   if (st.empty()) {
     auto s = std::make_shared<FlashState>();
     st.push_back(Tensor::wrap(s.get(), {1}, DType::kU8, Device::kCpu, s));
-    s->expand = std::make_unique<PlainKvExpansion>(op.kv_b(), expansion_spec(op));
+    auto expand = GatherKvBProj::create(op.kv_b(), expansion_spec(op), Device::kCuda);
+    NUCLEUS_CHECK(expand.ok(), "cuda_flash: {}", expand.status().to_string());  // supports() read the format
+    s->expand = std::move(*expand);
   }
   return *static_cast<FlashState*>(st[0].raw());
+}
+
+// Scratch shared by every layer's op: layers run one after another on the
+// engine stream, so one K/V scratch serves them all (a per-layer one would
+// cost num_layers x context_chunk x heads x 640 bytes). Growing it frees the
+// old buffers, which waits for the kernels still reading them.
+struct FlashScratch {
+  Tensor k, v;  // [capacity keys, heads, 192] / [capacity keys, heads, 128] bf16
+  Tensor lse;   // [rows, heads] f32: running LSE of a long sequence's pieces
+  Tensor meta;  // device copy of `host`
+  std::vector<uint8_t> host;
+};
+
+FlashScratch& scratch() {
+  static FlashScratch s;
+  return s;
 }
 
 // One sequence's K/V expansion into the scratch.
@@ -164,9 +153,8 @@ Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op) {
   if (d.num_heads < 1 || d.num_heads > 65535) return unsupported("num_heads " + std::to_string(d.num_heads));
   if (d.kv_lora % 8 != 0) return unsupported("kv_lora " + std::to_string(d.kv_lora) + " is not a multiple of 8");
   if (!(d.scale > 0.0f)) return unsupported("softmax scale is not set");
-  const DType wt = op.kv_b().weight.dtype();
-  if (wt != DType::kBF16 && wt != DType::kF8E4M3)
-    return unsupported(std::string("kv_b_proj weight dtype ") + dtype_name(wt) + " (needs BF16 or F8E4M3)");
+  auto format = read_kv_b_weight_format(op.kv_b(), expansion_spec(op));
+  if (!format.ok()) return unsupported("K/V expansion: " + format.status().message());
   if (op.context_chunk() < 1) return unsupported("context chunk " + std::to_string(op.context_chunk()) + " < 1");
   return ok_status();
 }
@@ -191,7 +179,8 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
   if (served.empty()) return;
   std::stable_sort(served.begin(), served.end(), [](const Served& a, const Served& b) { return a.keys() > b.keys(); });
 
-  FlashState& fs = state_of(op);
+  FlashState& state = state_of(op);
+  FlashScratch& fs = scratch();
   const int num_sms = cuda::context().num_sms;
   const int64_t capacity = op.context_chunk();
   fs.host.clear();
@@ -242,11 +231,8 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
   // Scratch and one upload of every launch's descriptors.
   int64_t need_keys = 0;
   for (const auto& l : launches) need_keys = std::max(need_keys, l.keys);
-  if (need_keys > fs.capacity) {
-    fs.k = Tensor::empty({need_keys, d.num_heads, d.qk_head()}, DType::kBF16, Device::kCuda);
-    fs.v = Tensor::empty({need_keys, d.num_heads, d.v_head}, DType::kBF16, Device::kCuda);
-    fs.capacity = need_keys;
-  }
+  ensure_bytes(fs.k, need_keys * d.num_heads * d.qk_head() * 2);
+  ensure_bytes(fs.v, need_keys * d.num_heads * d.v_head * 2);
   if (longest_q > 0) ensure_bytes(fs.lse, longest_q * d.num_heads * 4);
   ensure_bytes(fs.meta, static_cast<int64_t>(fs.host.size()));
   cudaStream_t stream = engine_stream();
@@ -265,7 +251,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
       a.k = fs.k.data<__nv_bfloat16>() + e.kv_row0 * d.num_heads * d.qk_head();
       a.v = fs.v.data<__nv_bfloat16>() + e.kv_row0 * d.num_heads * d.v_head;
       a.stream = stream;
-      fs.expand->run(a);
+      state.expand->run(a);
     }
     kernels::MlaPrefillParams p;
     p.q = q.data<__nv_bfloat16>() + (l.piece ? l.q_begin * q.row_numel() : 0);
@@ -284,6 +270,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
     p.num_heads = num_heads;
     p.scale = d.scale;
     p.block_m = l.block_m;
+    p.use_wgmma = use_wgmma();
     NUCLEUS_CUDA_CHECK(kernels::launch_mla_prefill(p, stream));
   }
 }

@@ -1,0 +1,211 @@
+// NUCLEUS_BENCH_NEEDS_CUDA: the routed experts of one MoE layer on the GPU.
+//
+// moe_bench [--reps N]: MoeExpertsOp (experts only: no router, no shared
+// experts) at DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64 experts,
+// top-6, bf16) and DeepSeek-V3 (hidden 7168, moe_inter 2048, 256 experts,
+// top-8, FP8 e4m3 with 128x128 block scales) shapes, uniform random routing,
+// T = 1 .. 4096 tokens; cuda_grouped everywhere and cuda_naive at small T.
+// Each step is captured in a CUDA graph (which also checks that it can be)
+// and the replays are timed with events; the median is printed.
+// Bytes: the weights of the experts the step activates (each read once: the
+// floor for decode), activations not counted. FLOPs: 6 * T * top_k * hidden
+// * inter. Roofline: 4.58 TB/s, 790 TFLOP/s dense bf16 (docs/design.md).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "core/device.h"
+#include "ops/cuda_backends.h"
+#include "ops/moe_ops.h"
+
+using namespace nucleus;
+
+namespace {
+
+constexpr double kPeakBytesPerSec = 4.58e12;
+constexpr double kPeakFlops = 790e12;
+
+struct Model {
+  const char* name;
+  int64_t hidden, inter, num_experts, top_k;
+  bool fp8;
+};
+
+// Random weights at real size: a 64 MiB random pattern on the device, copied
+// into every weight at rotating offsets (content does not matter for time;
+// values stay finite: valid FP8 codes, small bf16 values).
+class WeightFactory {
+ public:
+  explicit WeightFactory(bool fp8) : fp8_(fp8) {
+    const size_t bytes = kPatternBytes;
+    std::vector<uint8_t> host(bytes);
+    std::mt19937_64 rng(1);
+    if (fp8) {
+      for (auto& b : host) b = f32_to_fp8e4m3(std::uniform_real_distribution<float>(-448, 448)(rng));
+    } else {
+      auto* h = reinterpret_cast<uint16_t*>(host.data());
+      for (size_t i = 0; i < bytes / 2; ++i) h[i] = f32_to_bf16(std::uniform_real_distribution<float>(-0.05f, 0.05f)(rng));
+    }
+    pattern_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::kCuda);
+    copy_to_device(pattern_.raw(), host.data(), bytes);
+  }
+
+  LinearWeight make(const std::string& name, int64_t n, int64_t k) {
+    LinearWeight w;
+    w.name = name;
+    w.out_features = n;
+    w.in_features = k;
+    w.weight = Tensor::empty({n, k}, fp8_ ? DType::kF8E4M3 : DType::kBF16, Device::kCuda);
+    fill(w.weight);
+    if (fp8_) {
+      const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128;
+      std::vector<float> s(nb * kb);
+      for (size_t i = 0; i < s.size(); ++i) s[i] = (0.5f + 0.001f * static_cast<float>(i % 997)) / 448.0f / 32.0f;
+      w.scale_inv = Tensor::empty({nb, kb}, DType::kF32, Device::kCuda);
+      copy_to_device(w.scale_inv.raw(), s.data(), s.size() * 4);
+      w.block_n = w.block_k = 128;
+    }
+    return w;
+  }
+
+ private:
+  static constexpr size_t kPatternBytes = 64ull << 20;
+  void fill(Tensor& t) {
+    auto* dst = static_cast<char*>(t.raw());
+    size_t done = 0;
+    while (done < t.nbytes()) {
+      const size_t off = (offset_ += 4096 * 37) % (kPatternBytes / 2);
+      const size_t n = std::min(t.nbytes() - done, kPatternBytes - off);
+      NUCLEUS_CUDA_CHECK(cudaMemcpy(dst + done, static_cast<char*>(pattern_.raw()) + off, n, cudaMemcpyDeviceToDevice));
+      done += n;
+    }
+  }
+  bool fp8_;
+  Tensor pattern_;
+  size_t offset_ = 0;
+};
+
+// Median time in microseconds of a CUDA-graph replay of `step`.
+double time_us(const std::function<void()>& step, int reps) {
+  cudaStream_t stream = cuda::context().stream;
+  step();  // first run: state and workspace allocation, kernel attributes
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  NUCLEUS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  step();
+  NUCLEUS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  NUCLEUS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) NUCLEUS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  std::vector<cudaEvent_t> ev(2 * reps);
+  for (auto& e : ev) NUCLEUS_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    NUCLEUS_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
+    NUCLEUS_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    NUCLEUS_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
+  }
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> us(reps);
+  for (int i = 0; i < reps; ++i) {
+    float ms = 0;
+    NUCLEUS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+    us[i] = ms * 1e3;
+  }
+  for (auto& e : ev) NUCLEUS_CUDA_CHECK(cudaEventDestroy(e));
+  NUCLEUS_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  NUCLEUS_CUDA_CHECK(cudaGraphDestroy(graph));
+  std::sort(us.begin(), us.end());
+  return us[reps / 2];
+}
+
+void bench_model(const Model& m, int reps) {
+  WeightFactory factory(m.fp8);
+  std::deque<LinearWeight> weights;
+  std::vector<ExpertWeights> experts;
+  for (int64_t e = 0; e < m.num_experts; ++e) {
+    weights.push_back(factory.make("e" + std::to_string(e) + ".gate_up", 2 * m.inter, m.hidden));
+    weights.push_back(factory.make("e" + std::to_string(e) + ".down", m.hidden, m.inter));
+    experts.push_back({&weights[weights.size() - 2], &weights.back()});
+  }
+  const double expert_bytes = static_cast<double>(weights[0].weight.nbytes() + weights[1].weight.nbytes() +
+                                                  (m.fp8 ? weights[0].scale_inv.nbytes() + weights[1].scale_inv.nbytes()
+                                                         : 0));
+  MoeExpertsOp grouped(experts, m.inter, m.top_k), naive(experts, m.inter, m.top_k);
+  NUCLEUS_CHECK(grouped.select_backend(Device::kCuda).ok(), "select");
+  const std::string chosen = grouped.backend();
+  std::mt19937_64 rng(7);
+  for (int64_t T : {1, 8, 32, 128, 512, 4096}) {
+    std::vector<int32_t> ids(T * m.top_k);
+    std::vector<float> w(T * m.top_k);
+    std::vector<int32_t> perm(m.num_experts);
+    std::set<int32_t> touched;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < m.num_experts; ++e) perm[e] = static_cast<int32_t>(e);
+      for (int64_t k = 0; k < m.top_k; ++k) {
+        std::swap(perm[k], perm[k + rng() % (m.num_experts - k)]);
+        ids[t * m.top_k + k] = perm[k];
+        touched.insert(perm[k]);
+        w[t * m.top_k + k] = 1.0f / static_cast<float>(m.top_k);
+      }
+    }
+    std::vector<uint16_t> x(T * m.hidden);
+    for (auto& v : x) v = f32_to_bf16(std::uniform_real_distribution<float>(-1, 1)(rng));
+    Tensor d_x = to_device(Tensor::wrap(x.data(), {T, m.hidden}, DType::kBF16, Device::kCpu, nullptr));
+    Tensor d_ids = to_device(Tensor::wrap(ids.data(), {T, m.top_k}, DType::kI32, Device::kCpu, nullptr));
+    Tensor d_w = to_device(Tensor::wrap(w.data(), {T, m.top_k}, DType::kF32, Device::kCpu, nullptr));
+    Tensor out = Tensor::empty({T, m.hidden}, DType::kBF16, Device::kCuda);
+    Tensor scratch = Tensor::empty({256, m.top_k * m.inter}, DType::kF32, Device::kCuda);
+    NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+    OpContext ctx;
+    ctx.device = Device::kCuda;
+    ctx.stream = cuda::context().stream;
+    const double bytes = static_cast<double>(touched.size()) * expert_bytes;
+    const double flops = 6.0 * static_cast<double>(T * m.top_k) * static_cast<double>(m.hidden * m.inter);
+    auto report = [&](const char* backend, double us) {
+      const double s = us * 1e-6;
+      std::printf("| %s | %s | %lld | %zu | %.1f | %.1f | %.0f | %.1f%% | %.1f | %.1f%% |\n", m.name, backend,
+                  static_cast<long long>(T), touched.size(), bytes / 1e6, us, bytes / s / 1e9,
+                  100.0 * bytes / s / kPeakBytesPerSec, flops / s / 1e12, 100.0 * flops / s / kPeakFlops);
+      std::fflush(stdout);
+    };
+    report(chosen.c_str(), time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
+    if (T <= 32)
+      report("cuda_naive", time_us([&] { cuda_ops::moe_experts_naive(naive, ctx, {d_x, d_ids, d_w}, {out, scratch}); },
+                                   std::max(3, reps / 4)));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+  auto ctx = cuda::get_context();
+  if (!ctx.ok()) {
+    std::fprintf(stderr, "moe_bench needs a GPU: %s\n", ctx.status().message().c_str());
+    return 1;
+  }
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  std::printf("MoE experts layer (routed experts only), %s, %s, %d SMs; median of %d CUDA-graph replays\n\n", date,
+              (*ctx)->name.c_str(), (*ctx)->num_sms, reps);
+  std::printf("| model | backend | T | experts touched | weight MB | time us | GB/s | %% of 4.58 TB/s | TFLOP/s | "
+              "%% of 790 |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps);
+  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps);
+  return 0;
+}

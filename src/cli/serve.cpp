@@ -1,0 +1,133 @@
+// nucleus serve: the OpenAI-compatible HTTP server (docs/server.md).
+//   nucleus serve --model DIR [--host 127.0.0.1] [--port 8000]
+//                 [--served-model-name NAME] [engine flags]
+// SIGINT / SIGTERM: stop taking requests, finish those in flight (at most
+// --shutdown-timeout seconds, then abort them), exit 0. A second signal
+// aborts at once.
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/engine_args.h"
+#include "core/logging.h"
+#include "server/async_engine.h"
+#include "server/http_server.h"
+
+namespace nucleus::cli {
+
+namespace {
+
+// The last path component of the model directory ("models/tiny-dsv3/" ->
+// "tiny-dsv3").
+std::string default_served_name(const std::string& model_dir) {
+  std::filesystem::path p = std::filesystem::path(model_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  std::string name = p.filename().string();
+  return name.empty() ? model_dir : name;
+}
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  CLI::App app{"nucleus serve: OpenAI-compatible HTTP server"};
+  EngineArgs args;
+  args.add_to(app);
+  server::ServerConfig config;
+  std::string served_name;
+  app.add_option("--host", config.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", config.port, "Port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--served-model-name", served_name,
+                 "Model name in the API (default: the model directory's last component)");
+  app.add_option("--http-threads", config.http_threads,
+                 "Connections served at once (streams and idle keep-alive connections included)")
+      ->check(CLI::Range(4, 65536))
+      ->capture_default_str();
+  app.add_option("--shutdown-timeout", config.shutdown_timeout_s,
+                 "On SIGINT/SIGTERM, seconds in-flight requests may take before they are aborted")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  init_logging();
+
+  // Every thread started from here on inherits this mask, so the signals
+  // reach only the sigwait() thread below. SIGUSR1 wakes it at exit.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a client that went away is a failed write, not a crash
+
+  auto loaded = load_engine(args);
+  if (!loaded.ok()) {
+    std::cerr << "error: " << loaded.status().message() << "\n";
+    return 1;
+  }
+  std::unique_ptr<ChatTemplate> chat_template;
+  if (!loaded->tokenizer) {
+    std::fprintf(stderr, "error: serve needs the model's tokenizer files (tokenizer.json, tokenizer_config.json)\n");
+    return 1;
+  }
+  if (!loaded->tokenizer->chat_template().empty()) {
+    auto t = ChatTemplate::parse(loaded->tokenizer->chat_template());
+    if (t.ok())
+      chat_template = std::make_unique<ChatTemplate>(std::move(*t));
+    else
+      NUCLEUS_LOG_WARN("chat template not usable, /v1/chat/completions will refuse: {}", t.status().message());
+  } else {
+    NUCLEUS_LOG_WARN("the model has no chat template; /v1/chat/completions will refuse requests");
+  }
+  config.served_model_names = {served_name.empty() ? default_served_name(args.model) : served_name};
+  if (args.model != config.served_model_names[0]) config.served_model_names.push_back(args.model);
+  config.model_dir = args.model;
+
+  server::AsyncEngine engine(std::move(loaded->engine));
+  server::HttpServer http(config, engine, *loaded->tokenizer, chat_template.get());
+  if (Status s = http.bind(); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 1;
+  }
+  NUCLEUS_LOG_INFO("serving '{}' on http://{}:{}", config.served_model_names[0], config.host, http.bound_port());
+
+  std::atomic<bool> exiting{false};
+  std::thread drain;
+  std::thread waiter([&] {
+    int received = 0;
+    for (;;) {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      if (exiting) return;
+      if (sig == SIGUSR1) continue;
+      if (++received == 1)
+        drain = std::thread([&] { http.shutdown(); });
+      else
+        http.force();
+    }
+  });
+  const bool served = http.serve();
+  exiting = true;
+  pthread_kill(waiter.native_handle(), SIGUSR1);
+  waiter.join();
+  if (drain.joinable()) drain.join();
+  engine.shutdown();
+  if (!served) {
+    NUCLEUS_LOG_ERROR("the listening socket failed");
+    return 1;
+  }
+  NUCLEUS_LOG_INFO("server stopped");
+  return 0;
+}
+
+}  // namespace nucleus::cli

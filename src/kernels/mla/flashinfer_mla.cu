@@ -1,0 +1,158 @@
+// Adapter from nucleus' paged latent cache to FlashInfer's Hopper MLA kernel
+// (see flashinfer_mla.cuh). Compiled with the FlashInfer include paths only
+// when cmake/flashinfer.cmake found the headers; otherwise a stub.
+#include "kernels/mla/flashinfer_mla.cuh"
+
+#ifdef NUCLEUS_HAVE_FLASHINFER
+#include <flashinfer/attention/mla_hopper.cuh>
+#include <flashinfer/attention/scheduler.cuh>
+
+#include <mutex>
+#include <vector>
+
+namespace nucleus::kernels {
+
+namespace {
+
+using Params = flashinfer::MLAParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int32_t>;
+
+constexpr size_t kFloatWorkspaceBytes = 64ull << 20;  // partial outputs (bf16) + LSE
+constexpr size_t kIntWorkspaceBytes = 8ull << 20;     // plan arrays
+
+// Process-wide workspace and the last plan (the layers of a step share it).
+struct Workspace {
+  void* float_buf = nullptr;
+  void* int_buf = nullptr;
+  void* int_host = nullptr;  // page-locked staging of the plan
+  cudaEvent_t staged = nullptr;
+  bool have_plan = false;
+  int heads = 0;
+  std::vector<int32_t> kv_indptr, kv_len;
+  flashinfer::MLAPlanInfo info{};
+};
+std::mutex g_mu;
+Workspace g_ws;
+bool g_capture_static = false;
+
+cudaError_t ensure_workspace() {
+  if (g_ws.float_buf) return cudaSuccess;
+  cudaError_t e = cudaMalloc(&g_ws.float_buf, kFloatWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaMalloc(&g_ws.int_buf, kIntWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaMallocHost(&g_ws.int_host, kIntWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g_ws.staged, cudaEventDisableTiming);
+  return e;
+}
+
+cudaError_t plan(const FlashInferMlaParams& p, cudaStream_t stream) {
+  const int64_t n = p.num_rows;
+  std::vector<int32_t> kv_indptr(n), kv_len(p.row_keys_h, p.row_keys_h + n);
+  for (int64_t i = 0; i < n; ++i) kv_indptr[i] = p.row_seq_h[i] * p.max_blocks;
+  if (g_ws.have_plan && g_ws.heads == p.num_heads && g_ws.kv_indptr == kv_indptr && g_ws.kv_len == kv_len)
+    return cudaSuccess;
+  // The previous plan's copy must have left the staging buffer.
+  cudaError_t e = cudaEventSynchronize(g_ws.staged);
+  if (e != cudaSuccess) return e;
+  std::vector<int32_t> qo_indptr(n + 1);
+  for (int64_t i = 0; i <= n; ++i) qo_indptr[i] = static_cast<int32_t>(i);
+  size_t staged_bytes = 0;
+  g_ws.have_plan = false;
+  try {
+    e = flashinfer::MLAPlan<int32_t>(g_ws.float_buf, kFloatWorkspaceBytes, g_ws.int_buf, g_ws.int_host,
+                                     kIntWorkspaceBytes, g_ws.info, staged_bytes, qo_indptr.data(),
+                                     kv_indptr.data(), kv_len.data(), static_cast<uint32_t>(n),
+                                     static_cast<uint32_t>(p.num_heads), 512, /*causal=*/false, stream);
+  } catch (const std::exception&) {
+    return cudaErrorInvalidValue;  // FlashInfer refused the plan (workspace too small, too many works)
+  }
+  if (e != cudaSuccess) return e;
+  e = cudaMemcpyAsync(g_ws.int_buf, g_ws.int_host, staged_bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(g_ws.staged, stream);
+  if (e != cudaSuccess) return e;
+  g_ws.have_plan = true;
+  g_ws.heads = p.num_heads;
+  g_ws.kv_indptr = std::move(kv_indptr);
+  g_ws.kv_len = std::move(kv_len);
+  return cudaSuccess;
+}
+
+template <typename T>
+T* at(void* base, int64_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+}  // namespace
+
+bool flashinfer_mla_available() { return true; }
+
+void flashinfer_mla_set_capture_static(bool static_plan) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_capture_static = static_plan;
+}
+
+cudaError_t flashinfer_mla_decode(const FlashInferMlaParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  std::lock_guard<std::mutex> lock(g_mu);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t ce = cudaStreamIsCapturing(stream, &capture);
+  if (ce != cudaSuccess) return ce;
+  if (capture != cudaStreamCaptureStatusNone && !g_capture_static) return cudaErrorStreamCaptureUnsupported;
+  cudaError_t e = ensure_workspace();
+  if (e != cudaSuccess) return e;
+  e = plan(p, stream);
+  if (e != cudaSuccess) return e;
+  const flashinfer::MLAPlanInfo& info = g_ws.info;
+  void* ib = g_ws.int_buf;
+  Params params;
+  params.q_nope = const_cast<__nv_bfloat16*>(p.q_full);
+  params.q_pe = const_cast<__nv_bfloat16*>(p.q_full) + 512;
+  params.ckv = const_cast<__nv_bfloat16*>(p.cache);
+  params.kpe = const_cast<__nv_bfloat16*>(p.cache) + 512;
+  params.q_indptr = at<int32_t>(ib, info.q_indptr_offset);
+  params.kv_indptr = at<int32_t>(ib, info.kv_indptr_offset);
+  params.partial_indptr = at<int32_t>(ib, info.partial_indptr_offset);
+  params.kv_indices = const_cast<int32_t*>(p.block_tables);
+  params.q_len = at<int32_t>(ib, info.q_len_offset);
+  params.kv_len = at<int32_t>(ib, info.kv_len_offset);
+  params.q_start = at<int32_t>(ib, info.q_start_offset);
+  params.kv_start = at<int32_t>(ib, info.kv_start_offset);
+  params.kv_end = at<int32_t>(ib, info.kv_end_offset);
+  params.work_indptr = at<int32_t>(ib, info.work_indptr_offset);
+  params.merge_packed_offset_start = at<int32_t>(ib, info.merge_packed_offset_start_offset);
+  params.merge_packed_offset_end = at<int32_t>(ib, info.merge_packed_offset_end_offset);
+  params.merge_partial_packed_offset_start = at<int32_t>(ib, info.merge_partial_packed_offset_start_offset);
+  params.merge_partial_packed_offset_end = at<int32_t>(ib, info.merge_partial_packed_offset_end_offset);
+  params.merge_partial_stride = at<int32_t>(ib, info.merge_partial_stride_offset);
+  params.final_o = p.o_lat;
+  params.final_lse = nullptr;
+  params.partial_o = at<__nv_bfloat16>(g_ws.float_buf, info.partial_o_offset);
+  params.partial_lse = at<float>(g_ws.float_buf, info.partial_lse_offset);
+  params.num_heads = flashinfer::uint_fastdiv(static_cast<uint32_t>(p.num_heads));
+  params.block_size = flashinfer::uint_fastdiv(static_cast<uint32_t>(p.block_size));
+  const uint32_t q_row = static_cast<uint32_t>(p.num_heads) * 576, kv_row = 576;
+  params.q_nope_stride_n = q_row;
+  params.q_nope_stride_h = 576;
+  params.q_pe_stride_n = q_row;
+  params.q_pe_stride_h = 576;
+  params.ckv_stride_page = kv_row * static_cast<uint32_t>(p.block_size);
+  params.ckv_stride_n = kv_row;
+  params.kpe_stride_page = kv_row * static_cast<uint32_t>(p.block_size);
+  params.kpe_stride_n = kv_row;
+  params.o_stride_n = static_cast<uint32_t>(p.num_heads) * 512;
+  params.o_stride_h = 512;
+  params.sm_scale = p.scale;
+  params.return_lse_base_on_e = false;
+  return flashinfer::mla::BatchMLAPageAttentionHopper<flashinfer::MaskMode::kNone, 512, 64, Params>(
+      params, static_cast<uint32_t>(info.num_blks_x), static_cast<uint32_t>(info.num_blks_y), stream);
+}
+
+}  // namespace nucleus::kernels
+
+#else  // no FlashInfer headers in this build
+
+namespace nucleus::kernels {
+bool flashinfer_mla_available() { return false; }
+void flashinfer_mla_set_capture_static(bool) {}
+cudaError_t flashinfer_mla_decode(const FlashInferMlaParams&, cudaStream_t) { return cudaErrorNotSupported; }
+}  // namespace nucleus::kernels
+
+#endif

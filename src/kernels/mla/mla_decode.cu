@@ -1,0 +1,489 @@
+// Split-KV flash decoding for absorbed MLA (see mla_decode.cuh).
+//
+// Attention CTA: one query row x one KV split x M m-tiles of 16 heads, 4*M
+// warps. Warp (mt, qd) owns heads [16 mt, +16) of the group and
+//   - for the scores, the latent dims [144 qd, +144) (9 k-steps): its Q
+//     fragments stay in registers for the whole CTA; the four dim-quarter
+//     partial score tiles are summed through shared memory;
+//   - for the output, o_lat columns [128 qd, +128) (64 f32 accumulators).
+// Keys stream through a kStages-deep cp.async ring of 32-key tiles (rows
+// padded to 1168 bytes: conflict-free ldmatrix). Each latent row is read
+// from memory once per CTA, for all of its heads.
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/mla/mla_decode.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+namespace nucleus::kernels {
+
+namespace {
+
+constexpr int kTileKeys = 32;
+constexpr int kRowElems = kMlaDecodeLatent + 8;  // padded smem row: 1168 bytes
+constexpr int kTileElems = kTileKeys * kRowElems;
+constexpr int kStages = 4;
+constexpr int kMinChunk = 128;                            // keys per split at least
+constexpr int kSpStride = kTileKeys + 8;                  // floats per partial-score row (conflict-free)
+constexpr int kChunksPerRow = kMlaDecodeLatent * 2 / 16;  // 72 16-byte chunks per latent row
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Keys per split of a row with num_keys keys when the grid has num_splits
+// splits (a multiple of the tile, at least kMinChunk).
+__device__ __forceinline__ int row_chunk(int num_keys, int num_splits) {
+  int c = (num_keys + num_splits - 1) / num_splits;
+  c = c < kMinChunk ? kMinChunk : c;
+  return (c + kTileKeys - 1) / kTileKeys * kTileKeys;
+}
+
+__device__ __forceinline__ int64_t row_of(const MlaDecodeRows& r, int64_t i) {
+  return r.rows ? static_cast<int64_t>(r.rows[i]) : r.row_offset + i;
+}
+
+// Keys visible to query row `row` (its position + 1) and its sequence.
+__device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int* seq) {
+  *seq = r.token_seq[row];
+  return r.context_lens[*seq] + static_cast<int>(row - r.query_start[*seq]) + 1;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; zero-fills when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr));
+}
+
+// c += a (16x16, row) * b (16x8, col); bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+template <int M>
+constexpr size_t attention_smem_bytes() {
+  return static_cast<size_t>(kStages) * kTileElems * 2 + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
+}
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kThreadsPerRow = kThreads / kTileKeys;           // loader: 8 threads per key row
+constexpr int kChunksPerThread = kChunksPerRow / kThreadsPerRow;  // 9
+static_assert(kChunksPerRow % kThreadsPerRow == 0, "loader split");
+
+// M m-tiles of 16 heads; 8 warps. Warp w: m-tile mt = w / (8 / M); for the
+// scores dim quarter qd = w % 4 and keys [16 M kh, +16 M) of the tile
+// (kh = (w % (8 / M)) / 4); for the output columns [64 M c, +64 M)
+// (c = w % (8 / M)).
+template <int M>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const MlaDecodeAttnParams p) {
+  constexpr int kWarpsPerMt = kWarps / M;  // 8 or 4
+  constexpr int kNtS = 2 * M;              // score n-tiles (8 keys) per warp
+  constexpr int kNtO = 8 * M;              // output n-tiles (8 columns) per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* kv_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kStages][32][kRowElems]
+  float* sp = reinterpret_cast<float*>(smem_raw + static_cast<size_t>(kStages) * kTileElems * 2);  // [M][4][16][kSpStride]
+
+  const int H = p.num_heads;
+  const int group = blockIdx.x, split = blockIdx.y;
+  const int64_t i = blockIdx.z;
+  int seq;
+  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
+  const int chunk = row_chunk(num_keys, p.num_splits);
+  const int k_begin = split * chunk;
+  if (k_begin >= num_keys) return;  // this row needs fewer splits
+  const int k_end = min(num_keys, k_begin + chunk);
+  const int num_tiles = (k_end - k_begin + kTileKeys - 1) / kTileKeys;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int mt = warp / kWarpsPerMt, wi = warp % kWarpsPerMt, qd = wi & 3, kh = wi >> 2;
+  const int h_lo = group * 16 * M + mt * 16 + (lane >> 2), h_hi = h_lo + 8;
+  const int bs = p.r.block_size;
+  const int32_t* table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
+
+  // Loader: thread copies chunks ld_part + 8 j of key row ld_row of a tile.
+  const int ld_row = tid / kThreadsPerRow, ld_part = tid % kThreadsPerRow;
+  auto row_src = [&](int t) -> const __nv_bfloat16* {  // this thread's row of tile t, or null past the end
+    const int key = k_begin + t * kTileKeys + ld_row;
+    if (key >= k_end) return nullptr;
+    const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
+    return p.cache + slot * kMlaDecodeLatent;
+  };
+  auto load_tile = [&](const __nv_bfloat16* src, int stage) {
+    const uint32_t dst = smem_u32(kv_smem + stage * kTileElems + ld_row * kRowElems + ld_part * 8);
+    const bool valid = src != nullptr;
+    const __nv_bfloat16* s0 = valid ? src + ld_part * 8 : p.cache;
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j)
+      cp_async16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 8 : s0, valid);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(row_src(s), s);
+    cp_async_commit();
+  }
+  const __nv_bfloat16* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
+
+  // Q fragments (A operand, 16 heads x 16 dims per k-step) of this warp's dim quarter.
+  uint32_t qf[9][4];
+  {
+    const __nv_bfloat16* qb = p.q_full + i * H * kMlaDecodeLatent;
+    const bool lo_ok = h_lo < H, hi_ok = h_hi < H;
+#pragma unroll
+    for (int ks = 0; ks < 9; ++ks) {
+      const int d0 = (qd * 9 + ks) * 16 + (lane & 3) * 2;
+      qf[ks][0] = lo_ok ? ld_u32(qb + h_lo * kMlaDecodeLatent + d0) : 0u;
+      qf[ks][1] = hi_ok ? ld_u32(qb + h_hi * kMlaDecodeLatent + d0) : 0u;
+      qf[ks][2] = lo_ok ? ld_u32(qb + h_lo * kMlaDecodeLatent + d0 + 8) : 0u;
+      qf[ks][3] = hi_ok ? ld_u32(qb + h_hi * kMlaDecodeLatent + d0 + 8) : 0u;
+    }
+  }
+
+  float o[kNtO][4];
+#pragma unroll
+  for (int n = 0; n < kNtO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+  const float scale_log2 = p.scale * kLog2e;
+  float* sp_mine = sp + (mt * 4 + qd) * 16 * kSpStride + kh * 16 * M;
+  const float* sp_tile = sp + mt * 4 * 16 * kSpStride;
+  const int r_lo = lane >> 2, c0 = (lane & 3) * 2;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    {
+      const int nt = t + kStages - 1;
+      if (nt < num_tiles) {
+        load_tile(next_src, nt % kStages);
+        next_src = nt + 1 < num_tiles ? row_src(nt + 1) : nullptr;  // its latency hides behind this tile
+      }
+      cp_async_commit();
+    }
+    const __nv_bfloat16* kv = kv_smem + (t % kStages) * kTileElems;
+
+    // Partial scores over this warp's 144 dims and 16 M keys.
+    {
+      float s[kNtS][4];
+#pragma unroll
+      for (int j = 0; j < kNtS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < 9; ++ks) {
+        const int kd = (qd * 9 + ks) * 16 + ((lane >> 3) & 1) * 8;
+#pragma unroll
+        for (int jp = 0; jp < kNtS / 2; ++jp) {
+          const int key = kh * 16 * M + (2 * jp + (lane >> 4)) * 8 + (lane & 7);
+          uint32_t b0, b1, b2, b3;
+          ldmatrix_x4(smem_u32(kv + key * kRowElems + kd), b0, b1, b2, b3);
+          mma_bf16(s[2 * jp], qf[ks], b0, b1);
+          mma_bf16(s[2 * jp + 1], qf[ks], b2, b3);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kNtS; ++j) {
+        *reinterpret_cast<float2*>(sp_mine + r_lo * kSpStride + j * 8 + c0) = make_float2(s[j][0], s[j][1]);
+        *reinterpret_cast<float2*>(sp_mine + (r_lo + 8) * kSpStride + j * 8 + c0) = make_float2(s[j][2], s[j][3]);
+      }
+    }
+    __syncthreads();
+    // Full scores of the m-tile's 32 keys (sum of the four quarters), log2 units, masked.
+    float s[4][4];
+    const int key_base = k_begin + t * kTileKeys;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 lo = make_float2(0.f, 0.f), hi = make_float2(0.f, 0.f);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float* b = sp_tile + q * 16 * kSpStride;
+        const float2 a = *reinterpret_cast<const float2*>(b + r_lo * kSpStride + j * 8 + c0);
+        const float2 c = *reinterpret_cast<const float2*>(b + (r_lo + 8) * kSpStride + j * 8 + c0);
+        lo.x += a.x;
+        lo.y += a.y;
+        hi.x += c.x;
+        hi.y += c.y;
+      }
+      const bool v0 = key_base + j * 8 + c0 < k_end, v1 = key_base + j * 8 + c0 + 1 < k_end;
+      s[j][0] = v0 ? lo.x * scale_log2 : -INFINITY;
+      s[j][1] = v1 ? lo.y * scale_log2 : -INFINITY;
+      s[j][2] = v0 ? hi.x * scale_log2 : -INFINITY;
+      s[j][3] = v1 ? hi.y * scale_log2 : -INFINITY;
+    }
+    // Online softmax (rows r_lo and r_lo + 8; a row's 32 keys sit in 4 lanes).
+    float mx_lo = m_lo, mx_hi = m_hi;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      mx_lo = fmaxf(mx_lo, fmaxf(s[j][0], s[j][1]));
+      mx_hi = fmaxf(mx_hi, fmaxf(s[j][2], s[j][3]));
+    }
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float corr_lo = exp2f(m_lo - mx_lo), corr_hi = exp2f(m_hi - mx_hi);
+    m_lo = mx_lo;
+    m_hi = mx_hi;
+    float sum_lo = 0.f, sum_hi = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[j][0] = exp2f(s[j][0] - mx_lo);
+      s[j][1] = exp2f(s[j][1] - mx_lo);
+      s[j][2] = exp2f(s[j][2] - mx_hi);
+      s[j][3] = exp2f(s[j][3] - mx_hi);
+      sum_lo += s[j][0] + s[j][1];
+      sum_hi += s[j][2] + s[j][3];
+    }
+    l_lo = l_lo * corr_lo + sum_lo;
+    l_hi = l_hi * corr_hi + sum_hi;
+#pragma unroll
+    for (int n = 0; n < kNtO; ++n) {
+      o[n][0] *= corr_lo;
+      o[n][1] *= corr_lo;
+      o[n][2] *= corr_hi;
+      o[n][3] *= corr_hi;
+    }
+    // o[:, 64 M wi : +64 M] += P (16 x 32) . V (32 x 64 M).
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int np = 0; np < kNtO / 2; ++np) {
+        const int col = wi * 64 * M + (2 * np + (lane >> 4)) * 8;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4_trans(smem_u32(kv + key * kRowElems + col), b0, b1, b2, b3);
+        mma_bf16(o[2 * np], a, b0, b1);
+        mma_bf16(o[2 * np + 1], a, b2, b3);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
+  const int col0 = wi * 64 * M + (lane & 3) * 2;
+  if (p.num_splits == 1) {
+    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
+#pragma unroll
+    for (int n = 0; n < kNtO; ++n) {
+      if (h_lo < H)
+        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+      if (h_hi < H)
+        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+  } else {
+    const int64_t base = (i * p.num_splits + split) * H;
+    float* ob = p.part_o + base * kMlaDecodeLora;
+#pragma unroll
+    for (int n = 0; n < kNtO; ++n) {
+      if (h_lo < H)
+        *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+            make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+      if (h_hi < H)
+        *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+            make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+    if (wi == 0 && (lane & 3) == 0) {
+      if (h_lo < H) p.part_lse[base + h_lo] = m_lo + log2f(l_lo);
+      if (h_hi < H) p.part_lse[base + h_hi] = m_hi + log2f(l_hi);
+    }
+  }
+}
+
+// o_lat[i, h, :] = sum_s w_s part_o[i, s, h, :], w = softmax over the row's splits of part_lse.
+// Grid (num_heads, rows), 128 threads x 4 columns.
+__global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecodeAttnParams p) {
+  __shared__ float w[kMlaDecodeMaxSplits];
+  const int H = p.num_heads, h = blockIdx.x;
+  const int64_t i = blockIdx.y;
+  int seq;
+  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
+  const int chunk = row_chunk(num_keys, p.num_splits);
+  const int ns = (num_keys + chunk - 1) / chunk;
+  const int64_t base = i * p.num_splits * H + h;  // + s * H
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, p.part_lse[base + static_cast<int64_t>(s) * H]);
+    mx = cuda_common::warp_max(mx);
+    float sum = 0.0f;
+    for (int s = lane; s < ns; s += 32) {
+      const float e = exp2f(p.part_lse[base + static_cast<int64_t>(s) * H] - mx);
+      w[s] = e;
+      sum += e;
+    }
+    sum = cuda_common::warp_sum(sum);
+    const float inv = 1.0f / sum;
+    __syncwarp();
+    for (int s = lane; s < ns; s += 32) w[s] *= inv;
+  }
+  __syncthreads();
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int c = threadIdx.x * 4;
+  for (int s = 0; s < ns; ++s) {
+    const float4 v =
+        *reinterpret_cast<const float4*>(p.part_o + (base + static_cast<int64_t>(s) * H) * kMlaDecodeLora + c);
+    const float ws = w[s];
+    acc.x += ws * v.x;
+    acc.y += ws * v.y;
+    acc.z += ws * v.z;
+    acc.w += ws * v.w;
+  }
+  uint2 out;
+  out.x = pack_bf16(acc.x, acc.y);
+  out.y = pack_bf16(acc.z, acc.w);
+  *reinterpret_cast<uint2*>(p.o_lat + (i * H + h) * kMlaDecodeLora + c) = out;
+}
+
+// One block per row: 16-byte copies of q_nope (16 chunks/head) and q_pe (8 chunks/head).
+__global__ void mla_decode_gather_q_kernel(const MlaDecodeRows r, const __nv_bfloat16* __restrict__ q,
+                                           int64_t q_stride, int num_heads, __nv_bfloat16* __restrict__ q_nope_c,
+                                           __nv_bfloat16* __restrict__ q_full) {
+  const int64_t i = blockIdx.x, row = row_of(r, i);
+  constexpr int kPerHead = (kMlaDecodeNope + kMlaDecodeRope) / 8;  // 24
+  for (int c = threadIdx.x; c < num_heads * kPerHead; c += blockDim.x) {
+    const int h = c / kPerHead, k = c - h * kPerHead;
+    const uint4 v = *reinterpret_cast<const uint4*>(q + row * q_stride + h * (kMlaDecodeNope + kMlaDecodeRope) + k * 8);
+    if (k < kMlaDecodeNope / 8)
+      *reinterpret_cast<uint4*>(q_nope_c + (i * num_heads + h) * kMlaDecodeNope + k * 8) = v;
+    else
+      *reinterpret_cast<uint4*>(q_full + (i * num_heads + h) * kMlaDecodeLatent + kMlaDecodeLora +
+                                (k - kMlaDecodeNope / 8) * 8) = v;
+  }
+}
+
+__global__ void mla_decode_scatter_kernel(const MlaDecodeRows r, const __nv_bfloat16* __restrict__ src,
+                                          int64_t width, __nv_bfloat16* __restrict__ out, int64_t out_stride) {
+  const int64_t i = blockIdx.x, row = row_of(r, i);
+  for (int64_t c = threadIdx.x; c < width / 8; c += blockDim.x)
+    *reinterpret_cast<uint4*>(out + row * out_stride + c * 8) = *reinterpret_cast<const uint4*>(src + i * width + c * 8);
+}
+
+__global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __restrict__ out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= w.n * w.k) return;
+  out[idx] = __float2bfloat16(w.at(idx / w.k, idx % w.k));
+}
+
+template <int M>
+cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
+  constexpr size_t smem = attention_smem_bytes<M>();
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      mla_decode_attention_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (attr != cudaSuccess) return attr;
+  const int groups = (p.num_heads + 16 * M - 1) / (16 * M);
+  constexpr int64_t kMaxGridZ = 65535;
+  for (int64_t r0 = 0; r0 < p.r.num_rows; r0 += kMaxGridZ) {
+    const int64_t n = std::min(kMaxGridZ, p.r.num_rows - r0);
+    MlaDecodeAttnParams q = p;
+    q.r.rows = p.r.rows ? p.r.rows + r0 : nullptr;
+    q.r.row_offset = p.r.row_offset + r0;
+    q.r.num_rows = n;
+    q.q_full = p.q_full + r0 * p.num_heads * kMlaDecodeLatent;
+    q.o_lat = p.o_lat + r0 * p.num_heads * kMlaDecodeLora;
+    if (p.num_splits > 1) {
+      q.part_o = p.part_o + r0 * p.num_splits * p.num_heads * kMlaDecodeLora;
+      q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
+    }
+    dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
+    mla_decode_attention_kernel<M><<<grid, kThreads, smem, stream>>>(q);
+    if (p.num_splits > 1) mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int mla_decode_heads_per_cta(int num_heads) { return num_heads <= 16 ? 16 : 32; }
+
+int mla_decode_num_splits(int64_t num_rows, int num_heads, int heads_per_cta, int num_sms) {
+  const int64_t groups = (num_heads + heads_per_cta - 1) / heads_per_cta;
+  const int64_t base = num_rows * groups;  // CTAs per split
+  if (base >= num_sms || num_sms <= 0) return 1;
+  // Among split counts up to two waves, the best fill of the waves it uses
+  // (a larger count only when it fills noticeably better).
+  const int64_t max_s = std::min<int64_t>(kMlaDecodeMaxSplits, (2 * num_sms + base - 1) / base);
+  int best = 1;
+  double best_fill = static_cast<double>(base) / num_sms;
+  for (int64_t s = 2; s <= max_s; ++s) {
+    const int64_t ctas = base * s, waves = (ctas + num_sms - 1) / num_sms;
+    const double fill = static_cast<double>(ctas) / static_cast<double>(waves * num_sms);
+    if (fill > best_fill + 0.02) {
+      best_fill = fill;
+      best = static_cast<int>(s);
+    }
+  }
+  return best;
+}
+
+cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat16* q, int64_t q_stride,
+                                       int num_heads, __nv_bfloat16* q_nope_c, __nv_bfloat16* q_full,
+                                       cudaStream_t stream) {
+  if (r.num_rows == 0) return cudaSuccess;
+  mla_decode_gather_q_kernel<<<static_cast<unsigned>(r.num_rows), 256, 0, stream>>>(r, q, q_stride, num_heads,
+                                                                                    q_nope_c, q_full);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream_t stream) {
+  if (p.r.num_rows == 0) return cudaSuccess;
+  if (p.num_splits < 1 || p.num_splits > kMlaDecodeMaxSplits || p.r.block_size < 1) return cudaErrorInvalidValue;
+  if (p.num_splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
+  switch (p.heads_per_cta) {
+    case 16: return launch_attention_m<1>(p, stream);
+    case 32: return launch_attention_m<2>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t launch_mla_decode_scatter_out(const MlaDecodeRows& r, const __nv_bfloat16* out_c, int64_t width,
+                                          __nv_bfloat16* out, int64_t out_stride, cudaStream_t stream) {
+  if (r.num_rows == 0) return cudaSuccess;
+  if (width % 8 != 0 || out_stride % 8 != 0) return cudaErrorInvalidValue;
+  mla_decode_scatter_kernel<<<static_cast<unsigned>(r.num_rows), 128, 0, stream>>>(r, out_c, width, out, out_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_mla_decode_dequant_weight(const WeightView& w, __nv_bfloat16* w_bf16, cudaStream_t stream) {
+  const int64_t total = w.n * w.k;
+  if (total == 0) return cudaSuccess;
+  mla_decode_dequant_kernel<<<cuda_common::ceil_div(total, 256), 256, 0, stream>>>(w, w_bf16);
+  return cudaGetLastError();
+}
+
+}  // namespace nucleus::kernels

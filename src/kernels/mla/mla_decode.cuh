@@ -1,0 +1,101 @@
+// Fast absorbed-form MLA decode attention over the paged latent cache
+// (semantics: mla_attention_ref.h, absorbed form; the same row rules as
+// mla_attention_naive.cuh). One call runs, for n query rows:
+//   1. gather:   q_nope_c[i, h, :] = q[row_i, h, :qk_nope]; q_full[i, h, kv_lora:] = q_pe
+//   2. absorb:   q_full[i, h, :kv_lora] = q_nope_c[i, h] . W_UK[h]        (batched GEMM, bf16 out)
+//   3. attend:   split-KV flash decoding, each CTA = one row x one KV split x
+//                a group of 16 or 32 heads, every latent row read once for the
+//                whole group; tensor cores (mma.sync m16n8k16) for
+//                [heads x 576] x [576 x keys] and [heads x keys] x [keys x 512]
+//   4. combine:  partial o_lat of the splits merged by log-sum-exp (when split)
+//   5. output:   out[row_i, h, :] = o_lat[i, h] . W_UV[h]^T                (batched GEMM)
+// Row i's query sits at position context_lens[seq] + (row - query_start[seq])
+// and sees keys 0 .. that position. All launches are stream-async, allocate
+// nothing and never synchronise the host: capturable in a CUDA graph.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/common/weight_view.cuh"
+
+namespace nucleus::kernels {
+
+// Compile-time widths of the fast path (DeepSeek V2/V3, Kimi-K2).
+constexpr int kMlaDecodeLora = 512;
+constexpr int kMlaDecodeRope = 64;
+constexpr int kMlaDecodeNope = 128;
+constexpr int kMlaDecodeVHead = 128;
+constexpr int kMlaDecodeLatent = kMlaDecodeLora + kMlaDecodeRope;  // 576
+constexpr int kMlaDecodeMaxSplits = 256;
+
+// Which rows a call processes and where their keys are.
+struct MlaDecodeRows {
+  const int32_t* rows = nullptr;  // [num_rows] query rows; null: rows row_offset + i
+  int64_t row_offset = 0;
+  int64_t num_rows = 0;
+  const int32_t* token_seq = nullptr;     // [T] sequence of each row
+  const int32_t* query_start = nullptr;   // [num_seqs + 1]
+  const int32_t* context_lens = nullptr;  // [num_seqs]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks]; entries of visible keys >= 0
+  int max_blocks = 0;
+  int block_size = 0;  // any >= 1
+};
+
+// Step 1: q_nope_c [num_rows, num_heads, 128] and the q_pe part of q_full
+// [num_rows, num_heads, 576] (bf16) from q [T, num_heads * 192] (row stride q_stride).
+cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat16* q, int64_t q_stride,
+                                       int num_heads, __nv_bfloat16* q_nope_c, __nv_bfloat16* q_full,
+                                       cudaStream_t stream);
+
+// Steps 3 and 4. q_full: [num_rows, num_heads, 576] bf16. num_splits (1 ..
+// kMlaDecodeMaxSplits) is the grid's split count; each row uses
+// mla_decode_row_splits(num_keys, num_splits) of them. With num_splits == 1
+// o_lat is written directly; otherwise part_o [num_rows, num_splits,
+// num_heads, 512] f32 and part_lse [num_rows, num_splits, num_heads] (log2
+// domain) hold the splits and a combine kernel writes o_lat [num_rows,
+// num_heads, 512] bf16. heads_per_cta: 16 or 32.
+struct MlaDecodeAttnParams {
+  MlaDecodeRows r;
+  int num_heads = 0;
+  float scale = 0.0f;  // softmax scale (ModelConfig::softmax_scale)
+  const __nv_bfloat16* q_full = nullptr;
+  const __nv_bfloat16* cache = nullptr;  // this layer: [num_slots, 576] bf16
+  int num_splits = 1;
+  int heads_per_cta = 16;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  __nv_bfloat16* o_lat = nullptr;
+};
+cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream_t stream);
+
+// Host-side policy: the grid's split count for num_rows rows and
+// num_heads heads on num_sms multiprocessors (fills the machine with about
+// two CTA waves, never more than kMlaDecodeMaxSplits).
+int mla_decode_num_splits(int64_t num_rows, int num_heads, int heads_per_cta, int num_sms);
+// Heads per CTA for num_heads (16 for <= 16 heads, else 32).
+int mla_decode_heads_per_cta(int num_heads);
+
+// Step 5 helper: out[row_i, :] = out_c[i, :] for num_rows rows of width
+// `width` bf16 (used when rows are given as a list).
+cudaError_t launch_mla_decode_scatter_out(const MlaDecodeRows& r, const __nv_bfloat16* out_c, int64_t width,
+                                          __nv_bfloat16* out, int64_t out_stride, cudaStream_t stream);
+
+// w_bf16[n, k] = bf16(W[n, k]) for a bf16 or FP8 block-scaled weight (once,
+// when an FP8 kv_b_proj is first used).
+cudaError_t launch_mla_decode_dequant_weight(const WeightView& w, __nv_bfloat16* w_bf16, cudaStream_t stream);
+
+// Steps 2 and 5 as cuBLASLt strided-batched bf16 GEMMs (f32 accumulation),
+// batch = heads. kv_b: [num_heads * 256, 512] bf16 (W_UK rows then W_UV rows
+// per head). Plans are cached per shape; the first call of a shape must not be
+// inside a graph capture. Return a cuBLAS status as an int (0 = success).
+//   absorb: q_full[i, h, :512] = q_nope_c[i, h, :] . W_UK[h]      ([128] x [128, 512])
+//   output: out[i * out_ld + h * 128 + :] = o_lat[i, h, :] . W_UV[h]^T  ([512] x [512, 128]^T)
+int mla_decode_gemm_absorb(const __nv_bfloat16* kv_b, int num_heads, int64_t num_rows,
+                           const __nv_bfloat16* q_nope_c, __nv_bfloat16* q_full, cudaStream_t stream);
+int mla_decode_gemm_output(const __nv_bfloat16* kv_b, int num_heads, int64_t num_rows, const __nv_bfloat16* o_lat,
+                           __nv_bfloat16* out, int64_t out_ld, cudaStream_t stream);
+
+}  // namespace nucleus::kernels

@@ -1,0 +1,242 @@
+// Grouped-GEMM MoE: token alignment (counts, prefix sums, scatter, m-tile
+// work list), the weighted combine, and the host-side choice of the GEMM
+// variant. The GEMMs themselves: moe_grouped_gemm.cuh.
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/moe/moe_grouped.cuh"
+
+namespace nucleus::kernels {
+
+namespace {
+
+constexpr int kAlignThreads = 1024;  // one thread per expert in the scans (num_experts <= 1024)
+constexpr int kMaxWidth = 16384;     // hidden and inter (the K of the GEMMs)
+
+int64_t max_tiles_for(int64_t pairs, int64_t num_experts, int bm) {
+  return pairs / bm + std::min(pairs, num_experts);  // sum_e ceil(c_e / bm) <= floor(P / bm) + active experts
+}
+
+size_t align_up(size_t v) { return (v + 255) & ~static_cast<size_t>(255); }
+
+// One CTA: count pairs per expert, exclusive sums of rows and of m-tiles,
+// scatter pairs into expert-sorted order (order inside an expert unspecified),
+// write the m-tile work list.
+__global__ void __launch_bounds__(kAlignThreads)
+    moe_align_kernel(const int32_t* __restrict__ ids, int num_pairs, int num_experts, int bm, MoeGroupedWorkspace ws) {
+  using Scan = cub::BlockScan<int, kAlignThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int cursor[kAlignThreads];    // counts, then the next free row of each expert
+  __shared__ int row_off[kAlignThreads];   // first sorted row of each expert
+  __shared__ int tile_off[kAlignThreads];  // first m-tile of each expert
+  const int tid = threadIdx.x;
+  cursor[tid] = 0;
+  __syncthreads();
+  for (int p = tid; p < num_pairs; p += kAlignThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < num_experts) atomicAdd(&cursor[e], 1);
+  }
+  __syncthreads();
+  const int count = cursor[tid];
+  int rows_before, rows_total, tiles_before, tiles_total;
+  Scan(scan_tmp).ExclusiveSum(count, rows_before, rows_total);
+  __syncthreads();  // scan_tmp reused
+  Scan(scan_tmp).ExclusiveSum((count + bm - 1) / bm, tiles_before, tiles_total);
+  row_off[tid] = rows_before;
+  tile_off[tid] = tiles_before;
+  cursor[tid] = rows_before;
+  if (tid < num_experts) ws.expert_offsets[tid] = rows_before;
+  if (tid == 0) {
+    ws.expert_offsets[num_experts] = rows_total;
+    *ws.num_tiles = tiles_total;
+  }
+  __syncthreads();
+  for (int p = tid; p < num_pairs; p += kAlignThreads) {
+    const int e = ids[p];
+    if (e >= 0 && e < num_experts) {
+      const int pos = atomicAdd(&cursor[e], 1);
+      ws.sorted_pairs[pos] = p;
+      ws.pair_pos[p] = pos;
+    } else {
+      ws.pair_pos[p] = -1;
+    }
+  }
+  for (int i = tid; i < tiles_total; i += kAlignThreads) {
+    // The expert of tile i: the last e with tile_off[e] <= i (empty experts precede it).
+    int lo = 0, hi = num_experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (tile_off[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    ws.tile_expert[i] = lo;
+    ws.tile_row0[i] = row_off[lo] + (i - tile_off[lo]) * bm;
+  }
+}
+
+// out[t, c..c+8) = sum_k w[t, k] * y[pair_pos[t, k], c..c+8), k in order, f32.
+__global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
+                                   const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
+                                   __nv_bfloat16* __restrict__ out) {
+  const int vecs = hidden / 8;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= num_tokens * vecs) return;
+  const int64_t t = i / vecs;
+  const int c = static_cast<int>(i % vecs) * 8;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k = 0; k < top_k; ++k) {
+    const int pos = pair_pos[t * top_k + k];
+    if (pos < 0) continue;
+    const float w = weights[t * top_k + k];
+    const uint4 v = *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(pos) * hidden + c);
+    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(b[j]);
+      acc[2 * j] += w * f.x;
+      acc[2 * j + 1] += w * f.y;
+    }
+  }
+  uint4 o;
+  __nv_bfloat162* ob = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+  *reinterpret_cast<uint4*>(out + t * hidden + c) = o;
+}
+
+using moe_grouped::GemmArgs;
+using moe_grouped::launch_grouped_gemm_impl;
+
+template <bool kUp>
+cudaError_t launch_gemm(int bm, bool fp8, const GemmArgs& a, int64_t max_tiles, cudaStream_t stream) {
+  constexpr int kBnSmall = kUp ? 128 : 64;  // DOWN: narrower tiles for more CTAs at small batches
+  switch (bm) {
+    case 16:
+      return fp8 ? launch_grouped_gemm_impl<16, kBnSmall, true, kUp>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<16, kBnSmall, false, kUp>(a, max_tiles, stream);
+    case 32:
+      return fp8 ? launch_grouped_gemm_impl<32, kBnSmall, true, kUp>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<32, kBnSmall, false, kUp>(a, max_tiles, stream);
+    case 64:
+      return fp8 ? launch_grouped_gemm_impl<64, 128, true, kUp>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<64, 128, false, kUp>(a, max_tiles, stream);
+    case 128:
+      return fp8 ? launch_grouped_gemm_impl<128, 128, true, kUp>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<128, 128, false, kUp>(a, max_tiles, stream);
+    default:
+      return cudaErrorInvalidValue;  // unsupported tile height
+  }
+}
+
+int down_bn(int bm) { return bm <= 32 ? 64 : 128; }
+
+}  // namespace
+
+size_t moe_grouped_workspace_bytes(const MoeGroupedShape& s, int64_t max_pairs) {
+  const int64_t tiles = max_tiles_for(max_pairs, s.num_experts, 16);
+  return align_up((s.num_experts + 1) * 4) + 2 * align_up(max_pairs * 4) + 2 * align_up(tiles * 4) + align_up(4) +
+         align_up(max_pairs * s.inter * 2) + align_up(max_pairs * s.hidden * 2);
+}
+
+MoeGroupedWorkspace moe_grouped_workspace_carve(void* base, const MoeGroupedShape& s, int64_t max_pairs) {
+  const int64_t tiles = max_tiles_for(max_pairs, s.num_experts, 16);
+  char* p = static_cast<char*>(base);
+  auto take = [&](size_t bytes) {
+    char* r = p;
+    p += align_up(bytes);
+    return r;
+  };
+  MoeGroupedWorkspace ws;
+  ws.expert_offsets = reinterpret_cast<int32_t*>(take((s.num_experts + 1) * 4));
+  ws.sorted_pairs = reinterpret_cast<int32_t*>(take(max_pairs * 4));
+  ws.pair_pos = reinterpret_cast<int32_t*>(take(max_pairs * 4));
+  ws.tile_expert = reinterpret_cast<int32_t*>(take(tiles * 4));
+  ws.tile_row0 = reinterpret_cast<int32_t*>(take(tiles * 4));
+  ws.num_tiles = reinterpret_cast<int32_t*>(take(4));
+  ws.h = reinterpret_cast<__nv_bfloat16*>(take(max_pairs * s.inter * 2));
+  ws.y = reinterpret_cast<__nv_bfloat16*>(take(max_pairs * s.hidden * 2));
+  ws.max_pairs = max_pairs;
+  return ws;
+}
+
+const char* moe_grouped_unsupported(const MoeGroupedShape& s, const WeightView& gate_up, const WeightView& down) {
+  if (s.num_experts < 1 || s.num_experts > kAlignThreads) return "num_experts outside [1, 1024]";
+  if (s.top_k < 1 || s.top_k > s.num_experts) return "top_k outside [1, num_experts]";
+  if (s.hidden % 128 != 0) return "hidden_size not a multiple of 128";
+  if (s.inter % 64 != 0) return "moe_intermediate_size not a multiple of 64";
+  if (s.hidden > kMaxWidth || s.inter > kMaxWidth) return "hidden_size or moe_intermediate_size above 16384";
+  if (gate_up.n != 2 * s.inter || gate_up.k != s.hidden) return "gate_up is not [2 * inter, hidden]";
+  if (down.n != s.hidden || down.k != s.inter) return "down is not [hidden, inter]";
+  for (const WeightView* w : {&gate_up, &down}) {
+    if (!w->fp8()) continue;
+    if (w->block_n <= 0 || w->block_n % 128 != 0) return "FP8 block_n not a multiple of 128";
+    if (w->block_k <= 0 || w->block_k % 64 != 0) return "FP8 block_k not a multiple of 64";
+    if ((w->k + w->block_k - 1) / w->block_k > moe_grouped::kMaxKBlocks) return "FP8 weight has over 128 K blocks";
+  }
+  return nullptr;
+}
+
+int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s) {
+  const int64_t pairs = num_tokens * s.top_k;
+  if (pairs <= 0) return 16;
+  // Expected rows per active expert (routing spread evenly): a tile height
+  // that holds most experts in one m-tile keeps decode at one weight read.
+  const double rows = static_cast<double>(pairs) / static_cast<double>(std::min(pairs, s.num_experts));
+  if (rows <= 10) return 16;
+  if (rows <= 24) return 32;
+  if (rows <= 64) return 64;
+  return 128;
+}
+
+cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const int32_t* topk_ids,
+                               const float* topk_weights, const MoeGroupedShape& s, const ExpertView* experts,
+                               bool gate_up_fp8, bool down_fp8, const MoeGroupedWorkspace& ws, __nv_bfloat16* out,
+                               cudaStream_t stream, int force_bm) {
+  if (num_tokens == 0) return cudaSuccess;
+  const int64_t pairs = num_tokens * s.top_k;
+  if (num_tokens < 0 || pairs > ws.max_pairs) return cudaErrorInvalidValue;
+  if (pairs * std::max(s.hidden, s.inter) >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // 32-bit offsets
+  const int bm = force_bm ? force_bm : moe_grouped_pick_bm(num_tokens, s);
+  if (bm != 16 && bm != 32 && bm != 64 && bm != 128) return cudaErrorInvalidValue;
+  const int64_t max_tiles = max_tiles_for(pairs, s.num_experts, bm);
+
+  moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(topk_ids, static_cast<int>(pairs), static_cast<int>(s.num_experts),
+                                                    bm, ws);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  GemmArgs up;
+  up.a = x;
+  up.sorted_pairs = ws.sorted_pairs;
+  up.top_k = static_cast<int>(s.top_k);
+  up.experts = experts;
+  up.expert_offsets = ws.expert_offsets;
+  up.tile_expert = ws.tile_expert;
+  up.tile_row0 = ws.tile_row0;
+  up.num_tiles = ws.num_tiles;
+  up.c = ws.h;
+  up.k = static_cast<int>(s.hidden);
+  up.n = static_cast<int>(s.inter);
+  up.n_tiles = static_cast<int>(s.inter / 64);  // every UP tile holds 64 gate + 64 up rows
+  err = launch_gemm<true>(bm, gate_up_fp8, up, max_tiles, stream);
+  if (err != cudaSuccess) return err;
+
+  GemmArgs down = up;
+  down.a = ws.h;
+  down.sorted_pairs = nullptr;
+  down.c = ws.y;
+  down.k = static_cast<int>(s.inter);
+  down.n = static_cast<int>(s.hidden);
+  down.n_tiles = static_cast<int>(s.hidden / down_bn(bm));
+  err = launch_gemm<false>(bm, down_fp8, down, max_tiles, stream);
+  if (err != cudaSuccess) return err;
+
+  const int64_t threads = num_tokens * (s.hidden / 8);
+  moe_combine_kernel<<<cuda_common::ceil_div(threads, 256), 256, 0, stream>>>(
+      ws.y, ws.pair_pos, topk_weights, num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
+  return cudaGetLastError();
+}
+
+}  // namespace nucleus::kernels

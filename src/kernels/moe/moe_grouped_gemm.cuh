@@ -1,0 +1,318 @@
+// The grouped GEMM of the cuda_grouped MoE backend (device code; included by
+// the moe_grouped_{up,down}_{bf16,fp8}.cu instantiation files only).
+//
+// One CTA computes a BM x BN tile of one expert's GEMM: rows are a range of
+// the expert-sorted (token, k) pairs (an "m-tile" from the device-side work
+// list that moe_align_kernel writes), columns a slice of the expert's weight
+// rows. The grid is sized to an upper bound of m-tiles times the n-tiles;
+// CTAs past the device-side tile count exit at once, so no host sync is
+// needed and the launch can be captured in a CUDA graph.
+//
+//   UP   (kUp):  h[r, j]  = silu(x[tok(r)] . gate_e[j]) * (x[tok(r)] . up_e[j])
+//                A rows gathered from x through sorted_pairs (no permuted copy
+//                of x); a tile's BN weight rows are BN/2 gate rows and the BN/2
+//                matching up rows, so SwiGLU runs in the epilogue.
+//   DOWN (!kUp): y[r, n]  = h[r] . down_e[n]
+//
+// Tensor cores: mma.sync m16n8k16 bf16 -> f32, fragments by ldmatrix from
+// 128-byte-swizzled shared memory, a cp.async pipeline of STAGES k-tiles of
+// 64. FP8 (e4m3, block-scaled) weights are copied as bytes and dequantized
+// once per k-tile into a bf16 shared tile (q * scale rounded to bf16; a tile's
+// half lies inside one scale block, so one scale per half and k-tile).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/moe/moe_grouped.cuh"
+
+namespace nucleus::kernels::moe_grouped {
+
+constexpr int kBlockK = 64;  // k per pipeline stage: one 128-byte bf16 row
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Element offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of
+// 64-element bf16 rows, XOR-swizzled so that ldmatrix's 8 rows hit 8 banks.
+__device__ __forceinline__ int swz(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) << 3); }
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Two e4m3 bytes (low byte first) times `scale`, as bf16x2.
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t q, float scale) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q), __NV_E4M3);
+  const float2 f = __half22float2(__half2(hr));
+  return pack_bf16x2(f.x * scale, f.y * scale);
+}
+
+// Shared-memory bytes of one configuration.
+template <int BM, int BN, int STAGES, bool kFp8>
+constexpr int smem_bytes() {
+  const int a = BM * kBlockK * 2, b = BN * kBlockK * (kFp8 ? 1 : 2);
+  return STAGES * (a + b) + (kFp8 ? BN * kBlockK * 2 : 0);
+}
+
+template <int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, bool kFp8, bool kUp>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32 >= 256) ? 2 : 3)
+    grouped_gemm_kernel(GemmArgs args) {
+  constexpr int NT = WARPS_M * WARPS_N * 32;
+  constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;
+  constexpr int MI = WM / 16, NI = WN / 8;
+  constexpr int A_ITERS = BM * 8 / NT;                    // 16-byte chunks per thread per stage
+  constexpr int B_CHUNKS_PER_ROW = kFp8 ? 4 : 8;
+  constexpr int B_ITERS = BN * B_CHUNKS_PER_ROW / NT;
+  constexpr int A_STAGE = BM * kBlockK;                   // elements
+  constexpr int B_STAGE_BYTES = BN * kBlockK * (kFp8 ? 1 : 2);
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile");
+  static_assert(!kUp || NI % 4 == 0, "UP pairs gate and up fragments two by two");
+  static_assert(A_ITERS >= 1 && BM * 8 % NT == 0 && BN * B_CHUNKS_PER_ROW % NT == 0, "load split");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  __nv_bfloat16* a_smem = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* b_smem = smem + STAGES * A_STAGE * 2;
+  __nv_bfloat16* b_bf16 = reinterpret_cast<__nv_bfloat16*>(b_smem + STAGES * B_STAGE_BYTES);  // FP8 only
+  __shared__ float scales[2][kMaxKBlocks];  // FP8: [gate | up or down][k block]
+
+  const int tile = blockIdx.x / args.n_tiles, n_tile = blockIdx.x % args.n_tiles;
+  if (tile >= *args.num_tiles) return;  // past the device-side work list
+  const int expert = args.tile_expert[tile];
+  const int row0 = args.tile_row0[tile];
+  const int row_end = args.expert_offsets[expert + 1];
+  const WeightView w = kUp ? args.experts[expert].gate_up : args.experts[expert].down;
+  const int K = args.k;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  // UP: columns j0 .. j0 + BN/2 of h; DOWN: columns n0 .. n0 + BN of y.
+  const int col0 = kUp ? n_tile * (BN / 2) : n_tile * BN;
+  auto weight_row = [&](int r) -> int64_t {
+    if constexpr (kUp) return r < BN / 2 ? col0 + r : args.n + col0 + (r - BN / 2);
+    return col0 + r;
+  };
+
+  if constexpr (kFp8) {
+    const int k_blocks = (K + w.block_k - 1) / w.block_k;
+    const float* s0 = w.scale_inv + (weight_row(0) / w.block_n) * k_blocks;
+    const float* s1 = w.scale_inv + (weight_row(BN - 1) / w.block_n) * k_blocks;
+    for (int i = tid; i < k_blocks; i += NT) {
+      scales[0][i] = s0[i];
+      scales[1][i] = s1[i];
+    }
+  }
+
+  // Offsets of this thread's A and B chunks (fixed over k; 32-bit to save
+  // registers: the buffers hold fewer than 2^31 elements). A row past the
+  // expert's end is zero-filled (a_off < 0).
+  int a_off[A_ITERS];
+#pragma unroll
+  for (int it = 0; it < A_ITERS; ++it) {
+    const int i = tid + it * NT, row = i >> 3, c = i & 7;
+    const int r = row0 + row;
+    int src_row = r;
+    if constexpr (kUp) src_row = r < row_end ? args.sorted_pairs[r] / args.top_k : 0;
+    a_off[it] = r < row_end ? src_row * K + c * 8 : -1;
+  }
+  int b_off[B_ITERS];  // bytes
+#pragma unroll
+  for (int it = 0; it < B_ITERS; ++it) {
+    const int i = tid + it * NT, row = i / B_CHUNKS_PER_ROW, c = i % B_CHUNKS_PER_ROW;
+    b_off[it] = static_cast<int>(weight_row(row)) * K * (kFp8 ? 1 : 2) + c * 16;
+  }
+  const unsigned char* b_base = static_cast<const unsigned char*>(w.data);
+
+  auto load_stage = [&](int slot, int kt) {
+    __nv_bfloat16* as = a_smem + slot * A_STAGE;
+#pragma unroll
+    for (int it = 0; it < A_ITERS; ++it) {
+      const int i = tid + it * NT, row = i >> 3, c = i & 7;
+      const bool valid = a_off[it] >= 0;
+      cp_async_16(as + swz(row, c), args.a + (valid ? a_off[it] + kt * kBlockK : 0), valid ? 16 : 0);
+    }
+    unsigned char* bs = b_smem + slot * B_STAGE_BYTES;
+#pragma unroll
+    for (int it = 0; it < B_ITERS; ++it) {
+      const int i = tid + it * NT, row = i / B_CHUNKS_PER_ROW, c = i % B_CHUNKS_PER_ROW;
+      if constexpr (kFp8) {
+        cp_async_16(bs + row * kBlockK + c * 16, b_base + b_off[it] + kt * kBlockK, 16);
+      } else {
+        cp_async_16(reinterpret_cast<__nv_bfloat16*>(bs) + swz(row, c), b_base + b_off[it] + kt * kBlockK * 2, 16);
+      }
+    }
+  };
+
+  float acc[MI][NI][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int v = 0; v < 4; ++v) acc[mi][ni][v] = 0.0f;
+
+  const int k_tiles = K / kBlockK;
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  // Shared-memory row of the first B row of n-fragment f of this warp.
+  auto b_frag_row = [&](int f) -> int {
+    if constexpr (kUp) return f < NI / 2 ? wn * (WN / 2) + f * 8 : BN / 2 + wn * (WN / 2) + (f - NI / 2) * 8;
+    return wn * WN + f * 8;
+  };
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt-1 fully consumed
+    {
+      const int next = kt + STAGES - 1;
+      if (next < k_tiles) load_stage(next % STAGES, next);
+      cp_async_commit();
+    }
+    const int slot = kt % STAGES;
+    const __nv_bfloat16* as = a_smem + slot * A_STAGE;
+    const __nv_bfloat16* bs;
+    if constexpr (kFp8) {
+      const unsigned char* bq = b_smem + slot * B_STAGE_BYTES;
+      const int kb = kt * kBlockK / w.block_k;
+      const float s_lo = scales[0][kb], s_hi = scales[1][kb];
+      // 8 e4m3 bytes of B row `row`, chunk c -> 8 bf16 (q * scale) in the swizzled tile.
+      auto convert = [&](int row, int c) {
+        const uint2 q = *reinterpret_cast<const uint2*>(bq + row * kBlockK + c * 8);
+        const float s = row < BN / 2 ? s_lo : s_hi;  // DOWN: both halves in one block
+        uint4 v;
+        v.x = fp8x2_to_bf16x2(static_cast<uint16_t>(q.x & 0xffff), s);
+        v.y = fp8x2_to_bf16x2(static_cast<uint16_t>(q.x >> 16), s);
+        v.z = fp8x2_to_bf16x2(static_cast<uint16_t>(q.y & 0xffff), s);
+        v.w = fp8x2_to_bf16x2(static_cast<uint16_t>(q.y >> 16), s);
+        *reinterpret_cast<uint4*>(b_bf16 + swz(row, c)) = v;
+      };
+      if constexpr (WARPS_M == 1) {
+        // Each B row is read by one warp only: the warp converts its own rows
+        // and needs no CTA barrier before its ldmatrix.
+#pragma unroll
+        for (int it = 0; it < WN / 4; ++it) {
+          const int i = lane + it * 32, idx = i >> 3, c = i & 7;
+          int row = wn * WN + idx;
+          if constexpr (kUp) row = idx < WN / 2 ? wn * (WN / 2) + idx : BN / 2 + wn * (WN / 2) + (idx - WN / 2);
+          convert(row, c);
+        }
+        __syncwarp();
+      } else {
+#pragma unroll
+        for (int it = 0; it < BN * 8 / NT; ++it) {
+          const int i = tid + it * NT;
+          convert(i >> 3, i & 7);
+        }
+        __syncthreads();
+      }
+      bs = b_bf16;
+    } else {
+      bs = reinterpret_cast<const __nv_bfloat16*>(b_smem + slot * B_STAGE_BYTES);
+    }
+
+#pragma unroll
+    for (int ks = 0; ks < kBlockK / 16; ++ks) {
+      uint32_t af[MI][4];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        const int row = wm * WM + mi * 16 + (lane & 15);
+        ldmatrix_x4(af[mi], as + swz(row, ks * 2 + (lane >> 4)));
+      }
+      uint32_t bf[NI][2];
+#pragma unroll
+      for (int fp = 0; fp < NI / 2; ++fp) {
+        const int row = b_frag_row(2 * fp) + (lane & 7) + ((lane >> 4) << 3);
+        uint32_t r[4];
+        ldmatrix_x4(r, bs + swz(row, ks * 2 + ((lane >> 3) & 1)));
+        bf[2 * fp][0] = r[0];
+        bf[2 * fp][1] = r[1];
+        bf[2 * fp + 1][0] = r[2];
+        bf[2 * fp + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+    }
+  }
+  cp_async_wait<0>();  // no copies outstanding at exit
+
+  // Epilogue: fragment element (mi, ni, v) is row g (+8 for v >= 2), column 2q (+1 for odd v).
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row0 + wm * WM + mi * 16 + g + half * 8;
+      if (r >= row_end) continue;
+      __nv_bfloat16* out_row = args.c + static_cast<int64_t>(r) * args.n;
+      if constexpr (kUp) {
+#pragma unroll
+        for (int f = 0; f < NI / 2; ++f) {
+          const int j = col0 + wn * (WN / 2) + f * 8 + 2 * q;
+          const float g0 = acc[mi][f][2 * half], g1 = acc[mi][f][2 * half + 1];
+          const float u0 = acc[mi][f + NI / 2][2 * half], u1 = acc[mi][f + NI / 2][2 * half + 1];
+          const float h0 = g0 / (1.0f + __expf(-g0)) * u0, h1 = g1 / (1.0f + __expf(-g1)) * u1;
+          *reinterpret_cast<uint32_t*>(out_row + j) = pack_bf16x2(h0, h1);
+        }
+      } else {
+#pragma unroll
+        for (int f = 0; f < NI; ++f) {
+          const int n = col0 + wn * WN + f * 8 + 2 * q;
+          *reinterpret_cast<uint32_t*>(out_row + n) = pack_bf16x2(acc[mi][f][2 * half], acc[mi][f][2 * half + 1]);
+        }
+      }
+    }
+  }
+}
+
+// Launches one configuration over `max_tiles` m-tiles (an upper bound; the
+// device-side count decides). Stream-async, graph-safe.
+template <int BM, int BN, bool kFp8, bool kUp>
+cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cudaStream_t stream) {
+  constexpr int WARPS_M = BM >= 128 ? 2 : 1, WARPS_N = 4;
+  // Small FP8 tiles: 3 stages keep 4 CTAs (16 warps) on an SM; their loop,
+  // not memory latency, bounds a CTA's bandwidth.
+  constexpr int STAGES = BM >= 128 ? 3 : (kFp8 ? 3 : 4);
+  constexpr int bytes = smem_bytes<BM, BN, STAGES, kFp8>();
+  auto kernel = grouped_gemm_kernel<BM, BN, WARPS_M, WARPS_N, STAGES, kFp8, kUp>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (attr != cudaSuccess) return attr;
+  const int64_t blocks = max_tiles * args.n_tiles;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(blocks), WARPS_M * WARPS_N * 32, bytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace nucleus::kernels::moe_grouped

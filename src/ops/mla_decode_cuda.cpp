@@ -1,0 +1,248 @@
+// The fast CUDA backends of the mla_decode op family: "nucleus" (own split-KV
+// flash-decoding kernel, kernels/mla/mla_decode.cuh) and "flashinfer"
+// (FlashInfer's Hopper MLA kernel, kernels/mla/flashinfer_mla.cuh). Both
+// share the absorption: q_lat = q_nope . W_UK and out = o_lat . W_UV as
+// cuBLASLt batched GEMMs over heads, with a bf16 copy of an FP8 kv_b_proj
+// made once on first use (op.state()[0]).
+//
+// Scratch: out[1] (q_lat, f32 [W, H * 512]) holds q_full bf16 [W, H, 576] and
+// q_nope bf16 [W, H, 128]; out[2] (o_lat, f32 [W, H * 512]) holds o_lat bf16
+// [W, H, 512] and the compact output bf16 [W, H * 128]. Rows are processed W
+// at a time. The nucleus backend's split partials live in one buffer shared
+// by every decode op of the process (the ops run one after another on the
+// engine stream), sized on first use for W rows. FlashInfer plans on the host
+// from the step's key counts, which a CUDA graph replay cannot follow: under
+// capture the flashinfer backend runs the nucleus attention kernel instead.
+#ifdef NUCLEUS_HAVE_CUDA
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "kernels/mla/flashinfer_mla.cuh"
+#include "kernels/mla/mla_decode.cuh"
+#include "ops/cuda_backends.h"
+
+namespace nucleus::cuda_ops {
+
+namespace {
+
+cudaStream_t stream() { return cuda::context().stream; }
+
+// The absorbed MLA widths the fast kernels are built for.
+Status check_dims(const MlaDecodeAttentionOp& op) {
+  const auto& d = op.dims();
+  if (d.kv_lora != kernels::kMlaDecodeLora || d.qk_rope != kernels::kMlaDecodeRope ||
+      d.qk_nope != kernels::kMlaDecodeNope || d.v_head != kernels::kMlaDecodeVHead)
+    return unsupported("needs kv_lora 512, qk_rope 64, qk_nope 128, v_head 128 (got " + std::to_string(d.kv_lora) +
+                       ", " + std::to_string(d.qk_rope) + ", " + std::to_string(d.qk_nope) + ", " +
+                       std::to_string(d.v_head) + ")");
+  if (d.num_heads < 1) return unsupported("no heads");
+  const DType w = op.kv_b().weight.dtype();
+  if (w != DType::kBF16 && w != DType::kF8E4M3)
+    return unsupported(std::string("kv_b_proj weight dtype ") + dtype_name(w) + " (needs BF16 or F8E4M3)");
+  if (op.kv_b().out_features != d.num_heads * (d.qk_nope + d.v_head) || op.kv_b().in_features != d.kv_lora)
+    return unsupported("kv_b_proj shape does not match num_heads * (qk_nope + v_head) x kv_lora");
+  return ok_status();
+}
+
+// kv_b_proj as bf16 [H * 256, 512]: the weight itself, or its dequantized copy.
+const __nv_bfloat16* kv_b_bf16(MlaDecodeAttentionOp& op) {
+  const LinearWeight& w = op.kv_b();
+  if (!w.fp8()) return w.weight.data<__nv_bfloat16>();
+  auto& st = op.state();
+  if (st.empty()) st.resize(1);
+  if (!st[0].defined()) {
+    st[0] = Tensor::empty({w.out_features, w.in_features}, DType::kBF16, Device::kCuda);
+    NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_dequant_weight(weight_view(w), st[0].data<__nv_bfloat16>(),
+                                                                 stream()));
+  }
+  return st[0].data<__nv_bfloat16>();
+}
+
+// The rows the op serves this step: all T rows (forced absorbed, or every
+// sequence is single-token), else the single-token rows (auto).
+struct RowSet {
+  const int32_t* rows = nullptr;  // device list, or null: rows 0 .. num_rows - 1
+  int64_t num_rows = 0;
+};
+RowSet row_set(const MlaDecodeAttentionOp& op, const OpContext& ctx, int64_t T) {
+  const DeviceStepInputs& dev = *ctx.dev;
+  if (op.mode() == AttentionMode::kAuto && dev.num_single_token_rows != T)
+    return {dev.single_token_rows, dev.num_single_token_rows};
+  return {nullptr, T};
+}
+
+// Scratch views of one chunk of at most W rows.
+struct Scratch {
+  __nv_bfloat16 *q_full, *q_nope, *o_lat, *out_c;
+};
+Scratch scratch(const TensorList& out, int64_t W, int64_t H) {
+  NUCLEUS_CHECK(out[1].nbytes() >= static_cast<size_t>(W * H * (kernels::kMlaDecodeLatent + kernels::kMlaDecodeNope) * 2) &&
+                    out[2].nbytes() >= static_cast<size_t>(W * H * (kernels::kMlaDecodeLora + kernels::kMlaDecodeVHead) * 2),
+                "mla_decode scratch buffers too small for {} rows x {} heads", W, H);
+  auto* a = out[1].data<__nv_bfloat16>();
+  auto* b = out[2].data<__nv_bfloat16>();
+  return {a, a + W * H * kernels::kMlaDecodeLatent, b, b + W * H * kernels::kMlaDecodeLora};
+}
+
+kernels::MlaDecodeRows rows_of(const OpContext& ctx, const RowSet& rs, int64_t r0, int64_t n) {
+  const DeviceStepInputs& dev = *ctx.dev;
+  kernels::MlaDecodeRows r;
+  r.rows = rs.rows ? rs.rows + r0 : nullptr;
+  r.row_offset = rs.rows ? 0 : r0;
+  r.num_rows = n;
+  r.token_seq = dev.token_seq;
+  r.query_start = dev.query_start;
+  r.context_lens = dev.context_lens;
+  r.block_tables = dev.block_tables;
+  r.max_blocks = ctx.inputs->max_blocks_per_seq;
+  r.block_size = static_cast<int>(ctx.kv_cache->block_size);
+  return r;
+}
+
+const __nv_bfloat16* layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
+  const KvCache& kv = *ctx.kv_cache;
+  NUCLEUS_CHECK(kv.data.dtype() == DType::kBF16 && kv.width == kernels::kMlaDecodeLatent,
+                "mla_decode needs a bf16 latent cache of width 576 (got {} width {})", dtype_name(kv.data.dtype()),
+                kv.width);
+  return kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+}
+
+// Runs the shared steps around `attend` (which fills s.o_lat from s.q_full)
+// for every chunk of at most W rows.
+template <typename Attend>
+void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out,
+                  Attend attend) {
+  const Tensor& q = in[0];
+  const int64_t T = q.dim(0), H = op.dims().num_heads, W = out[1].dim(0);
+  const RowSet rs = row_set(op, ctx, T);
+  if (rs.num_rows == 0) return;
+  const __nv_bfloat16* kv_b = kv_b_bf16(op);
+  const Scratch s = scratch(out, W, H);
+  cudaStream_t st = stream();
+  for (int64_t r0 = 0; r0 < rs.num_rows; r0 += W) {
+    const int64_t n = std::min(W, rs.num_rows - r0);
+    const kernels::MlaDecodeRows r = rows_of(ctx, rs, r0, n);
+    NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
+                                                           static_cast<int>(H), s.q_nope, s.q_full, st));
+    int e = kernels::mla_decode_gemm_absorb(kv_b, static_cast<int>(H), n, s.q_nope, s.q_full, st);
+    NUCLEUS_CHECK(e == 0, "mla_decode q absorption GEMM failed: cuBLAS status {} (rows {}, heads {})", e, n, H);
+    attend(r, r0, s);
+    const int64_t out_stride = out[0].row_numel();
+    if (rs.rows) {
+      e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat, s.out_c,
+                                          H * kernels::kMlaDecodeVHead, st);
+      NUCLEUS_CHECK(e == 0, "mla_decode output GEMM failed: cuBLAS status {}", e);
+      NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_scatter_out(r, s.out_c, H * kernels::kMlaDecodeVHead,
+                                                                out[0].data<__nv_bfloat16>(), out_stride, st));
+    } else {
+      e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat,
+                                          out[0].data<__nv_bfloat16>() + r0 * out_stride, out_stride, st);
+      NUCLEUS_CHECK(e == 0, "mla_decode output GEMM failed: cuBLAS status {}", e);
+    }
+  }
+}
+
+// The split-partial buffer shared by the decode ops, at least `floats` long.
+Tensor shared_partials(int64_t floats) {
+  static Tensor buf;
+  if (!buf.defined() || buf.numel() < floats) buf = Tensor::empty({floats}, DType::kF32, Device::kCuda);
+  return buf;
+}
+
+// The nucleus attention step (split-KV kernel + combine) for one chunk of rows.
+void nucleus_attend(MlaDecodeAttentionOp& op, const __nv_bfloat16* cache, int64_t W, const kernels::MlaDecodeRows& r,
+                    const Scratch& s) {
+  const int H = static_cast<int>(op.dims().num_heads);
+  const int hpc = kernels::mla_decode_heads_per_cta(H);
+  const int sms = cuda::context().num_sms;
+  auto& st = op.state();
+  if (st.size() < 2) st.resize(2);
+  if (!st[1].defined()) {
+    // Partials for the largest rows x splits any chunk of <= W rows uses.
+    int64_t most = 0;
+    for (int64_t n = 1; n <= W; ++n) {
+      const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms);
+      if (splits > 1) most = std::max(most, n * splits);
+    }
+    st[1] = shared_partials(std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1)));
+  }
+  kernels::MlaDecodeAttnParams p;
+  p.r = r;
+  p.num_heads = H;
+  p.scale = op.dims().scale;
+  p.q_full = s.q_full;
+  p.cache = cache;
+  p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms);
+  p.heads_per_cta = hpc;
+  p.o_lat = s.o_lat;
+  if (p.num_splits > 1) {
+    NUCLEUS_CHECK(r.num_rows * p.num_splits * H * (kernels::kMlaDecodeLora + 1) <= st[1].numel(),
+                  "mla_decode split partials too small for {} rows x {} splits", r.num_rows, p.num_splits);
+    p.part_o = st[1].data<float>();
+    p.part_lse = p.part_o + r.num_rows * p.num_splits * H * kernels::kMlaDecodeLora;
+  }
+  NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_attention(p, stream()));
+}
+
+}  // namespace
+
+Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) { return check_dims(op); }
+
+void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const __nv_bfloat16* cache = layer_cache(op, ctx);
+  const int64_t W = out[1].dim(0);
+  run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t, const Scratch& s) {
+    nucleus_attend(op, cache, W, r, s);
+  });
+}
+
+Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
+  if (!kernels::flashinfer_mla_available())
+    return unsupported("built without FlashInfer headers (NUCLEUS_FLASHINFER=OFF or tools/fetch_flashinfer.sh failed)");
+  return check_dims(op);
+}
+
+void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const StepInputs& si = *ctx.inputs;
+  const int64_t T = in[0].dim(0);
+  // Host copies of the rows' sequences and key counts, for FlashInfer's planner.
+  std::vector<int32_t> seq_h, keys_h;
+  for (int64_t s = 0; s < si.num_seqs(); ++s) {
+    const int32_t nq = si.query_len(s);
+    const bool all = !(op.mode() == AttentionMode::kAuto && ctx.dev->num_single_token_rows != T);
+    if (nq == 0 || (!all && nq != 1)) continue;
+    for (int32_t j = 0; j < nq; ++j) {
+      seq_h.push_back(static_cast<int32_t>(s));
+      keys_h.push_back(si.context_lens[s] + j + 1);
+    }
+  }
+  const __nv_bfloat16* cache = layer_cache(op, ctx);
+  const int64_t W = out[1].dim(0);
+  run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t r0, const Scratch& s) {
+    NUCLEUS_CHECK(r0 + r.num_rows <= static_cast<int64_t>(seq_h.size()), "flashinfer rows out of step");
+    kernels::FlashInferMlaParams p;
+    p.num_heads = static_cast<int>(op.dims().num_heads);
+    p.scale = op.dims().scale;
+    p.num_rows = r.num_rows;
+    p.q_full = s.q_full;
+    p.cache = cache;
+    p.block_size = r.block_size;
+    p.block_tables = r.block_tables;
+    p.max_blocks = r.max_blocks;
+    p.row_seq_h = seq_h.data() + r0;
+    p.row_keys_h = keys_h.data() + r0;
+    p.o_lat = s.o_lat;
+    const cudaError_t e = kernels::flashinfer_mla_decode(p, stream());
+    if (e == cudaErrorStreamCaptureUnsupported) {  // FlashInfer's host plan cannot be replayed: own kernel
+      nucleus_attend(op, cache, W, r, s);
+      return;
+    }
+    NUCLEUS_CUDA_CHECK(e);
+  });
+}
+
+}  // namespace nucleus::cuda_ops
+#endif  // NUCLEUS_HAVE_CUDA

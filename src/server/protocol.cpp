@@ -1,0 +1,351 @@
+#include "server/protocol.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace nucleus::server {
+
+using nlohmann::json;
+
+json ApiError::body() const {
+  json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return json{{"error", e}};
+}
+
+namespace {
+
+// Thrown inside this file only, caught at the parse_* boundary.
+struct Refusal {
+  ApiError error;
+};
+
+[[noreturn]] void refuse(const std::string& param, const std::string& message) {
+  ApiError e;
+  e.param = param;
+  e.message = message;
+  throw Refusal{e};
+}
+
+// The field, or null when it is absent or JSON null (OpenAI treats both as
+// "not given").
+const json* field(const json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool get_bool(const json& body, const char* name, bool fallback) {
+  const json* f = field(body, name);
+  if (!f) return fallback;
+  if (!f->is_boolean()) refuse(name, std::string("'") + name + "' must be a boolean, got " + f->dump());
+  return f->get<bool>();
+}
+
+std::optional<double> get_number(const json& body, const char* name) {
+  const json* f = field(body, name);
+  if (!f) return std::nullopt;
+  if (!f->is_number()) refuse(name, std::string("'") + name + "' must be a number, got " + f->dump());
+  return f->get<double>();
+}
+
+std::optional<int64_t> get_int(const json& body, const char* name) {
+  const json* f = field(body, name);
+  if (!f) return std::nullopt;
+  if (!f->is_number_integer() || (f->is_number_unsigned() && f->get<uint64_t>() > INT64_MAX))
+    refuse(name, std::string("'") + name + "' must be an integer, got " + f->dump());
+  return f->get<int64_t>();
+}
+
+// An integer in [lo, hi], or `fallback` when absent.
+int64_t get_int_in(const json& body, const char* name, int64_t lo, int64_t hi, int64_t fallback) {
+  auto v = get_int(body, name);
+  if (!v) return fallback;
+  if (*v < lo || *v > hi)
+    refuse(name, std::string("'") + name + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "], got " + std::to_string(*v));
+  return *v;
+}
+
+std::vector<std::string> get_stop(const json& body) {
+  const json* f = field(body, "stop");
+  std::vector<std::string> out;
+  if (!f) return out;
+  if (f->is_string()) {
+    out.push_back(f->get<std::string>());
+  } else if (f->is_array()) {
+    for (const auto& s : *f) {
+      if (!s.is_string()) refuse("stop", "'stop' must be a string or a list of strings, got " + f->dump());
+      out.push_back(s.get<std::string>());
+    }
+  } else {
+    refuse("stop", "'stop' must be a string or a list of strings, got " + f->dump());
+  }
+  if (static_cast<int>(out.size()) > kMaxStopStrings)
+    refuse("stop", "'stop' holds " + std::to_string(out.size()) + " strings; at most " +
+                       std::to_string(kMaxStopStrings) + " are allowed");
+  for (const auto& s : out)
+    if (s.empty()) refuse("stop", "'stop' strings must not be empty");
+  return out;
+}
+
+// Fields common to both endpoints: sampling, n, streaming, extensions.
+void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r) {
+  if (const json* m = field(body, "model")) {
+    if (!m->is_string()) refuse("model", "'model' must be a string, got " + m->dump());
+    const std::string name = m->get<std::string>();
+    bool known = false;
+    for (const auto& n : model.names) known = known || n == name;
+    if (!known) {
+      ApiError e;
+      e.http_status = 404;
+      e.param = "model";
+      e.code = "model_not_found";
+      e.message = "The model '" + name + "' does not exist; this server serves '" + model.names[0] + "'";
+      throw Refusal{e};
+    }
+  }
+  SamplingParams& p = r.params;
+  if (auto t = get_number(body, "temperature")) {
+    if (!(*t >= 0.0) || std::isinf(*t))
+      refuse("temperature", "'temperature' must be >= 0, got " + fmt::format("{}", *t));
+    p.temperature = static_cast<float>(*t);
+  }
+  if (auto t = get_number(body, "top_p")) {
+    if (!(*t > 0.0 && *t <= 1.0)) refuse("top_p", "'top_p' must be in (0, 1], got " + fmt::format("{}", *t));
+    p.top_p = static_cast<float>(*t);
+  }
+  p.top_k = static_cast<int32_t>(get_int_in(body, "top_k", -1, std::numeric_limits<int32_t>::max(), 0));
+  if (p.top_k < 0) p.top_k = 0;  // vLLM's -1: all tokens
+  if (const json* s = field(body, "seed")) {
+    if (!s->is_number_integer()) refuse("seed", "'seed' must be an integer, got " + s->dump());
+    p.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+  }
+  p.stop = get_stop(body);
+  if (const json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) refuse("stop_token_ids", "'stop_token_ids' must be a list of token ids");
+    for (const auto& t : *ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model.vocab_size)
+        refuse("stop_token_ids", "'stop_token_ids' holds " + t.dump() + ", not a token id in [0, " +
+                                     std::to_string(model.vocab_size) + ")");
+      p.stop_token_ids.push_back(t.get<int32_t>());
+    }
+  }
+  p.ignore_eos = get_bool(body, "ignore_eos", false);
+  r.n = static_cast<int>(get_int_in(body, "n", 1, kMaxN, 1));
+  r.stream = get_bool(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) refuse("stream_options", "'stream_options' must be an object");
+    if (!r.stream) refuse("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    r.include_usage = get_bool(*so, "include_usage", false);
+  }
+  r.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
+  r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
+  // Accepted only at their neutral values: the sampler has no penalties.
+  for (const char* name : {"presence_penalty", "frequency_penalty"})
+    if (auto v = get_number(body, name); v && *v != 0.0)
+      refuse(name, std::string("'") + name + "' is not supported (only 0)");
+  if (auto v = get_number(body, "repetition_penalty"); v && *v != 1.0)
+    refuse("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
+  if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
+    refuse("logit_bias", "'logit_bias' is not supported");
+  if (get_int_in(body, "min_tokens", 0, INT32_MAX, 0) != 0)
+    refuse("min_tokens", "'min_tokens' is not supported (only 0)");
+  if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
+}
+
+void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& where) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      refuse("prompt", where + " token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                           " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+}
+
+std::vector<int32_t> token_list(const json& a, int64_t vocab_size, const std::string& where) {
+  std::vector<int32_t> ids;
+  ids.reserve(a.size());
+  for (const auto& t : a) {
+    if (!t.is_number_integer() || t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX)
+      refuse("prompt", where + " holds " + t.dump() + ", not a token id");
+    ids.push_back(t.get<int32_t>());
+  }
+  if (ids.empty()) refuse("prompt", where + " is empty");
+  check_token_ids(ids, vocab_size, where);
+  return ids;
+}
+
+std::vector<Prompt> parse_prompts(const json& body, const ModelInfo& model, bool skip_special) {
+  const json* f = field(body, "prompt");
+  const char* kShapes = "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists";
+  if (!f) refuse("prompt", "'prompt' is required");
+  std::vector<Prompt> out;
+  auto from_text = [&](const std::string& text) {
+    if (text.empty()) refuse("prompt", "'prompt' is empty");
+    out.push_back({model.tokenizer->encode(text, /*add_special_tokens=*/true), text});
+  };
+  auto from_ids = [&](std::vector<int32_t> ids) {
+    std::string text = model.tokenizer->decode(ids, skip_special);
+    out.push_back({std::move(ids), std::move(text)});
+  };
+  if (f->is_string()) {
+    from_text(f->get<std::string>());
+  } else if (f->is_array()) {
+    if (f->empty()) refuse("prompt", "'prompt' is empty");
+    const json& first = (*f)[0];
+    if (first.is_number_integer()) {
+      from_ids(token_list(*f, model.vocab_size, "'prompt'"));
+    } else {
+      for (size_t i = 0; i < f->size(); ++i) {
+        const json& e = (*f)[i];
+        const std::string where = "'prompt[" + std::to_string(i) + "]'";
+        if (first.is_string() && e.is_string())
+          from_text(e.get<std::string>());
+        else if (first.is_array() && e.is_array())
+          from_ids(token_list(e, model.vocab_size, where));
+        else
+          refuse("prompt", kShapes);
+      }
+    }
+  } else {
+    refuse("prompt", kShapes);
+  }
+  return out;
+}
+
+// max_tokens from `fields` (first present wins), checked against the context.
+void set_max_tokens(const json& body, std::initializer_list<const char*> fields, std::optional<int64_t> fallback,
+                    const ModelInfo& model, GenerationRequest& r) {
+  std::optional<int64_t> max_tokens;
+  const char* name = *fields.begin();
+  for (const char* f : fields)
+    if (auto v = get_int(body, f)) {
+      max_tokens = v;
+      name = f;
+      break;
+    }
+  if (max_tokens && *max_tokens < 1)
+    refuse(name, std::string("'") + name + "' must be >= 1, got " + std::to_string(*max_tokens));
+  int64_t longest = 0;
+  for (const auto& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.token_ids.size()));
+  const int64_t limit = model.max_model_len;
+  if (longest >= limit)
+    refuse("prompt", "This model's maximum context length is " + std::to_string(limit) +
+                         " tokens, but the prompt has " + std::to_string(longest) +
+                         " tokens (at least one token must be left to generate). Please shorten the prompt.");
+  const int64_t m = max_tokens ? *max_tokens : fallback ? *fallback : limit - longest;
+  if (longest + m > limit)
+    refuse(name, "This model's maximum context length is " + std::to_string(limit) +
+                     " tokens. However, you requested " + std::to_string(longest + m) + " tokens (" +
+                     std::to_string(longest) + " in the prompt, " + std::to_string(m) +
+                     " in the completion). Please reduce the length of the prompt or '" + name + "'.");
+  r.params.max_tokens = static_cast<int32_t>(m);
+}
+
+json parse_body(const std::string& body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) refuse("", "The request body is not valid JSON");
+  if (!j.is_object()) refuse("", "The request body must be a JSON object");
+  return j;
+}
+
+// Flattens OpenAI content parts ([{"type": "text", "text": ...}]) to a string.
+json normalize_messages(const json& body) {
+  const json* f = field(body, "messages");
+  if (!f) refuse("messages", "'messages' is required");
+  if (!f->is_array() || f->empty()) refuse("messages", "'messages' must be a non-empty list of messages");
+  json out = json::array();
+  for (size_t i = 0; i < f->size(); ++i) {
+    const json& m = (*f)[i];
+    const std::string where = "'messages[" + std::to_string(i) + "]'";
+    if (!m.is_object()) refuse("messages", where + " must be an object with 'role' and 'content'");
+    const json* role = field(m, "role");
+    if (!role || !role->is_string()) refuse("messages", where + " needs a string 'role'");
+    json copy = m;
+    auto c = m.find("content");
+    if (c != m.end() && c->is_array()) {
+      std::string text;
+      for (const auto& part : *c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          refuse("messages", where + ": only content parts of type 'text' are supported");
+        if (!text.empty()) text += "\n";
+        text += part["text"].get<std::string>();
+      }
+      copy["content"] = text;
+    } else if (c != m.end() && !c->is_string() && !c->is_null()) {
+      refuse("messages", where + " 'content' must be a string, a list of content parts or null");
+    }
+    out.push_back(std::move(copy));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& text, const ModelInfo& model) {
+  try {
+    const json body = parse_body(text);
+    GenerationRequest r;
+    parse_common(body, model, r);
+    if (auto best_of = get_int(body, "best_of"); best_of && *best_of != r.n)
+      refuse("best_of", "'best_of' is not supported (only equal to n)");
+    if (const json* s = field(body, "suffix"); s && !(s->is_string() && s->get<std::string>().empty()))
+      refuse("suffix", "'suffix' is not supported");
+    r.echo = get_bool(body, "echo", false);
+    if (field(body, "logprobs")) {
+      r.logprobs = true;
+      r.params.logprobs = static_cast<int32_t>(get_int_in(body, "logprobs", 0, 20, 0));
+    }
+    if (r.echo && r.logprobs)
+      refuse("echo", "'echo' together with 'logprobs' is not supported: prompt logprobs are not computed");
+    r.prompts = parse_prompts(body, model, r.skip_special_tokens);
+    if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)
+      refuse("prompt", "prompts x n = " + std::to_string(r.prompts.size() * r.n) + " exceeds the limit of " +
+                           std::to_string(kMaxChoices) + " completions per request");
+    set_max_tokens(body, {"max_tokens"}, 16, model, r);
+    return r;
+  } catch (const Refusal& e) {
+    return e.error;
+  }
+}
+
+std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& text, const ModelInfo& model) {
+  try {
+    const json body = parse_body(text);
+    GenerationRequest r;
+    r.chat = true;
+    parse_common(body, model, r);
+    r.logprobs = get_bool(body, "logprobs", false);
+    r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
+    if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+    json messages = normalize_messages(body);
+    if (!model.chat_template)
+      refuse("messages",
+             "This model has no chat template (tokenizer_config.json 'chat_template'); use "
+             "/v1/completions");
+    json context = {{"messages", std::move(messages)},
+                    {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
+                    {"bos_token", model.tokenizer->bos_token()},
+                    {"eos_token", model.tokenizer->eos_token()}};
+    if (const json* tools = field(body, "tools")) context["tools"] = *tools;
+    if (const json* kw = field(body, "chat_template_kwargs")) {
+      if (!kw->is_object()) refuse("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+      for (const auto& [k, v] : kw->items()) context[k] = v;
+    }
+    auto rendered = model.chat_template->render(context);
+    if (!rendered.ok()) refuse("messages", "The chat template refused the messages: " + rendered.status().message());
+    const bool add_special = get_bool(body, "add_special_tokens", false);
+    Prompt p{model.tokenizer->encode(*rendered, add_special), *rendered};
+    if (p.token_ids.empty()) refuse("messages", "The rendered chat prompt is empty");
+    r.prompts.push_back(std::move(p));
+    set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
+    return r;
+  } catch (const Refusal& e) {
+    return e.error;
+  }
+}
+
+}  // namespace nucleus::server

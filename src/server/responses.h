@@ -1,0 +1,64 @@
+// The OpenAI response schema: JSON bodies of /v1/completions and
+// /v1/chat/completions, whole ("text_completion", "chat.completion") or as
+// server-sent-event chunks ("text_completion", "chat.completion.chunk").
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/tokenizer.h"
+#include "server/generation.h"
+#include "server/protocol.h"
+
+namespace nucleus::server {
+
+// Fields shared by every object of one response.
+struct ResponseHeader {
+  std::string id;       // "cmpl-..." or "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// Builds the JSON of one request's response; keeps per-choice state that
+// spans chunks (accumulated text, logprob text offsets).
+class ResponseBuilder {
+ public:
+  ResponseBuilder(ResponseHeader header, const GenerationRequest& request, const Tokenizer& tokenizer, int num_choices);
+
+  // Streaming: the chunks to send before any token (chat: the assistant role
+  // per choice; completions with echo: the prompt per choice). May be empty.
+  std::vector<nlohmann::json> opening_chunks() const;
+  // Streaming: one chunk for one delta.
+  nlohmann::json chunk(const ChoiceDelta& delta);
+  // Streaming, stream_options.include_usage: the last chunk, "choices": [].
+  nlohmann::json usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) const;
+
+  // Non-streaming: accumulate every delta, then build the whole response.
+  void add(const ChoiceDelta& delta);
+  nlohmann::json whole(int64_t prompt_tokens, int64_t completion_tokens) const;
+
+ private:
+  struct ChoiceState {
+    std::string text;
+    std::string finish_reason;
+    nlohmann::json logprobs;  // accumulated (non-streaming)
+    int64_t text_offset = 0;  // completions logprobs: bytes of text before the next token
+  };
+  nlohmann::json logprobs_json(const std::vector<TokenLogprob>& entries, ChoiceState& c) const;
+  nlohmann::json base(const char* object) const;
+  std::string echo_text(int index) const;
+
+  ResponseHeader header_;
+  const GenerationRequest& request_;
+  const Tokenizer& tokenizer_;
+  std::vector<ChoiceState> choices_;
+};
+
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// Serialises for the wire; invalid UTF-8 (a token that is half a character)
+// becomes U+FFFD.
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace nucleus::server

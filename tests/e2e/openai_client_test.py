@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""The official OpenAI Python client against `nucleus serve` (tiny model, CPU).
+
+Run by ctest (env NUCLEUS_BIN, NUCLEUS_MODELS_DIR, NUCLEUS_PY_VENV):
+  openai_client_test.py --setup   creates the venv NUCLEUS_PY_VENV and installs `openai` into it
+  openai_client_test.py           runs the tests (with the venv's interpreter when `openai`
+                                  is not importable here; sets the venv up first if needed)
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+VENV = os.environ.get("NUCLEUS_PY_VENV", os.path.join(tempfile.gettempdir(), "nucleus-openai-venv"))
+VENV_PYTHON = os.path.join(VENV, "bin", "python")
+
+
+def have_openai(python):
+    return subprocess.run([python, "-c", "import openai"], capture_output=True).returncode == 0
+
+
+def setup_venv():
+    if os.path.exists(VENV_PYTHON) and have_openai(VENV_PYTHON):
+        return 0
+    subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
+    r = subprocess.run([VENV_PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai"])
+    return r.returncode
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`nucleus serve` on a free loopback port, logging to a temporary file."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="nucleus_serve_", suffix=".log", delete=False)
+        model = os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "tiny-dsv3")
+        self.proc = subprocess.Popen(
+            [os.environ["NUCLEUS_BIN"], "serve", "--device", "cpu", "--model", model, "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited:\n" + self.output())
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("server did not become healthy:\n" + self.output())
+
+    def output(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def terminate(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
+
+
+class OpenAIClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        cls.openai = openai
+        cls.server = Server()
+        cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.server.port}/v1", api_key="none",
+                                   max_retries=0, timeout=60)
+        with open(os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "ref", "cases.json")) as f:
+            cls.cases = json.load(f)["tiny-dsv3"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()  # an idle keep-alive connection would hold the shutdown up to 5 s
+        status = cls.server.terminate()
+        assert status == 0, f"server exit status {status}:\n{cls.server.output()}"
+
+    def test_models(self):
+        models = self.client.models.list()
+        self.assertEqual([m.id for m in models.data], ["tiny-dsv3"])
+
+    def test_completion_matches_reference(self):
+        case = self.cases[0]
+        r = self.client.completions.create(model="tiny-dsv3", prompt=case["prompt"], max_tokens=32, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        self.assertEqual(r.object, "text_completion")
+        self.assertEqual(r.choices[0].text, case["greedy_text"])
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.usage.prompt_tokens, len(case["prompt_token_ids"]))
+        self.assertEqual(r.usage.completion_tokens, 32)
+        self.assertEqual(r.usage.total_tokens, len(case["prompt_token_ids"]) + 32)
+
+    def test_completion_stream(self):
+        case = self.cases[6]
+        chunks = list(self.client.completions.create(
+            model="tiny-dsv3", prompt=case["prompt_token_ids"], max_tokens=32, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        self.assertEqual(text, case["greedy_text"])
+        self.assertEqual(finishes, ["length"])
+        self.assertEqual(chunks[-1].usage.completion_tokens, 32)
+
+    def test_completion_n_and_seed(self):
+        kw = dict(model="tiny-dsv3", prompt="import os\n", max_tokens=8, temperature=0.9, seed=11, n=2,
+                  extra_body={"ignore_eos": True})
+        whole = self.client.completions.create(**kw)
+        self.assertEqual(len(whole.choices), 2)
+        streamed = {0: "", 1: ""}
+        for c in self.client.completions.create(stream=True, **kw):
+            for ch in c.choices:
+                streamed[ch.index] += ch.text
+        self.assertEqual([c.text for c in whole.choices], [streamed[0], streamed[1]])
+
+    def test_chat(self):
+        messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f(x):"}]
+        r = self.client.chat.completions.create(model="tiny-dsv3", messages=messages, max_tokens=10, temperature=0)
+        self.assertEqual(r.object, "chat.completion")
+        msg = r.choices[0].message
+        self.assertEqual(msg.role, "assistant")
+        self.assertIsInstance(msg.content, str)
+        self.assertIn(r.choices[0].finish_reason, ("stop", "length"))
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens)
+        stream = self.client.chat.completions.create(model="tiny-dsv3", messages=messages, max_tokens=10,
+                                                     temperature=0, stream=True)
+        roles, text, finishes = [], "", []
+        for c in stream:
+            for ch in c.choices:
+                if ch.delta.role:
+                    roles.append(ch.delta.role)
+                text += ch.delta.content or ""
+                if ch.finish_reason:
+                    finishes.append(ch.finish_reason)
+        self.assertEqual(roles, ["assistant"])
+        self.assertEqual(text, msg.content)
+        self.assertEqual(finishes, [r.choices[0].finish_reason])
+
+    def test_errors(self):
+        with self.assertRaises(self.openai.BadRequestError) as e:
+            self.client.completions.create(model="tiny-dsv3", prompt="x", temperature=-1)
+        self.assertEqual(e.exception.status_code, 400)
+        self.assertEqual(e.exception.body.get("param"), "temperature")
+        with self.assertRaises(self.openai.NotFoundError):
+            self.client.completions.create(model="no-such-model", prompt="x")
+        with self.assertRaises(self.openai.BadRequestError):
+            self.client.chat.completions.create(model="tiny-dsv3", messages=[], max_tokens=4)
+
+
+def main():
+    if "--setup" in sys.argv:
+        return setup_venv()
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        if os.path.realpath(sys.prefix) != os.path.realpath(VENV):  # not yet running in the venv
+            if setup_venv() != 0:
+                print("could not install the openai package", file=sys.stderr)
+                return 1
+            return subprocess.run([VENV_PYTHON, os.path.abspath(__file__)] + sys.argv[1:]).returncode
+        raise
+    result = unittest.main(exit=False, verbosity=2).result
+    print(f"{result.testsRun - len(result.failures) - len(result.errors)} passed, "
+          f"{len(result.failures) + len(result.errors)} failed")
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,738 @@
+// `nucleus serve` end to end: the binary runs as a child process on a free
+// loopback port with the shipped tiny model; the tests talk HTTP to it.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "io/tokenizer.h"
+#include "test_util.h"
+
+extern char** environ;
+
+namespace nucleus {
+namespace {
+
+using nlohmann::json;
+
+// A write to a connection the server closed must fail, not kill the test.
+const bool kIgnoreSigpipe = (signal(SIGPIPE, SIG_IGN), true);
+
+std::string binary() {
+  const char* bin = std::getenv("NUCLEUS_BIN");
+  return bin ? bin : "";
+}
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// A child process with stdout and stderr in `log`.
+pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+// Waits for the child; its exit status, or -1 (killed, or still running
+// after timeout_s: then it is killed).
+int wait_exit(pid_t pid, double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int st = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &st, 0);
+  return -1;
+}
+
+// `nucleus serve` on the tiny model; killed at the end unless already gone.
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& extra_args = {}) {
+    port_ = free_port();
+    log_ = testing::make_temp_dir("nucleus_srv") + "/server.log";
+    std::vector<std::string> args = {
+        binary(),    "serve",  "--device",           "cpu", "--model", testing::model_path("tiny-dsv3"), "--host",
+        "127.0.0.1", "--port", std::to_string(port_)};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    pid_ = spawn(args, log_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
+      auto res = client().Get("/health");
+      if (res && res->status == 200) {
+        ready_ = true;
+        break;
+      }
+      int st;
+      if (waitpid(pid_, &st, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool ready() const { return ready_; }
+  int port() const { return port_; }
+  std::string log() const { return read_file(log_); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(60);
+    return c;
+  }
+  // SIGTERM, then the exit status (-1: did not exit within timeout_s).
+  int terminate(double timeout_s = 20.0) {
+    kill(pid_, SIGTERM);
+    const int st = wait_exit(pid_, timeout_s);
+    pid_ = -1;
+    return st;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string log_;
+  bool ready_ = false;
+};
+
+struct Reply {
+  int status = 0;
+  json body;
+};
+
+Reply post(const ServerProcess& s, const std::string& path, const std::string& body) {
+  auto res = s.client().Post(path.c_str(), body, "application/json");
+  if (!res) return {};
+  return {res->status, json::parse(res->body, nullptr, false)};
+}
+Reply post(const ServerProcess& s, const std::string& path, const json& body) { return post(s, path, body.dump()); }
+
+// A streamed request: the JSON payload of each "data:" event; `done` is
+// whether "data: [DONE]" came last.
+struct Stream {
+  int status = 0;
+  std::vector<json> chunks;
+  bool done = false;
+  std::string raw;
+};
+
+// Streams `body`; stops reading (and drops the connection) after
+// `max_chunks` chunks when it is > 0.
+Stream stream(const ServerProcess& s, const std::string& path, const json& body, int max_chunks = 0) {
+  Stream out;
+  httplib::Client c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  std::string buffer;
+  req.response_handler = [&](const httplib::Response& r) {
+    out.status = r.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+    out.raw.append(data, len);
+    buffer.append(data, len);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      EXPECT_EQ(event.rfind("data: ", 0), 0u) << event;
+      const std::string payload = event.substr(6);
+      EXPECT_FALSE(out.done) << "event after [DONE]: " << payload;
+      if (payload == "[DONE]")
+        out.done = true;
+      else
+        out.chunks.push_back(json::parse(payload));
+    }
+    return max_chunks <= 0 || static_cast<int>(out.chunks.size()) < max_chunks;
+  };
+  httplib::Response res;
+  httplib::Error err;
+  c.send(req, res, err);
+  return out;
+}
+
+// Per choice index: the streamed text joined, and the finish reasons seen.
+struct Joined {
+  std::map<int, std::string> text;
+  std::map<int, std::vector<std::string>> finish;
+  json usage;
+};
+
+Joined join(const Stream& s, bool chat) {
+  Joined j;
+  for (const auto& c : s.chunks) {
+    if (c.contains("usage") && c["usage"].is_object()) j.usage = c["usage"];
+    for (const auto& ch : c["choices"]) {
+      const int i = ch["index"].get<int>();
+      EXPECT_TRUE(j.finish[i].empty()) << "chunk for index " << i << " after its finish_reason";
+      if (chat) {
+        if (ch["delta"].contains("content")) j.text[i] += ch["delta"]["content"].get<std::string>();
+      } else {
+        j.text[i] += ch["text"].get<std::string>();
+      }
+      if (!ch["finish_reason"].is_null()) j.finish[i].push_back(ch["finish_reason"].get<std::string>());
+    }
+  }
+  return j;
+}
+
+// Prometheus text: every line a comment (# HELP / # TYPE) or a sample
+// `name{label="v",...} value`; returns the samples by "name{labels}".
+std::map<std::string, double> parse_metrics(const std::string& text) {
+  static const std::regex sample(
+      R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"]*"(,[a-zA-Z_][a-zA-Z0-9_]*="[^"]*")*\})? )"
+      R"(([-+]?[0-9.]+([eE][-+]?[0-9]+)?|[+-]Inf|NaN)$)");
+  static const std::regex help(R"(^# HELP [a-zA-Z_:][a-zA-Z0-9_:]* .*$)");
+  static const std::regex type(R"(^# TYPE [a-zA-Z_:][a-zA-Z0-9_:]* (counter|gauge|histogram|summary|untyped)$)");
+  std::map<std::string, double> out;
+  std::stringstream ss(text);
+  std::string line;
+  while (std::getline(ss, line)) {
+    if (line.empty()) continue;
+    std::smatch m;
+    if (std::regex_match(line, help) || std::regex_match(line, type)) continue;
+    EXPECT_TRUE(std::regex_match(line, m, sample)) << "not a Prometheus line: " << line;
+    if (m.size() > 4) out[m[1].str() + m[2].str()] = std::stod(m[4].str() == "+Inf" ? "inf" : m[4].str());
+  }
+  return out;
+}
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess();
+    auto tok = Tokenizer::load(testing::model_path("tiny-dsv3"));
+    ASSERT_TRUE(tok.ok());
+    tokenizer_ = tok->release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete tokenizer_;
+  }
+  void SetUp() override { ASSERT_TRUE(server_->ready()) << "server did not start:\n" << server_->log(); }
+  const ServerProcess& s() const { return *server_; }
+  std::map<std::string, double> metrics() const {
+    auto res = s().client().Get("/metrics");
+    EXPECT_TRUE(res && res->status == 200);
+    return res ? parse_metrics(res->body) : std::map<std::string, double>{};
+  }
+
+  static ServerProcess* server_;
+  static Tokenizer* tokenizer_;
+};
+ServerProcess* ServerTest::server_ = nullptr;
+Tokenizer* ServerTest::tokenizer_ = nullptr;
+
+json ref_cases() {
+  std::ifstream in(testing::model_path("ref/cases.json"));
+  return json::parse(in)["tiny-dsv3"];
+}
+
+TEST_F(ServerTest, GreedyCompletionsMatchReference) {
+  const json cases = ref_cases();
+  json prompts = json::array();
+  for (const auto& c : cases) prompts.push_back(c["prompt"]);
+  // All prompts in one request (a list of strings) ...
+  Reply r = post(s(), "/v1/completions",
+                 json{{"prompt", prompts}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.body["choices"].size(), cases.size());
+  int64_t prompt_tokens = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(r.body["choices"][i]["index"], i);
+    EXPECT_EQ(r.body["choices"][i]["text"], cases[i]["greedy_text"]) << i;
+    EXPECT_EQ(r.body["choices"][i]["finish_reason"], "length") << i;
+    prompt_tokens += cases[i]["prompt_token_ids"].size();
+  }
+  EXPECT_EQ(r.body["object"], "text_completion");
+  EXPECT_EQ(r.body["model"], "tiny-dsv3");
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 32 * cases.size());
+  EXPECT_EQ(r.body["usage"]["total_tokens"], prompt_tokens + 32 * cases.size());
+  // ... a token-id prompt, and a list of token-id lists.
+  r = post(
+      s(), "/v1/completions",
+      json{{"prompt", cases[1]["prompt_token_ids"]}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["choices"][0]["text"], cases[1]["greedy_text"]);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], cases[1]["prompt_token_ids"].size());
+  r = post(s(), "/v1/completions",
+           json{{"prompt", {cases[6]["prompt_token_ids"], cases[0]["prompt_token_ids"]}},
+                {"max_tokens", 32},
+                {"temperature", 0},
+                {"ignore_eos", true},
+                {"model", testing::model_path("tiny-dsv3")}});  // the --model string is a name too
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["choices"][0]["text"], cases[6]["greedy_text"]);
+  EXPECT_EQ(r.body["choices"][1]["text"], cases[0]["greedy_text"]);
+}
+
+TEST_F(ServerTest, ModelsAndHealth) {
+  auto res = s().client().Get("/v1/models");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200);
+  json j = json::parse(res->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny-dsv3");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 1024);
+  res = s().client().Get("/health");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+}
+
+TEST_F(ServerTest, ChatCompletionUsesTheTemplate) {
+  const json messages = {{{"role", "system"}, {"content", "You write Python."}},
+                         {{"role", "user"}, {"content", "def add(a, b):"}}};
+  Reply r = post(s(), "/v1/chat/completions",
+                 json{{"model", "tiny-dsv3"}, {"messages", messages}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["object"], "chat.completion");
+  const json& choice = r.body["choices"][0];
+  EXPECT_EQ(choice["message"]["role"], "assistant");
+  ASSERT_TRUE(choice["message"]["content"].is_string());
+  const std::string finish = choice["finish_reason"];
+  EXPECT_TRUE(finish == "stop" || finish == "length") << finish;
+  // The tiny model's template, rendered by hand; chat prompts get no BOS.
+  const auto ids = tokenizer_->encode("<|system|>You write Python.\n<|user|>def add(a, b):\n<|assistant|>", false);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], ids.size());
+  const int64_t completion = r.body["usage"]["completion_tokens"];
+  EXPECT_GE(completion, 1);
+  EXPECT_LE(completion, 12);
+  EXPECT_EQ(r.body["usage"]["total_tokens"], ids.size() + completion);
+  // The same tokens through /v1/completions give the same text.
+  Reply c = post(s(), "/v1/completions", json{{"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(c.body["choices"][0]["text"], choice["message"]["content"]);
+  EXPECT_FALSE(choice["message"]["content"].get<std::string>().empty());
+  // Streamed: the role first, then content deltas, the same text.
+  Stream st = stream(s(), "/v1/chat/completions",
+                     json{{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}});
+  ASSERT_EQ(st.status, 200);
+  ASSERT_TRUE(st.done);
+  ASSERT_FALSE(st.chunks.empty());
+  EXPECT_EQ(st.chunks[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(st.chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  Joined j = join(st, /*chat=*/true);
+  EXPECT_EQ(j.text[0], choice["message"]["content"]);
+  EXPECT_EQ(j.finish[0], std::vector<std::string>{finish});
+}
+
+TEST_F(ServerTest, StreamingEqualsNonStreaming) {
+  const json cases = ref_cases();
+  json body = {
+      {"prompt", cases[2]["prompt"]}, {"max_tokens", 24}, {"temperature", 0.8}, {"seed", 1234}, {"ignore_eos", true}};
+  Reply whole = post(s(), "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  Stream st = stream(s(), "/v1/completions", body);
+  ASSERT_EQ(st.status, 200);
+  EXPECT_TRUE(st.done);
+  Joined j = join(st, false);
+  EXPECT_EQ(j.text[0], whole.body["choices"][0]["text"]);
+  EXPECT_EQ(j.finish[0], std::vector<std::string>{"length"});
+  EXPECT_EQ(j.usage, whole.body["usage"]);
+  // include_usage: the usage comes alone in the last chunk, every other has null.
+  EXPECT_TRUE(st.chunks.back()["choices"].empty());
+  for (size_t i = 0; i + 1 < st.chunks.size(); ++i) EXPECT_TRUE(st.chunks[i]["usage"].is_null());
+  // Without stream_options there is no usage chunk.
+  body.erase("stream_options");
+  Stream plain = stream(s(), "/v1/completions", body);
+  EXPECT_EQ(join(plain, false).text[0], whole.body["choices"][0]["text"]);
+  for (const auto& c : plain.chunks) EXPECT_FALSE(c.contains("usage"));
+}
+
+TEST_F(ServerTest, NChoicesStreamOneFinishPerIndex) {
+  const json body = {{"prompt", "import numpy as np\n"},
+                     {"max_tokens", 10},
+                     {"temperature", 0.8},
+                     {"seed", 5},
+                     {"n", 3},
+                     {"ignore_eos", true},
+                     {"stream", true}};
+  Stream st = stream(s(), "/v1/completions", body);
+  ASSERT_EQ(st.status, 200);
+  EXPECT_TRUE(st.done);
+  Joined j = join(st, false);  // also checks nothing follows a finish_reason for its index
+  ASSERT_EQ(j.finish.size(), 3u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(j.finish[i], std::vector<std::string>{"length"}) << i;
+  // Non-streamed, the same texts; choice i is the request with seed 5 + i.
+  json b = body;
+  b["stream"] = false;
+  Reply whole = post(s(), "/v1/completions", b);
+  ASSERT_EQ(whole.status, 200);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(whole.body["choices"][i]["text"], j.text[i]) << i;
+  b["n"] = 1;
+  b["seed"] = 7;
+  Reply third = post(s(), "/v1/completions", b);
+  EXPECT_EQ(third.body["choices"][0]["text"], whole.body["choices"][2]["text"]);
+  EXPECT_EQ(whole.body["usage"]["completion_tokens"], 30);
+}
+
+TEST_F(ServerTest, BadInputsAre400NamingTheField) {
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;    // "" : null
+    std::string message;  // a part of the message
+  };
+  const std::string c = "/v1/completions", chat = "/v1/chat/completions";
+  std::string long_prompt = "[";
+  for (int i = 0; i < 1100; ++i) long_prompt += (i ? ",5" : "5");
+  long_prompt += "]";
+  const std::vector<Case> cases = {
+      {c, "{not json", 400, "", "JSON"},
+      {c, R"([1, 2])", 400, "", "object"},
+      {c, R"({"prompt": 5})", 400, "prompt", "prompt"},
+      {c, R"({"prompt": "x", "max_tokens": "ten"})", 400, "max_tokens", "integer"},
+      {c, R"({"prompt": "x", "temperature": "hot"})", 400, "temperature", "number"},
+      {c, R"({"prompt": "x", "stream": "yes"})", 400, "stream", "boolean"},
+      {c, R"({"prompt": "x", "stop": 3})", 400, "stop", "stop"},
+      {c, R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", ">= 1"},
+      {c, R"({"prompt": "x", "max_tokens": 1023})", 400, "max_tokens", "maximum context length"},
+      {c, R"({"prompt": ""})", 400, "prompt", "empty"},
+      {c, R"({"prompt": []})", 400, "prompt", "empty"},
+      {c, R"({"prompt": [[]]})", 400, "prompt", "empty"},
+      {c, R"({"max_tokens": 4})", 400, "prompt", "required"},
+      {c, R"({"prompt": [0, 5000]})", 400, "prompt", "vocabulary"},
+      {c, R"({"prompt": [[1, 2], [-3]]})", 400, "prompt", "vocabulary"},
+      {c, R"({"prompt": )" + long_prompt + "}", 400, "prompt", "maximum context length"},
+      {c, R"({"prompt": "x", "model": "gpt-4"})", 404, "model", "gpt-4"},
+      {c, R"({"prompt": "x", "temperature": -0.5})", 400, "temperature", "temperature"},
+      {c, R"({"prompt": "x", "top_p": 0})", 400, "top_p", "top_p"},
+      {c, R"({"prompt": "x", "top_p": 1.5})", 400, "top_p", "top_p"},
+      {c, R"({"prompt": "x", "n": 17})", 400, "n", "n"},
+      {c, R"({"prompt": "x", "n": 0})", 400, "n", "n"},
+      {c, R"({"prompt": "x", "logprobs": 21})", 400, "logprobs", "logprobs"},
+      {c, R"({"prompt": "x", "echo": true, "logprobs": 1})", 400, "echo", "logprobs"},
+      {c, R"({"prompt": "x", "stream_options": {"include_usage": true}})", 400, "stream_options", "stream"},
+      {chat, R"({"messages": "hi"})", 400, "messages", "messages"},
+      {chat, R"({"messages": [{"content": "hi"}]})", 400, "messages", "role"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400,
+       "max_completion_tokens", ">= 1"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 2})", 400, "top_p", "top_p"},
+  };
+  for (const auto& k : cases) {
+    Reply r = post(s(), k.path, k.body);
+    EXPECT_EQ(r.status, k.status) << k.body << "\n" << r.body;
+    ASSERT_TRUE(r.body.is_object() && r.body.contains("error")) << k.body << "\n" << r.body;
+    const json& e = r.body["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error") << k.body;
+    if (k.param.empty())
+      EXPECT_TRUE(e["param"].is_null()) << k.body << "\n" << e;
+    else
+      EXPECT_EQ(e["param"], k.param) << k.body << "\n" << e;
+    EXPECT_NE(e["message"].get<std::string>().find(k.message), std::string::npos) << k.body << "\n" << e;
+    EXPECT_TRUE(e.contains("code"));
+    auto health = s().client().Get("/health");
+    ASSERT_TRUE(health) << "server gone after " << k.body;
+    EXPECT_EQ(health->status, 200);
+  }
+  // Unknown routes: 404 with an error body.
+  auto res = s().client().Post("/v1/nothing", "{}", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  EXPECT_TRUE(json::parse(res->body).contains("error"));
+  res = s().client().Get("/v1/completions");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  // A refused request does not disturb the next one.
+  Reply ok = post(s(), c, json{{"prompt", "x = 1"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200);
+}
+
+// Text and token boundaries (byte offsets) of a greedy continuation.
+struct Greedy {
+  std::string text;
+  std::vector<size_t> boundaries;
+};
+
+class StopStringTest : public ServerTest {
+ protected:
+  // Checks `stop` on `body`: the text ends right before its first occurrence
+  // in `full`, finish_reason "stop", and the stream carries no part of it.
+  void check_stop(json body, const std::string& full, const std::string& stop) {
+    const size_t at = full.find(stop);
+    ASSERT_NE(at, std::string::npos);
+    const std::string expected = full.substr(0, at);
+    body["stop"] = {stop};
+    Reply r = post(s(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(r.body["choices"][0]["text"], expected) << "stop " << stop;
+    EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+    EXPECT_LT(r.body["usage"]["completion_tokens"].get<int>(), body["max_tokens"].get<int>());
+    body["stream"] = true;
+    Stream st = stream(s(), "/v1/completions", body);
+    ASSERT_TRUE(st.done);
+    Joined j = join(st, false);
+    EXPECT_EQ(j.text[0], expected);  // so no chunk held any of the stop string
+    EXPECT_EQ(j.finish[0], std::vector<std::string>{"stop"});
+    for (const auto& c : st.chunks)
+      for (const auto& ch : c["choices"]) {
+        const std::string t = ch["text"];
+        EXPECT_EQ(t.find(stop), std::string::npos);
+      }
+  }
+  Greedy greedy(const json& prompt, int max_tokens) {
+    Reply r = post(
+        s(), "/v1/completions",
+        json{
+            {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 0}});
+    EXPECT_EQ(r.status, 200) << r.body;
+    Greedy g;
+    g.text = r.body["choices"][0]["text"];
+    for (const auto& off : r.body["choices"][0]["logprobs"]["text_offset"]) g.boundaries.push_back(off);
+    return g;
+  }
+};
+
+TEST_F(StopStringTest, StopStringSplitAcrossTokens) {
+  const json cases = ref_cases();
+  const std::string full = cases[0]["greedy_text"];
+  Greedy g = greedy(cases[0]["prompt"], 32);
+  ASSERT_EQ(g.text, full);
+  ASSERT_GE(g.boundaries.size(), 4u);
+  // Five bytes around the end of the third token: the detokenizer must hold
+  // back the first part until the next token completes it.
+  const size_t b = g.boundaries[3];
+  ASSERT_GE(b, 3u);
+  const std::string stop = full.substr(b - 3, 5);
+  const size_t at = full.find(stop);
+  bool straddles = false;
+  for (size_t x : g.boundaries) straddles = straddles || (x > at && x < at + stop.size());
+  ASSERT_TRUE(straddles) << "'" << stop << "' lies inside one token";
+  check_stop(json{{"prompt", cases[0]["prompt"]}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}}, full,
+             stop);
+}
+
+TEST_F(StopStringTest, MultiByteStopString) {
+  const std::string prompt =
+      "# \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e "
+      "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e";  // 日本語 x4
+  Greedy g = greedy(prompt, 32);
+  // The first multi-byte UTF-8 character of the continuation.
+  size_t i = 0;
+  while (i < g.text.size() && static_cast<unsigned char>(g.text[i]) < 0x80) ++i;
+  ASSERT_LT(i, g.text.size()) << "no multi-byte character in: " << g.text;
+  size_t len = 1;
+  while (i + len < g.text.size() && (static_cast<unsigned char>(g.text[i + len]) & 0xC0) == 0x80) ++len;
+  ASSERT_GE(len, 2u);
+  const std::string stop = g.text.substr(i, len);
+  check_stop(json{{"prompt", prompt}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}}, g.text, stop);
+  // With the ASCII text before it: a stop string that starts in one token and
+  // ends inside a multi-byte one.
+  if (i >= 2)
+    check_stop(json{{"prompt", prompt}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}}, g.text,
+               g.text.substr(i - 2, len + 2));
+}
+
+TEST_F(ServerTest, LogprobsAreReported) {
+  Reply r = post(
+      s(), "/v1/completions",
+      json{{"prompt", "def main():\n"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 3}, {"ignore_eos", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& lp = r.body["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 4u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 4u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 4u);
+  ASSERT_EQ(lp["text_offset"].size(), 4u);
+  std::string joined;
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    joined += lp["tokens"][i].get<std::string>();
+    const double chosen = lp["token_logprobs"][i];
+    EXPECT_LE(chosen, 0.0);
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+    for (const auto& [tok, v] : lp["top_logprobs"][i].items()) EXPECT_LE(v.get<double>(), chosen + 1e-6);  // greedy
+  }
+  EXPECT_EQ(joined, r.body["choices"][0]["text"]);
+}
+
+TEST_F(ServerTest, MetricsCountWhatWasSent) {
+  auto before = metrics();
+  ASSERT_TRUE(before.count("nucleus_kv_blocks_total"));
+  EXPECT_GT(before["nucleus_kv_blocks_total"], 0);
+  int64_t prompt = 0, completion = 0;
+  for (const char* p : {"a = 1\n", "import sys\n"}) {
+    Reply r = post(s(), "/v1/completions", json{{"prompt", p}, {"max_tokens", 5}, {"ignore_eos", true}});
+    ASSERT_EQ(r.status, 200);
+    prompt += r.body["usage"]["prompt_tokens"].get<int64_t>();
+    completion += r.body["usage"]["completion_tokens"].get<int64_t>();
+  }
+  Stream st = stream(s(), "/v1/completions",
+                     json{{"prompt", "x"},
+                          {"max_tokens", 3},
+                          {"n", 2},
+                          {"ignore_eos", true},
+                          {"stream", true},
+                          {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(st.done);
+  Joined j = join(st, false);
+  prompt += j.usage["prompt_tokens"].get<int64_t>();
+  completion += j.usage["completion_tokens"].get<int64_t>();
+  EXPECT_EQ(post(s(), "/v1/completions", json{{"prompt", ""}}).status, 400);
+
+  const std::string ok = "nucleus_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}";
+  const std::string bad = "nucleus_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}";
+  // The HTTP counter is bumped by the connection's thread after the last byte;
+  // give it a moment.
+  std::map<std::string, double> after;
+  for (int i = 0; i < 100; ++i) {
+    after = metrics();
+    if (after[ok] - before[ok] >= 3) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto delta = [&](const std::string& k) { return after[k] - before[k]; };
+  EXPECT_EQ(delta("nucleus_requests_finished_total{finish_reason=\"length\"}"), 4);
+  EXPECT_EQ(delta("nucleus_requests_finished_total{finish_reason=\"stop\"}"), 0);
+  EXPECT_EQ(delta("nucleus_prompt_tokens_total"), prompt);
+  EXPECT_EQ(delta("nucleus_generation_tokens_total"), completion);
+  EXPECT_EQ(completion, 16);
+  EXPECT_EQ(delta("nucleus_time_to_first_token_seconds_count"), 4);
+  EXPECT_EQ(delta("nucleus_e2e_request_latency_seconds_count"), 4);
+  EXPECT_EQ(delta("nucleus_time_per_output_token_seconds_count"), 4 + 4 + 2 + 2);  // tokens after the first
+  EXPECT_EQ(delta("nucleus_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 4);
+  EXPECT_EQ(delta(ok), 3);
+  EXPECT_EQ(delta(bad), 1);
+  EXPECT_EQ(after["nucleus_kv_blocks_used"], 0);
+  EXPECT_EQ(after["nucleus_num_requests_running"], 0);
+  EXPECT_EQ(after["nucleus_num_requests_waiting"], 0);
+}
+
+TEST_F(ServerTest, DisconnectedStreamIsAbortedAndFreesItsBlocks) {
+  auto before = metrics();
+  Stream st = stream(s(), "/v1/completions",
+                     json{{"prompt", "def f(x):\n"}, {"max_tokens", 900}, {"ignore_eos", true}, {"stream", true}},
+                     /*max_chunks=*/3);
+  ASSERT_EQ(st.chunks.size(), 3u);
+  EXPECT_FALSE(st.done);
+  std::map<std::string, double> after;
+  const std::string abort = "nucleus_requests_finished_total{finish_reason=\"abort\"}";
+  for (int i = 0; i < 250; ++i) {  // 5 s at most; 900 tokens would take far longer
+    after = metrics();
+    if (after[abort] - before[abort] >= 1 && after["nucleus_kv_blocks_used"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(after[abort] - before[abort], 1);
+  EXPECT_EQ(after["nucleus_kv_blocks_used"], 0);
+  EXPECT_EQ(after["nucleus_num_requests_running"], 0);
+  EXPECT_LT(after["nucleus_generation_tokens_total"] - before["nucleus_generation_tokens_total"], 900);
+  auto health = s().client().Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+TEST_F(ServerTest, BenchServeReportsEveryRequest) {
+  const std::string dir = testing::make_temp_dir("nucleus_bench");
+  const std::string result = dir + "/result.json";
+  const pid_t pid = spawn(
+      {binary(), "bench", "serve", "--base-url", s().url(), "--num-prompts", "8", "--max-concurrency", "4",
+       "--random-input-len", "32", "--random-output-len", "8", "--ignore-eos", "--seed", "3", "--result-json", result},
+      dir + "/bench.log");
+  ASSERT_GT(pid, 0);
+  ASSERT_EQ(wait_exit(pid, 60), 0) << read_file(dir + "/bench.log");
+  const std::string log = read_file(dir + "/bench.log");
+  EXPECT_NE(log.find("Serving Benchmark Result"), std::string::npos) << log;
+  EXPECT_NE(log.find("Mean TTFT (ms):"), std::string::npos) << log;
+  json j = json::parse(read_file(result));
+  EXPECT_EQ(j["completed"], 8);
+  EXPECT_EQ(j["total_input_tokens"], 8 * 32);
+  EXPECT_EQ(j["total_output_tokens"], 64);
+  EXPECT_GT(j["mean_ttft_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["mean_tpot_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["mean_itl_ms"].get<double>(), 0.0);
+  EXPECT_GE(j["mean_e2el_ms"].get<double>(), j["mean_ttft_ms"].get<double>());
+  EXPECT_GT(j["output_throughput"].get<double>(), 0.0);
+  EXPECT_EQ(j["itls"].size(), 8u);
+  EXPECT_EQ(j["itls"][0].size(), 7u);  // one gap per token after the first
+}
+
+// Streams a long request, sends SIGTERM once it runs; the exit status and
+// what the stream got.
+std::pair<int, Stream> terminate_during_stream(ServerProcess& server, int max_tokens) {
+  Stream st;
+  std::thread client([&] {
+    st = stream(server, "/v1/completions",
+                json{{"prompt", "class A:\n"}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"stream", true}});
+  });
+  for (int i = 0; i < 250; ++i) {
+    auto res = server.client().Get("/metrics");
+    if (res && parse_metrics(res->body)["nucleus_num_requests_running"] > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const int status = server.terminate();
+  client.join();
+  return {status, st};
+}
+
+TEST(ServerShutdownTest, SigtermFinishesInFlightAndExitsZero) {
+  ServerProcess server;
+  ASSERT_TRUE(server.ready()) << server.log();
+  auto [status, st] = terminate_during_stream(server, 200);
+  EXPECT_EQ(status, 0) << server.log();
+  EXPECT_TRUE(st.done);
+  EXPECT_EQ(join(st, false).finish[0], std::vector<std::string>{"length"}) << "the in-flight request was not finished";
+}
+
+TEST(ServerShutdownTest, PastTheGracePeriodInFlightRequestsAreAborted) {
+  ServerProcess server({"--shutdown-timeout", "0.3"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  auto [status, st] = terminate_during_stream(server, 1000);  // far more than 0.3 s of decoding
+  EXPECT_EQ(status, 0) << server.log();
+  EXPECT_TRUE(st.done);
+  EXPECT_EQ(join(st, false).finish[0], std::vector<std::string>{"abort"});
+}
+
+}  // namespace
+}  // namespace nucleus

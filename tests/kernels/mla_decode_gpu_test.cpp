@@ -1,0 +1,360 @@
+// The mla_decode CUDA backends ("nucleus", "flashinfer", "cuda_naive")
+// against the CPU reference mla_attention_absorbed_ref on the paged latent
+// cache: batches 1..129, contexts 1..70000, 16 and 128 heads (and 4, the tiny
+// models), block sizes 1, 16 and 64, random block tables, bf16 and FP8
+// kv_b_proj; rows given as a list (mixed prefill/decode steps) must leave the
+// other rows untouched; forced-absorbed prefill rows attend causally.
+//
+// Tolerance: inputs are bf16 and the reference computes in f32 on the same
+// bf16 values; the GPU rounds q_lat, the probabilities and o_lat to bf16 and
+// the output to bf16, so we require ||got - want|| / ||want|| <= 1e-2 and
+// every element within 3e-2 * max|want| (outputs start poisoned with 3.4e38).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "core/cuda/context.h"
+#include "core/device.h"
+#include "gpu_test_util.h"
+#include "graph/device_inputs.h"
+#include "kernels/gemm/gemm_ref.h"
+#include "kernels/mla/mla_attention_ref.h"
+#include "ops/mla_ops.h"
+
+namespace nucleus {
+namespace {
+
+using testing::device_copy;
+using testing::device_poisoned;
+using testing::from_bf16;
+using testing::host_copy;
+using testing::random_bf16_values;
+using testing::to_bf16;
+
+constexpr int kNope = 128, kRope = 64, kVHead = 128, kLora = 512, kLatent = 576;
+constexpr float kScale = 0.135234f;  // DeepSeek-V3's softmax scale (given, never derived)
+
+struct Case {
+  int batch;       // sequences
+  int context;     // keys of the last row of each sequence (context + own row)
+  int heads;
+  int block_size;
+  bool fp8 = false;
+  int query_len = 1;     // rows per sequence (> 1: prefill rows)
+  bool vary = false;     // per-sequence contexts vary in [1, context]
+  int prefill_every = 0; // every n-th sequence is a 5-row prefill (auto mode: rows list)
+};
+
+std::string name(const Case& c) {
+  return "b" + std::to_string(c.batch) + " ctx" + std::to_string(c.context) + " h" + std::to_string(c.heads) +
+         " bs" + std::to_string(c.block_size) + (c.fp8 ? " fp8" : "") +
+         (c.query_len > 1 ? " q" + std::to_string(c.query_len) : "") + (c.vary ? " vary" : "") +
+         (c.prefill_every ? " mixed" : "");
+}
+
+// One step's inputs, cache and weights on both sides.
+struct Problem {
+  kernels::MlaDims dims;
+  AttentionMode mode = AttentionMode::kAbsorbed;
+  StepInputs si;
+  std::vector<int32_t> keys;       // per sequence: keys of its last row
+  std::vector<uint16_t> cache_h;   // [slots, 576] bf16
+  std::vector<float> q_h;          // [T, H * 192] (bf16 values)
+  std::vector<float> w_h;          // kv_b [H * 256, 512] f32 (dequantized)
+  LinearWeight w_dev;
+  KvCache kv;
+  Tensor q_dev;
+  int block_size = 0;
+};
+
+Problem make_problem(const Case& c, uint64_t seed) {
+  Problem p;
+  std::mt19937_64 rng(seed);
+  p.dims = {c.heads, kNope, kRope, kVHead, kLora, kScale};
+  p.block_size = c.block_size;
+  const int B = c.batch;
+  // Sequence s: query_len rows (5 when a mixed step's prefill), `keys` total keys.
+  std::vector<int32_t> qlen(B);
+  for (int s = 0; s < B; ++s) {
+    qlen[s] = c.prefill_every && s % c.prefill_every == 1 ? 5 : c.query_len;
+    int k = c.vary ? 1 + static_cast<int>(rng() % c.context) : c.context;
+    p.keys.push_back(std::max(k, qlen[s]));
+  }
+  if (c.prefill_every) p.mode = AttentionMode::kAuto;
+  int max_blocks = 0, total_blocks = 0;
+  for (int s = 0; s < B; ++s) {
+    const int nb = (p.keys[s] + c.block_size - 1) / c.block_size;
+    max_blocks = std::max(max_blocks, nb);
+    total_blocks += nb;
+  }
+  const int num_blocks = total_blocks + 3;  // a few never used
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  StepInputs& si = p.si;
+  si.max_blocks_per_seq = max_blocks;
+  si.block_tables.assign(static_cast<size_t>(B) * max_blocks, -1);
+  si.query_start.push_back(0);
+  int next = 0;
+  for (int s = 0; s < B; ++s) {
+    const int nb = (p.keys[s] + c.block_size - 1) / c.block_size;
+    for (int b = 0; b < nb; ++b) si.block_tables[static_cast<size_t>(s) * max_blocks + b] = perm[next++];
+    si.context_lens.push_back(p.keys[s] - qlen[s]);
+    for (int j = 0; j < qlen[s]; ++j) {
+      si.token_ids.push_back(1);
+      si.positions.push_back(si.context_lens[s] + j);
+      si.slot_mapping.push_back(-1);
+    }
+    si.query_start.push_back(si.query_start.back() + qlen[s]);
+  }
+  const int64_t T = si.num_tokens(), H = c.heads;
+  // Cache, q and kv_b values (scaled so that the softmax is far from flat).
+  const int64_t slots = static_cast<int64_t>(num_blocks) * c.block_size;
+  p.cache_h = to_bf16(random_bf16_values(slots * kLatent, 1.0f, seed + 1));
+  p.q_h = random_bf16_values(T * H * (kNope + kRope), 2.0f, seed + 2);
+  const int64_t wn = H * (kNope + kVHead);
+  if (c.fp8) {
+    std::vector<uint8_t> q8(wn * kLora);
+    auto qf = random_bf16_values(wn * kLora, 400.0f, seed + 3);
+    for (size_t i = 0; i < q8.size(); ++i) q8[i] = f32_to_fp8e4m3(qf[i]);
+    const int64_t nb = (wn + 127) / 128, kb = kLora / 128;
+    std::vector<float> sc(nb * kb);
+    for (auto& x : sc) x = 1.5e-4f * (1.0f + static_cast<float>(rng() % 100) / 100.0f);
+    p.w_h.resize(wn * kLora);
+    kernels::dequantize_fp8_block_ref(q8.data(), sc.data(), wn, kLora, 128, 128, p.w_h.data());
+    p.w_dev.weight = device_copy(q8, DType::kF8E4M3);
+    p.w_dev.scale_inv = device_copy(sc, DType::kF32);
+    p.w_dev.block_n = p.w_dev.block_k = 128;
+  } else {
+    p.w_h = random_bf16_values(wn * kLora, 0.1f, seed + 3);
+    p.w_dev.weight = device_copy(to_bf16(p.w_h), DType::kBF16);
+  }
+  p.w_dev.out_features = wn;
+  p.w_dev.in_features = kLora;
+  p.kv.num_layers = 1;
+  p.kv.num_blocks = num_blocks;
+  p.kv.block_size = c.block_size;
+  p.kv.width = kLatent;
+  p.kv.data = device_copy(p.cache_h, DType::kBF16);
+  p.q_dev = device_copy(to_bf16(p.q_h), DType::kBF16);
+  return p;
+}
+
+// Reference output [T, H * 128], NaN on the rows the op does not serve.
+std::vector<float> reference(const Problem& p) {
+  const StepInputs& si = p.si;
+  const int64_t H = p.dims.num_heads, T = si.num_tokens(), q_stride = H * (kNope + kRope);
+  std::vector<float> out(T * H * kVHead, std::nanf(""));
+  std::vector<float> latent;
+  for (int64_t s = 0; s < si.num_seqs(); ++s) {
+    const int32_t nq = si.query_len(s);
+    if (!serves_sequence(p.mode, true, nq)) continue;
+    const int64_t n = p.keys[s];
+    latent.resize(n * kLatent);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = static_cast<int64_t>(si.block_tables[s * si.max_blocks_per_seq + j / p.block_size]) *
+                               p.block_size + j % p.block_size;
+      for (int c = 0; c < kLatent; ++c) latent[j * kLatent + c] = bf16_to_f32(p.cache_h[slot * kLatent + c]);
+    }
+    const int64_t r0 = si.query_start[s];
+    kernels::mla_attention_absorbed_ref(p.dims, p.q_h.data() + r0 * q_stride, q_stride, nq, si.context_lens[s],
+                                        latent.data(), p.w_h.data(), out.data() + r0 * H * kVHead, H * kVHead,
+                                        nullptr);
+  }
+  return out;
+}
+
+const Backend<MlaDecodeAttentionOp>* find_backend(const std::string& name) {
+  for (const auto& b : MlaDecodeAttentionOp::backends())
+    if (b.device == Device::kCuda && name == b.name) return &b;
+  return nullptr;
+}
+
+// Runs backend `name` on `p` (scratch of `scratch_rows` rows); the output
+// starts poisoned. Empty when the backend refuses (reason in *why).
+std::vector<float> run_backend(const std::string& name, Problem& p, int64_t scratch_rows, std::string* why) {
+  const Backend<MlaDecodeAttentionOp>* b = find_backend(name);
+  if (!b) {
+    *why = "no backend " + name;
+    return {};
+  }
+  MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
+  Status s = b->supports ? b->supports(op) : ok_status();
+  if (!s.ok()) {
+    *why = s.message();
+    return {};
+  }
+  const int64_t H = p.dims.num_heads, T = p.si.num_tokens();
+  Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
+  Tensor q_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
+  Tensor o_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
+  DeviceInputUploader uploader;
+  DeviceStepInputs dev = uploader.upload(p.si);
+  OpContext ctx;
+  ctx.device = Device::kCuda;
+  ctx.stream = cuda::context().stream;
+  ctx.inputs = &p.si;
+  ctx.dev = &dev;
+  ctx.kv_cache = &p.kv;
+  Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
+  b->run(op, ctx, {q}, {out, q_lat, o_lat});
+  return from_bf16(host_copy<uint16_t>(out));
+}
+
+::testing::AssertionResult matches(const std::vector<float>& got, const std::vector<float>& want, int64_t width) {
+  double err2 = 0, ref2 = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!std::isnan(want[i])) max_ref = std::max(max_ref, std::fabs(static_cast<double>(want[i])));
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(want[i])) {  // a row the op must not touch: still poisoned
+      if (got[i] != bf16_to_f32(0x7f7f))
+        return ::testing::AssertionFailure() << "row " << i / width << " col " << i % width
+                                             << " should be untouched, got " << got[i];
+      continue;
+    }
+    const double e = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(e <= 3e-2 * max_ref))
+      return ::testing::AssertionFailure() << "first mismatch at [" << i / width << ", " << i % width << "]: got "
+                                           << got[i] << ", want " << want[i] << " (max|want| " << max_ref << ")";
+    err2 += e * e;
+    ref2 += static_cast<double>(want[i]) * want[i];
+  }
+  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+  if (!(rel <= 1e-2)) return ::testing::AssertionFailure() << "relative L2 error " << rel;
+  return ::testing::AssertionSuccess() << "rel " << rel;
+}
+
+class MlaDecodeGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device";
+    ASSERT_TRUE(cuda::get_context().ok());
+  }
+  // Every backend on every case; refusals are printed, not failures, except
+  // for "nucleus", which must support every case here.
+  void check(const std::vector<Case>& cases, int64_t scratch_rows) {
+    uint64_t seed = 100;
+    for (const Case& c : cases) {
+      Problem p = make_problem(c, seed++);
+      const std::vector<float> want = reference(p);
+      const int64_t width = c.heads * kVHead;
+      for (const char* backend : {"nucleus", "flashinfer", "cuda_naive"}) {
+        std::string why;
+        const std::vector<float> got = run_backend(backend, p, scratch_rows, &why);
+        if (got.empty()) {
+          EXPECT_NE(std::string(backend), "nucleus") << name(c) << ": " << why;
+          printf("mla_decode %-10s %-28s refused: %s\n", backend, name(c).c_str(), why.c_str());
+          continue;
+        }
+        auto r = matches(got, want, width);
+        EXPECT_TRUE(r) << backend << " " << name(c);
+        printf("mla_decode %-10s %-28s compared: %s\n", backend, name(c).c_str(), r.message());
+      }
+    }
+  }
+};
+
+TEST_F(MlaDecodeGpu, SmallBatchesAndBlockSizes) {
+  check({{1, 1, 16, 16},  {1, 17, 16, 1},   {3, 17, 128, 64},  {3, 64, 16, 64},  {3, 64, 128, 1},
+         {1, 1000, 16, 64}, {3, 1000, 128, 16}, {1, 5000, 16, 16}, {3, 5000, 128, 64}, {3, 100, 4, 16}},
+        64);
+}
+
+TEST_F(MlaDecodeGpu, LargeBatches) {
+  check({{64, 1000, 16, 64}, {64, 64, 128, 16, true}, {129, 64, 16, 1}, {129, 1000, 128, 64, false, 1, true},
+         {64, 5000, 16, 64, false, 1, true}, {129, 17, 128, 16, true}},
+        64);
+}
+
+TEST_F(MlaDecodeGpu, LongContext) {
+  check({{1, 70000, 16, 64}, {1, 70000, 128, 64, true}, {3, 5000, 16, 1, true}}, 64);
+}
+
+// A mixed step in auto mode: prefill rows must stay untouched (poisoned),
+// decode rows served through the row list, W smaller than the row count.
+TEST_F(MlaDecodeGpu, RowListLeavesOtherRowsUntouched) {
+  check({{7, 300, 16, 16, false, 1, true, 3}, {40, 1000, 128, 64, true, 1, true, 4}}, 8);
+}
+
+// Forced absorbed mode over prefill rows: each row sees keys up to its position.
+TEST_F(MlaDecodeGpu, ForcedAbsorbedPrefillRowsAreCausal) {
+  check({{3, 200, 16, 16, false, 7}, {2, 1000, 128, 64, true, 33}}, 16);
+}
+
+// A CUDA graph captured on one step replays correctly on a step with the
+// same rows but other contexts (the split plan is derived on the device; the
+// flashinfer backend runs the nucleus kernel under capture).
+TEST_F(MlaDecodeGpu, GraphReplayFollowsNewContexts) {
+  for (const char* backend : {"nucleus", "flashinfer"}) {
+    for (int heads : {16, 128}) {
+      Problem p = make_problem({8, 3000, heads, 16, false, 1, true}, 900 + heads);
+      const std::vector<float> want = reference(p);
+      StepInputs shorter = p.si;  // the captured step: every context shorter
+      for (auto& c : shorter.context_lens) c = c / 3;
+      const Backend<MlaDecodeAttentionOp>* b = find_backend(backend);
+      ASSERT_NE(b, nullptr);
+      MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
+      if (!b->supports(op).ok()) continue;
+      const int64_t H = heads, T = p.si.num_tokens(), W = 8;
+      Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
+      Tensor q_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
+      Tensor o_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
+      DeviceInputUploader uploader;
+      DeviceStepInputs dev = uploader.upload(shorter);
+      OpContext ctx;
+      ctx.device = Device::kCuda;
+      ctx.stream = cuda::context().stream;
+      ctx.inputs = &shorter;
+      ctx.dev = &dev;
+      ctx.kv_cache = &p.kv;
+      Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
+      auto cs = static_cast<cudaStream_t>(ctx.stream);
+      b->run(op, ctx, {q}, {out, q_lat, o_lat});  // eager first: plans, state
+      ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      b->run(op, ctx, {q}, {out, q_lat, o_lat});
+      ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess) << backend;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      const DeviceStepInputs dev2 = uploader.upload(p.si);  // same sizes: same device buffer
+      ASSERT_EQ(dev2.context_lens, dev.context_lens);
+      ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+      auto r = matches(from_bf16(host_copy<uint16_t>(out)), want, H * kVHead);
+      EXPECT_TRUE(r) << backend << " heads " << heads;
+      printf("mla_decode %-10s graph replay h%-3d compared: %s\n", backend, heads, r.message());
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+}
+
+// Shapes the fast backends are not built for are refused with a reason.
+TEST_F(MlaDecodeGpu, RefusesOtherWidthsAndF32Weights) {
+  LinearWeight w;
+  w.weight = Tensor::empty({16 * 256, 256}, DType::kBF16, Device::kCuda);
+  w.out_features = 16 * 256;
+  w.in_features = 256;
+  MlaDecodeAttentionOp narrow(0, &w, {16, kNope, kRope, kVHead, 256, kScale}, AttentionMode::kAuto);
+  LinearWeight w32;
+  w32.weight = Tensor::empty({16 * 256, kLora}, DType::kF32, Device::kCuda);
+  w32.out_features = 16 * 256;
+  w32.in_features = kLora;
+  MlaDecodeAttentionOp f32(0, &w32, {16, kNope, kRope, kVHead, kLora, kScale}, AttentionMode::kAuto);
+  for (const char* backend : {"nucleus", "flashinfer"}) {
+    const auto* b = find_backend(backend);
+    ASSERT_NE(b, nullptr) << backend;
+    Status s = b->supports(narrow);
+    EXPECT_FALSE(s.ok()) << backend;
+    printf("mla_decode %-10s refuses kv_lora 256: %s\n", backend, s.message().c_str());
+    s = b->supports(f32);
+    EXPECT_FALSE(s.ok()) << backend;
+    printf("mla_decode %-10s refuses F32 kv_b: %s\n", backend, s.message().c_str());
+  }
+}
+
+}  // namespace
+}  // namespace nucleus

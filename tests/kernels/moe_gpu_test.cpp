@@ -1,0 +1,453 @@
+// MoE on the GPU against the CPU reference (moe_ref.h):
+//  - routing (launch_moe_route) vs moe_route_ref: V3 sigmoid + bias with
+//    grouped noaux_tc, V2 softmax greedy and group-limited greedy;
+//  - the cuda_grouped experts backend (through MoeExpertsOp) vs
+//    moe_experts_ref on f32 copies of the same bf16 / FP8-dequantized
+//    weights: tiny, tiny with FP8 down, V2-Lite (bf16) and a reduced V3-like
+//    FP8 shape; T = 1, 3, 64, 300, 2048; random, skewed (every token on the
+//    same experts) routing and experts with no tokens; chunked steps; every
+//    GEMM variant; CUDA-graph replay bit-identical to eager; refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <numeric>
+#include <random>
+
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "core/device.h"
+#include "core/parallel.h"
+#include "gpu_test_util.h"
+#include "kernels/moe/moe_grouped.cuh"
+#include "kernels/moe/moe_naive.cuh"
+#include "kernels/moe/moe_ref.h"
+#include "ops/cuda_backends.h"
+#include "ops/moe_ops.h"
+
+namespace nucleus::kernels {
+namespace {
+
+using testing::all_close;
+using testing::device_copy;
+using testing::device_poisoned;
+using testing::from_bf16;
+using testing::host_copy;
+using testing::random_bf16_values;
+using testing::to_bf16;
+
+class MoeGpu : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device"; }
+};
+
+// ---------------------------------------------------------------- routing
+
+// The reference's choice score of every expert of one token (softmax or
+// sigmoid, plus bias), to tell a near-tie from a real mismatch.
+std::vector<float> choice_scores(const MoeRoutingParams& p, const float* l, const float* bias) {
+  std::vector<float> s(p.num_experts);
+  if (p.scoring == ScoringFunc::kSigmoid) {
+    for (int64_t e = 0; e < p.num_experts; ++e) s[e] = 1.0f / (1.0f + std::exp(-l[e]));
+  } else {
+    const float mx = *std::max_element(l, l + p.num_experts);
+    double sum = 0;
+    for (int64_t e = 0; e < p.num_experts; ++e) sum += s[e] = std::exp(l[e] - mx);
+    for (auto& v : s) v = static_cast<float>(v / sum);
+  }
+  if (bias)
+    for (int64_t e = 0; e < p.num_experts; ++e) s[e] += bias[e];
+  return s;
+}
+
+void check_routing(const MoeRoutingParams& p, bool with_bias, int64_t T, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t E = p.num_experts;
+  // Logits: a shuffled grid (no exact ties) plus a little noise.
+  std::vector<float> logits(T * E), bias;
+  std::vector<int> perm(E);
+  std::uniform_real_distribution<float> noise(-0.01f, 0.01f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t e = 0; e < E; ++e) logits[t * E + e] = (perm[e] - E / 2) * 6.0f / E + noise(rng);
+  }
+  if (with_bias) {
+    std::uniform_real_distribution<float> b(-0.05f, 0.05f);
+    bias.resize(E);
+    for (auto& v : bias) v = b(rng);
+  }
+  Tensor d_logits = device_copy(logits, DType::kF32);
+  Tensor d_bias = with_bias ? device_copy(bias, DType::kF32) : Tensor();
+  Tensor d_ids = device_poisoned(T * p.top_k, DType::kI32), d_w = device_poisoned(T * p.top_k, DType::kF32);
+  ASSERT_EQ(launch_moe_route(p, d_logits.data<float>(), with_bias ? d_bias.data<float>() : nullptr, T,
+                             d_ids.data<int32_t>(), d_w.data<float>(), nullptr),
+            cudaSuccess);
+  std::vector<int32_t> want_ids(T * p.top_k);
+  std::vector<float> want_w(T * p.top_k);
+  moe_route_ref(p, logits.data(), with_bias ? bias.data() : nullptr, T, want_ids.data(), want_w.data());
+  const auto got_ids = host_copy<int32_t>(d_ids);
+  const auto got_w = host_copy<float>(d_w);
+  int near_ties = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    bool same = true;
+    for (int64_t k = 0; k < p.top_k; ++k) same &= got_ids[t * p.top_k + k] == want_ids[t * p.top_k + k];
+    if (!same) {
+      // Allowed only where the swapped experts' choice scores tie to rounding.
+      auto c = choice_scores(p, logits.data() + t * E, with_bias ? bias.data() : nullptr);
+      for (int64_t k = 0; k < p.top_k; ++k) {
+        const int32_t a = got_ids[t * p.top_k + k], b = want_ids[t * p.top_k + k];
+        ASSERT_TRUE(a >= 0 && a < E) << "token " << t << " k " << k << " id " << a;
+        EXPECT_LE(std::fabs(c[a] - c[b]), 1e-5f) << "token " << t << " k " << k << ": " << a << " vs " << b;
+      }
+      ++near_ties;
+      continue;
+    }
+    for (int64_t k = 0; k < p.top_k; ++k) {
+      const float g = got_w[t * p.top_k + k], w = want_w[t * p.top_k + k];
+      EXPECT_NEAR(g, w, 1e-5f + 1e-5f * std::fabs(w)) << "token " << t << " k " << k;
+    }
+  }
+  EXPECT_LE(near_ties, 1) << "tokens decided by near-ties";
+}
+
+TEST_F(MoeGpu, RoutingV3SigmoidGroupedNoauxTc) {
+  MoeRoutingParams p;
+  p.scoring = ScoringFunc::kSigmoid;
+  p.method = TopkMethod::kNoauxTc;
+  p.num_experts = 256;
+  p.top_k = 8;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.norm_topk_prob = true;
+  p.routed_scaling_factor = 2.5f;
+  for (int64_t T : {1, 7, 300}) check_routing(p, true, T, 100 + T);
+}
+
+TEST_F(MoeGpu, RoutingV2SoftmaxGreedy) {
+  MoeRoutingParams p;  // V2-Lite
+  p.scoring = ScoringFunc::kSoftmax;
+  p.method = TopkMethod::kGreedy;
+  p.num_experts = 64;
+  p.top_k = 6;
+  p.norm_topk_prob = false;
+  p.routed_scaling_factor = 1.0f;
+  for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 200 + T);
+  p.norm_topk_prob = true;  // and the normalising variant
+  check_routing(p, false, 33, 250);
+}
+
+TEST_F(MoeGpu, RoutingV2SoftmaxGroupLimited) {
+  MoeRoutingParams p;  // DeepSeek-V2
+  p.scoring = ScoringFunc::kSoftmax;
+  p.method = TopkMethod::kGroupLimitedGreedy;
+  p.num_experts = 160;
+  p.top_k = 6;
+  p.n_group = 8;
+  p.topk_group = 3;
+  p.norm_topk_prob = false;
+  p.routed_scaling_factor = 16.0f;
+  for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 300 + T);
+}
+
+// ---------------------------------------------------------------- experts
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A weight [n, k] on the device (bf16, or FP8 with random 128x128 block
+// scales) with values about uniform in [-a, a], and its exact f32 value.
+struct TestWeight {
+  LinearWeight device;
+  std::vector<float> ref;
+};
+
+TestWeight make_weight(const std::string& name, int64_t n, int64_t k, bool fp8, float a, uint64_t seed) {
+  TestWeight w;
+  w.ref.resize(n * k);
+  LinearWeight& lw = w.device;
+  lw.name = name;
+  lw.out_features = n;
+  lw.in_features = k;
+  if (!fp8) {
+    std::vector<uint16_t> bits(n * k);
+    parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0 * k; i < r1 * k; ++i) {
+        const float u = static_cast<float>(splitmix64(seed * 0x1000000007ull + i) >> 40) / 16777216.0f;
+        bits[i] = f32_to_bf16((2 * u - 1) * a);
+        w.ref[i] = bf16_to_f32(bits[i]);
+      }
+    });
+    lw.weight = Tensor::empty({n, k}, DType::kBF16, Device::kCuda);
+    copy_to_device(lw.weight.raw(), bits.data(), bits.size() * 2);
+    return w;
+  }
+  static const auto lut = [] {  // 4096 codes, uniform in [-448, 448]
+    std::vector<uint8_t> v(4096);
+    for (int i = 0; i < 4096; ++i) v[i] = f32_to_fp8e4m3(-448.0f + 896.0f * (i + 0.5f) / 4096.0f);
+    return v;
+  }();
+  const int64_t bn = 128, bk = 128, nb = (n + bn - 1) / bn, kb = (k + bk - 1) / bk;
+  std::vector<float> scale(nb * kb);
+  for (int64_t i = 0; i < nb * kb; ++i)  // factor 0.5 .. 1.5 per block: wrong block indexing shows
+    scale[i] = a / 448.0f * (0.5f + static_cast<float>(splitmix64(seed ^ (0xabcdull + i)) >> 40) / 16777216.0f);
+  std::vector<uint8_t> q(n * k);
+  parallel_for(n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t i = r * k + c;
+        q[i] = lut[splitmix64(seed * 0x1000000007ull + i) >> 52];
+        w.ref[i] = fp8e4m3_to_f32(q[i]) * scale[(r / bn) * kb + c / bk];
+      }
+  });
+  lw.weight = Tensor::empty({n, k}, DType::kF8E4M3, Device::kCuda);
+  copy_to_device(lw.weight.raw(), q.data(), q.size());
+  lw.scale_inv = device_copy(scale, DType::kF32).view({nb, kb});
+  lw.block_n = bn;
+  lw.block_k = bk;
+  return w;
+}
+
+struct MoeShape {
+  const char* name;
+  int64_t hidden, inter, num_experts, top_k;
+  bool gate_up_fp8, down_fp8;
+  int64_t max_ref_tokens;  // reference rows checked per case (evenly spaced)
+};
+
+// Experts of one shape on the device and as f32 for the reference.
+struct ExpertSet {
+  MoeShape shape;
+  std::deque<TestWeight> weights;  // gate_up, down per expert (stable addresses)
+  std::vector<ExpertWeights> op_experts;
+  std::vector<ExpertWeightsRef> ref;
+
+  explicit ExpertSet(const MoeShape& s) : shape(s) {
+    const float a_up = 3.0f / std::sqrt(static_cast<float>(s.hidden)), a_down = 3.0f / std::sqrt(static_cast<float>(s.inter));
+    for (int64_t e = 0; e < s.num_experts; ++e) {
+      weights.push_back(make_weight("e" + std::to_string(e) + ".gate_up", 2 * s.inter, s.hidden, s.gate_up_fp8, a_up,
+                                    1000 + 2 * e));
+      weights.push_back(make_weight("e" + std::to_string(e) + ".down", s.hidden, s.inter, s.down_fp8, a_down,
+                                    1001 + 2 * e));
+    }
+    for (int64_t e = 0; e < s.num_experts; ++e) {
+      op_experts.push_back({&weights[2 * e].device, &weights[2 * e + 1].device});
+      ref.push_back({weights[2 * e].ref.data(), weights[2 * e + 1].ref.data()});
+    }
+    synchronize_device();
+  }
+};
+
+// top_k distinct experts per token: uniform, or every token on experts
+// top_k-1 .. 0 (skewed: those experts get every token, the rest none).
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+Routing make_routing(int64_t T, int64_t E, int64_t K, bool skewed, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Routing r;
+  r.ids.resize(T * K);
+  r.weights.resize(T * K);
+  std::vector<int32_t> perm(E);
+  std::uniform_real_distribution<float> w(0.05f, 1.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    for (int64_t k = 0; k < K; ++k) {
+      if (skewed) {
+        r.ids[t * K + k] = static_cast<int32_t>(K - 1 - k);
+      } else {
+        std::swap(perm[k], perm[k + rng() % (E - k)]);
+        r.ids[t * K + k] = perm[k];
+      }
+      r.weights[t * K + k] = w(rng);
+    }
+  }
+  return r;
+}
+
+// Output rows of the reference for tokens `rows` of the step.
+std::vector<float> reference_rows(const ExpertSet& set, const std::vector<float>& x, const Routing& r,
+                                  const std::vector<int64_t>& rows) {
+  const MoeShape& s = set.shape;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> xs(n * s.hidden), ws(n * s.top_k), out(n * s.hidden);
+  std::vector<int32_t> ids(n * s.top_k);
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(x.begin() + rows[i] * s.hidden, s.hidden, xs.begin() + i * s.hidden);
+    std::copy_n(r.ids.begin() + rows[i] * s.top_k, s.top_k, ids.begin() + i * s.top_k);
+    std::copy_n(r.weights.begin() + rows[i] * s.top_k, s.top_k, ws.begin() + i * s.top_k);
+  }
+  moe_experts_ref(xs.data(), n, s.hidden, s.inter, ids.data(), ws.data(), s.top_k, set.ref.data(), out.data(), false);
+  return out;
+}
+
+std::vector<int64_t> sample_rows(int64_t T, int64_t max_rows) {
+  std::vector<int64_t> rows;
+  const int64_t n = std::min(T, max_rows);
+  for (int64_t i = 0; i < n; ++i) rows.push_back(n == 1 ? 0 : i * (T - 1) / (n - 1));
+  return rows;
+}
+
+// Tolerance (bf16 activations, h and y rounded to bf16, FP8 weights
+// dequantized to bf16, f32 accumulation): every element within 3% of the
+// reference's RMS plus 2% of its own size; relative L2 error below 1%.
+void expect_close(const std::vector<float>& got_all, const std::vector<float>& want, const std::vector<int64_t>& rows,
+                  int64_t hidden, const std::string& what) {
+  int64_t not_finite = 0;
+  for (float v : got_all) not_finite += !std::isfinite(v);
+  EXPECT_EQ(not_finite, 0) << what << ": output elements not written (poison) or not finite";
+  std::vector<float> got(want.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy_n(got_all.begin() + rows[i] * hidden, hidden, got.begin() + i * hidden);
+  double ss = 0, se = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ss += double(want[i]) * want[i];
+    se += double(got[i] - want[i]) * (got[i] - want[i]);
+  }
+  const float rms = static_cast<float>(std::sqrt(ss / want.size()));
+  float worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  std::printf("%s: compared %zu rows, max abs err %.3g (ref rms %.3g), rel l2 err %.3g\n", what.c_str(), rows.size(),
+              worst, rms, std::sqrt(se / std::max(ss, 1e-30)));
+  EXPECT_TRUE(all_close(got, want, 0.03f * rms, 0.02f, hidden)) << what << " (rows sampled: " << rows.size() << ")";
+  EXPECT_LT(std::sqrt(se / std::max(ss, 1e-30)), 1e-2) << what;
+}
+
+struct Step {
+  Tensor x, ids, weights, out, scratch;
+  std::vector<float> x_host;
+  Routing routing;
+};
+
+Step make_step(const MoeShape& s, int64_t T, bool skewed, uint64_t seed) {
+  Step st;
+  st.x_host = random_bf16_values(T * s.hidden, 1.0f, seed);
+  st.routing = make_routing(T, s.num_experts, s.top_k, skewed, seed + 1);
+  st.x = device_copy(to_bf16(st.x_host), DType::kBF16).view({T, s.hidden});
+  st.ids = device_copy(st.routing.ids, DType::kI32).view({T, s.top_k});
+  st.weights = device_copy(st.routing.weights, DType::kF32).view({T, s.top_k});
+  st.out = device_poisoned(T * s.hidden, DType::kBF16).view({T, s.hidden});
+  st.scratch = device_poisoned(256 * s.top_k * s.inter, DType::kF32).view({256, s.top_k * s.inter});
+  NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());  // uploads done before the engine stream reads them
+  return st;
+}
+
+void run_op(MoeExpertsOp& op, Step& st) {
+  OpContext ctx;
+  ctx.device = Device::kCuda;
+  ctx.stream = cuda::context().stream;
+  op.run(ctx, {st.x, st.ids, st.weights}, {st.out, st.scratch});
+}
+
+void check_shape(const MoeShape& s) {
+  ExpertSet set(s);
+  MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
+  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+  ASSERT_EQ(op.backend(), "cuda_grouped") << s.name;
+  for (bool skewed : {false, true}) {
+    for (int64_t T : {1, 3, 64, 300, 2048}) {
+      if (skewed && T == 1) continue;
+      const std::string what = std::string(s.name) + (skewed ? " skewed" : " random") + " T=" + std::to_string(T) +
+                               " bm=" + std::to_string(moe_grouped_pick_bm(T, {s.hidden, s.inter, s.num_experts,
+                                                                                s.top_k}));
+      Step st = make_step(s, T, skewed, 7 * T + skewed);
+      run_op(op, st);
+      const auto got = from_bf16(host_copy<uint16_t>(st.out));
+      const auto rows = sample_rows(T, s.max_ref_tokens);
+      expect_close(got, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what);
+      if (T == 300 && !skewed) {
+        // Deterministic, and a CUDA-graph replay is bit-identical to eager.
+        cudaStream_t stream = cuda::context().stream;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        run_op(op, st);
+        ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        const auto replay = from_bf16(host_copy<uint16_t>(st.out));
+        EXPECT_EQ(0, std::memcmp(replay.data(), got.data(), got.size() * 4)) << what << ": graph replay differs";
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+    }
+  }
+}
+
+// max_ref_tokens bounds the CPU reference's work (V3-like: 88 MFLOP a pair).
+TEST_F(MoeGpu, ExpertsTinyBf16) { check_shape({"tiny", 256, 192, 8, 2, false, false, 4096}); }
+TEST_F(MoeGpu, ExpertsTinyFp8Down) { check_shape({"tiny-fp8-down", 256, 192, 8, 2, false, true, 4096}); }
+TEST_F(MoeGpu, ExpertsV2LiteBf16) { check_shape({"v2-lite", 2048, 1408, 64, 6, false, false, 256}); }
+TEST_F(MoeGpu, ExpertsV3LikeFp8) { check_shape({"v3-like-fp8", 7168, 2048, 32, 8, true, true, 48}); }
+
+// Every GEMM variant (tile height 16, 32, 64, 128) on one step, through the
+// kernel interface.
+TEST_F(MoeGpu, ExpertsEveryVariant) {
+  for (const MoeShape& s : {MoeShape{"tiny-fp8-down", 256, 192, 8, 2, false, true, 4096},
+                            MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 128},
+                            MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 32}}) {
+    ExpertSet set(s);
+    std::vector<ExpertView> views;
+    for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
+    Tensor d_views = device_copy(views, DType::kU8);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    const int64_t T = 100;
+    Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
+    const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+    Step st = make_step(s, T, false, 4242);
+    const auto rows = sample_rows(T, s.max_ref_tokens);
+    const auto want = reference_rows(set, st.x_host, st.routing, rows);
+    for (int bm : {16, 32, 64, 128}) {
+      NUCLEUS_CUDA_CHECK(cudaMemset(st.out.raw(), 0x7f, st.out.nbytes()));
+      ASSERT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                   gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, ws,
+                                   st.out.data<__nv_bfloat16>(), nullptr, bm),
+                cudaSuccess);
+      NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+      expect_close(from_bf16(host_copy<uint16_t>(st.out)), want, rows, s.hidden,
+                   std::string(s.name) + " bm=" + std::to_string(bm));
+    }
+  }
+}
+
+// A step larger than the op's capacity runs in chunks (here 100 tokens).
+TEST_F(MoeGpu, ExpertsChunked) {
+  const MoeShape s{"tiny-chunked", 256, 192, 8, 2, false, false, 4096};
+  ExpertSet set(s);
+  setenv("NUCLEUS_MOE_CHUNK_TOKENS", "100", 1);
+  MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
+  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+  Step st = make_step(s, 50, false, 99);
+  run_op(op, st);  // first run (50 tokens) sets the capacity from the variable: 100
+  unsetenv("NUCLEUS_MOE_CHUNK_TOKENS");
+  Step big = make_step(s, 333, false, 98);
+  run_op(op, big);
+  const auto rows = sample_rows(333, 4096);
+  expect_close(from_bf16(host_copy<uint16_t>(big.out)), reference_rows(set, big.x_host, big.routing, rows), rows,
+               s.hidden, "chunked T=333");
+}
+
+// Shapes the kernels cannot take fall back to cuda_naive, with the reason.
+TEST_F(MoeGpu, ExpertsRefusals) {
+  const MoeShape odd{"odd-hidden", 192, 64, 4, 2, false, false, 64};  // hidden % 128 != 0
+  ExpertSet set(odd);
+  MoeExpertsOp op(set.op_experts, odd.inter, odd.top_k);
+  const Status why = cuda_ops::moe_experts_grouped_supports(op);
+  EXPECT_FALSE(why.ok());
+  EXPECT_NE(why.message().find("hidden_size"), std::string::npos) << why.message();
+  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+  EXPECT_EQ(op.backend(), "cuda_naive");
+}
+
+}  // namespace
+}  // namespace nucleus::kernels
