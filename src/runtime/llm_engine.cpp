@@ -141,17 +141,15 @@ std::vector<RequestOutput> LLMEngine::step() {
   preemptions_ += static_cast<int64_t>(plan.preempted.size());
   if (plan.empty()) return outputs;
   ++steps_;
-  auto logits = runner_->execute(plan);
-  NUCLEUS_CHECK(logits.ok(), "forward failed: {}", logits.status().to_string());
+  auto samples = runner_->execute_and_sample(plan);
+  NUCLEUS_CHECK(samples.ok(), "forward failed: {}", samples.status().to_string());
   scheduler_->on_step_done(plan);
-  const int64_t vocab = model_->config().vocab_size;
-  int64_t row = 0;
+  size_t row = 0;
   std::vector<Sequence*> done;
   for (const auto& s : plan.scheduled) {
     if (!s.samples) continue;
     Sequence& seq = *s.seq;
-    const float* l = logits->data<float>() + row++ * vocab;
-    SampleResult r = sample_token(l, vocab, seq.params, seq.seed, seq.num_output_tokens());
+    SampleResult r = std::move((*samples)[row++]);
     if (seq.output_token_ids.empty()) seq.first_token_time = now_seconds();
     seq.output_token_ids.push_back(r.token);
     seq.output_samples.push_back(r);

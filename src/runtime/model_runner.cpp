@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/device.h"
+
 #include "core/check.h"
 
 namespace nucleus {
@@ -37,6 +39,30 @@ StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size) {
 StatusOr<Tensor> ModelRunner::execute(const SchedulerOutput& out) {
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
   return model_->forward(in, kv_cache_, stats_);
+}
+
+StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const SchedulerOutput& out) {
+  StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->forward_logits(in, kv_cache_, stats_));
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<const Sequence*> rows;
+  for (const auto& s : out.scheduled)
+    if (s.samples) rows.push_back(s.seq);
+  std::vector<SampleResult> results;
+  if (logits.device() == Device::kCuda) {
+    if (!device_sampler_ || device_sampler_->max_rows() < static_cast<int64_t>(rows.size())) {
+      NUCLEUS_ASSIGN_OR_RETURN(device_sampler_,
+                               DeviceSampler::create(std::max<int64_t>(256, static_cast<int64_t>(rows.size())), vocab));
+    }
+    std::vector<DeviceSampleRequest> requests;
+    for (const Sequence* seq : rows)
+      requests.push_back(make_device_sample_request(seq->params, seq->seed, seq->num_output_tokens()));
+    return device_sampler_->sample(logits.data<float>(), requests);
+  }
+  for (size_t i = 0; i < rows.size(); ++i)
+    results.push_back(sample_token(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab, rows[i]->params,
+                                   rows[i]->seed, rows[i]->num_output_tokens()));
+  return results;
 }
 
 }  // namespace nucleus

@@ -6,6 +6,8 @@
 #include <memory>
 
 #include "model/deepseek/deepseek_model.h"
+#include "runtime/device_sampler.h"
+#include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
 namespace nucleus {
@@ -20,6 +22,10 @@ class ModelRunner {
 
   // Runs the step; returns logits [num sampling sequences, vocab] f32 (host).
   StatusOr<Tensor> execute(const SchedulerOutput& out);
+  // Runs the step and samples one token for every scheduled sequence with
+  // samples == true, in scheduled order: on the device (one sync) on CUDA,
+  // with the CPU sampler otherwise.
+  StatusOr<std::vector<SampleResult>> execute_and_sample(const SchedulerOutput& out);
 
   KvCache& kv_cache() { return kv_cache_; }
   // While set, every step records what it touched into *stats (slower: syncs).
@@ -30,6 +36,7 @@ class ModelRunner {
   DeepseekModel* model_;
   KvCache kv_cache_;
   StepStats* stats_ = nullptr;
+  std::unique_ptr<DeviceSampler> device_sampler_;
 };
 
 }  // namespace nucleus

@@ -24,10 +24,11 @@ double counter_uniform(uint64_t seed, uint64_t counter) {
 SampleResult sample_token(const float* logits, int64_t vocab, const SamplingParams& params, uint64_t seed,
                           int64_t output_index) {
   SampleResult r;
-  // Raw log-softmax, needed for logprobs.
-  float mx = *std::max_element(logits, logits + vocab);
+  // Raw log-softmax, for the token's logprob (computed in f32 exps with an
+  // f64 sum: the full-vocabulary pass that dominates greedy sampling).
+  const float mx = *std::max_element(logits, logits + vocab);
   double sum = 0.0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
   const double log_z = mx + std::log(sum);
   auto logprob = [&](int64_t i) { return static_cast<float>(logits[i] - log_z); };
 

@@ -211,6 +211,11 @@ DeepseekModel::WeightBytes DeepseekModel::weight_bytes() const {
 }
 
 StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, forward_logits(inputs, kv_cache, stats));
+  return logits.device() == Device::kCuda ? to_host(logits) : logits;
+}
+
+StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
   NUCLEUS_CHECK(inputs.num_tokens() > 0, "empty step");
   NUCLEUS_CHECK(static_cast<int64_t>(inputs.positions.size()) == inputs.num_tokens() &&
                     static_cast<int64_t>(inputs.slot_mapping.size()) == inputs.num_tokens() &&
@@ -264,7 +269,7 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
       decode_graphs_.at(padded).replay();
       ++graph_replays_;
     }
-    return to_host(buffers[g.find_buffer("logits")].rows(0, inputs.num_logits()));
+    return buffers[g.find_buffer("logits")].rows(0, inputs.num_logits());
   }
   if (!decode && !stats) {
     const int64_t bucket = token_bucket_for(inputs.num_tokens());
@@ -277,7 +282,7 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   ctx.inputs = &inputs;
   ctx.dev = &dev;
   run_nodes(g, ctx, buffers, 0, g.nodes().size());
-  return to_host(buffers[g.find_buffer("logits")]);
+  return buffers[g.find_buffer("logits")];
 }
 
 StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, KvCache& kv_cache, int64_t bucket) {
@@ -312,7 +317,7 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
     if (kind == "mla_decode" || kind == "mla_prefill") zero_rows_async(full_copy[attn_out], T, bucket - T);
   }
   if (!options_.token_graph_eager_pad) ++token_graph_replays_;
-  return to_host(real[g.find_buffer("logits")]);
+  return real[g.find_buffer("logits")];
 }
 
 std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs) {

@@ -90,6 +90,9 @@ class DeepseekModel {
   // inputs.slot_mapping) and returns logits [num_logits, vocab_size] f32 on
   // the host, one row per inputs.logit_indices entry.
   StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
+  // The same, leaving the logits where they were computed: on CUDA a view of
+  // the step buffers (valid until the next step), on the CPU a host tensor.
+  StatusOr<Tensor> forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
 
   // Bytes of weights by kind, for roofline accounting: everything but the
   // routed experts (read once per step), and one routed expert (incl. scales).
