@@ -116,7 +116,8 @@ int run_bench_latency(int argc, char** argv) {
   const auto wb = model->weight_bytes();
   EngineConfig ec = args.engine;
   ec.enable_prefix_caching = false;  // random prompts; measure the compute
-  if (ec.max_model_len == 0) ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, input_len + output_len + 16);
+  if (ec.max_model_len == 0)
+    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, input_len + 2 * output_len + 32);
   auto engine = LLMEngine::create(std::move(model), ec);
   if (!engine.ok()) {
     std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
@@ -131,13 +132,16 @@ int run_bench_latency(int argc, char** argv) {
     SamplingParams sp;
     sp.temperature = 0;
     sp.ignore_eos = true;
-    sp.max_tokens = static_cast<int32_t>(output_len);
+    // Room for every request to stay running through the timed decode steps
+    // (staggered prefill chunks give some requests a head start).
+    sp.max_tokens = static_cast<int32_t>(2 * output_len + 16);
     for (int warm = 0; warm < 2; ++warm) {  // pass 0 warms up (allocations, cuBLASLt plans)
+      std::vector<std::string> ids;
       for (int64_t i = 0; i < batch; ++i) {
         std::vector<int32_t> prompt(input_len);
         for (auto& t : prompt) t = tok(rng);
-        Status s = e.add_request("b" + std::to_string(batch) + "w" + std::to_string(warm) + "_" + std::to_string(i),
-                                 prompt, sp);
+        ids.push_back("b" + std::to_string(batch) + "w" + std::to_string(warm) + "_" + std::to_string(i));
+        Status s = e.add_request(ids.back(), prompt, sp);
         if (!s.ok()) {
           std::fprintf(stderr, "error: batch %lld: %s\n", static_cast<long long>(batch), s.message().c_str());
           return 1;
@@ -147,34 +151,32 @@ int run_bench_latency(int argc, char** argv) {
       r.batch = batch;
       const double t0 = now();
       int64_t first_tokens = 0, decode_steps = 0;
-      double decode_start = 0;
-      StepStats stats;
-      while (e.has_unfinished()) {
-        const bool all_prefilled = first_tokens == batch;
-        // One recorded decode step (routing counted) right after the timed ones.
-        const bool record = all_prefilled && decode_steps == output_len - 2 && warm == 1;
-        if (record) e.set_step_stats(&stats);
+      // Prefill: until every request has its first token.
+      while (first_tokens < batch) {
+        for (const auto& o : e.step()) first_tokens += o.num_output_tokens == 1;
+        if (tty && warm == 1)
+          std::fprintf(stderr, "\rbatch %lld: prefill %lld/%lld", static_cast<long long>(batch),
+                       static_cast<long long>(first_tokens), static_cast<long long>(batch));
+      }
+      r.prefill_s = now() - t0;
+      // Decode: output_len - 1 steps, every one a pure decode step of `batch`
+      // sequences; then one more step with its routing recorded.
+      while (decode_steps < output_len - 1) {
         const double ts = now();
         auto outs = e.step();
-        const double te = now();
-        if (record) e.set_step_stats(nullptr);
-        if (!all_prefilled) {
-          for (const auto& o : outs) first_tokens += o.num_output_tokens == 1;
-          if (first_tokens == batch) {
-            r.prefill_s = te - t0;
-            decode_start = te;
-          }
-        } else if (!record) {
-          ++decode_steps;
-          r.decode_step_s += te - ts;
-        }
+        r.decode_step_s += now() - ts;
+        NUCLEUS_CHECK(static_cast<int64_t>(outs.size()) == batch, "decode step served {} of {} sequences", outs.size(),
+                      batch);
+        ++decode_steps;
         if (tty && warm == 1)
-          std::fprintf(stderr, "\rbatch %lld: %s %lld/%lld", static_cast<long long>(batch),
-                       all_prefilled ? "decode" : "prefill",
-                       static_cast<long long>(all_prefilled ? decode_steps : first_tokens),
-                       static_cast<long long>(all_prefilled ? output_len - 1 : batch));
+          std::fprintf(stderr, "\rbatch %lld: decode %lld/%lld   ", static_cast<long long>(batch),
+                       static_cast<long long>(decode_steps), static_cast<long long>(output_len - 1));
       }
-      (void)decode_start;
+      StepStats stats;
+      e.set_step_stats(&stats);
+      e.step();
+      e.set_step_stats(nullptr);
+      for (const auto& id : ids) e.abort(id);
       if (tty && warm == 1) std::fprintf(stderr, "\n");
       if (warm == 0) continue;
       r.decode_step_s /= std::max<int64_t>(decode_steps, 1);
