@@ -62,6 +62,7 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.prefill_context_chunk = prefill_context_chunk;
   mo.graph_eager_pad = env_flag("NUCLEUS_GRAPH_EAGER_PAD");
   mo.token_graph_eager_pad = env_flag("NUCLEUS_TOKEN_GRAPH_EAGER_PAD");
+  mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
   if (device == Device::kCuda && !enforce_eager) {
     if (token_graph_sizes) {
       for (int64_t s : *token_graph_sizes)

@@ -133,6 +133,15 @@ Tensor Tensor::view(std::vector<int64_t> shape) const {
   return t;
 }
 
+Tensor Tensor::slice_flat(int64_t offset, std::vector<int64_t> shape) const {
+  NUCLEUS_CHECK(offset >= 0 && offset + shape_numel(shape) <= numel(), "slice_flat({}, {}) of a tensor of shape {}",
+                offset, shape_to_string(shape), shape_string());
+  Tensor t = *this;
+  t.offset_bytes_ += static_cast<size_t>(offset) * dtype_size(dtype_);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
 Tensor Tensor::clone() const {
   NUCLEUS_CHECK(device_ == Device::kCpu, "clone() of a {} tensor", device_name(device_));
   Tensor t = empty(shape_, dtype_, Device::kCpu);

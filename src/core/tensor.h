@@ -71,6 +71,9 @@ class Tensor {
   Tensor rows(int64_t begin, int64_t count) const;
   // The same memory with another shape of equal numel.
   Tensor view(std::vector<int64_t> shape) const;
+  // A contiguous tensor of `shape` starting `offset` elements into this one
+  // (sharing storage; must lie inside it).
+  Tensor slice_flat(int64_t offset, std::vector<int64_t> shape) const;
 
   // Deep copy on the CPU (the source must be on the CPU).
   Tensor clone() const;

@@ -29,6 +29,20 @@ int StepGraph::scratch(const std::string& name, int64_t fixed_rows, int64_t widt
   return id;
 }
 
+int StepGraph::slice(const std::string& name, int parent, int64_t col_offset, int64_t width) {
+  NUCLEUS_CHECK(parent >= 0 && parent < static_cast<int>(buffers_.size()) && buffers_[parent].parent < 0 &&
+                    col_offset + width <= buffers_[parent].width,
+                "bad slice {} of buffer {}", name, parent);
+  NUCLEUS_CHECK(find_buffer(name) < 0, "buffer {} exists", name);
+  BufferDesc d = buffers_[parent];
+  d.name = name;
+  d.width = width;
+  d.parent = parent;
+  d.col_offset = col_offset;
+  buffers_.push_back(d);
+  return static_cast<int>(buffers_.size()) - 1;
+}
+
 int StepGraph::find_buffer(const std::string& name) const {
   for (size_t i = 0; i < buffers_.size(); ++i)
     if (buffers_[i].name == name) return static_cast<int>(i);
@@ -55,6 +69,10 @@ std::string StepGraph::dump(const std::string& title) const {
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i) s += ", ";
       const BufferDesc& b = buffers_[ids[i]];
+      if (b.parent >= 0) {
+        s += fmt::format("{}[T,{}]=slice({},{})", b.name, b.width, buffers_[b.parent].name, b.col_offset);
+        continue;
+      }
       s += fmt::format("{}[{}{}]", b.name,
                        b.rows == RowSpace::kTokens ? "T," : b.rows == RowSpace::kLogits ? "L," : fmt::format("{},", b.fixed_rows),
                        b.width);
@@ -84,6 +102,10 @@ const std::vector<Tensor>& StepBuffers::for_step(const StepGraph& graph, int64_t
       const int64_t rows = b.rows == RowSpace::kTokens   ? token_capacity_
                            : b.rows == RowSpace::kLogits ? logit_capacity_
                                                          : b.fixed_rows;
+      if (b.parent >= 0) {  // views are made per step
+        full_.emplace_back();
+        continue;
+      }
       full_.push_back(Tensor::empty({rows, b.width}, b.dtype, device));
       bytes_ += full_.back().nbytes();
     }
@@ -93,6 +115,10 @@ const std::vector<Tensor>& StepBuffers::for_step(const StepGraph& graph, int64_t
     const BufferDesc& b = graph.buffers()[i];
     const int64_t rows = b.rows == RowSpace::kTokens ? num_tokens : b.rows == RowSpace::kLogits ? num_logits
                                                                                                : b.fixed_rows;
+    if (b.parent >= 0) {
+      views_.push_back(full_[b.parent].slice_flat(rows * b.col_offset, {rows, b.width}));
+      continue;
+    }
     views_.push_back(full_[i].rows(0, rows));
   }
   return views_;

@@ -28,6 +28,12 @@ struct BufferDesc {
   DType dtype = DType::kF32;
   RowSpace rows = RowSpace::kTokens;
   int64_t fixed_rows = 0;  // RowSpace::kFixed only
+  // A slice of another buffer: the column block [col_offset, col_offset +
+  // width) of `parent`, stored as its own contiguous [rows, width] run that
+  // starts rows * col_offset elements into the parent (so a prefix of
+  // columns is a prefix of memory). -1: a buffer of its own.
+  int parent = -1;
+  int64_t col_offset = 0;
 };
 
 struct Node {
@@ -45,6 +51,8 @@ class StepGraph {
   int buffer(const std::string& name, int64_t width, DType dtype, RowSpace rows = RowSpace::kTokens);
   // A scratch buffer of `fixed_rows` rows whatever the step.
   int scratch(const std::string& name, int64_t fixed_rows, int64_t width, DType dtype);
+  // A slice buffer (see BufferDesc::parent) of parent `parent`.
+  int slice(const std::string& name, int parent, int64_t col_offset, int64_t width);
   // Appends a node; returns it.
   Node& add(std::string name, std::unique_ptr<Op> op, std::vector<int> inputs, std::vector<int> outputs);
 
@@ -54,6 +62,7 @@ class StepGraph {
 
   const std::vector<BufferDesc>& buffers() const { return buffers_; }
   std::vector<Node>& nodes() { return nodes_; }
+  std::vector<BufferDesc>& mutable_buffers() { return buffers_; }
   const std::vector<Node>& nodes() const { return nodes_; }
   int find_buffer(const std::string& name) const;  // -1 if absent
 

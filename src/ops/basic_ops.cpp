@@ -1,5 +1,6 @@
 #include "ops/basic_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/activation/silu_mul_ref.h"
@@ -50,7 +51,10 @@ const std::vector<Backend<RmsNormOp>>& RmsNormOp::backends() {
 }
 
 std::string AddRmsNormOp::attrs() const {
-  return "width=" + std::to_string(weight_.dim(0)) + (has_delta_ ? " residual_add=1" : " residual_add=0");
+  std::string a = "width=" + std::to_string(weight_.dim(0)) + (has_delta_ ? " residual_add=1" : " residual_add=0");
+  if (prezero_.n_total > 0)
+    a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base);
+  return a;
 }
 
 const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
@@ -61,9 +65,22 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
          const float* delta = op.has_delta() ? in[1].data<float>() : nullptr;
          kernels::add_rmsnorm_ref(residual.data<float>(), delta, op.weight().data<float>(), residual.dim(0),
                                   residual.dim(1), op.eps(), out[1].data<float>());
+         if (op.prezero().n_total > 0) {  // the donor's fill
+           const Tensor& buf = out[2];
+           const int64_t m = buf.dim(0);
+           const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base);
+           const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
+                                : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
+           std::fill(buf.data<float>(), buf.data<float>() + m * cols, 0.0f);  // slices are column blocks of m rows
+         }
        }},
 #ifdef NUCLEUS_HAVE_CUDA
-      {"cuda", Device::kCuda, nullptr, cuda_ops::add_rmsnorm},
+      {"cuda", Device::kCuda,
+       [](const AddRmsNormOp& op) -> Status {
+         if (op.prezero().n_total > 0) return unsupported("prezero donors need the CUDA split-K path (not built yet)");
+         return ok_status();
+       },
+       cuda_ops::add_rmsnorm},
 #endif
   };
   return list;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ops/op.h"
+#include "ops/prezero.h"
 
 namespace nucleus {
 
@@ -40,10 +41,15 @@ class RmsNormOp : public OpWithBackends<RmsNormOp> {
 // Buffers: in = {residual, delta?} [num_tokens, hidden]; out = {residual, normed}.
 // The fused form saves a pass over the hidden state; the first layer's input
 // norm has no delta (the residual is the embedding).
+// As a prezero donor (set by the prezero pass) it also zero-fills out[2]
+// ([num_tokens, n_total] f32): all of it, its first n_base columns, or
+// nothing, by prezero_fill(num_tokens, n_total, n_base) (ops/prezero.h).
 class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
  public:
   AddRmsNormOp(Tensor weight, float eps, bool has_delta)
       : weight_(std::move(weight)), eps_(eps), has_delta_(has_delta) {}
+  const PrezeroDonor& prezero() const { return prezero_; }
+  void set_prezero(PrezeroDonor d) { prezero_ = d; }
   const char* kind() const override { return "add_rmsnorm"; }
   std::string attrs() const override;
   static const std::vector<Backend<AddRmsNormOp>>& backends();
@@ -55,6 +61,7 @@ class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
   Tensor weight_;
   float eps_;
   bool has_delta_;
+  PrezeroDonor prezero_;
 };
 
 // out[r, i] = silu(in[r, i]) * in[r, width + i]. in: [rows, 2 * width]; out: [rows, width].

@@ -1,6 +1,7 @@
 #include "ops/linear_op.h"
 
 #include "kernels/gemm/gemm_ref.h"
+#include "ops/prezero.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/cuda_backends.h"
@@ -10,7 +11,13 @@ namespace nucleus {
 
 std::string LinearOp::attrs() const {
   return "n=" + std::to_string(weight_->out_features) + " k=" + std::to_string(weight_->in_features) +
-         " dtype=" + dtype_name(weight_->weight.dtype()) + (accumulate_ ? " accumulate=1" : " accumulate=0");
+         " dtype=" + dtype_name(weight_->weight.dtype()) +
+         (prezero_gate_n_ > 0 ? " zero_init=gate(m," + std::to_string(prezero_gate_n_) + ")"
+                              : (accumulate_ ? " accumulate=1" : " accumulate=0"));
+}
+
+bool LinearOp::accumulate_for(int64_t rows) const {
+  return prezero_gate_n_ > 0 ? is_prezero_free(rows, prezero_gate_n_) : accumulate_;
 }
 
 const std::vector<Backend<LinearOp>>& LinearOp::backends() {
@@ -24,7 +31,8 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
        [](LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
          const LinearWeight& w = op.weight();
          kernels::gemm_ref(in[0].data<float>(), in[0].row_numel(), w.weight.data<float>(), in[0].dim(0),
-                           w.out_features, w.in_features, out[0].data<float>(), out[0].row_numel(), op.accumulate());
+                           w.out_features, w.in_features, out[0].data<float>(), out[0].row_numel(),
+                           op.accumulate_for(in[0].dim(0)));
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},

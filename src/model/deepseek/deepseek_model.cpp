@@ -8,6 +8,7 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "core/logging.h"
+#include "graph/passes/prezero_pass.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
 #include "ops/moe_ops.h"
@@ -39,9 +40,15 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
       m->prefill_segments_.push_back({i, i, !eager});
     m->prefill_segments_.back().end = i + 1;
   }
-  if (env_flag("NUCLEUS_DUMP_GRAPH")) {
+  const bool dump = env_flag("NUCLEUS_DUMP_GRAPH");
+  if (dump) {
     std::fputs(m->prefill_graph_.dump("prefill").c_str(), stderr);
-    std::fputs(m->decode_graph_.dump("decode").c_str(), stderr);
+    std::fputs(m->decode_graph_.dump(options.enable_prezero ? "decode (before passes)" : "decode").c_str(), stderr);
+  }
+  if (options.enable_prezero) {  // decode only: never in prefill
+    NUCLEUS_ASSIGN_OR_RETURN(PrezeroPassReport r, apply_prezero_pass(m->decode_graph_));
+    NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
+    if (dump) std::fputs(m->decode_graph_.dump("decode (after passes)").c_str(), stderr);
   }
   return m;
 }

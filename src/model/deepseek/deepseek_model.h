@@ -51,6 +51,8 @@ struct ModelOptions {
   // after each op, to estimate the bf16 backend's expected deviation from
   // the f32 reference (sets the GPU tests' tolerances).
   bool cpu_bf16_emulation = false;
+  // Run the prezero pass on the decode graph (NUCLEUS_ENABLE_PREZERO=1; off by default).
+  bool enable_prezero = false;
 };
 
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every

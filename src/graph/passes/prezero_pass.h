@@ -1,0 +1,32 @@
+// The prezero pass (ops/prezero.h; design.md "Graph passes and prezero";
+// seed 000): for each fused residual-add + RMSNorm whose output feeds
+// decode GEMMs, allocate one [num_tokens, n_total] f32 buffer sliced per
+// consumer, make the norm the donor that zero-fills it, and make the GEMMs
+// write their slices with zero_init decided by the gate.
+//
+// Donors and consumers (it keys on the DeepSeek-V2/V3 layout, by node name,
+// like ATOM's deepseek_v2_prezero pass):
+//   layers.L.input_layernorm -> [q_a_proj or q_proj | kv_a_proj_with_mqa |
+//       q_b_proj] (the base, n_base) | o_proj (the tail)
+//   layers.L.post_attention_layernorm -> [mlp.gate (router) | the first GEMM
+//       of the shared experts, or the dense MLP's gate_up_proj]
+// Every later use of a consumer's old output buffer, up to the buffer's next
+// writer, is rewired to the slice. Decode graphs only (never prefill).
+#pragma once
+
+#include "core/status.h"
+#include "graph/step_graph.h"
+
+namespace nucleus {
+
+struct PrezeroPassReport {
+  int donors = 0;
+  int consumers = 0;
+};
+
+// Rewrites `graph` in place. Consumers must be f32-output capable (the CPU
+// reference; the CUDA split-K path is future work, so the pass refuses a
+// graph whose backends are on the GPU).
+StatusOr<PrezeroPassReport> apply_prezero_pass(StepGraph& graph);
+
+}  // namespace nucleus

@@ -1,0 +1,45 @@
+// Prezero: a split-K GEMM accumulates atomically into its output, so the
+// output must be zero first — a device-wide step per GEMM in decode. The
+// prezero pass (graph/passes/prezero_pass.h) hands that zeroing to the fused
+// residual-add + RMSNorm that runs just before (the "donor"), which leaves
+// most SMs idle in decode: the donor zero-fills one [m, n_total] f32 buffer
+// whose slices are the following GEMMs' outputs ("consumers"), and those run
+// with zero_init = false. (ROCm/ATOM's prezero; design.md "Graph passes".)
+//
+// The gate decides per step, from the step's row count m (so each captured
+// graph size decides for itself, never frozen when the graph is built),
+// whether the fill fits the donor's idle SMs:
+//   fill all n_total columns if is_prezero_free(m, n_total),
+//   else only the first n_base columns if is_prezero_free(m, n_base) (the
+//   consumers past n_base then zero their own slices),
+//   else nothing (every consumer zeroes its own slice).
+// A consumer accumulates into its slice exactly when the donor's decision
+// covered it, so ON and OFF compute the same values.
+#pragma once
+
+#include <cstdint>
+
+namespace nucleus {
+
+// SMs the donor kernel runs on: the device's, or 132 (an H200) on the CPU,
+// so that the CPU reference takes the same decisions a GPU would.
+int prezero_sm_count();
+
+// Whether zero-filling an [m, n] f32 buffer fits the SMs the donor leaves
+// idle: the donor takes one block per row, and each idle SM is credited
+// kPrezeroIdleBytesPerSm bytes of fill during the donor's lifetime (a
+// heuristic to be tuned by measurement on the GPU).
+constexpr int64_t kPrezeroIdleBytesPerSm = 64 * 1024;
+bool is_prezero_free(int64_t m, int64_t n);
+
+enum class PrezeroFill { kNone, kBase, kAll };
+PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base);
+const char* prezero_fill_name(PrezeroFill f);
+
+// What the pass sets on a donor (AddRmsNormOp).
+struct PrezeroDonor {
+  int64_t n_total = 0;  // 0: not a donor
+  int64_t n_base = 0;
+};
+
+}  // namespace nucleus

@@ -1,0 +1,144 @@
+// The prezero pass on the CPU reference (tiny-dsv3): the gate's three
+// outcomes, the rewritten decode graph (donors, buffer widths, slices per
+// consumer), nothing rewritten in prefill or with the flag off, and outputs
+// with the pass equal to outputs without it, bit for bit, at step sizes
+// that take each outcome.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "graph/passes/prezero_pass.h"
+#include "model/deepseek/deepseek_model.h"
+#include "ops/basic_ops.h"
+#include "ops/linear_op.h"
+#include "ops/prezero.h"
+#include "test_util.h"
+
+namespace nucleus {
+namespace {
+
+std::unique_ptr<DeepseekModel> load(bool prezero) {
+  ModelOptions o;
+  o.enable_prezero = prezero;
+  auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
+  NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
+  return std::move(*m);
+}
+
+// tiny-dsv3's attention donor: q_a 128 + kv_a 576 + q_b 4 * 192 = 1472 base,
+// + o_proj 256 = 1728. On the notional 132-SM device with 64 KiB per idle SM:
+// all for m <= 119, the base for m = 120, 121, nothing from 122.
+TEST(PrezeroTest, GateOutcomes) {
+  ASSERT_EQ(prezero_sm_count(), 132);
+  EXPECT_EQ(prezero_fill(1, 1728, 1472), PrezeroFill::kAll);
+  EXPECT_EQ(prezero_fill(119, 1728, 1472), PrezeroFill::kAll);
+  EXPECT_EQ(prezero_fill(120, 1728, 1472), PrezeroFill::kBase);
+  EXPECT_EQ(prezero_fill(121, 1728, 1472), PrezeroFill::kBase);
+  EXPECT_EQ(prezero_fill(122, 1728, 1472), PrezeroFill::kNone);
+  EXPECT_EQ(prezero_fill(200, 1728, 1472), PrezeroFill::kNone);
+  EXPECT_FALSE(is_prezero_free(0, 10));
+}
+
+TEST(PrezeroTest, DecodeGraphRewritten) {
+  auto m = load(true);
+  const StepGraph& g = m->graph(StepKind::kDecode);
+  int donors = 0, consumers = 0;
+  for (const Node& n : g.nodes()) {
+    if (auto* norm = dynamic_cast<const AddRmsNormOp*>(n.op.get()); norm && norm->prezero().n_total > 0) {
+      ++donors;
+      ASSERT_EQ(n.outputs.size(), 3u);
+      const BufferDesc& b = g.buffers()[n.outputs[2]];
+      EXPECT_EQ(b.width, norm->prezero().n_total) << n.name;
+      EXPECT_EQ(b.dtype, DType::kF32);
+      if (n.name.find("input_layernorm") != std::string::npos) {
+        EXPECT_EQ(norm->prezero().n_total, 1728) << n.name;
+        EXPECT_EQ(norm->prezero().n_base, 1472) << n.name;
+      } else if (n.name == "layers.0.post_attention_layernorm") {
+        EXPECT_EQ(norm->prezero().n_total, 2 * 768);  // dense gate_up
+      } else {
+        EXPECT_EQ(norm->prezero().n_total, 8 + 2 * 192);  // router | shared experts' gate_up
+        EXPECT_EQ(norm->prezero().n_base, 8 + 2 * 192);
+      }
+      ASSERT_FALSE(n.notes.empty());
+      EXPECT_NE(n.notes[0].find("prezero donor"), std::string::npos);
+    }
+    if (auto* lin = dynamic_cast<const LinearOp*>(n.op.get()); lin && lin->prezero_gate_n() > 0) {
+      ++consumers;
+      const BufferDesc& out = g.buffers()[n.outputs[0]];
+      EXPECT_GE(out.parent, 0) << n.name << " writes a slice";
+      EXPECT_EQ(out.width, lin->weight().out_features);
+      if (n.name.find("o_proj") != std::string::npos) {
+        EXPECT_EQ(out.col_offset, 1472);
+        EXPECT_EQ(lin->prezero_gate_n(), 1728);  // the tail: zeroed only when everything is
+      }
+      if (n.name.find("q_a_proj") != std::string::npos) EXPECT_EQ(out.col_offset, 0);
+      if (n.name.find("kv_a_proj") != std::string::npos) EXPECT_EQ(out.col_offset, 128);
+      if (n.name.find("q_b_proj") != std::string::npos) {
+        EXPECT_EQ(out.col_offset, 128 + 576);
+        EXPECT_EQ(lin->prezero_gate_n(), 1472);
+      }
+    }
+  }
+  EXPECT_EQ(donors, 8);              // 4 layers x (input, post-attention)
+  EXPECT_EQ(consumers, 4 * 4 + 1 + 3 * 2);  // attention 4 per layer; dense gate_up; router + shared gate_up
+  // The slices' readers were rewired: q_a_layernorm works on the q_a slice.
+  for (const Node& n : g.nodes())
+    if (n.name == "layers.1.self_attn.q_a_layernorm")
+      EXPECT_EQ(g.buffers()[n.inputs[0]].name, "prezero.1.attn.q_a_proj");
+  EXPECT_NE(g.dump("decode").find("prezero donor"), std::string::npos);
+}
+
+TEST(PrezeroTest, NothingRewrittenInPrefillOrWithFlagOff) {
+  auto on = load(true);
+  auto off = load(false);
+  for (const StepGraph* g : {&on->graph(StepKind::kPrefill), &off->graph(StepKind::kPrefill),
+                             &off->graph(StepKind::kDecode)}) {
+    const std::string dump = g->dump("g");
+    EXPECT_EQ(dump.find("prezero"), std::string::npos);
+    for (const BufferDesc& b : g->buffers()) EXPECT_LT(b.parent, 0);
+  }
+}
+
+// A decode step of n sequences with `context` cached tokens each (the cache
+// holds whatever a prefill of distinct tokens wrote).
+StepInputs decode_step(int64_t n, int64_t context, int64_t block_size) {
+  StepInputs d;
+  d.query_start = {0};
+  const int64_t blocks = (context + 1 + block_size - 1) / block_size;
+  d.max_blocks_per_seq = static_cast<int32_t>(blocks);
+  for (int64_t s = 0; s < n; ++s) {
+    d.token_ids.push_back(static_cast<int32_t>(3 + (s * 7) % 4000));
+    d.positions.push_back(static_cast<int32_t>(context));
+    d.slot_mapping.push_back((s * blocks + context / block_size) * block_size + context % block_size);
+    d.query_start.push_back(static_cast<int32_t>(s + 1));
+    d.context_lens.push_back(static_cast<int32_t>(context));
+    d.logit_indices.push_back(static_cast<int32_t>(s));
+    for (int64_t b = 0; b < blocks; ++b) d.block_tables.push_back(static_cast<int32_t>(s * blocks + b));
+  }
+  return d;
+}
+
+TEST(PrezeroTest, OnEqualsOffBitForBitForEachGateOutcome) {
+  auto on = load(true);
+  auto off = load(false);
+  const int64_t bs = 16, context = 5;
+  // Largest first, twice: later steps reuse step buffers that hold the
+  // previous step's values, so a consumer that accumulated into a slice the
+  // donor did not zero would show.
+  for (int64_t n : {130, 130, 121, 120, 7, 1}) {  // none, none, base, base, all, all
+    KvCache kv_on = on->make_kv_cache(n, bs), kv_off = off->make_kv_cache(n, bs);
+    // Fill the caches identically (random-ish rows), then decode one step.
+    for (KvCache* kv : {&kv_on, &kv_off})
+      for (int64_t i = 0; i < kv->data.numel(); ++i) kv->data.data<float>()[i] = 0.01f * static_cast<float>((i * 37) % 101 - 50);
+    StepInputs d = decode_step(n, context, bs);
+    auto a = on->forward(d, kv_on);
+    auto b = off->forward(d, kv_off);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_EQ(a->nbytes(), b->nbytes());
+    EXPECT_EQ(std::memcmp(a->raw(), b->raw(), a->nbytes()), 0) << "batch " << n;
+    EXPECT_EQ(std::memcmp(kv_on.data.raw(), kv_off.data.raw(), kv_on.data.nbytes()), 0) << "batch " << n;
+  }
+}
+
+}  // namespace
+}  // namespace nucleus
