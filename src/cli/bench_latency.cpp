@@ -56,19 +56,21 @@ struct Result {
 }  // namespace
 
 int run_bench_latency(int argc, char** argv) {
-  CLI::App app{"nucleus bench latency: prefill and decode latency at given batch sizes"};
+  CLI::App app{"nucleus bench latency: prefill and decode latency at given batch sizes", "nucleus bench latency"};
   EngineArgs args;
   args.add_to(app);
   std::string batch_sizes = "1,8,32,128";
   int64_t input_len = 1024, output_len = 128, seed = 0;
   app.add_option("--batch-sizes", batch_sizes, "Comma-separated batch sizes")->capture_default_str();
   app.add_option("--input-len", input_len, "Prompt tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--output-len", output_len, "Generated tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--output-len", output_len, "Generated tokens per request (>= 2: one from prefill, the rest timed decode)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--seed", seed, "Seed of the random prompts")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return exit_code_for(app, e);
   }
   init_logging();
   auto sizes = parse_sizes(batch_sizes);

@@ -452,7 +452,7 @@ std::string utc_date() {
 }  // namespace
 
 int run_bench_serve(int argc, char** argv) {
-  CLI::App app{"nucleus bench serve: serving benchmark (vLLM benchmark_serving's metrics)"};
+  CLI::App app{"nucleus bench serve: serving benchmark (vLLM benchmark_serving's metrics)", "nucleus bench serve"};
   BenchArgs a;
   app.add_option("--base-url", a.base_url, "Server URL, e.g. http://127.0.0.1:8000")->required();
   app.add_option("--model", a.model, "Model name to request (default: the server's first model)");
@@ -483,7 +483,7 @@ int run_bench_serve(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return exit_code_for(app, e);
   }
   init_logging();
   std::signal(SIGPIPE, SIG_IGN);  // a server that closes a connection is a failed request, not a crash

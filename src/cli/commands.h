@@ -1,7 +1,16 @@
 // Subcommands of the nucleus binary; each parses its own flags.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 namespace nucleus::cli {
+
+// Exit status of a command-line parse failure: 0 for --help, 2 for every
+// usage error (CLI11's own codes are folded into 2). Prints the message.
+inline int exit_code_for(const CLI::App& app, const CLI::ParseError& e) {
+  const int rc = app.exit(e);
+  return rc == 0 ? 0 : 2;
+}
 int run_generate(int argc, char** argv);
 int run_serve(int argc, char** argv);        // nucleus serve
 int run_bench_serve(int argc, char** argv);  // nucleus bench serve

@@ -6,6 +6,7 @@
 // A prompt the engine refuses gets {"prompt_token_ids": [...], "error": "..."};
 // the others still run; the exit status is then 1.
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -27,6 +28,7 @@ struct PromptInput {
 };
 
 StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) return invalid_argument("--prompts: '" + path + "' is a directory");
   std::ifstream in(path);
   if (!in) return not_found("--prompts: cannot open '" + path + "'");
   std::vector<PromptInput> out;
@@ -48,6 +50,7 @@ StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
       p.has_ids = true;
     } else if (j.contains("prompt") && j["prompt"].is_string()) {
       p.text = j["prompt"].get<std::string>();
+      if (p.text.empty()) return invalid_argument(where + ": \"prompt\" is empty");
     } else {
       return invalid_argument(where + ": expected {\"prompt\": \"...\"} or {\"prompt_token_ids\": [...]}");
     }
@@ -59,7 +62,7 @@ StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
 }  // namespace
 
 int run_generate(int argc, char** argv) {
-  CLI::App app{"nucleus generate: offline batch generation"};
+  CLI::App app{"nucleus generate: offline batch generation", "nucleus generate"};
   EngineArgs args;
   args.add_to(app);
   std::string prompt, prompts_file;
@@ -68,7 +71,7 @@ int run_generate(int argc, char** argv) {
   sp.max_tokens = 64;
   int64_t seed = -1;
   bool as_json = false;
-  auto* p1 = app.add_option("--prompt", prompt, "Prompt text");
+  auto* p1 = app.add_option("--prompt", prompt, "Prompt text (default, without --prompts: \"def fibonacci(n):\\n\")");
   auto* p2 = app.add_option("--prompts", prompts_file, "JSONL file of prompts");
   p1->excludes(p2);
   app.add_option("--max-tokens", sp.max_tokens, "Tokens to generate per prompt")->capture_default_str();
@@ -81,7 +84,7 @@ int run_generate(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return exit_code_for(app, e);
   }
   init_logging();
   if (seed >= 0) sp.seed = static_cast<uint64_t>(seed);
@@ -99,7 +102,11 @@ int run_generate(int argc, char** argv) {
     prompts = std::move(*r);
   } else {
     PromptInput p;
-    p.text = prompt.empty() ? "def fibonacci(n):\n" : prompt;
+    p.text = app.count("--prompt") ? prompt : "def fibonacci(n):\n";
+    if (p.text.empty()) {
+      std::cerr << "error: --prompt is empty\n";
+      return 2;
+    }
     prompts.push_back(p);
   }
   auto loaded = load_engine(args);
@@ -164,7 +171,7 @@ int run_generate(int argc, char** argv) {
         j["error"] = r.error;
       } else {
         j["token_ids"] = r.output_ids;
-        if (tok) j["text"] = tok->decode(r.output_ids);
+        if (tok) j["text"] = tok->decode(r.output_ids, /*skip_special_tokens=*/true);
         j["finish_reason"] = finish_reason_name(r.reason);
       }
       std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
@@ -173,7 +180,7 @@ int run_generate(int argc, char** argv) {
     } else {
       if (results.size() > 1) std::cout << "=== prompt " << i << " ===\n";
       if (!prompts[i].has_ids) std::cout << prompts[i].text;
-      if (tok) std::cout << tok->decode(r.output_ids) << "\n";
+      if (tok) std::cout << tok->decode(r.output_ids, /*skip_special_tokens=*/true) << "\n";
       else for (int32_t id : r.output_ids) std::cout << id << (&id == &r.output_ids.back() ? "\n" : " ");
     }
   }

@@ -36,6 +36,10 @@ int main(int argc, char** argv) {
     return nucleus::cli::run_bench_serve(argc - 2, argv + 2);
   if (cmd == "bench" && argc >= 3 && !std::strcmp(argv[2], "latency"))
     return nucleus::cli::run_bench_latency(argc - 2, argv + 2);
+  if (cmd == "bench") {
+    std::fprintf(stderr, "usage: nucleus bench serve|latency [flags]; run 'nucleus bench <serve|latency> --help'\n");
+    return argc >= 3 && (!std::strcmp(argv[2], "--help") || !std::strcmp(argv[2], "-h")) ? 0 : 2;
+  }
   std::fprintf(stderr, "nucleus: unknown command '%s'\n", cmd.c_str());
   usage();
   return 2;

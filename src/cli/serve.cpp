@@ -34,7 +34,7 @@ std::string default_served_name(const std::string& model_dir) {
 }  // namespace
 
 int run_serve(int argc, char** argv) {
-  CLI::App app{"nucleus serve: OpenAI-compatible HTTP server"};
+  CLI::App app{"nucleus serve: OpenAI-compatible HTTP server", "nucleus serve"};
   EngineArgs args;
   args.add_to(app);
   server::ServerConfig config;
@@ -56,7 +56,7 @@ int run_serve(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return exit_code_for(app, e);
   }
   init_logging();
 

@@ -14,7 +14,15 @@ void init_logging() {
     logger->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
     spdlog::set_default_logger(logger);
     spdlog::level::level_enum level = spdlog::level::info;
-    if (const char* env = std::getenv("NUCLEUS_LOG_LEVEL")) level = spdlog::level::from_str(env);
+    if (const char* env = std::getenv("NUCLEUS_LOG_LEVEL")) {
+      const std::string v = env;
+      level = spdlog::level::from_str(v);
+      if (level == spdlog::level::off && v != "off") {  // from_str's answer for unknown names
+        level = spdlog::level::info;
+        spdlog::set_level(level);
+        spdlog::warn("NUCLEUS_LOG_LEVEL='{}' is not one of trace, debug, info, warn, error, off; using info", v);
+      }
+    }
     spdlog::set_level(level);
   });
 }

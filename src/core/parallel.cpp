@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -12,8 +13,10 @@ namespace nucleus {
 int cpu_threads() {
   static const int n = [] {
     if (const char* e = std::getenv("NUCLEUS_CPU_THREADS")) {
-      int v = std::atoi(e);
-      if (v > 0) return v;
+      char* end = nullptr;
+      const long v = std::strtol(e, &end, 10);
+      if (*e && !*end && v > 0 && v <= 4096) return static_cast<int>(v);
+      std::fprintf(stderr, "warning: NUCLEUS_CPU_THREADS='%s' is not a positive integer; using the core count\n", e);
     }
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }();

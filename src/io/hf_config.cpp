@@ -116,12 +116,29 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   return ok_status();
 }
 
+// Fields parse_model_config reads (an override may add one of these even
+// when config.json lacks it; any other key must already be in the file, so a
+// typo is an error instead of a silently ignored flag).
+const char* const kKnownFields[] = {
+    "model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling", "n_routed_experts",
+    "moe_intermediate_size", "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group",
+    "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
+    "topk_method", "hidden_act", "attention_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id",
+    "quantization_config"};
+
 Status apply_overrides(json* j, const std::vector<std::string>& overrides) {
   for (const auto& o : overrides) {
     auto eq = o.find('=');
     if (eq == std::string::npos || eq == 0)
       return invalid_argument("--override '" + o + "': expected KEY=VALUE");
     std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    bool known = j->contains(key);
+    for (const char* f : kKnownFields) known |= key == f;
+    if (!known)
+      return invalid_argument("--override '" + o + "': config.json has no field '" + key +
+                              "' and nucleus reads none of that name");
     json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
     (*j)[key] = v.is_discarded() ? json(value) : v;
   }

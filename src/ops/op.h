@@ -76,10 +76,13 @@ StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<Op
 
 // The backend NUCLEUS_FORCE_KERNEL names for `family`, or "" (parsed once).
 std::string forced_backend(const char* family);
+// The error for a malformed NUCLEUS_FORCE_KERNEL, or "".
+std::string forced_backend_error();
 
 template <typename OpT>
 StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<OpT>>& list, Device device,
                                 const OpT& op) {
+  if (std::string err = forced_backend_error(); !err.empty()) return invalid_argument(err);
   std::string forced = forced_backend(family);
   // A forced name applies to the device that has a backend of that name.
   bool forced_here = false, forced_anywhere = false;

@@ -54,7 +54,6 @@ int64_t BlockManager::acquire_cached_prefix(Sequence& seq) {
   seq.block_hashes.clear();
   seq.num_computed_tokens = 0;
   const int64_t n = seq.num_tokens();
-  prefix_query_tokens_ += n;
   if (!enable_prefix_caching_) return 0;
   const int64_t max_blocks = (n - 1) / block_size_;
   std::vector<int32_t> tokens(block_size_);
@@ -73,7 +72,6 @@ int64_t BlockManager::acquire_cached_prefix(Sequence& seq) {
     parent = h;
   }
   seq.num_computed_tokens = static_cast<int64_t>(seq.block_table.size()) * block_size_;
-  prefix_hit_tokens_ += seq.num_computed_tokens;
   return seq.num_computed_tokens;
 }
 

@@ -51,7 +51,14 @@ class BlockManager {
   // Releases every block of seq (last first) and clears its table.
   void free(Sequence& seq);
 
-  // Prefix-cache statistics over acquire_cached_prefix calls.
+  // Counts one admission's prefix-cache lookup (query tokens, hit tokens);
+  // the scheduler calls it once a sequence is admitted, so retries of an
+  // admission that failed for lack of blocks are not counted twice.
+  void record_prefix_lookup(int64_t query_tokens, int64_t hit_tokens) {
+    prefix_query_tokens_ += query_tokens;
+    prefix_hit_tokens_ += hit_tokens;
+  }
+  // Prefix-cache statistics over admissions.
   int64_t prefix_query_tokens() const { return prefix_query_tokens_; }
   int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 

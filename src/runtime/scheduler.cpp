@@ -49,13 +49,16 @@ SchedulerOutput Scheduler::schedule() {
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
     blocks_->acquire_cached_prefix(*seq);
-    seq->num_cached_prompt_tokens = seq->num_computed_tokens;
     const int64_t num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
     if (!blocks_->allocate_slots(*seq, seq->num_computed_tokens + num_new)) {
       blocks_->free(*seq);  // give the prefix hits back; try again next step
       break;
     }
     waiting_.pop_front();
+    // Prompt tokens served from the cache (a readmitted sequence's hits may
+    // also cover generated tokens: those are not prompt tokens).
+    seq->num_cached_prompt_tokens = std::min(seq->num_computed_tokens, seq->num_prompt_tokens());
+    blocks_->record_prefix_lookup(seq->num_tokens(), seq->num_computed_tokens);
     seq->status = SeqStatus::kRunning;
     running_.push_back(seq);
     out.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});

@@ -239,6 +239,12 @@ void HttpServer::handle_generation(const std::string& body, bool chat, httplib::
 }
 
 Status HttpServer::bind() {
+  // SO_REUSEADDR only: the library's default also sets SO_REUSEPORT, which
+  // would let a second server bind the same port and split the requests.
+  http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   if (config_.port == 0) {
     port_ = http_->bind_to_any_port(config_.host);
     if (port_ < 0) return invalid_argument("--host " + config_.host + ": cannot bind a port");

@@ -110,8 +110,8 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   }
   SamplingParams& p = r.params;
   if (auto t = get_number(body, "temperature")) {
-    if (!(*t >= 0.0) || std::isinf(*t))
-      refuse("temperature", "'temperature' must be >= 0, got " + fmt::format("{}", *t));
+    if (!(*t >= 0.0) || !(*t <= std::numeric_limits<float>::max()))
+      refuse("temperature", "'temperature' must be a finite number >= 0, got " + fmt::format("{}", *t));
     p.temperature = static_cast<float>(*t);
   }
   if (auto t = get_number(body, "top_p")) {
@@ -236,9 +236,11 @@ void set_max_tokens(const json& body, std::initializer_list<const char*> fields,
                          " tokens, but the prompt has " + std::to_string(longest) +
                          " tokens (at least one token must be left to generate). Please shorten the prompt.");
   const int64_t m = max_tokens ? *max_tokens : fallback ? *fallback : limit - longest;
-  if (longest + m > limit)
+  if (m > limit - longest)  // (not longest + m: that overflows for huge values)
     refuse(name, "This model's maximum context length is " + std::to_string(limit) +
-                     " tokens. However, you requested " + std::to_string(longest + m) + " tokens (" +
+                     " tokens. However, you requested " +
+                     (m > limit ? std::string("more than ") + std::to_string(limit) : std::to_string(longest + m)) +
+                     " tokens (" +
                      std::to_string(longest) + " in the prompt, " + std::to_string(m) +
                      " in the completion). Please reduce the length of the prompt or '" + name + "'.");
   r.params.max_tokens = static_cast<int32_t>(m);

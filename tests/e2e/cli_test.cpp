@@ -120,7 +120,7 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"generate --device cpu --temperature -1", 2, "temperature"},
       {"generate --device cpu --top-p 1.5", 2, "top_p"},
       {"generate --device cpu --model /nonexistent", 1, "/nonexistent"},
-      {"generate --device tpu", 105, "--device"},  // CLI11 validation error
+      {"generate --device tpu", 2, "--device"},  // a CLI11 validation error: usage errors exit 2
       {"bogus", 2, "unknown command 'bogus'"},
       {"generate --device cpu --prompts " + dir + "/bad.jsonl", 2, "bad.jsonl:1"},
       {"generate --device cpu --prompts " + dir + "/missing.jsonl", 2, "missing.jsonl"},

@@ -31,8 +31,9 @@ Sequence make_seq(int64_t id, std::vector<int32_t> prompt) {
 // Admits seq as the scheduler does (prefix hits, then slots for all its
 // tokens), marks every token computed and caches its full blocks.
 void compute_all(BlockManager& bm, Sequence& seq) {
-  bm.acquire_cached_prefix(seq);
+  const int64_t hit = bm.acquire_cached_prefix(seq);
   ASSERT_TRUE(bm.allocate_slots(seq, seq.num_tokens()));
+  bm.record_prefix_lookup(seq.num_tokens(), hit);
   seq.num_computed_tokens = seq.num_tokens();
   bm.cache_full_blocks(seq);
 }
@@ -85,6 +86,7 @@ TEST(BlockManagerTest, FullPrefixHitReusesSameBlocks) {
 
   Sequence b = make_seq(2, iota_tokens(10, 100));
   EXPECT_EQ(bm.acquire_cached_prefix(b), 8);
+  bm.record_prefix_lookup(b.num_tokens(), 8);  // the scheduler records an admitted lookup
   EXPECT_EQ(b.num_computed_tokens, 8);
   EXPECT_EQ(b.block_table, a_blocks);
   EXPECT_EQ(b.block_hashes.size(), 2u);
@@ -160,6 +162,7 @@ TEST(BlockManagerTest, PrefixCachingDisabledNeverHits) {
   bm.free(a);
   Sequence b = make_seq(2, iota_tokens(12, 100));
   EXPECT_EQ(bm.acquire_cached_prefix(b), 0);
+  bm.record_prefix_lookup(b.num_tokens(), 0);
   EXPECT_TRUE(b.block_table.empty());
   EXPECT_EQ(bm.prefix_hit_tokens(), 0);
   EXPECT_EQ(bm.prefix_query_tokens(), 24);
@@ -247,6 +250,7 @@ TEST(BlockManagerTest, SharedPrefixReferenceCounts) {
 
   Sequence b = make_seq(2, iota_tokens(10, 100));
   EXPECT_EQ(bm.acquire_cached_prefix(b), 8);
+  bm.record_prefix_lookup(b.num_tokens(), 8);  // the scheduler records an admitted lookup
   EXPECT_EQ(first_blocks(b, 2), first_blocks(a, 2));
   EXPECT_EQ(bm.num_free_blocks(), 5);  // hits on referenced blocks take nothing from the free list
   ASSERT_TRUE(bm.allocate_slots(b, 10));
@@ -362,11 +366,12 @@ TEST(BlockManagerTest, RandomizedInvariants) {
       EXPECT_EQ(shadow[s.block_table[t / kBlockSize]][t % kBlockSize], s.token_at(t))
           << "seq " << s.seq_id << " token " << t << " served from block " << s.block_table[t / kBlockSize];
     if (hit > 0) ++hits;
-    hit_tokens += hit;
     if (!allocate(s, s.num_tokens())) {
-      bm.free(s);  // as the scheduler does on a failed admission
+      bm.free(s);  // as the scheduler does on a failed admission (and records nothing)
       return false;
     }
+    bm.record_prefix_lookup(s.num_tokens(), hit);
+    hit_tokens += hit;
     return true;
   };
 
