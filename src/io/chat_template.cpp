@@ -5,6 +5,7 @@
 // repr, json.dumps) because transformers renders these templates with Jinja2
 // on Python objects, and prompts must come out byte for byte the same.
 #include "io/chat_template.h"
+#include "io/utf8.h"
 
 #include <algorithm>
 #include <cctype>
@@ -80,23 +81,6 @@ uint32_t decode_at(std::string_view s, size_t i, size_t* len) {
   return cp;
 }
 
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // The characters of `s` (Python indexes strings by code point).
 std::vector<std::string_view> utf8_chars(std::string_view s) {
