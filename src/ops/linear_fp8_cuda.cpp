@@ -49,8 +49,13 @@ struct Fp8Scratch {
 };
 
 Fp8Scratch& scratch() {
-  static Fp8Scratch* s = new Fp8Scratch();  // never freed: graphs may hold its pointers
-  return *s;
+  // Never freed: graphs may hold its pointers. One per device (one thread per GPU under tensor parallelism).
+  static Fp8Scratch* s[cuda::kMaxDevices] = {};
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  Fp8Scratch*& mine = s[cuda::thread_device()];
+  if (!mine) mine = new Fp8Scratch();
+  return *mine;
 }
 
 void check_not_capturing(cudaStream_t stream, const char* what) {

@@ -147,7 +147,8 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
 
 // The split-partial buffer shared by the decode ops, at least `floats` long.
 Tensor shared_partials(int64_t floats) {
-  static Tensor buf;
+  static Tensor bufs[cuda::kMaxDevices];  // per device: one thread per GPU under tensor parallelism
+  Tensor& buf = bufs[cuda::thread_device()];
   if (!buf.defined() || buf.numel() < floats) buf = Tensor::empty({floats}, DType::kF32, Device::kCuda);
   return buf;
 }

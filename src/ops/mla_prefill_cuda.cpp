@@ -88,8 +88,8 @@ struct FlashScratch {
 };
 
 FlashScratch& scratch() {
-  static FlashScratch s;
-  return s;
+  static FlashScratch s[cuda::kMaxDevices];  // per device: one thread per GPU under tensor parallelism
+  return s[cuda::thread_device()];
 }
 
 // One sequence's K/V expansion into the scratch.

@@ -45,12 +45,13 @@ struct Workspace {
   }
 };
 
-// The process's most recent workspace when it fits, else a new one at least
+// The device's most recent workspace when it fits, else a new one at least
 // as large as both (the old one lives on while ops that hold it do).
 std::shared_ptr<Workspace> shared_workspace(const kernels::MoeGroupedShape& s, int64_t pairs) {
   static std::mutex mu;
-  static std::weak_ptr<Workspace> latest;
+  static std::weak_ptr<Workspace> latest_per_device[cuda::kMaxDevices];  // one thread per GPU under TP
   std::lock_guard<std::mutex> lock(mu);
+  std::weak_ptr<Workspace>& latest = latest_per_device[cuda::thread_device()];
   auto old = latest.lock();
   if (old && old->fits(s, pairs)) return old;
   auto w = std::make_shared<Workspace>();

@@ -12,30 +12,66 @@ namespace nucleus::cuda {
 
 namespace {
 std::atomic<size_t> g_allocated{0};
-Context* g_context = nullptr;
-Status g_init_status;
-std::once_flag g_once;
+Context* g_contexts[kMaxDevices] = {};
+Status g_init_status[kMaxDevices];
+std::once_flag g_once[kMaxDevices];
+std::once_flag g_allocator_once;
+thread_local int t_device = 0;
 
-void init_once() {
+// Device memory for Tensor::empty on the calling thread's current device.
+// The release may run on any thread: it frees on the allocation's device.
+void register_allocator() {
+  register_device_allocator(Device::kCuda, [](size_t bytes) {
+    auto st = std::make_shared<Storage>();
+    st->device = Device::kCuda;
+    st->bytes = bytes;
+    if (bytes) {
+      int device = 0;
+      NUCLEUS_CUDA_CHECK(cudaGetDevice(&device));
+      cudaError_t e = cudaMalloc(&st->data, bytes);
+      NUCLEUS_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes on device {} failed: {} ({} bytes held by tensors)",
+                    bytes, device, cudaGetErrorString(e), g_allocated.load());
+      g_allocated += bytes;
+      st->release = [bytes, device](void* p) {
+        int current = 0;
+        cudaGetDevice(&current);
+        if (current != device) cudaSetDevice(device);
+        cudaFree(p);
+        if (current != device) cudaSetDevice(current);
+        g_allocated -= bytes;
+      };
+    }
+    return st;
+  });
+}
+
+void init_device(int device) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
-    g_init_status = unsupported(std::string("no CUDA device: ") +
-                                (err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0"));
+    g_init_status[device] = unsupported(std::string("no CUDA device: ") +
+                                        (err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0"));
     cudaGetLastError();  // clear
     return;
   }
+  if (device >= count) {
+    g_init_status[device] = unsupported("CUDA device " + std::to_string(device) + " does not exist (" +
+                                        std::to_string(count) + " visible)");
+    return;
+  }
   auto* c = new Context();
-  NUCLEUS_CUDA_CHECK(cudaSetDevice(0));
+  c->device = device;
+  NUCLEUS_CUDA_CHECK(cudaSetDevice(device));
   cudaDeviceProp prop{};
-  NUCLEUS_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  NUCLEUS_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   c->name = prop.name;
   c->num_sms = prop.multiProcessorCount;
   c->l2_bytes = static_cast<size_t>(prop.l2CacheSize);
   c->total_memory = prop.totalGlobalMem;
   if (prop.major != 9) {
-    g_init_status = unsupported(std::string("CUDA device '") + prop.name + "' is sm_" + std::to_string(prop.major) +
-                                std::to_string(prop.minor) + "; nucleus' kernels are built for sm_90a (Hopper)");
+    g_init_status[device] = unsupported(std::string("CUDA device '") + prop.name + "' is sm_" +
+                                        std::to_string(prop.major) + std::to_string(prop.minor) +
+                                        "; nucleus' kernels are built for sm_90a (Hopper)");
     delete c;
     return;
   }
@@ -43,36 +79,45 @@ void init_once() {
   NUCLEUS_CUBLAS_CHECK(cublasLtCreate(&c->lt));
   c->workspace_bytes = 64ull << 20;
   NUCLEUS_CUDA_CHECK(cudaMalloc(&c->workspace, c->workspace_bytes));
-  register_device_allocator(Device::kCuda, [](size_t bytes) {
-    auto st = std::make_shared<Storage>();
-    st->device = Device::kCuda;
-    st->bytes = bytes;
-    if (bytes) {
-      cudaError_t e = cudaMalloc(&st->data, bytes);
-      NUCLEUS_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes failed: {} ({} bytes held by tensors)", bytes,
-                    cudaGetErrorString(e), g_allocated.load());
-      g_allocated += bytes;
-      st->release = [bytes](void* p) {
-        cudaFree(p);
-        g_allocated -= bytes;
-      };
-    }
-    return st;
-  });
-  g_context = c;
-  NUCLEUS_LOG_INFO("cuda: {} ({} SMs, {:.1f} GiB)", c->name, c->num_sms, c->total_memory / double(1ull << 30));
+  std::call_once(g_allocator_once, register_allocator);
+  g_contexts[device] = c;
+  NUCLEUS_LOG_INFO("cuda: device {}: {} ({} SMs, {:.1f} GiB)", device, c->name, c->num_sms,
+                   c->total_memory / double(1ull << 30));
 }
 }  // namespace
 
 StatusOr<Context*> get_context() {
-  std::call_once(g_once, init_once);
-  if (!g_context) return g_init_status;
-  return g_context;
+  const int d = t_device;
+  std::call_once(g_once[d], init_device, d);
+  if (!g_contexts[d]) return g_init_status[d];
+  return g_contexts[d];
 }
 
 Context& context() {
-  NUCLEUS_CHECK(g_context != nullptr, "CUDA context used before initialisation");
-  return *g_context;
+  Context* c = g_contexts[t_device];
+  NUCLEUS_CHECK(c != nullptr, "CUDA context of device {} used before initialisation", t_device);
+  return *c;
+}
+
+Status bind_thread_to_device(int device) {
+  if (device < 0 || device >= kMaxDevices)
+    return invalid_argument("CUDA device " + std::to_string(device) + " is outside [0, " +
+                            std::to_string(kMaxDevices) + ")");
+  t_device = device;
+  NUCLEUS_ASSIGN_OR_RETURN(Context * c, get_context());
+  NUCLEUS_CUDA_CHECK(cudaSetDevice(c->device));
+  return ok_status();
+}
+
+int thread_device() { return t_device; }
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 size_t allocated_bytes() { return g_allocated.load(); }

@@ -1,6 +1,8 @@
-// The CUDA device context: one device (0), one stream for the engine's work,
-// the cuBLASLt handle and its workspace, and the device allocator that
-// Tensor::empty(..., Device::kCuda) uses. Only compiled with CUDA.
+// The CUDA device contexts: per device one stream for the engine's work, the
+// cuBLASLt handle and its workspace; and the device allocator that
+// Tensor::empty(..., Device::kCuda) uses. A thread works on one device: device
+// 0 unless it called bind_thread_to_device (tensor parallelism runs one
+// thread per GPU). Only compiled with CUDA.
 #pragma once
 
 #include <cublasLt.h>
@@ -25,10 +27,22 @@ struct Context {
   std::string name;
 };
 
-// Initialises the context on first use (device 0). Errors when no device.
+// Most devices a process drives (tensor parallelism: 8 GPUs of a host).
+constexpr int kMaxDevices = 16;
+
+// The calling thread's device's context, initialised on first use. Errors
+// when there is no such device or it is not a Hopper GPU.
 StatusOr<Context*> get_context();
-// The initialised context (checks that init happened).
+// The calling thread's device's initialised context (checks that init happened).
 Context& context();
+// Binds the calling thread to `device` (cudaSetDevice, and context() then
+// returns that device's context, initialised here). Errors: no such device,
+// not sm_90, or device >= kMaxDevices.
+Status bind_thread_to_device(int device);
+// The device the calling thread is bound to (0 unless bound otherwise).
+int thread_device();
+// Number of CUDA devices visible to the process (0 when none or no driver).
+int device_count();
 // Bytes currently held by Tensor allocations on the device.
 size_t allocated_bytes();
 

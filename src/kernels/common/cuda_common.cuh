@@ -6,8 +6,27 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <mutex>
 
 namespace nucleus::kernels::cuda_common {
+
+// Runs `f` (returning cudaError_t) once per CUDA device for this call site --
+// the calling thread's current device -- and returns what it returned there.
+// For per-device set-up such as cudaFuncSetAttribute: a function's attributes
+// belong to one device's context, so with one thread per GPU (tensor
+// parallelism) a process-wide `static` would set them on the first device
+// only. Each lambda type is its own call site (its own statics).
+template <typename F>
+cudaError_t once_per_device(F f) {
+  constexpr int kMaxDevices = 64;
+  static std::once_flag flags[kMaxDevices];
+  static cudaError_t results[kMaxDevices];
+  int dev = 0;
+  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kMaxDevices) return f();
+  std::call_once(flags[dev], [&] { results[dev] = f(); });
+  return results[dev];
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

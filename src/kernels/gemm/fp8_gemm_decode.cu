@@ -304,8 +304,9 @@ cudaError_t launch_decode(const Fp8GemmArgs& a, const Fp8SplitWorkspace& ws, cud
   p.splits = std::max(1, (p.kb_count + p.kb_per_split - 1) / p.kb_per_split);
   p.partial = ws.partial;
   p.counters = ws.counters;
-  static const cudaError_t attr = cudaFuncSetAttribute(fp8_decode_kernel<NT, Out>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(fp8_decode_kernel<NT, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  });
   if (attr != cudaSuccess) return attr;
   dim3 grid(grid_n, p.splits);
   fp8_decode_kernel<NT, Out><<<grid, kWarps * 32, kSmemBytes, stream>>>(p);

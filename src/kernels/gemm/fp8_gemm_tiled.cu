@@ -188,8 +188,9 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_tiled_kernel(const TiledParam
 
 template <bool kVec, typename Out>
 cudaError_t launch_tiled(const TiledParams& p, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(fp8_tiled_kernel<kVec, Out>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(fp8_tiled_kernel<kVec, Out>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  });
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>((p.n + kBn - 1) / kBn), static_cast<unsigned>((p.m + kBm - 1) / kBm));
   fp8_tiled_kernel<kVec, Out><<<grid, kThreads, kSmemBytes, stream>>>(p);

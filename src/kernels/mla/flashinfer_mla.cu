@@ -19,7 +19,8 @@ using Params = flashinfer::MLAParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16
 constexpr size_t kFloatWorkspaceBytes = 64ull << 20;  // partial outputs (bf16) + LSE
 constexpr size_t kIntWorkspaceBytes = 8ull << 20;     // plan arrays
 
-// Process-wide workspace and the last plan (the layers of a step share it).
+// Per-device workspace and the last plan (the layers of a step share it; one
+// thread per GPU under tensor parallelism, each on its own device's).
 struct Workspace {
   void* float_buf = nullptr;
   void* int_buf = nullptr;
@@ -31,47 +32,56 @@ struct Workspace {
   flashinfer::MLAPlanInfo info{};
 };
 std::mutex g_mu;
-Workspace g_ws;
+constexpr int kMaxDevices = 64;
+Workspace g_workspaces[kMaxDevices];
+
+Workspace& device_workspace() {
+  int device = 0;
+  cudaGetDevice(&device);
+  return g_workspaces[device];
+}
 bool g_capture_static = false;
 
 cudaError_t ensure_workspace() {
-  if (g_ws.float_buf) return cudaSuccess;
-  cudaError_t e = cudaMalloc(&g_ws.float_buf, kFloatWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaMalloc(&g_ws.int_buf, kIntWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaMallocHost(&g_ws.int_host, kIntWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&g_ws.staged, cudaEventDisableTiming);
+  Workspace& ws = device_workspace();
+  if (ws.float_buf) return cudaSuccess;
+  cudaError_t e = cudaMalloc(&ws.float_buf, kFloatWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaMalloc(&ws.int_buf, kIntWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaMallocHost(&ws.int_host, kIntWorkspaceBytes);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ws.staged, cudaEventDisableTiming);
   return e;
 }
 
 cudaError_t plan(const FlashInferMlaParams& p, cudaStream_t stream) {
+  Workspace& ws = device_workspace();
   const int64_t n = p.num_rows;
   std::vector<int32_t> kv_indptr(n), kv_len(p.row_keys_h, p.row_keys_h + n);
   for (int64_t i = 0; i < n; ++i) kv_indptr[i] = p.row_seq_h[i] * p.max_blocks;
-  if (g_ws.have_plan && g_ws.heads == p.num_heads && g_ws.kv_indptr == kv_indptr && g_ws.kv_len == kv_len)
+  if (ws.have_plan && ws.heads == p.num_heads && ws.kv_indptr == kv_indptr && ws.kv_len == kv_len)
     return cudaSuccess;
   // The previous plan's copy must have left the staging buffer.
-  cudaError_t e = cudaEventSynchronize(g_ws.staged);
+  cudaError_t e = cudaEventSynchronize(ws.staged);
   if (e != cudaSuccess) return e;
   std::vector<int32_t> qo_indptr(n + 1);
   for (int64_t i = 0; i <= n; ++i) qo_indptr[i] = static_cast<int32_t>(i);
   size_t staged_bytes = 0;
-  g_ws.have_plan = false;
+  ws.have_plan = false;
   try {
-    e = flashinfer::MLAPlan<int32_t>(g_ws.float_buf, kFloatWorkspaceBytes, g_ws.int_buf, g_ws.int_host,
-                                     kIntWorkspaceBytes, g_ws.info, staged_bytes, qo_indptr.data(),
+    e = flashinfer::MLAPlan<int32_t>(ws.float_buf, kFloatWorkspaceBytes, ws.int_buf, ws.int_host,
+                                     kIntWorkspaceBytes, ws.info, staged_bytes, qo_indptr.data(),
                                      kv_indptr.data(), kv_len.data(), static_cast<uint32_t>(n),
                                      static_cast<uint32_t>(p.num_heads), 512, /*causal=*/false, stream);
   } catch (const std::exception&) {
     return cudaErrorInvalidValue;  // FlashInfer refused the plan (workspace too small, too many works)
   }
   if (e != cudaSuccess) return e;
-  e = cudaMemcpyAsync(g_ws.int_buf, g_ws.int_host, staged_bytes, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaEventRecord(g_ws.staged, stream);
+  e = cudaMemcpyAsync(ws.int_buf, ws.int_host, staged_bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(ws.staged, stream);
   if (e != cudaSuccess) return e;
-  g_ws.have_plan = true;
-  g_ws.heads = p.num_heads;
-  g_ws.kv_indptr = std::move(kv_indptr);
-  g_ws.kv_len = std::move(kv_len);
+  ws.have_plan = true;
+  ws.heads = p.num_heads;
+  ws.kv_indptr = std::move(kv_indptr);
+  ws.kv_len = std::move(kv_len);
   return cudaSuccess;
 }
 
@@ -100,8 +110,9 @@ cudaError_t flashinfer_mla_decode(const FlashInferMlaParams& p, cudaStream_t str
   if (e != cudaSuccess) return e;
   e = plan(p, stream);
   if (e != cudaSuccess) return e;
-  const flashinfer::MLAPlanInfo& info = g_ws.info;
-  void* ib = g_ws.int_buf;
+  Workspace& ws = device_workspace();
+  const flashinfer::MLAPlanInfo& info = ws.info;
+  void* ib = ws.int_buf;
   Params params;
   params.q_nope = const_cast<__nv_bfloat16*>(p.q_full);
   params.q_pe = const_cast<__nv_bfloat16*>(p.q_full) + 512;
@@ -124,8 +135,8 @@ cudaError_t flashinfer_mla_decode(const FlashInferMlaParams& p, cudaStream_t str
   params.merge_partial_stride = at<int32_t>(ib, info.merge_partial_stride_offset);
   params.final_o = p.o_lat;
   params.final_lse = nullptr;
-  params.partial_o = at<__nv_bfloat16>(g_ws.float_buf, info.partial_o_offset);
-  params.partial_lse = at<float>(g_ws.float_buf, info.partial_lse_offset);
+  params.partial_o = at<__nv_bfloat16>(ws.float_buf, info.partial_o_offset);
+  params.partial_lse = at<float>(ws.float_buf, info.partial_lse_offset);
   params.num_heads = flashinfer::uint_fastdiv(static_cast<uint32_t>(p.num_heads));
   params.block_size = flashinfer::uint_fastdiv(static_cast<uint32_t>(p.block_size));
   const uint32_t q_row = static_cast<uint32_t>(p.num_heads) * 576, kv_row = 576;

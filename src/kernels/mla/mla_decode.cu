@@ -403,8 +403,10 @@ __global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __r
 template <int M>
 cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<M>();
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      mla_decode_attention_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(mla_decode_attention_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem));
+  });
   if (attr != cudaSuccess) return attr;
   const int groups = (p.num_heads + 16 * M - 1) / (16 * M);
   constexpr int64_t kMaxGridZ = 65535;

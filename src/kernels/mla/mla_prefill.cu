@@ -24,6 +24,8 @@
 
 #include <cmath>
 
+#include "kernels/common/cuda_common.cuh"
+
 namespace nucleus::kernels {
 
 namespace {
@@ -370,9 +372,10 @@ constexpr size_t smem_bytes() {  // Q, two K buffers, V, + slack to align to 102
 template <int kWarps, bool kWgmma>
 cudaError_t launch_variant(const MlaPrefillParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = smem_bytes<kWarps>();
-  static const cudaError_t attr = cudaFuncSetAttribute(mla_prefill_kernel<kWarps, kWgmma>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(kSmem));
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(mla_prefill_kernel<kWarps, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmem));
+  });
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(p.num_work), static_cast<unsigned>(p.num_heads));
   mla_prefill_kernel<kWarps, kWgmma><<<grid, kWarps * 32, kSmem, stream>>>(p);

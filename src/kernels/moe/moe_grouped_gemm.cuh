@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/cuda_common.cuh"
 #include "kernels/moe/moe_grouped.cuh"
 
 namespace nucleus::kernels::moe_grouped {
@@ -306,7 +307,8 @@ cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cu
   constexpr int STAGES = BM >= 128 ? 3 : (kFp8 ? 3 : 4);
   constexpr int bytes = smem_bytes<BM, BN, STAGES, kFp8>();
   auto kernel = grouped_gemm_kernel<BM, BN, WARPS_M, WARPS_N, STAGES, kFp8, kUp>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const cudaError_t attr = cuda_common::once_per_device(
+      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); });
   if (attr != cudaSuccess) return attr;
   const int64_t blocks = max_tiles * args.n_tiles;
   if (blocks == 0) return cudaSuccess;
