@@ -17,14 +17,25 @@ namespace {
 
 std::string layer_prefix(int64_t l) { return "model.layers." + std::to_string(l) + "."; }
 
+// The part of a 2-D tensor a rank loads (tensor parallelism): rows or
+// columns [begin, end), or all of it.
+struct SliceSpec {
+  ShardSplit split = ShardSplit::kReplicated;
+  int64_t begin = 0, end = 0;
+};
+
 // Where tensors come from: a checkpoint, or a dummy generator.
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
-  // The tensor `name` with exactly `shape`, or an error naming it.
-  virtual StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) = 0;
-  // FP8 scale for `weight_name` if the weight is FP8 (undefined otherwise).
-  virtual StatusOr<Tensor> scale_for(const std::string& weight_name, const Tensor& weight,
+  // The tensor `name`, which must have exactly `shape`, or an error naming
+  // it; only its `slice` (a host copy) when the slice is not kReplicated.
+  virtual StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear,
+                               const SliceSpec& slice = {}) = 0;
+  // The whole FP8 scale for `weight_name` ([weight_shape]) if the weight is
+  // FP8 (undefined otherwise).
+  virtual StatusOr<Tensor> scale_for(const std::string& weight_name, DType weight_dtype,
+                                     const std::vector<int64_t>& weight_shape,
                                      const std::vector<int64_t>& scale_shape) = 0;
   virtual int64_t progress_total() const { return 0; }
   virtual int64_t progress_done() const { return 0; }
@@ -36,7 +47,8 @@ class CheckpointSource : public TensorSource {
  public:
   CheckpointSource(const Checkpoint& ckpt, const ModelConfig& config) : ckpt_(ckpt), config_(config) {}
 
-  StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) override {
+  StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear,
+                       const SliceSpec& slice) override {
     NUCLEUS_ASSIGN_OR_RETURN(TensorEntry e, ckpt_.get(name));
     used_.insert(name);
     if (e.shape != shape)
@@ -49,14 +61,15 @@ class CheckpointSource : public TensorSource {
     if (e.dtype == DType::kF8E4M3 && !config_.fp8)
       return unsupported(e.file + ": tensor '" + name +
                          "' is F8_E4M3 but config.json has no fp8 quantization_config");
-    return ckpt_.view(e);
+    return slice_host(ckpt_.view(e), slice.split, slice.begin, slice.end);
   }
 
-  StatusOr<Tensor> scale_for(const std::string& weight_name, const Tensor& weight,
+  StatusOr<Tensor> scale_for(const std::string& weight_name, DType weight_dtype,
+                             const std::vector<int64_t>& weight_shape,
                              const std::vector<int64_t>& scale_shape) override {
     std::string base = weight_name.substr(0, weight_name.size() - std::string("weight").size());
     std::string scale_name = base + "weight_scale_inv";
-    if (weight.dtype() != DType::kF8E4M3) {
+    if (weight_dtype != DType::kF8E4M3) {
       if (ckpt_.contains(scale_name))
         return invalid_argument("checkpoint '" + ckpt_.dir() + "': '" + scale_name + "' is present but '" +
                                 weight_name + "' is not F8_E4M3");
@@ -72,7 +85,7 @@ class CheckpointSource : public TensorSource {
                          " (expected F32, or U8 holding E8M0 exponents)");
     if (e->shape != scale_shape)
       return invalid_argument(e->file + ": tensor '" + scale_name + "' has shape " + shape_to_string(e->shape) +
-                              " but a " + shape_to_string(weight.shape()) + " weight with " +
+                              " but a " + shape_to_string(weight_shape) + " weight with " +
                               std::to_string(config_.weight_block_n) + "x" + std::to_string(config_.weight_block_k) +
                               " blocks needs " + shape_to_string(scale_shape));
     return ckpt_.view(*e);
@@ -109,32 +122,46 @@ class DummySource : public TensorSource {
  public:
   DummySource(const ModelConfig& config, uint64_t seed) : config_(config), seed_(seed) {}
 
-  StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear) override {
+  StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear,
+                       const SliceSpec& slice) override {
     const bool is_norm = name.find("norm") != std::string::npos;
     const bool is_bias = name.find("e_score_correction_bias") != std::string::npos;
-    const int64_t n = shape_numel(shape);
     const uint64_t key = seed_ ^ std::hash<std::string>{}(name);
     constexpr float kHalfWidth = 0.02f * 1.7320508f;  // uniform(-a, a) has std a / sqrt(3)
+    // Only the slice is generated; value i of it is the full tensor's value
+    // at full_index(i), so shards equal slices of the whole.
+    std::vector<int64_t> out_shape = shape;
+    int64_t row0 = 0, col0 = 0;
+    if (slice.split == ShardSplit::kRows) {
+      out_shape[0] = slice.end - slice.begin;
+      row0 = slice.begin;
+    } else if (slice.split == ShardSplit::kCols) {
+      out_shape[1] = slice.end - slice.begin;
+      col0 = slice.begin;
+    }
+    const int64_t n = shape_numel(out_shape);
+    const int64_t out_cols = out_shape.size() == 2 ? out_shape[1] : 1, full_cols = shape.size() == 2 ? shape[1] : 1;
+    auto full_index = [&](int64_t i) { return (row0 + i / out_cols) * full_cols + col0 + i % out_cols; };
     if (linear && config_.fp8 && name.find("mlp.gate.") == std::string::npos) {
-      Tensor t = Tensor::empty(shape, DType::kF8E4M3);
+      Tensor t = Tensor::empty(out_shape, DType::kF8E4M3);
       auto* p = t.data<uint8_t>();
       parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) p[i] = f32_to_fp8e4m3(uniform(key, i) * 16.0f * 1.7320508f);
+        for (int64_t i = b; i < e; ++i) p[i] = f32_to_fp8e4m3(uniform(key, full_index(i)) * 16.0f * 1.7320508f);
       });
       return t;
     }
-    Tensor t = Tensor::empty(shape, DType::kBF16);
+    Tensor t = Tensor::empty(out_shape, DType::kBF16);
     auto* p = t.data<uint16_t>();
     parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i)
-        p[i] = f32_to_bf16(is_norm ? 1.0f : is_bias ? 0.0f : uniform(key, i) * kHalfWidth);
+        p[i] = f32_to_bf16(is_norm ? 1.0f : is_bias ? 0.0f : uniform(key, full_index(i)) * kHalfWidth);
     });
     return t;
   }
 
-  StatusOr<Tensor> scale_for(const std::string&, const Tensor& weight,
+  StatusOr<Tensor> scale_for(const std::string&, DType weight_dtype, const std::vector<int64_t>&,
                              const std::vector<int64_t>& scale_shape) override {
-    if (weight.dtype() != DType::kF8E4M3) return Tensor();
+    if (weight_dtype != DType::kF8E4M3) return Tensor();
     Tensor s = Tensor::empty(scale_shape, DType::kF32);
     for (int64_t i = 0; i < s.numel(); ++i) s.data<float>()[i] = 0.02f / 16.0f;
     return s;
@@ -175,32 +202,54 @@ class Progress {
 
 class Loader {
  public:
-  Loader(const ModelConfig& c, TensorSource& src, WeightBackend& backend) : c_(c), src_(src), backend_(backend) {}
+  Loader(const ModelConfig& c, TensorSource& src, WeightBackend& backend, const TpShard& shard)
+      : c_(c), src_(src), backend_(backend), shard_(shard) {}
 
-  StatusOr<Tensor> dense(const std::string& name, std::vector<int64_t> shape) {
-    NUCLEUS_ASSIGN_OR_RETURN(Tensor host, src_.get(name, shape, /*linear=*/false));
+  // This rank's slice of a dimension of `size` split `split`-wise.
+  StatusOr<SliceSpec> slice_of(const std::string& name, ShardSplit split, int64_t size) {
+    if (split == ShardSplit::kReplicated || shard_.world_size == 1) return SliceSpec{};
+    NUCLEUS_ASSIGN_OR_RETURN(auto range, shard_range(size, shard_, name));
+    return SliceSpec{split, range.first, range.second};
+  }
+
+  StatusOr<Tensor> dense(const std::string& name, std::vector<int64_t> shape,
+                         ShardSplit split = ShardSplit::kReplicated) {
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec slice, slice_of(name, split, shape[0]));
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor host, src_.get(name, shape, /*linear=*/false, slice));
     return shape.size() == 1 ? backend_.vector(name, host) : backend_.embedding(name, host);
   }
 
-  StatusOr<LinearWeight> linear(const std::string& prefix, int64_t out, int64_t in) {
+  StatusOr<LinearWeight> linear(const std::string& prefix, int64_t out, int64_t in,
+                                ShardSplit split = ShardSplit::kReplicated) {
     const std::string wname = prefix + ".weight";
-    NUCLEUS_ASSIGN_OR_RETURN(Tensor w, src_.get(wname, {out, in}, /*linear=*/true));
+    const int64_t split_size = split == ShardSplit::kCols ? in : out;
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec slice, slice_of(wname, split, split_size));
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor w, src_.get(wname, {out, in}, /*linear=*/true, slice));
     const int64_t bn = c_.weight_block_n, bk = c_.weight_block_k;
     std::vector<int64_t> scale_shape;
     if (c_.fp8) scale_shape = {(out + bn - 1) / bn, (in + bk - 1) / bk};
-    NUCLEUS_ASSIGN_OR_RETURN(Tensor scale, src_.scale_for(wname, w, scale_shape));
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor scale, src_.scale_for(wname, w.dtype(), {out, in}, scale_shape));
+    if (scale.defined() && slice.split != ShardSplit::kReplicated) {
+      NUCLEUS_ASSIGN_OR_RETURN(scale, slice_block_scale(scale, slice.split, slice.begin, slice.end, split_size,
+                                                        slice.split == ShardSplit::kRows ? bn : bk,
+                                                        shard_.world_size, wname));
+    }
     auto lw = backend_.linear(prefix, w, scale, bn, bk);
     if (!lw.ok()) return lw.status().with_context(wname);
     return lw;
   }
 
+  // gate_proj and up_proj column-parallel, down_proj row-parallel: a rank
+  // computes its slice of the intermediate width; the ranks' down_proj
+  // outputs are partial sums of the MLP's output.
   StatusOr<MlpWeights> mlp(const std::string& prefix, int64_t inter) {
     MlpWeights m;
-    m.inter = inter;
-    NUCLEUS_ASSIGN_OR_RETURN(LinearWeight gate, linear(prefix + ".gate_proj", inter, c_.hidden_size));
-    NUCLEUS_ASSIGN_OR_RETURN(LinearWeight up, linear(prefix + ".up_proj", inter, c_.hidden_size));
+    m.inter = inter / shard_.world_size;
+    const int64_t H = c_.hidden_size;
+    NUCLEUS_ASSIGN_OR_RETURN(LinearWeight gate, linear(prefix + ".gate_proj", inter, H, ShardSplit::kRows));
+    NUCLEUS_ASSIGN_OR_RETURN(LinearWeight up, linear(prefix + ".up_proj", inter, H, ShardSplit::kRows));
     NUCLEUS_ASSIGN_OR_RETURN(m.gate_up, backend_.concat_rows(prefix + ".gate_up_proj", gate, up));
-    NUCLEUS_ASSIGN_OR_RETURN(m.down, linear(prefix + ".down_proj", c_.hidden_size, inter));
+    NUCLEUS_ASSIGN_OR_RETURN(m.down, linear(prefix + ".down_proj", H, inter, ShardSplit::kCols));
     return m;
   }
 
@@ -215,15 +264,16 @@ class Loader {
     if (c_.q_lora_rank > 0) {
       NUCLEUS_ASSIGN_OR_RETURN(a.q_a_proj, linear(ap + "q_a_proj", c_.q_lora_rank, H));
       NUCLEUS_ASSIGN_OR_RETURN(a.q_a_layernorm, dense(ap + "q_a_layernorm.weight", {c_.q_lora_rank}));
-      NUCLEUS_ASSIGN_OR_RETURN(a.q_b_proj, linear(ap + "q_b_proj", nh * c_.qk_head_dim(), c_.q_lora_rank));
+      NUCLEUS_ASSIGN_OR_RETURN(a.q_b_proj,
+                               linear(ap + "q_b_proj", nh * c_.qk_head_dim(), c_.q_lora_rank, ShardSplit::kRows));
     } else {
-      NUCLEUS_ASSIGN_OR_RETURN(a.q_proj, linear(ap + "q_proj", nh * c_.qk_head_dim(), H));
+      NUCLEUS_ASSIGN_OR_RETURN(a.q_proj, linear(ap + "q_proj", nh * c_.qk_head_dim(), H, ShardSplit::kRows));
     }
     NUCLEUS_ASSIGN_OR_RETURN(a.kv_a_proj, linear(ap + "kv_a_proj_with_mqa", c_.kv_cache_width(), H));
     NUCLEUS_ASSIGN_OR_RETURN(a.kv_a_layernorm, dense(ap + "kv_a_layernorm.weight", {c_.kv_lora_rank}));
-    NUCLEUS_ASSIGN_OR_RETURN(a.kv_b_proj,
-                             linear(ap + "kv_b_proj", nh * (c_.qk_nope_head_dim + c_.v_head_dim), c_.kv_lora_rank));
-    NUCLEUS_ASSIGN_OR_RETURN(a.o_proj, linear(ap + "o_proj", H, nh * c_.v_head_dim));
+    NUCLEUS_ASSIGN_OR_RETURN(a.kv_b_proj, linear(ap + "kv_b_proj", nh * (c_.qk_nope_head_dim + c_.v_head_dim),
+                                                 c_.kv_lora_rank, ShardSplit::kRows));
+    NUCLEUS_ASSIGN_OR_RETURN(a.o_proj, linear(ap + "o_proj", H, nh * c_.v_head_dim, ShardSplit::kCols));
     if (c_.is_moe_layer(l)) {
       MoeWeights m;
       const int64_t E = c_.n_routed_experts;
@@ -258,7 +308,7 @@ class Loader {
     progress_ = progress;
     ModelWeights w;
     const int64_t V = c_.vocab_size, H = c_.hidden_size;
-    NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}));
+    NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}, ShardSplit::kRows));
     progress->update();
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
       NUCLEUS_ASSIGN_OR_RETURN(LayerWeights lw, layer(l));
@@ -267,7 +317,8 @@ class Loader {
     }
     NUCLEUS_ASSIGN_OR_RETURN(w.norm, dense("model.norm.weight", {H}));
     const std::string head = c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    NUCLEUS_ASSIGN_OR_RETURN(Tensor head_host, src_.get(head, {V, H}, /*linear=*/false));
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec head_slice, slice_of(head, ShardSplit::kRows, V));
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor head_host, src_.get(head, {V, H}, /*linear=*/false, head_slice));
     NUCLEUS_ASSIGN_OR_RETURN(w.lm_head, backend_.linear("lm_head", head_host, Tensor(), 0, 0));
     progress->update();
     return w;
@@ -277,6 +328,7 @@ class Loader {
   const ModelConfig& c_;
   TensorSource& src_;
   WeightBackend& backend_;
+  TpShard shard_;
   Progress* progress_ = nullptr;
 };
 
@@ -287,18 +339,21 @@ std::unique_ptr<WeightBackend> make_weight_backend(Device device) {
 }
 
 StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
-                                    const LoadOptions& options) {
+                                    const LoadOptions& options, const TpShard& shard) {
+  NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, shard.world_size));
   CheckpointSource src(ckpt, config);
-  Loader loader(config, src, backend);
+  Loader loader(config, src, backend, shard);
   Progress progress(src, options.show_progress);
   NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, loader.all(&progress));
   NUCLEUS_RETURN_IF_ERROR(src.check_unused());
   return w;
 }
 
-StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed) {
+StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed,
+                                          const TpShard& shard) {
+  NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, shard.world_size));
   DummySource src(config, seed);
-  Loader loader(config, src, backend);
+  Loader loader(config, src, backend, shard);
   Progress progress(src, false);
   return loader.all(&progress);
 }

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "model/tp_shard.h"
 #include "ops/linear_weight.h"
 
 namespace nucleus {
@@ -23,7 +24,7 @@ namespace nucleus {
 struct MlpWeights {
   LinearWeight gate_up;
   LinearWeight down;
-  int64_t inter = 0;
+  int64_t inter = 0;  // this rank's intermediate width (the config's / tensor-parallel size)
 };
 
 struct AttentionWeights {
@@ -93,19 +94,28 @@ struct LoadOptions {
   bool show_progress = true;  // a progress line on stderr when it is a terminal
 };
 
-// Loads and converts every tensor a DeepSeek-V2/V3 model with `config` needs.
+// Loads and converts every tensor a DeepSeek-V2/V3 model with `config` needs,
+// or with tensor parallelism (shard.world_size > 1) rank shard.rank's part of
+// each (model/tp_shard.h: heads, intermediate widths and the vocabulary
+// split, the rest replicated; FP8 scales sliced with their weights).
 // Errors (each names the tensor and its file): a missing tensor, a shape
 // other than the config implies, an unsupported dtype, an FP8 weight
 // without weight_scale_inv or with a scale of the wrong shape, FP8 weights
 // while config.json has no fp8 quantization_config, and tensors the model
 // does not use (layers past num_hidden_layers, such as DeepSeek-V3's
-// multi-token-prediction layer, are skipped, as are rotary inv_freq buffers).
+// multi-token-prediction layer, are skipped, as are rotary inv_freq buffers);
+// with tensor parallelism also a config that does not split evenly
+// (check_tp_config) and an FP8 weight whose shard boundary falls inside a
+// scale block (named, with the sizes that would work).
 StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
-                                    const LoadOptions& options = {});
+                                    const LoadOptions& options = {}, const TpShard& shard = {});
 
 // Random weights from the config alone (--load-format dummy): N(0, 0.02)
 // linear weights (FP8 with block scales when the config says fp8), norm
-// weights 1, router bias 0; a fixed seed, so runs are repeatable.
-StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed = 0);
+// weights 1, router bias 0; a fixed seed, so runs are repeatable. A value
+// depends on its tensor and its index in the full tensor only, so rank
+// shards (generated alone) are exactly the slices of the TP = 1 weights.
+StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed = 0,
+                                          const TpShard& shard = {});
 
 }  // namespace nucleus
