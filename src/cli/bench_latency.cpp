@@ -97,10 +97,9 @@ int run_bench_latency(int argc, char** argv) {
     }
     StatusOr<std::unique_ptr<DeepseekModel>> m = unsupported("unset");
     if (args.load_format == "dummy") {
-      auto backend = make_weight_backend(mo.device);
-      auto w = make_dummy_weights(*config, *backend);
-      if (w.ok()) m = DeepseekModel::create(*config, std::move(*w), mo);
-      else m = w.status();
+      m = build_deepseek_model(*config, mo, [&](WeightBackend& backend, const TpShard& shard) {
+        return make_dummy_weights(*config, backend, 0, shard);
+      });
     } else {
       if (!args.config_file.empty()) {
         std::fprintf(stderr, "error: --config needs --load-format dummy (a checkpoint is read with --model DIR)\n");

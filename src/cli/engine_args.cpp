@@ -48,6 +48,10 @@ void EngineArgs::add_to(CLI::App& app) {
          "Prefill token-graph buckets (default 256,512,1024,2048,3072 or NUCLEUS_TOKEN_GRAPH_SIZES; '' disables)")
       ->delimiter(',')
       ->expected(0, -1);
+  app.add_option("--tensor-parallel-size", tensor_parallel_size,
+                 "Tensor-parallel ranks (-tp): GPUs 0..N-1 over NCCL on CUDA, threads on the CPU")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
   app.add_option("--prefill-context-chunk", prefill_context_chunk,
                  "Cached rows expanded at a time in prefill attention (longer contexts are merged by log-sum-exp)")
       ->capture_default_str()
@@ -63,6 +67,8 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.graph_eager_pad = env_flag("NUCLEUS_GRAPH_EAGER_PAD");
   mo.token_graph_eager_pad = env_flag("NUCLEUS_TOKEN_GRAPH_EAGER_PAD");
   mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
+  mo.tensor_parallel_size = tensor_parallel_size;
+  mo.fuse_allreduce_norm = env_flag("NUCLEUS_FUSE_ALLREDUCE_NORM", true);
   if (device == Device::kCuda && !enforce_eager) {
     if (token_graph_sizes) {
       for (int64_t s : *token_graph_sizes)
@@ -107,9 +113,9 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
     const std::string cfg =
         args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
     NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg, args.overrides));
-    auto backend = make_weight_backend(mo.device);
-    NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, make_dummy_weights(config, *backend));
-    NUCLEUS_ASSIGN_OR_RETURN(model, DeepseekModel::create(config, std::move(w), mo));
+    NUCLEUS_ASSIGN_OR_RETURN(model, build_deepseek_model(config, mo, [&](WeightBackend& backend, const TpShard& shard) {
+                               return make_dummy_weights(config, backend, 0, shard);
+                             }));
   } else {
     NUCLEUS_ASSIGN_OR_RETURN(model, load_deepseek_model(args.model, mo, args.overrides));
   }

@@ -25,6 +25,7 @@ struct EngineArgs {
   bool enforce_eager = false;
   std::optional<std::vector<int64_t>> token_graph_sizes;  // unset: defaults / env
   int64_t prefill_context_chunk = 8192;
+  int64_t tensor_parallel_size = 1;  // --tensor-parallel-size / -tp
 
   // The model options these flags give for `device`.
   StatusOr<ModelOptions> model_options(Device device) const;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
 
@@ -21,9 +22,26 @@ void usage() {
                "  bench latency prefill/decode latency and %% of roofline at given batch sizes\n"
                "run 'nucleus <command> --help' for the command's flags\n");
 }
+
+// vLLM's short flag -tp (CLI11 allows one-letter short flags only): rewritten
+// to --tensor-parallel-size before a command parses its flags.
+void expand_short_flags(int argc, char** argv) {
+  static std::string long_flag = "--tensor-parallel-size";
+  static std::vector<std::string> joined;
+  joined.reserve(argc);
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "-tp")) {
+      argv[i] = long_flag.data();
+    } else if (!std::strncmp(argv[i], "-tp=", 4)) {
+      joined.push_back(long_flag + (argv[i] + 3));
+      argv[i] = joined.back().data();
+    }
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
+  expand_short_flags(argc, argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     usage();
     return argc < 2 ? 2 : 0;

@@ -37,7 +37,7 @@ std::vector<std::string> wheel_and_toolkit_candidates() {
   for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"})
     if (const char* v = std::getenv(var); v && *v) prefixes.push_back(v);
   if (const char* home = std::getenv("HOME"); home && *home) prefixes.push_back(std::string(home) + "/.local");
-  for (const char* p : {"/usr/local", "/usr", "/opt/conda"}) prefixes.push_back(p);
+  for (const char* p : {"/usr/local", "/usr", "/opt/conda", "/opt/venv"}) prefixes.push_back(p);
   std::vector<std::string> out;
   for (const auto& prefix : prefixes)
     for (const char* packages : {"site-packages", "dist-packages"})
@@ -219,7 +219,10 @@ StatusOr<std::vector<std::unique_ptr<Communicator>>> make_nccl_communicators(con
     NUCLEUS_LOG_INFO("nccl: NCCL_NVLS_ENABLE={} (from the environment)", std::getenv("NCCL_NVLS_ENABLE"));
   }
   int current = 0;
-  NUCLEUS_CUDA_CHECK(cudaGetDevice(&current));
+  if (cudaError_t e = cudaGetDevice(&current); e != cudaSuccess) {
+    cudaGetLastError();
+    return unsupported(std::string("NCCL communicators need a CUDA device: ") + cudaGetErrorString(e));
+  }
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
   const ncclResult_t r = api->comm_init_all(comms.data(), static_cast<int>(devices.size()), devices.data());
   NUCLEUS_CUDA_CHECK(cudaSetDevice(current));

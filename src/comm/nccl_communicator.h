@@ -9,7 +9,8 @@
 //      RUNPATH $ORIGIN/../lib, the ld.so cache);
 //   3. the Python wheels' copies (nvidia-nccl-cu12/cu13: site-packages or
 //      dist-packages under $VIRTUAL_ENV, $CONDA_PREFIX, ~/.local, /usr/local,
-//      /usr, /opt/conda, at nvidia/nccl/lib or nvidia/cu13/lib);
+//      /usr, /opt/conda, /opt/venv, at nvidia/nccl/lib, nvidia/cu13/lib or
+//      nvidia/cu12/lib);
 //   4. the CUDA toolkit's lib directories (/usr/local/cuda/lib, lib64).
 // The error when none loads lists what was tried and how to point nucleus at
 // one. NVLink SHARP (multicast) stays off: NCCL_NVLS_ENABLE=0 is set before

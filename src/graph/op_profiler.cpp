@@ -29,11 +29,15 @@ struct Profiler {
 #ifdef NUCLEUS_HAVE_CUDA
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events;
   std::vector<std::string> labels;
-  cudaEvent_t pending = nullptr;
 #endif
-  std::chrono::steady_clock::time_point cpu_start;
   ~Profiler() { op_profile_report(); }
 };
+// The node in flight is per thread: tensor-parallel ranks run nodes at once
+// (their totals add up).
+#ifdef NUCLEUS_HAVE_CUDA
+thread_local cudaEvent_t t_pending = nullptr;
+#endif
+thread_local std::chrono::steady_clock::time_point t_cpu_start;
 Profiler& profiler() {
   static Profiler p;
   return p;
@@ -61,15 +65,14 @@ bool op_profiling_enabled() {
 
 void op_profile_begin() {
   if (capturing()) return;
-  Profiler& p = profiler();
 #ifdef NUCLEUS_HAVE_CUDA
   if (cuda_ready()) {
-    cudaEventCreate(&p.pending);
-    cudaEventRecord(p.pending, cuda::context().stream);
+    cudaEventCreate(&t_pending);
+    cudaEventRecord(t_pending, cuda::context().stream);
     return;
   }
 #endif
-  p.cpu_start = std::chrono::steady_clock::now();
+  t_cpu_start = std::chrono::steady_clock::now();
 }
 
 void op_profile_end(const std::string& label) {
@@ -81,7 +84,7 @@ void op_profile_end(const std::string& label) {
     cudaEvent_t end;
     cudaEventCreate(&end);
     cudaEventRecord(end, cuda::context().stream);
-    p.events.emplace_back(p.pending, end);
+    p.events.emplace_back(t_pending, end);
     p.labels.push_back(label);
     if (p.events.size() >= 4096) {  // drain
       cudaEventSynchronize(end);
@@ -101,7 +104,7 @@ void op_profile_end(const std::string& label) {
   }
 #endif
   auto& e = p.totals[label];
-  e.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - p.cpu_start).count();
+  e.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_cpu_start).count();
   ++e.calls;
 }
 

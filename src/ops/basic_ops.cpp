@@ -14,7 +14,11 @@
 namespace nucleus {
 
 std::string EmbeddingOp::attrs() const {
-  return "vocab=" + std::to_string(table_.dim(0)) + " hidden=" + std::to_string(table_.dim(1));
+  std::string a = "vocab=" + std::to_string(table_.dim(0)) + " hidden=" + std::to_string(table_.dim(1));
+  if (shard_.comm)
+    a += " vocab_start=" + std::to_string(shard_.vocab_start) + " allreduce=" + shard_.comm->backend() + "x" +
+         std::to_string(shard_.comm->world_size());
+  return a;
 }
 
 const std::vector<Backend<EmbeddingOp>>& EmbeddingOp::backends() {
@@ -22,8 +26,16 @@ const std::vector<Backend<EmbeddingOp>>& EmbeddingOp::backends() {
       {"cpu_ref", Device::kCpu, nullptr,
        [](EmbeddingOp& op, OpContext& ctx, const TensorList&, const TensorList& out) {
          const auto& ids = ctx.inputs->token_ids;
-         kernels::embedding_ref(op.table().data<float>(), op.table().dim(0), op.table().dim(1), ids.data(),
-                                static_cast<int64_t>(ids.size()), out[0].data<float>());
+         if (!op.shard().comm) {
+           kernels::embedding_ref(op.table().data<float>(), op.table().dim(0), op.table().dim(1), ids.data(),
+                                  static_cast<int64_t>(ids.size()), out[0].data<float>());
+           return;
+         }
+         kernels::embedding_shard_ref(op.table().data<float>(), op.shard().vocab_start, op.table().dim(0),
+                                      op.table().dim(1), ids.data(), static_cast<int64_t>(ids.size()),
+                                      out[0].data<float>());
+         Status s = op.shard().comm->all_reduce_sum(out[0].raw(), out[0].raw(), out[0].numel(), DType::kF32, nullptr);
+         NUCLEUS_CHECK(s.ok(), "embedding all-reduce: {}", s.to_string());
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda", Device::kCuda, nullptr, cuda_ops::embedding},
@@ -52,6 +64,9 @@ const std::vector<Backend<RmsNormOp>>& RmsNormOp::backends() {
 
 std::string AddRmsNormOp::attrs() const {
   std::string a = "width=" + std::to_string(weight_.dim(0)) + (has_delta_ ? " residual_add=1" : " residual_add=0");
+  if (all_reduce_.comm)
+    a += std::string(" allreduce=") + all_reduce_.comm->backend() + "x" + std::to_string(all_reduce_.comm->world_size()) +
+         (all_reduce_.fuse && !all_reduce_.peer_signals.empty() ? " fusable=1" : " fusable=0");
   if (prezero_.n_total > 0)
     a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base);
   return a;
@@ -61,6 +76,11 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
   static const std::vector<Backend<AddRmsNormOp>> list = {
       {"cpu_ref", Device::kCpu, nullptr,
        [](AddRmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+         if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
+           Status s = op.all_reduce().comm->all_reduce_sum(in[1].raw(), in[1].raw(), in[1].numel(), DType::kF32,
+                                                           nullptr);
+           NUCLEUS_CHECK(s.ok(), "add_rmsnorm all-reduce: {}", s.to_string());
+         }
          const Tensor& residual = in[0];
          const float* delta = op.has_delta() ? in[1].data<float>() : nullptr;
          kernels::add_rmsnorm_ref(residual.data<float>(), delta, op.weight().data<float>(), residual.dim(0),
@@ -75,6 +95,8 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
          }
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_allreduce_fused", Device::kCuda, cuda_ops::add_rmsnorm_allreduce_fused_supports,
+       cuda_ops::add_rmsnorm_allreduce_fused},
       {"cuda", Device::kCuda,
        [](const AddRmsNormOp& op) -> Status {
          if (op.prezero().n_total > 0) return unsupported("prezero donors need the CUDA split-K path (not built yet)");

@@ -2,22 +2,45 @@
 // and fused with the residual add), SwiGLU activation, row gather.
 #pragma once
 
+#include "comm/communicator.h"
 #include "ops/op.h"
 #include "ops/prezero.h"
 
 namespace nucleus {
 
+// Tensor parallelism: the rows [vocab_start, vocab_start + table rows) of the
+// vocabulary an embedding table holds, and the group to sum the lookups over.
+struct VocabShard {
+  int64_t vocab_start = 0;
+  Communicator* comm = nullptr;  // null: the table is the whole vocabulary
+};
+
 // out[t, :] = table[token_ids[t], :]. Buffers: out = {hidden [num_tokens, hidden]}.
+// Vocabulary-parallel (a shard with a communicator): each rank looks up the
+// ids in its slice, writes zeros for the others, and the lookups are summed
+// over the ranks (Megatron-LM's VocabParallelEmbedding): out is the full
+// lookup on every rank.
 class EmbeddingOp : public OpWithBackends<EmbeddingOp> {
  public:
-  explicit EmbeddingOp(Tensor table) : table_(std::move(table)) {}
+  explicit EmbeddingOp(Tensor table, VocabShard shard = {}) : table_(std::move(table)), shard_(shard) {}
   const char* kind() const override { return "embedding"; }
   std::string attrs() const override;
   static const std::vector<Backend<EmbeddingOp>>& backends();
   const Tensor& table() const { return table_; }
+  const VocabShard& shard() const { return shard_; }
 
  private:
-  Tensor table_;  // [vocab, hidden]
+  Tensor table_;  // [vocab (or this rank's slice of it), hidden]
+  VocabShard shard_;
+};
+
+// Tensor parallelism: how an AddRmsNormOp sums its delta (each rank's partial
+// sum of o_proj or of the MoE/MLP output) over the ranks before the add.
+struct AllReduceSpec {
+  Communicator* comm = nullptr;     // null: the delta is complete (no all-reduce)
+  std::vector<void*> peer_signals;  // CUDA: every rank's signal buffer for the fused kernel
+                                    // (kernels/allreduce), by rank; empty: no fused kernel
+  bool fuse = true;                 // false: never the fused kernel (NUCLEUS_FUSE_ALLREDUCE_NORM=0)
 };
 
 // In place on the first `width` columns of each row of in[0]
@@ -39,6 +62,10 @@ class RmsNormOp : public OpWithBackends<RmsNormOp> {
 
 // residual += delta (when the op has a delta input), out = rmsnorm(residual) * weight.
 // Buffers: in = {residual, delta?} [num_tokens, hidden]; out = {residual, normed}.
+// With an all-reduce (tensor parallelism, set_all_reduce) the delta is first
+// summed over the ranks: residual += sum_r delta_r. On CUDA the fused backend
+// does the sum, the add and the norm in one kernel (kernels/allreduce); the
+// plain one runs an NCCL all-reduce of the delta, then the add+norm kernel.
 // The fused form saves a pass over the hidden state; the first layer's input
 // norm has no delta (the residual is the embedding).
 // As a prezero donor (set by the prezero pass) it also zero-fills out[2]
@@ -50,6 +77,8 @@ class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
       : weight_(std::move(weight)), eps_(eps), has_delta_(has_delta) {}
   const PrezeroDonor& prezero() const { return prezero_; }
   void set_prezero(PrezeroDonor d) { prezero_ = d; }
+  const AllReduceSpec& all_reduce() const { return all_reduce_; }
+  void set_all_reduce(AllReduceSpec s) { all_reduce_ = std::move(s); }
   const char* kind() const override { return "add_rmsnorm"; }
   std::string attrs() const override;
   static const std::vector<Backend<AddRmsNormOp>>& backends();
@@ -62,6 +91,7 @@ class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
   float eps_;
   bool has_delta_;
   PrezeroDonor prezero_;
+  AllReduceSpec all_reduce_;
 };
 
 // out[r, i] = silu(in[r, i]) * in[r, width + i]. in: [rows, 2 * width]; out: [rows, width].

@@ -15,8 +15,16 @@ __nv_bfloat16* bf16(const Tensor& t) { return t.data<__nv_bfloat16>(); }
 }  // namespace
 
 void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList&, const TensorList& out) {
-  NUCLEUS_CUDA_CHECK(kernels::launch_embedding(bf16(op.table()), op.table().dim(1), ctx.dev->token_ids,
-                                               out[0].dim(0), out[0].data<float>(), stream()));
+  if (!op.shard().comm) {
+    NUCLEUS_CUDA_CHECK(kernels::launch_embedding(bf16(op.table()), op.table().dim(1), ctx.dev->token_ids,
+                                                 out[0].dim(0), out[0].data<float>(), stream()));
+    return;
+  }
+  NUCLEUS_CUDA_CHECK(kernels::launch_embedding_shard(bf16(op.table()), op.shard().vocab_start, op.table().dim(0),
+                                                     op.table().dim(1), ctx.dev->token_ids, out[0].dim(0),
+                                                     out[0].data<float>(), stream()));
+  Status s = op.shard().comm->all_reduce_sum(out[0].raw(), out[0].raw(), out[0].numel(), DType::kF32, stream());
+  NUCLEUS_CHECK(s.ok(), "embedding all-reduce: {}", s.to_string());
 }
 
 void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList&) {
@@ -25,6 +33,10 @@ void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList&)
 }
 
 void add_rmsnorm(AddRmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+  if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
+    Status s = op.all_reduce().comm->all_reduce_sum(in[1].raw(), in[1].raw(), in[1].numel(), DType::kBF16, stream());
+    NUCLEUS_CHECK(s.ok(), "add_rmsnorm all-reduce: {}", s.to_string());
+  }
   const Tensor& residual = in[0];
   const __nv_bfloat16* delta = op.has_delta() ? bf16(in[1]) : nullptr;
   NUCLEUS_CUDA_CHECK(kernels::launch_add_rmsnorm(residual.data<float>(), delta, op.weight().data<float>(),

@@ -5,6 +5,7 @@
 #ifdef NUCLEUS_HAVE_CUDA
 #include "kernels/common/weight_view.cuh"
 #include "ops/basic_ops.h"
+#include "ops/collective_ops.h"
 #include "ops/linear_op.h"
 #include "ops/mla_ops.h"
 #include "ops/moe_ops.h"
@@ -21,7 +22,27 @@ void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int6
 
 void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void rmsnorm(RmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+// With an all-reduce (tensor parallelism): the NCCL all-reduce of the delta,
+// then the add+norm kernel (the unfused path).
 void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+// The all-reduce + residual add + RMSNorm in one kernel over peer-mapped
+// buffers (ops/collective_ops_cuda.cpp). Supports ops with an all-reduce, the
+// fusion allowed, every rank's signal buffer, hidden a multiple of 8 up to
+// 8192 and no prezero fill. Steps whose delta is larger than
+// fused_allreduce_max_bytes(world_size) run the unfused path instead (the
+// choice depends only on the step's shape, so every rank makes the same).
+Status add_rmsnorm_allreduce_fused_supports(const AddRmsNormOp& op);
+void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+// Largest delta (rows * hidden * 2 bytes, per rank) the fused kernel takes:
+// its one-shot reads move world_size times the delta per rank, a ring
+// all-reduce about twice, so large steps go to NCCL. 1 MiB at 2 ranks,
+// 512 KiB at 3-4, 256 KiB at 5-8 (vLLM's one-shot limits); the environment
+// variable NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES overrides (for tuning).
+int64_t fused_allreduce_max_bytes(int world_size);
+// Bytes of a rank's signal buffer for the fused kernel.
+size_t fused_allreduce_signal_bytes();
+
+void all_gather_vocab(AllGatherVocabOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void silu_mul(SiluMulOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void gather_logit_rows(GatherLogitRowsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 

@@ -57,6 +57,10 @@ struct KvCache {
   int64_t num_blocks = 0;
   int64_t block_size = 0;
   int64_t width = 0;
+  // Tensor parallelism: every rank's cache, by rank (each rank keeps the whole
+  // latent cache: MLA's latent is shared by all heads); `data` is rank 0's.
+  // Empty at tensor-parallel size 1.
+  std::vector<KvCache> ranks;
 
   int64_t layer_stride() const { return num_blocks * block_size * width; }  // elements
   int64_t num_slots() const { return num_blocks * block_size; }

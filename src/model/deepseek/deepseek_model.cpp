@@ -10,8 +10,13 @@
 #include "core/logging.h"
 #include "graph/passes/prezero_pass.h"
 #include "ops/basic_ops.h"
+#include "ops/collective_ops.h"
 #include "ops/linear_op.h"
 #include "ops/moe_ops.h"
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/cuda_backends.h"
+#endif
 
 namespace nucleus {
 
@@ -24,9 +29,48 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, co
   }
 }
 
+DeepseekModel::~DeepseekModel() {
+  // A group's rank models free their device state on their own threads.
+  if (group_) on_ranks([this](DeepseekModel&, int r) {
+    ranks_[r].reset();
+    return ok_status();
+  });
+}
+
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig& config, ModelWeights weights,
                                                                 const ModelOptions& options) {
+  NUCLEUS_CHECK(options.tensor_parallel_size == 1, "DeepseekModel::create of tensor-parallel size {}",
+                options.tensor_parallel_size);
+  return build_graphs(std::unique_ptr<DeepseekModel>(new DeepseekModel(config, std::move(weights), options)));
+}
+
+StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create_rank(const ModelConfig& config, ModelWeights weights,
+                                                                     const ModelOptions& options, RankContext rank) {
+  NUCLEUS_CHECK(rank.comm && rank.comm->world_size() == rank.shard.world_size && rank.comm->rank() == rank.shard.rank,
+                "rank {} of {} without its communicator", rank.shard.rank, rank.shard.world_size);
   std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options));
+  m->rank_ = std::move(rank);
+  return build_graphs(std::move(m));
+}
+
+std::unique_ptr<DeepseekModel> DeepseekModel::create_group(const ModelConfig& config, const ModelOptions& options,
+                                                           std::unique_ptr<TpGroup> group,
+                                                           std::vector<std::unique_ptr<DeepseekModel>> ranks) {
+  NUCLEUS_CHECK(group && static_cast<int>(ranks.size()) == group->world_size(), "group of {} ranks, {} models",
+                group ? group->world_size() : 0, ranks.size());
+  std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, ModelWeights{}, options));
+  m->group_ = std::move(group);
+  m->ranks_ = std::move(ranks);
+  return m;
+}
+
+void DeepseekModel::on_ranks(const std::function<Status(DeepseekModel&, int)>& fn) const {
+  Status s = group_->run([&](int r) { return fn(*ranks_[r], r); });
+  NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
+}
+
+StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique_ptr<DeepseekModel> m) {
+  const ModelOptions& options = m->options_;
   m->build(m->prefill_graph_, StepKind::kPrefill);
   m->build(m->decode_graph_, StepKind::kDecode);
   NUCLEUS_RETURN_IF_ERROR(m->prefill_graph_.select_backends(options.device).with_context("prefill graph"));
@@ -35,12 +79,12 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   for (size_t i = 0; i < m->prefill_graph_.nodes().size(); ++i) {
     const std::string kind = m->prefill_graph_.nodes()[i].op->kind();
     const bool eager = kind == "mla_decode" || kind == "mla_prefill" || kind == "gather_rows" ||
-                       m->prefill_graph_.nodes()[i].name == "lm_head";
+                       kind == "all_gather_vocab" || m->prefill_graph_.nodes()[i].name == "lm_head";
     if (m->prefill_segments_.empty() || m->prefill_segments_.back().graph == eager)
       m->prefill_segments_.push_back({i, i, !eager});
     m->prefill_segments_.back().end = i + 1;
   }
-  const bool dump = env_flag("NUCLEUS_DUMP_GRAPH");
+  const bool dump = env_flag("NUCLEUS_DUMP_GRAPH") && m->rank_.shard.rank == 0;  // one rank's graphs
   if (dump) {
     std::fputs(m->prefill_graph_.dump("prefill").c_str(), stderr);
     std::fputs(m->decode_graph_.dump(options.enable_prezero ? "decode (before passes)" : "decode").c_str(), stderr);
@@ -55,7 +99,10 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
 
 void DeepseekModel::build(StepGraph& g, StepKind kind) {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+  // Under tensor parallelism the rank's weights hold its nh / n heads and its
+  // slices of the intermediate widths and of the vocabulary.
+  const int64_t tp = rank_.shard.world_size;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads / tp;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   // Activations: f32 in the CPU reference, bf16 on CUDA; the residual stream
   // is f32 on both.
@@ -80,7 +127,18 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
   const int q_lat = g.scratch("mla_q_lat", W, nh * c.kv_lora_rank, DType::kF32);
   const int o_lat = g.scratch("mla_o_lat", W, nh * c.kv_lora_rank, DType::kF32);
 
-  g.add("embed_tokens", std::make_unique<EmbeddingOp>(weights_.embed_tokens), {}, {residual});
+  g.add("embed_tokens",
+        std::make_unique<EmbeddingOp>(weights_.embed_tokens,
+                                      VocabShard{rank_.shard.rank * (c.vocab_size / tp), rank_.comm}),
+        {}, {residual});
+  // The residual add + RMSNorm after a partial sum: with tensor parallelism
+  // it all-reduces the delta first (fused on CUDA when it can).
+  auto add_norm = [&](const Tensor& weight, bool has_delta) {
+    auto op = std::make_unique<AddRmsNormOp>(weight, eps, has_delta);
+    if (has_delta && rank_.comm)
+      op->set_all_reduce(AllReduceSpec{rank_.comm, rank_.peer_signals, options_.fuse_allreduce_norm});
+    return op;
+  };
 
   // SwiGLU MLP writing (or, with accumulate, adding to) `out`.
   auto add_mlp = [&](const std::string& prefix, const MlpWeights& w, int in, int out, bool accumulate) {
@@ -98,8 +156,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
     // Attention block.
     std::vector<int> norm_in = {residual};
     if (l > 0) norm_in.push_back(delta);
-    g.add(p + "input_layernorm", std::make_unique<AddRmsNormOp>(lw.input_layernorm, eps, l > 0), norm_in,
-          {residual, x_norm});
+    g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0), norm_in, {residual, x_norm});
     if (aw.q_a_proj) {
       const int q_a = g.buffer("q_a", c.q_lora_rank, act);
       g.add(p + "self_attn.q_a_proj", std::make_unique<LinearOp>(&*aw.q_a_proj, false), {x_norm}, {q_a});
@@ -126,8 +183,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
             {q}, {attn_out});
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.
-    g.add(p + "post_attention_layernorm", std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true),
-          {residual, delta}, {residual, x_norm});
+    g.add(p + "post_attention_layernorm", add_norm(lw.post_attention_layernorm, true), {residual, delta},
+          {residual, x_norm});
     if (lw.moe) {
       const MoeWeights& m = *lw.moe;
       const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -140,23 +197,32 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
             {logits}, {ids, weights});
       std::vector<ExpertWeights> experts;
       for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
-      const int moe_scratch = g.scratch("moe_scratch", W, k * c.moe_intermediate_size, DType::kF32);
-      g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), c.moe_intermediate_size, k),
-            {x_norm, ids, weights}, {delta, moe_scratch});
+      const int64_t inter = c.moe_intermediate_size / tp;  // each expert's slice on this rank
+      const int moe_scratch = g.scratch("moe_scratch", W, k * inter, DType::kF32);
+      g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), inter, k), {x_norm, ids, weights},
+            {delta, moe_scratch});
       if (m.shared) add_mlp(p + "mlp.shared_experts", *m.shared, x_norm, delta, /*accumulate=*/true);
     } else {
       add_mlp(p + "mlp", *lw.mlp, x_norm, delta, /*accumulate=*/false);
     }
   }
-  g.add("norm", std::make_unique<AddRmsNormOp>(weights_.norm, eps, true), {residual, delta}, {residual, x_norm});
+  g.add("norm", add_norm(weights_.norm, true), {residual, delta}, {residual, x_norm});
   const int lm_in = g.buffer("lm_head_in", H, act, RowSpace::kLogits);
   const int logits = g.buffer("logits", c.vocab_size, DType::kF32, RowSpace::kLogits);
   g.add("gather_logit_rows", std::make_unique<GatherLogitRowsOp>(), {x_norm}, {lm_in});
-  g.add("lm_head", std::make_unique<LinearOp>(&weights_.lm_head, false), {lm_in}, {logits});
+  if (rank_.comm) {  // this rank's vocabulary slice of the logits, then everyone's
+    const int local = g.buffer("logits_local", c.vocab_size / tp, DType::kF32, RowSpace::kLogits);
+    const int gathered = g.buffer("logits_gathered", c.vocab_size, DType::kF32, RowSpace::kLogits);
+    g.add("lm_head", std::make_unique<LinearOp>(&weights_.lm_head, false), {lm_in}, {local});
+    g.add("logits_all_gather", std::make_unique<AllGatherVocabOp>(rank_.comm), {local}, {logits, gathered});
+  } else {
+    g.add("lm_head", std::make_unique<LinearOp>(&weights_.lm_head, false), {lm_in}, {logits});
+  }
   // Buffers the CUDA backend stores in bf16 (for cpu_bf16_emulation).
   auto& rounded = kind == StepKind::kDecode ? bf16_buffers_decode_ : bf16_buffers_prefill_;
-  static const char* kF32Buffers[] = {"residual", "router_logits", "topk_ids", "topk_weights", "logits",
-                                      "mla_q_lat", "mla_o_lat", "moe_scratch"};
+  static const char* kF32Buffers[] = {"residual", "router_logits", "topk_ids",     "topk_weights",
+                                      "logits",   "mla_q_lat",     "mla_o_lat",    "moe_scratch",
+                                      "logits_local", "logits_gathered"};
   for (size_t id = buffers_before; id < g.buffers().size(); ++id) {
     bool keep = false;
     for (const char* n : kF32Buffers) keep |= g.buffers()[id].name == n;
@@ -165,6 +231,16 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
 }
 
 KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) const {
+  if (group_) {
+    std::vector<KvCache> caches(ranks_.size());
+    on_ranks([&](DeepseekModel& m, int r) {
+      caches[r] = m.make_kv_cache(num_blocks, block_size);
+      return ok_status();
+    });
+    KvCache kv = caches[0];
+    kv.ranks = std::move(caches);
+    return kv;
+  }
   KvCache kv;
   kv.num_layers = config_.num_hidden_layers;
   kv.num_blocks = num_blocks;
@@ -179,7 +255,26 @@ KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) con
   return kv;
 }
 
+void DeepseekModel::drop_graphs() {
+  if (group_) {
+    on_ranks([](DeepseekModel& m, int) {
+      m.drop_graphs();
+      return ok_status();
+    });
+    return;
+  }
+  decode_graphs_.clear();
+  token_graphs_.clear();
+}
+
 void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits) {
+  if (group_) {
+    on_ranks([&](DeepseekModel& m, int) {
+      m.reserve_step_buffers(max_tokens, max_logits);
+      return ok_status();
+    });
+    return;
+  }
   prefill_buffers_.for_step(prefill_graph_, max_tokens, max_logits, options_.device);
   decode_buffers_.for_step(decode_graph_, max_logits, max_logits, options_.device);
   if (uploader_) {
@@ -194,6 +289,7 @@ int64_t DeepseekModel::kv_bytes_per_token() const {
 }
 
 DeepseekModel::WeightBytes DeepseekModel::weight_bytes() const {
+  if (!ranks_.empty()) return ranks_[0]->weight_bytes();
   WeightBytes b;
   auto lin = [](const LinearWeight& w) {
     return static_cast<int64_t>(w.weight.nbytes() + (w.scale_inv.defined() ? w.scale_inv.nbytes() : 0));
@@ -222,7 +318,29 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   return logits.device() == Device::kCuda ? to_host(logits) : logits;
 }
 
+StatusOr<Tensor> DeepseekModel::forward_group(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
+  NUCLEUS_CHECK(kv_cache.ranks.size() == ranks_.size(), "a KV cache of {} ranks for a model of {}",
+                kv_cache.ranks.size(), ranks_.size());
+  // Every rank runs the same step (same graph, same padding: their
+  // collectives must match); rank 0's logits are returned (every rank has
+  // them after the all-gather). Each rank records stats of its own; rank 0's
+  // are reported (routing is the same on every rank).
+  std::vector<Tensor> logits(ranks_.size());
+  std::vector<StepStats> rank_stats(ranks_.size());
+  NUCLEUS_RETURN_IF_ERROR(group_->run([&](int r) -> Status {
+    NUCLEUS_ASSIGN_OR_RETURN(logits[r], ranks_[r]->forward_logits(inputs, kv_cache.ranks[r],
+                                                                   stats ? &rank_stats[r] : nullptr));
+    return ok_status();
+  }));
+  if (stats) {
+    stats->moe_layers += rank_stats[0].moe_layers;
+    stats->experts_activated += rank_stats[0].experts_activated;
+  }
+  return logits[0];
+}
+
 StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
+  if (group_) return forward_group(inputs, kv_cache, stats);
   NUCLEUS_CHECK(inputs.num_tokens() > 0, "empty step");
   NUCLEUS_CHECK(static_cast<int64_t>(inputs.positions.size()) == inputs.num_tokens() &&
                     static_cast<int64_t>(inputs.slot_mapping.size()) == inputs.num_tokens() &&
@@ -404,16 +522,28 @@ StepInputs pad_prefill_step(const StepInputs& in, int64_t padded) {
 }
 
 int64_t DeepseekModel::token_bucket_for(int64_t num_tokens) const {
+  if (!ranks_.empty()) return ranks_[0]->token_bucket_for(num_tokens);
   auto it = token_graphs_.lower_bound(num_tokens);
   return it == token_graphs_.end() ? 0 : it->first;
 }
 
 int64_t DeepseekModel::graph_size_for(int64_t num_seqs) const {
+  if (!ranks_.empty()) return ranks_[0]->graph_size_for(num_seqs);
   auto it = decode_graphs_.lower_bound(num_seqs);
   return it == decode_graphs_.end() ? 0 : it->first;
 }
 
 StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
+  if (group_) {  // every rank captures at once (their warm-up steps run collectives); rank 0's bytes
+    NUCLEUS_CHECK(kv_cache.ranks.size() == ranks_.size(), "a KV cache of {} ranks for a model of {}",
+                  kv_cache.ranks.size(), ranks_.size());
+    std::vector<size_t> bytes(ranks_.size());
+    NUCLEUS_RETURN_IF_ERROR(group_->run([&](int r) -> Status {
+      NUCLEUS_ASSIGN_OR_RETURN(bytes[r], ranks_[r]->capture_decode_graphs(kv_cache.ranks[r]));
+      return ok_status();
+    }));
+    return bytes[0];
+  }
   decode_graphs_.clear();
   token_graphs_.clear();
   if (options_.device != Device::kCuda) return size_t{0};
@@ -481,12 +611,53 @@ StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& 
   NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
                            load_model_config((fs::path(model_dir) / "config.json").string(), overrides));
   NUCLEUS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(model_dir));
-  auto backend = make_weight_backend(options.device);
-  if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
-  LoadOptions lo;
-  lo.show_progress = show_progress;
-  NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, load_weights(ckpt, config, *backend, lo));
-  return DeepseekModel::create(config, std::move(weights), options);
+  return build_deepseek_model(config, options, [&](WeightBackend& backend, const TpShard& shard) {
+    LoadOptions lo;
+    lo.show_progress = show_progress && shard.rank == 0;
+    return load_weights(ckpt, config, backend, lo, shard);
+  });
+}
+
+StatusOr<std::unique_ptr<DeepseekModel>> build_deepseek_model(const ModelConfig& config, const ModelOptions& options,
+                                                              const WeightFactory& make_weights) {
+  const int n = static_cast<int>(options.tensor_parallel_size);
+  if (n == 1 && !options.force_tp_group) {
+    auto backend = make_weight_backend(options.device);
+    if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
+    NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, make_weights(*backend, TpShard{}));
+    return DeepseekModel::create(config, std::move(weights), options);
+  }
+  NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, n));
+  NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<TpGroup> group, TpGroup::create(n, options.device));
+  std::vector<void*> signals;
+#ifdef NUCLEUS_HAVE_CUDA
+  if (options.device == Device::kCuda && options.fuse_allreduce_norm) {
+    auto s = group->make_peer_buffers(cuda_ops::fused_allreduce_signal_bytes());
+    if (s.ok()) {
+      signals = std::move(*s);
+    } else {
+      NUCLEUS_LOG_WARN("fused all-reduce + RMSNorm unavailable, using NCCL then add+norm: {}", s.status().message());
+    }
+  }
+#endif
+  std::vector<std::unique_ptr<DeepseekModel>> ranks(n);
+  NUCLEUS_RETURN_IF_ERROR(group->run([&](int r) -> Status {
+    auto backend = make_weight_backend(options.device);
+    if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
+    const TpShard shard{r, n};
+    NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, make_weights(*backend, shard));
+    ModelOptions rank_options = options;
+    rank_options.tensor_parallel_size = 1;  // a rank is one model; the group is the facade's
+    NUCLEUS_ASSIGN_OR_RETURN(ranks[r], DeepseekModel::create_rank(config, std::move(weights), rank_options,
+                                                                  {shard, &group->comm(r), signals}));
+    return ok_status();
+  }));
+  NUCLEUS_LOG_INFO("tensor parallelism: {} ranks on {} ({} communicators{})", n, device_name(options.device),
+                   group->comm(0).backend(),
+                   options.device == Device::kCuda
+                       ? (signals.empty() ? ", all-reduce + RMSNorm unfused" : ", all-reduce + RMSNorm fused")
+                       : "");
+  return DeepseekModel::create_group(config, options, std::move(group), std::move(ranks));
 }
 
 }  // namespace nucleus

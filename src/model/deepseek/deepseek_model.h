@@ -5,12 +5,21 @@
 //   y = h + FFN(RMSNorm(h)),  FFN = dense SwiGLU (l < first_k_dense_replace) or MoE
 // and at the end logits = lm_head(RMSNorm(y)) for the step's logit rows.
 // Residual adds are fused into the following RMSNorm (AddRmsNormOp).
+//
+// Tensor parallelism (docs/tp.md): a model of tensor_parallel_size > 1 is a
+// group of rank models, each with its shard of the weights, its own step
+// graphs and its own KV cache, driven by one thread per rank (one GPU each on
+// CUDA); each step runs on every rank at once. Partial sums (o_proj, the
+// MLP/MoE) are all-reduced inside the next AddRmsNormOp, the vocabulary-split
+// embedding is all-reduced, the vocabulary-split logits are all-gathered.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 
+#include "comm/tp_group.h"
 #include "core/status.h"
-#include <map>
 
 #include "graph/cuda_graph.h"
 #include "graph/device_inputs.h"
@@ -53,6 +62,16 @@ struct ModelOptions {
   bool cpu_bf16_emulation = false;
   // Run the prezero pass on the decode graph (NUCLEUS_ENABLE_PREZERO=1; off by default).
   bool enable_prezero = false;
+  // Ranks of tensor parallelism (--tensor-parallel-size): threads of this
+  // process sharing the work of each step, one GPU each on CUDA.
+  int64_t tensor_parallel_size = 1;
+  // CUDA, tensor parallelism: the all-reduce after o_proj and after the
+  // MLP/MoE runs fused with the residual add and RMSNorm that follow
+  // (NUCLEUS_FUSE_ALLREDUCE_NORM=0: an NCCL all-reduce, then the add+norm kernel).
+  bool fuse_allreduce_norm = true;
+  // Build a rank group (communicators, collectives in the graphs) even at
+  // tensor_parallel_size 1: runs the collective path on one GPU (tests).
+  bool force_tp_group = false;
 };
 
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
@@ -78,15 +97,45 @@ StepInputs pad_decode_step(const StepInputs& in, int64_t padded, int32_t width);
 // token; kPrefill: anything else (prefill chunks, possibly mixed with decodes).
 enum class StepKind { kPrefill, kDecode };
 
+// A rank's weights (its shard under tensor parallelism), built on the rank's
+// thread (bound to its GPU) with that device's weight backend.
+using WeightFactory = std::function<StatusOr<ModelWeights>(WeightBackend& backend, const TpShard& shard)>;
+
 class DeepseekModel {
  public:
-  // Builds both step graphs and picks every node's backend for options.device.
+  // Where a rank model sits in its tensor-parallel group.
+  struct RankContext {
+    TpShard shard;                    // rank and world size
+    Communicator* comm = nullptr;     // the rank's communicator (null: alone)
+    std::vector<void*> peer_signals;  // CUDA fused all-reduce: every rank's signal buffer (empty: unfused)
+  };
+
+  ~DeepseekModel();
+  // Builds both step graphs and picks every node's backend for options.device
+  // (a single model: options.tensor_parallel_size must be 1).
   static StatusOr<std::unique_ptr<DeepseekModel>> create(const ModelConfig& config, ModelWeights weights,
                                                          const ModelOptions& options);
+  // One rank of a tensor-parallel group: `weights` is the rank's shard; the
+  // graphs run the rank's collectives on rank.comm. Call on the rank's thread.
+  static StatusOr<std::unique_ptr<DeepseekModel>> create_rank(const ModelConfig& config, ModelWeights weights,
+                                                              const ModelOptions& options, RankContext rank);
+  // A tensor-parallel model over `ranks` (rank r's model at r), driven on
+  // `group`'s threads.
+  static std::unique_ptr<DeepseekModel> create_group(const ModelConfig& config, const ModelOptions& options,
+                                                     std::unique_ptr<TpGroup> group,
+                                                     std::vector<std::unique_ptr<DeepseekModel>> ranks);
+  // Ranks of the model (1 unless it is a group).
+  int tensor_parallel_size() const { return ranks_.empty() ? 1 : static_cast<int>(ranks_.size()); }
+  // Rank r's model of a group (this model when it is not a group).
+  DeepseekModel& rank_model(int r) { return ranks_.empty() ? *this : *ranks_.at(r); }
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
-  StepGraph& graph(StepKind kind) { return kind == StepKind::kDecode ? decode_graph_ : prefill_graph_; }
+  // The step graph of `kind` (rank 0's for a group).
+  StepGraph& graph(StepKind kind) {
+    if (!ranks_.empty()) return ranks_[0]->graph(kind);
+    return kind == StepKind::kDecode ? decode_graph_ : prefill_graph_;
+  }
 
   // Runs one step: writes the step's latent rows into `kv_cache` (slots from
   // inputs.slot_mapping) and returns logits [num_logits, vocab_size] f32 on
@@ -98,6 +147,7 @@ class DeepseekModel {
 
   // Bytes of weights by kind, for roofline accounting: everything but the
   // routed experts (read once per step), and one routed expert (incl. scales).
+  // Per rank (one GPU's share) under tensor parallelism.
   struct WeightBytes {
     int64_t dense = 0;
     int64_t per_expert = 0;
@@ -105,7 +155,8 @@ class DeepseekModel {
   WeightBytes weight_bytes() const;
 
   // A zeroed cache for this model on its device: [num_layers, num_blocks,
-  // block_size, kv_lora + qk_rope], f32 on the CPU, bf16 on CUDA.
+  // block_size, kv_lora + qk_rope], f32 on the CPU, bf16 on CUDA (a group:
+  // one per rank in KvCache::ranks).
   KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;
   // Allocates the step buffers of both graphs for steps of up to
   // `max_tokens` tokens and `max_logits` logit rows (so memory is known
@@ -116,27 +167,40 @@ class DeepseekModel {
   // `kv_cache` (whose addresses the graphs keep). Returns the device bytes
   // the graphs took. Replaces graphs captured before.
   StatusOr<size_t> capture_decode_graphs(KvCache& kv_cache);
-  void drop_graphs() {
-    decode_graphs_.clear();
-    token_graphs_.clear();
-  }
+  void drop_graphs();
   // The bucket a prefill step of `num_tokens` pads to, or 0 (eager).
   int64_t token_bucket_for(int64_t num_tokens) const;
-  int64_t token_graph_replays() const { return token_graph_replays_; }
+  int64_t token_graph_replays() const {
+    return ranks_.empty() ? token_graph_replays_ : ranks_[0]->token_graph_replays();
+  }
   // The engine's block-table width (ceil(max_model_len / block_size)).
-  void set_max_blocks_per_seq(int64_t n) { options_.max_blocks_per_seq = n; }
+  void set_max_blocks_per_seq(int64_t n) {
+    options_.max_blocks_per_seq = n;
+    for (auto& r : ranks_) r->set_max_blocks_per_seq(n);
+  }
   // Graph replays and eager decode steps so far (for tests and logs).
-  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_replays() const { return ranks_.empty() ? graph_replays_ : ranks_[0]->graph_replays(); }
   // The captured size a decode step of `num_seqs` replays, or 0 (eager).
   int64_t graph_size_for(int64_t num_seqs) const;
   // Bytes one cached token takes over all layers.
   int64_t kv_bytes_per_token() const;
-  // Device bytes the step buffers take at the current capacity.
-  size_t activation_bytes() const { return prefill_buffers_.bytes() + decode_buffers_.bytes(); }
+  // Device bytes the step buffers take at the current capacity (rank 0's).
+  size_t activation_bytes() const {
+    return ranks_.empty() ? prefill_buffers_.bytes() + decode_buffers_.bytes() : ranks_[0]->activation_bytes();
+  }
 
  private:
   DeepseekModel(const ModelConfig& config, ModelWeights weights, const ModelOptions& options);
+  static StatusOr<std::unique_ptr<DeepseekModel>> build_graphs(std::unique_ptr<DeepseekModel> m);
   void build(StepGraph& g, StepKind kind);
+  // Runs fn(rank r's model, r) on every rank's thread; a failure is a bug
+  // (every rank's collectives are aborted first; see TpGroup::run).
+  void on_ranks(const std::function<Status(DeepseekModel&, int)>& fn) const;
+  StatusOr<Tensor> forward_group(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats);
+
+  RankContext rank_;                                 // this model's place in a group
+  std::unique_ptr<TpGroup> group_;                   // a group: its ranks' threads and communicators
+  std::vector<std::unique_ptr<DeepseekModel>> ranks_;  // a group: the rank models
 
   ModelConfig config_;
   ModelWeights weights_;
@@ -163,8 +227,18 @@ class DeepseekModel {
   StepGraph decode_graph_;
 };
 
+// The model for `config` and `options`: at tensor_parallel_size 1 a single
+// model from make_weights({0, 1}); else a group of that many ranks (in-process
+// communicators on the CPU, NCCL over GPUs 0..n-1 on CUDA, peer-mapped
+// signal buffers for the fused all-reduce when the GPUs have peer access),
+// rank r's weights from make_weights(backend, {r, n}) on its thread. Errors:
+// a config that does not split (check_tp_config), too few GPUs, NCCL
+// missing, a weight error of any rank.
+StatusOr<std::unique_ptr<DeepseekModel>> build_deepseek_model(const ModelConfig& config, const ModelOptions& options,
+                                                              const WeightFactory& make_weights);
+
 // Loads config.json (with `overrides`, "key=value") and the checkpoint in
-// `model_dir` for options.device.
+// `model_dir` for options.device (and options.tensor_parallel_size).
 StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& model_dir,
                                                              const ModelOptions& options,
                                                              const std::vector<std::string>& overrides = {},

@@ -1,0 +1,158 @@
+#include "kernels/allreduce/allreduce_rmsnorm.cuh"
+
+#include <cstdio>
+
+#include "kernels/common/cuda_common.cuh"
+
+namespace nucleus::kernels {
+
+namespace {
+
+using cuda_common::block_sum;
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;                                          // bf16 per 16-byte load
+constexpr int kMaxVecPerThread = kArMaxWidth / (kThreads * kVec);  // 4
+
+// One rank's signal buffer. start/end: the flags peers write (slot [cta][peer
+// rank]); counter: this rank's last flag per CTA; data: this rank's delta of
+// the call in flight, per CTA.
+struct Signal {
+  uint32_t start[kArMaxBlocks][kArMaxRanks];
+  uint32_t end[kArMaxBlocks][kArMaxRanks];
+  uint32_t counter[kArMaxBlocks];
+  const void* data[kArMaxBlocks];
+};
+
+__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t load_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread `peer` of the CTA: tells rank `peer` that this rank reached the
+// barrier, then waits until rank `peer` told this rank the same.
+__device__ __forceinline__ void barrier_with_peer(Signal* const* signals, int rank, int peer, uint32_t flag,
+                                                  bool at_end) {
+  Signal* mine = signals[rank];
+  Signal* theirs = signals[peer];
+  const int b = blockIdx.x;
+  store_release_sys(at_end ? &theirs->end[b][rank] : &theirs->start[b][rank], flag);
+  const uint32_t* wait = at_end ? &mine->end[b][peer] : &mine->start[b][peer];
+  const uint64_t t0 = global_timer_ns();
+  while (load_acquire_sys(wait) != flag) {
+    if (global_timer_ns() - t0 > kArWaitTimeoutNs) {
+      printf("nucleus allreduce_add_rmsnorm: rank %d CTA %d waited 10 s for rank %d (%s barrier, flag %u)\n", rank, b,
+             peer, at_end ? "end" : "start", flag);
+      __trap();
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllReduceNormParams p) {
+  __shared__ float scratch[32];
+  __shared__ uint32_t flag_shared;
+  __shared__ const __nv_bfloat16* deltas[kArMaxRanks];
+  Signal* const* signals = reinterpret_cast<Signal* const*>(p.signals);
+  Signal* mine = signals[p.rank];
+  const int b = blockIdx.x;
+  if (threadIdx.x == 0) {
+    flag_shared = mine->counter[b] + 1;
+    mine->data[b] = p.delta;
+    __threadfence_system();  // the pointer before the flags that announce it
+  }
+  __syncthreads();
+  const uint32_t flag = flag_shared;
+  if (threadIdx.x < p.world_size) {
+    barrier_with_peer(signals, p.rank, threadIdx.x, flag, /*at_end=*/false);
+    deltas[threadIdx.x] =
+        static_cast<const __nv_bfloat16*>(*static_cast<const void* volatile*>(&signals[threadIdx.x]->data[b]));
+  }
+  __syncthreads();
+
+  const int64_t width = p.width;
+  for (int64_t row = b; row < p.rows; row += gridDim.x) {
+    float* res = p.residual + row * width;
+    float v[kMaxVecPerThread][kVec];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMaxVecPerThread; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * kThreads + threadIdx.x) * kVec;
+      if (c >= width) continue;
+      float acc[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
+      for (int q = 0; q < p.world_size; ++q) {
+        // Uncached: a peer rewrites its delta between calls.
+        const uint4 raw = __ldcv(reinterpret_cast<const uint4*>(deltas[q] + row * width + c));
+        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) acc[k] += __bfloat162float(h[k]);
+      }
+      const float4 r0 = *reinterpret_cast<const float4*>(res + c);
+      const float4 r1 = *reinterpret_cast<const float4*>(res + c + 4);
+      const float rv[kVec] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        v[j][k] = rv[k] + acc[k];
+        ss += v[j][k] * v[j][k];
+      }
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / static_cast<float>(width) + p.eps);
+#pragma unroll
+    for (int j = 0; j < kMaxVecPerThread; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * kThreads + threadIdx.x) * kVec;
+      if (c >= width) continue;
+      *reinterpret_cast<float4*>(res + c) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+      *reinterpret_cast<float4*>(res + c + 4) = make_float4(v[j][4], v[j][5], v[j][6], v[j][7]);
+      __align__(16) __nv_bfloat16 o[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) o[k] = __float2bfloat16(v[j][k] * inv * p.weight[c + k]);
+      *reinterpret_cast<uint4*>(p.out + row * width + c) = *reinterpret_cast<const uint4*>(o);
+    }
+  }
+
+  __syncthreads();  // every read of the peers' deltas is done
+  if (threadIdx.x < p.world_size) barrier_with_peer(signals, p.rank, threadIdx.x, flag, /*at_end=*/true);
+  if (threadIdx.x == 0) mine->counter[b] = flag;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+size_t allreduce_signal_bytes() { return sizeof(Signal); }
+
+const char* allreduce_add_rmsnorm_unsupported(const AllReduceNormParams& p) {
+  if (p.world_size < 1 || p.world_size > kArMaxRanks) return "world_size outside [1, 8]";
+  if (p.rank < 0 || p.rank >= p.world_size) return "rank outside [0, world_size)";
+  for (int r = 0; r < p.world_size; ++r)
+    if (!p.signals[r]) return "a rank's signal buffer is missing";
+  if (p.width % kVec != 0) return "width is not a multiple of 8";
+  if (p.width > kArMaxWidth || p.width < 1) return "width outside [1, 8192]";
+  if (p.max_blocks < 1 || p.max_blocks > kArMaxBlocks) return "max_blocks outside [1, 64]";
+  if (!aligned16(p.delta) || !aligned16(p.residual) || !aligned16(p.out) || !aligned16(p.weight))
+    return "a buffer is not 16-byte aligned";
+  return nullptr;
+}
+
+cudaError_t launch_allreduce_add_rmsnorm(const AllReduceNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (allreduce_add_rmsnorm_unsupported(p)) return cudaErrorInvalidValue;
+  const int64_t blocks = p.rows < p.max_blocks ? p.rows : p.max_blocks;
+  allreduce_add_rmsnorm_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace nucleus::kernels
