@@ -11,6 +11,19 @@ mkdir -p "$out"
 export NUCLEUS_MODELS_DIR=$PWD/models
 export NUCLEUS_BIN=$PWD/$build/bin/nucleus
 export NCCL_NVLS_ENABLE=0
+# NCCL (tensor parallelism) lives in the Python image's nvidia packages on the
+# GPU machine: point nucleus at it unless the caller did (docs/tp.md).
+if [ -z "${NUCLEUS_NCCL_LIBRARY:-}" ]; then
+  nccl=$(python3 -c "
+import glob, os, site, sys
+for p in site.getsitepackages() + [site.getusersitepackages()] + sys.path:
+    hits = sorted(glob.glob(os.path.join(p, 'nvidia', '**', 'libnccl.so.2'), recursive=True))
+    if hits:
+        print(hits[0]); break
+" 2>/dev/null)
+  [ -n "$nccl" ] && export NUCLEUS_NCCL_LIBRARY=$nccl
+fi
+echo "NCCL: ${NUCLEUS_NCCL_LIBRARY:-not set, the built-in search applies (comm/nccl_communicator.h)}"
 summary=()
 for t in "$build"/bin/*_gpu_test "$build"/bin/gpu_*_test; do
   [ -x "$t" ] || continue
