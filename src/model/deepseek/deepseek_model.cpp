@@ -91,7 +91,8 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique
   }
   if (options.enable_prezero) {  // decode only: never in prefill
     NUCLEUS_ASSIGN_OR_RETURN(PrezeroPassReport r, apply_prezero_pass(m->decode_graph_));
-    NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
+    if (m->rank_.shard.rank == 0)  // every rank's graph is alike
+      NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
     if (dump) std::fputs(m->decode_graph_.dump("decode (after passes)").c_str(), stderr);
   }
   return m;
