@@ -99,7 +99,7 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
   NUCLEUS_ASSIGN_OR_RETURN(Device device, resolve_device(args.device));
   NUCLEUS_ASSIGN_OR_RETURN(ModelOptions mo, args.model_options(device));
   const bool has_tokenizer = args.config_file.empty() && fs::exists(fs::path(args.model) / "tokenizer.json");
-  if (has_tokenizer || !dummy) {
+  if (!args.skip_tokenizer_init && (has_tokenizer || !dummy)) {
     NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
   }
   std::unique_ptr<DeepseekModel> model;

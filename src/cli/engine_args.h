@@ -16,6 +16,7 @@ namespace nucleus::cli {
 struct EngineArgs {
   std::string model;           // model directory
   std::string config_file;     // --config: config.json for --load-format dummy without a directory
+  bool skip_tokenizer_init = false;  // serve --skip-tokenizer-init: load no tokenizer (token-id prompts only)
   std::string device = "auto";  // cpu | cuda | auto
   std::string load_format = "auto";  // auto | dummy
   std::vector<std::string> overrides;
