@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call that runs the named steps on the GPU machine, from a build
-# directory built here (cmake -DNUCLEUS_CUDA=ON -DNUCLEUS_SHARED=ON) and carried
-# with ["BUILD/bin", "BUILD/lib"] (see docs/gpu.md):
-#   tools/gpu_session.sh BUILD STEP [STEP ...]
+# built here (cmake -DNUCLEUS_CUDA=ON -DNUCLEUS_SHARED=ON), staged by
+# tools/stage_carry.sh and carried as ["BUILD-carry"] (see docs/gpu.md):
+#   tools/gpu_session.sh BUILD-carry STEP [STEP ...]
 # Steps:
-#   ctest      ctest -L gpu over the CTest files staged by tools/stage_ctest.sh
+#   ctest      ctest -L gpu over the CTest files staged by tools/stage_carry.sh
 #   latency    bench latency, dummy DeepSeek-V2-Lite and a 4-layer FP8 DeepSeek-V3, batch 1,8,32,128 @ 1024/128
 #   ttft       single-prompt TTFT at 128..3072 tokens: token graphs, eager, eager-pad
 #   graphs     decode step at batch 1, 8, 64: CUDA graphs against --enforce-eager
@@ -24,13 +24,23 @@ export NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 step_ctest() {
-  local dir=$B/bin/ctest
-  [ -d "$dir" ] || { echo "no $dir: run tools/stage_ctest.sh $B here first"; return 1; }
+  local dir=$B/ctest
+  [ -d "$dir" ] || { echo "no $dir: run tools/stage_carry.sh here first"; return 1; }
   local src; src=$(cat "$dir/SOURCE_ROOT")
   find "$dir" -name CTestTestfile.cmake -exec sed -i "s#$src#$PWD#g" {} +
   ctest --test-dir "$dir" -L gpu --output-on-failure --timeout 400 > "$out/ctest.txt" 2>&1
   local rc=$?
   grep -E "tests passed|Test +#|Total Test time" "$out/ctest.txt" | tail -30
+  return $rc
+}
+
+# ctest restricted by the regex in $CTEST_FILTER (e.g. "engine|reference").
+step_ctest_some() {
+  local dir=$B/ctest src; src=$(cat "$dir/SOURCE_ROOT")
+  find "$dir" -name CTestTestfile.cmake -exec sed -i "s#$src#$PWD#g" {} +
+  ctest --test-dir "$dir" -L gpu -R "${CTEST_FILTER:-.}" --output-on-failure --timeout 400 > "$out/ctest_some.txt" 2>&1
+  local rc=$?
+  grep -E "tests passed|Test +#|Failure|Which is|step [0-9]" "$out/ctest_some.txt" | head -40
   return $rc
 }
 
