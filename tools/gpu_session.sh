@@ -8,6 +8,7 @@
 #   latency    bench latency, dummy DeepSeek-V2-Lite and a 4-layer FP8 DeepSeek-V3, batch 1,8,32,128 @ 1024/128
 #   ttft       single-prompt TTFT at 128..3072 tokens: token graphs, eager, eager-pad
 #   graphs     decode step at batch 1, 8, 64: CUDA graphs against --enforce-eager
+#   profile    per-op device time of eager decode steps at batch 1 and 32 (NUCLEUS_PROFILE_OPS=1)
 #   generate   nucleus generate, 256 prompts x 512 tokens -> 256, and prefill with a 90% prefix hit vs none
 #   serve      nucleus serve (dummy V2-Lite, --skip-tokenizer-init) + bench serve at concurrency 1, 8, 32, 64
 # Full logs go to $OUT; a short summary is printed per step.
@@ -69,6 +70,16 @@ step_graphs() {
   timeout 200 "$N" "${common[@]}" > "$out/decode_graphs.txt" 2>&1; echo "-- decode graphs"; tail -4 "$out/decode_graphs.txt"
   timeout 200 "$N" "${common[@]}" --enforce-eager > "$out/decode_eager.txt" 2>&1
   echo "-- enforce-eager"; tail -4 "$out/decode_eager.txt"
+}
+
+# Per-op device time of eager decode (NUCLEUS_PROFILE_OPS=1) at batch 1 and 32
+# against the step time: what the step spends in kernels, and what in launches.
+step_profile() {
+  for b in 1 32; do
+    NUCLEUS_PROFILE_OPS=1 timeout 150 "$N" bench latency --config $V2 --load-format dummy --device cuda \
+      --batch-sizes $b --input-len 128 --output-len 64 --enforce-eager > "$out/profile_b$b.txt" 2>&1
+    echo "-- batch $b (eager, profiled)"; tail -40 "$out/profile_b$b.txt"
+  done
 }
 
 step_generate() {
