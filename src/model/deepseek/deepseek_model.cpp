@@ -300,16 +300,22 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
   std::vector<Tensor> full_copy = full;  // views at bucket height
   const std::vector<Tensor>& real = prefill_buffers_.for_step(g, T, inputs.num_logits(), options_.device);
   DeviceStepInputs dev = uploader_->upload(padded);
+  // The eager regions see the real rows only: the pad sequence (the last
+  // one) must not count among the one-token rows that decode attention
+  // serves, as it would when the pad is a single row.
+  DeviceStepInputs dev_real = dev;
+  dev_real.num_single_token_rows = 0;
+  for (int64_t s = 0; s < inputs.num_seqs(); ++s) dev_real.num_single_token_rows += inputs.query_len(s) == 1;
   OpContext ctx;
   ctx.device = options_.device;
   ctx.kv_cache = &kv_cache;
-  ctx.dev = &dev;
   const int attn_out = g.find_buffer("attn_out");
   size_t graph_index = 0;
   for (const Segment& seg : prefill_segments_) {
     if (seg.graph) {
       if (options_.token_graph_eager_pad) {
         ctx.inputs = &padded;
+        ctx.dev = &dev;
         run_nodes(g, ctx, full_copy, seg.begin, seg.end);
       } else {
         token_graphs_.at(bucket)[graph_index].replay();
@@ -319,6 +325,7 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
     }
     // Eager region on the real rows; attention hands back zero pad rows.
     ctx.inputs = &inputs;
+    ctx.dev = &dev_real;
     run_nodes(g, ctx, real, seg.begin, seg.end);
     const std::string kind = g.nodes()[seg.begin].op->kind();
     if (kind == "mla_decode" || kind == "mla_prefill") zero_rows_async(full_copy[attn_out], T, bucket - T);
