@@ -3,10 +3,13 @@
 //    of a bf16 cache (the same budget, rows of 576 bytes instead of 1152);
 //  - 512 greedy tokens, FP8 cache against the bf16 cache, per 100-token
 //    window, as the CPU test (tests/e2e/kv_cache_fp8_test.cpp) measures it:
-//    teacher-forced top-1 agreement >= 0.9 and relative RMS logit error
-//    <= 0.08 in each window; the FP8 error over the bf16 one (both against
-//    the CPU f32 reference) not growing by more than 2x from the first to
-//    the fifth window;
+//    the GPU bf16-cache greedy sequence, fed back teacher-forced; per window
+//    top-1 agreement >= 0.9 and relative RMS logit error (FP8 vs bf16 cache,
+//    both on the GPU) <= 0.08. Not degrading with length: the same error of
+//    the CPU reference (FP8 vs bf16 cache on the same sequence) is what that
+//    context does to any FP8 cache (tiny-dsv3's later windows are ~2.5x more
+//    sensitive); the GPU's error over the CPU's must stay <= 2 in every
+//    window and grow at most 2x from the first window to the fifth;
 //  - a token's row written by a prefill step and by a decode step: layer 0
 //    (whose input differs only by the kv_a GEMM's shape) within one e4m3
 //    step everywhere; the share of identical bytes per layer is printed (a
@@ -145,7 +148,6 @@ TEST_F(GpuKvCacheFp8, LongGenerationAgreesPerWindowWithoutDegrading) {
   constexpr int kTokens = 512;
   auto bf16 = load(Device::kCuda, KvCacheDtype::kBF16);
   auto fp8 = load(Device::kCuda, KvCacheDtype::kFp8E4M3);
-  auto f32 = load(Device::kCpu, std::nullopt);  // the exact reference
   std::vector<int32_t> seq;
   std::vector<std::vector<float>> bf16_logits;
   {
@@ -171,32 +173,36 @@ TEST_F(GpuKvCacheFp8, LongGenerationAgreesPerWindowWithoutDegrading) {
                 first_diff, same, kTokens);
   }
   const auto fp8_logits = teacher_forced(fp8.get(), prompt, seq);
-  const auto f32_logits = teacher_forced(f32.get(), prompt, seq);
-  std::vector<double> amplified;
+  // The CPU reference with either cache, on the same sequence.
+  const auto cpu_bf16 = teacher_forced(load(Device::kCpu, KvCacheDtype::kBF16).get(), prompt, seq);
+  const auto cpu_fp8 = teacher_forced(load(Device::kCpu, KvCacheDtype::kFp8E4M3).get(), prompt, seq);
+  std::vector<double> ratio;
   double agree_all = 0;
   for (size_t b = 0; b < seq.size(); b += 100) {
     const size_t e = std::min(seq.size(), b + 100);
-    double agree = 0, e2 = 0, r2 = 0, e8 = 0, e16 = 0;
+    double agree = 0, g2 = 0, gr2 = 0, c2 = 0, cr2 = 0;
     for (size_t i = b; i < e; ++i) {
       agree += argmax(fp8_logits[i]) == seq[i];
-      e2 += sq(rms_diff(fp8_logits[i], bf16_logits[i]));
-      r2 += sq(rms(bf16_logits[i]));
-      e8 += sq(rms_diff(fp8_logits[i], f32_logits[i]));
-      e16 += sq(rms_diff(bf16_logits[i], f32_logits[i]));
+      g2 += sq(rms_diff(fp8_logits[i], bf16_logits[i]));
+      gr2 += sq(rms(bf16_logits[i]));
+      c2 += sq(rms_diff(cpu_fp8[i], cpu_bf16[i]));
+      cr2 += sq(rms(cpu_bf16[i]));
     }
     agree_all += agree;
     agree /= static_cast<double>(e - b);
-    const double err = std::sqrt(e2 / r2), amp = std::sqrt(e8 / std::max(e16, 1e-30));
-    amplified.push_back(amp);
-    std::printf("window tokens %3zu-%3zu: top-1 agreement %.3f, relative RMS logit error %.4f, fp8/bf16 error %.2f\n",
-                b, e - 1, agree, err, amp);
+    const double err = std::sqrt(g2 / gr2), cpu_err = std::sqrt(c2 / cr2);
+    ratio.push_back(err / std::max(cpu_err, 1e-12));
+    std::printf("window tokens %3zu-%3zu: top-1 agreement %.3f, relative RMS logit error %.4f (CPU reference %.4f, "
+                "ratio %.2f)\n",
+                b, e - 1, agree, err, cpu_err, ratio.back());
     if (e - b < 100) continue;
     EXPECT_GE(agree, 0.9) << "window " << b;
     EXPECT_LE(err, 0.08) << "window " << b;
+    EXPECT_LE(ratio.back(), 2.0) << "window " << b;
   }
   EXPECT_GE(agree_all / kTokens, 0.9);
-  ASSERT_GE(amplified.size(), 5u);
-  EXPECT_LE(amplified[4], 2.0 * amplified[0]) << "the FP8 error grows with length";
+  ASSERT_GE(ratio.size(), 5u);
+  EXPECT_LE(ratio[4], 2.0 * ratio[0]) << "the GPU's FP8 error grows with length faster than the reference's";
 }
 
 TEST_F(GpuKvCacheFp8, PrefillRowAgainstDecodeRow) {
