@@ -1,6 +1,7 @@
 #include "cli/engine_args.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/device.h"
@@ -52,6 +53,24 @@ void EngineArgs::add_to(CLI::App& app) {
                  "Cached rows expanded at a time in prefill attention (longer contexts are merged by log-sum-exp)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-dtype", kv_cache_dtype,
+                 "Latent KV-cache storage: auto (bf16 on CUDA, f32 on the CPU), bf16, or fp8 / fp8_e4m3 (e4m3 with a "
+                 "per-layer k_scale: half the bytes of bf16)")
+      ->capture_default_str()
+      ->check([](const std::string& v) {  // one parser for every spelling: a usage error (exit 2) otherwise
+        auto r = parse_kv_cache_dtype(v);
+        return r.ok() ? std::string() : r.status().message();
+      });
+  app.add_option_function<double>(
+         "--kv-scale", [this](double v) { kv_scale = v; },
+         "k_scale of every layer of an FP8 KV cache (stored = e4m3(value / k_scale)), overriding the checkpoint's "
+         "k_scale / kv_scale tensors (default: those, else 1.0)")
+      ->check([](const std::string& v) {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        Status s = end && *end == '\0' ? check_k_scale(f, "--kv-scale") : invalid_argument("--kv-scale '" + v + "' is not a number");
+        return s.ok() ? std::string() : s.message();
+      });
 }
 
 StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
@@ -63,6 +82,12 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.graph_eager_pad = env_flag("NUCLEUS_GRAPH_EAGER_PAD");
   mo.token_graph_eager_pad = env_flag("NUCLEUS_TOKEN_GRAPH_EAGER_PAD");
   mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
+  NUCLEUS_ASSIGN_OR_RETURN(mo.kv_cache_dtype, parse_kv_cache_dtype(kv_cache_dtype));
+  if (kv_scale) {
+    const auto f = static_cast<float>(*kv_scale);
+    NUCLEUS_RETURN_IF_ERROR(check_k_scale(f, "--kv-scale"));
+    mo.kv_scale = f;
+  }
   if (device == Device::kCuda && !enforce_eager) {
     if (token_graph_sizes) {
       for (int64_t s : *token_graph_sizes)

@@ -26,8 +26,12 @@ struct EngineArgs {
   bool enforce_eager = false;
   std::optional<std::vector<int64_t>> token_graph_sizes;  // unset: defaults / env
   int64_t prefill_context_chunk = 8192;
+  std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 | fp8_e4m3 (parse_kv_cache_dtype)
+  std::optional<double> kv_scale;       // --kv-scale (FP8 cache only)
 
-  // The model options these flags give for `device`.
+  // The model options these flags give for `device`. kInvalidArgument for a
+  // --kv-cache-dtype spelling other than auto, bf16, fp8, fp8_e4m3 (naming
+  // them) or a --kv-scale that is not finite and > 0.
   StatusOr<ModelOptions> model_options(Device device) const;
   bool no_prefix_caching = false;
 

@@ -35,6 +35,9 @@ struct AttentionWeights {
   Tensor kv_a_layernorm;                 // [kv_lora_rank]
   LinearWeight kv_b_proj;                // [num_heads * (qk_nope + v_head), kv_lora_rank]
   LinearWeight o_proj;                   // [hidden, num_heads * v_head]
+  // The checkpoint's FP8 KV-cache scale for this layer (a scalar k_scale or
+  // kv_scale tensor; see load_weights), unset when it has none.
+  std::optional<float> k_scale;
 };
 
 struct MoeWeights {
@@ -100,6 +103,12 @@ struct LoadOptions {
 // while config.json has no fp8 quantization_config, and tensors the model
 // does not use (layers past num_hidden_layers, such as DeepSeek-V3's
 // multi-token-prediction layer, are skipped, as are rotary inv_freq buffers).
+// FP8 KV-cache scales (vLLM / ATOM / ModelOpt names) are optional, one scalar
+// (shape [] or [1], F32/BF16/F16, finite and > 0) per layer:
+// model.layers.N.self_attn.{,attn.,mla_attn.}{k_scale,kv_scale}; where several
+// are present they must agree. v_scale tensors at the same places are
+// accepted and ignored (MLA keeps one latent cache, scaled by k_scale).
+
 StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
                                     const LoadOptions& options = {});
 

@@ -29,8 +29,15 @@ Status linear_cublaslt_supports(const LinearOp& op);
 void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void linear_naive(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// OK when the CUDA kernels store or read a `d` latent cache (bf16, or FP8
+// e4m3 with k_scale); an f32 cache is CPU-only.
+Status cuda_cache_dtype_supported(KvCacheDtype d);
+
+Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op);
 void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
 void moe_route(MoeRouteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
@@ -44,7 +51,8 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 // mla_decode fast backends (ops/mla_decode_cuda.cpp): "nucleus" (own
 // split-KV kernel) and "flashinfer" (FlashInfer's Hopper MLA kernel, planned on
 // the host; under CUDA-graph capture it runs the nucleus kernel). Both need kv_lora 512, qk_rope 64, qk_nope 128,
-// v_head 128 and a bf16 or FP8 kv_b_proj.
+// v_head 128 and a bf16 or FP8 kv_b_proj. nucleus reads a bf16 or an FP8
+// (e4m3 x k_scale) cache; flashinfer reads bf16 rows only and refuses an FP8 cache.
 Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op);

@@ -1,5 +1,10 @@
 // CUDA RoPE on q_pe and k_pe fused with the latent KV-cache write
 // (semantics: ops/mla_ops.h RopeKvCacheWriteOp; math: kernels/rope/rope_ref.h).
+// The cache row is stored as bf16 (c_kv copied, k_pe rotated in f32 and
+// rounded once), or as FP8 e4m3 (ops/kv_cache_dtype.h): each element
+// e4m3(value / k_scale) with value the bf16 c_kv or the f32 rotated k_pe, the
+// division in f32 (IEEE, as the CPU reference), round to nearest even,
+// saturating at +-448 (cvt.rn.satfinite).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,7 +23,9 @@ struct RopeKvCacheParams {
   const int64_t* slot_mapping = nullptr;  // [num_tokens]; -1 writes nothing
   const float* inv_freq = nullptr;        // [qk_rope / 2] device
   float attention_factor = 1.0f;          // YaRN cos/sin multiplier
-  __nv_bfloat16* cache = nullptr;         // this layer: [num_slots, kv_lora + qk_rope]
+  void* cache = nullptr;  // this layer: [num_slots, kv_lora + qk_rope] bf16, or e4m3 bytes when cache_fp8
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;   // FP8 only (> 0): stored = e4m3(value / k_scale)
   int64_t num_tokens = 0;
   int num_heads = 0;
   int qk_nope = 0;
@@ -26,6 +33,8 @@ struct RopeKvCacheParams {
   int kv_lora = 0;
 };
 
+// One block per token; every token is written the same way whatever the
+// launch's other tokens (prefill and decode rows of a token are byte-equal).
 // Stream-async, graph-safe.
 cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t stream);
 

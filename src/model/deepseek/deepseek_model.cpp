@@ -27,6 +27,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, co
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig& config, ModelWeights weights,
                                                                 const ModelOptions& options) {
   std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options));
+  NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
+  NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
   m->build(m->prefill_graph_, StepKind::kPrefill);
   m->build(m->decode_graph_, StepKind::kDecode);
   NUCLEUS_RETURN_IF_ERROR(m->prefill_graph_.select_backends(options.device).with_context("prefill graph"));
@@ -51,6 +53,31 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
     if (dump) std::fputs(m->decode_graph_.dump("decode (after passes)").c_str(), stderr);
   }
   return m;
+}
+
+Status DeepseekModel::resolve_k_scales() {
+  const bool fp8 = kv_cache_dtype_ == KvCacheDtype::kFp8E4M3;
+  if (options_.kv_scale) {
+    NUCLEUS_RETURN_IF_ERROR(check_k_scale(*options_.kv_scale, "--kv-scale"));
+    if (!fp8)
+      return invalid_argument(std::string("--kv-scale applies to an FP8 KV cache only (the cache is ") +
+                              kv_cache_dtype_name(kv_cache_dtype_) +
+                              ", never scaled); add --kv-cache-dtype fp8 or drop --kv-scale");
+  }
+  kv_k_scales_.assign(static_cast<size_t>(config_.num_hidden_layers), 1.0f);
+  int64_t from_checkpoint = 0;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    const std::optional<float>& ck = weights_.layers[l].attn.k_scale;
+    from_checkpoint += ck.has_value();
+    if (fp8) kv_k_scales_[l] = options_.kv_scale ? *options_.kv_scale : ck.value_or(1.0f);
+  }
+  if (from_checkpoint > 0 && !fp8)
+    NUCLEUS_LOG_INFO("kv cache: the checkpoint's k_scale of {} layers is unused (a {} cache is never scaled)",
+                     from_checkpoint, kv_cache_dtype_name(kv_cache_dtype_));
+  else if (from_checkpoint > 0 && options_.kv_scale)
+    NUCLEUS_LOG_INFO("kv cache: --kv-scale {} overrides the checkpoint's k_scale of {} layers", *options_.kv_scale,
+                     from_checkpoint);
+  return ok_status();
 }
 
 void DeepseekModel::build(StepGraph& g, StepKind kind) {
@@ -113,16 +140,18 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
     g.add(p + "self_attn.rope_kv_cache_write",
           std::make_unique<RopeKvCacheWriteOp>(
               l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
-              static_cast<float>(kernels::rope_attention_factor(c))),
+              static_cast<float>(kernels::rope_attention_factor(c)), kv_cache_dtype_),
           {q, kv_a}, {q});
     // The decode graph has only single-token sequences: no prefill op
     // unless expanded attention is forced.
     if (mode != AttentionMode::kExpanded)
-      g.add(p + "self_attn.attn_decode", std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode), {q},
+      g.add(p + "self_attn.attn_decode",
+            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
             {attn_out, q_lat, o_lat});
     if (mode == AttentionMode::kExpanded || (mode == AttentionMode::kAuto && kind == StepKind::kPrefill))
       g.add(p + "self_attn.attn_prefill",
-            std::make_unique<MlaPrefillAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk),
+            std::make_unique<MlaPrefillAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk,
+                                                    kv_cache_dtype_),
             {q}, {attn_out});
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.
@@ -170,12 +199,14 @@ KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) con
   kv.num_blocks = num_blocks;
   kv.block_size = block_size;
   kv.width = config_.kv_cache_width();
+  const DType dt = kv_cache_storage_dtype(kv_cache_dtype_);
   if (options_.device == Device::kCuda) {
-    kv.data = Tensor::empty({kv.num_layers, num_blocks, block_size, kv.width}, DType::kBF16, Device::kCuda);
+    kv.data = Tensor::empty({kv.num_layers, num_blocks, block_size, kv.width}, dt, Device::kCuda);
     zero_device(kv.data);
   } else {
-    kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, kv.width}, DType::kF32);
+    kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, kv.width}, dt);
   }
+  if (kv_cache_dtype_ == KvCacheDtype::kFp8E4M3) kv.k_scale = kv_k_scales_;
   return kv;
 }
 
@@ -189,7 +220,7 @@ void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits)
 }
 
 int64_t DeepseekModel::kv_bytes_per_token() const {
-  const int64_t elem = options_.device == Device::kCuda ? 2 : 4;
+  const auto elem = static_cast<int64_t>(dtype_size(kv_cache_storage_dtype(kv_cache_dtype_)));
   return config_.num_hidden_layers * config_.kv_cache_width() * elem;
 }
 
@@ -253,7 +284,8 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
           float* p = buffers[id].data<float>();
           for (int64_t k = 0; k < buffers[id].numel(); ++k) p[k] = round_to_bf16(p[k]);
         }
-        if (std::string(g.nodes()[i].op->kind()) == "rope_kv_cache_write") {
+        // Emulates a bf16 cache in an f32 one (a bf16 or FP8 cache is stored as such already).
+        if (std::string(g.nodes()[i].op->kind()) == "rope_kv_cache_write" && kv_cache.dtype() == KvCacheDtype::kF32) {
           float* c = kv_cache.data.data<float>();
           for (int64_t k = 0; k < kv_cache.data.numel(); ++k) c[k] = round_to_bf16(c[k]);
         }
