@@ -11,6 +11,7 @@
 #   profile    per-op device time of eager decode steps at batch 1 and 32 (NUCLEUS_PROFILE_OPS=1)
 #   generate   nucleus generate, 256 prompts x 512 tokens -> 256, and prefill with a 90% prefix hit vs none
 #   serve      nucleus serve (dummy V2-Lite, --skip-tokenizer-init) + bench serve at concurrency 1, 8, 32, 64
+#   fp8kv      FP8 KV cache: GPU tests, decode attention bf16 vs fp8, bench serve at concurrency 64 with each
 # Full logs go to $OUT; a short summary is printed per step.
 set -uo pipefail
 B=${1:?usage: tools/gpu_session.sh BUILD STEP...}
@@ -99,10 +100,12 @@ step_generate() {
   echo "-- prefill, 464 of 512 tokens shared (90.6%), block 16"; grep "generate:" "$out/prefill_hit90.txt"
 }
 
+# SERVE_ARGS: extra serve flags; SERVE_CONC: concurrencies (default 1 8 32 64);
+# SERVE_TAG: suffix of the log names.
 step_serve() {
-  local port=18000
-  "$N" serve --config $V2 --load-format dummy --device cuda --skip-tokenizer-init --port $port \
-    > "$out/serve.log" 2>&1 &
+  local port=18000 tag=${SERVE_TAG:-}
+  "$N" serve --config $V2 --load-format dummy --device cuda --skip-tokenizer-init --port $port ${SERVE_ARGS:-} \
+    > "$out/serve$tag.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 240); do
     python3 - "$port" <<'PY' && break
@@ -112,14 +115,22 @@ except Exception: sys.exit(1)
 PY
     sleep 0.5
   done
-  for c in 1 8 32 64; do
+  grep -E "engine:" "$out/serve$tag.log"
+  for c in ${SERVE_CONC:-1 8 32 64}; do
     local n=$(( c < 8 ? 8 : 4 * c ))
     timeout 150 "$N" bench serve --base-url http://127.0.0.1:$port --num-prompts $n --max-concurrency $c \
-      --random-input-len 1024 --random-output-len 256 --ignore-eos --result-json "$out/serve_c$c.json" \
-      > "$out/serve_c$c.txt" 2>&1
-    echo "-- concurrency $c ($n prompts)"; grep -E "throughput|Mean|Median|P99" "$out/serve_c$c.txt" | head -20
+      --random-input-len 1024 --random-output-len 256 --ignore-eos --result-json "$out/serve${tag}_c$c.json" \
+      > "$out/serve${tag}_c$c.txt" 2>&1
+    echo "-- concurrency $c ($n prompts) $tag"; grep -E "throughput|Mean|Median|P99" "$out/serve${tag}_c$c.txt" | head -20
   done
   kill -TERM $pid; wait $pid
+}
+
+# FP8 KV cache: its GPU tests, decode attention bf16 vs fp8, bench serve at concurrency 64 with each.
+step_fp8kv() {
+  CTEST_FILTER="fp8" step_ctest_some
+  timeout 150 "$B/bin/mla_decode_bench" --kv-cache-dtype both > "$out/mla_decode_fp8.txt" 2>&1; tail -20 "$out/mla_decode_fp8.txt"
+  for d in bf16 fp8; do SERVE_TAG=_$d SERVE_CONC=64 SERVE_ARGS="--kv-cache-dtype $d" step_serve; done
 }
 
 rc=0
