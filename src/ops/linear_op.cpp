@@ -35,6 +35,7 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
                            op.accumulate_for(in[0].dim(0)));
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_splitk", Device::kCuda, cuda_ops::linear_splitk_supports, cuda_ops::linear_splitk},
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
       {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8},
       {"cuda_fp8", Device::kCuda, cuda_ops::linear_cuda_fp8_supports, cuda_ops::linear_cuda_fp8},

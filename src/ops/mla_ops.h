@@ -15,7 +15,9 @@ namespace nucleus {
 //   if slot_mapping[t] >= 0: cache[layer, slot] = [kv_a[t, :kv_lora] | k_pe].
 // kv_a's first kv_lora columns must already be normalised (kv_a_layernorm).
 // Buffers: in = {q [T, num_heads * qk_head], kv_a [T, kv_lora + qk_rope]};
-// out = {q} (in place).
+// out = {q} (in place), or, when in[0] is a split-K GEMM's f32 output
+// (graph/passes/splitk_pass.h), out = {the declared q buffer}: q written whole
+// from in[0] (q_nope copied, q_pe rotated).
 class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
  public:
   // `inv_freq_device` ([qk_rope / 2] f32 on the device, CUDA only) and
@@ -26,6 +28,7 @@ class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
         attention_factor_(attention_factor) {}
   const char* kind() const override { return "rope_kv_cache_write"; }
   std::string attrs() const override;
+  bool accepts_f32_input(size_t index) const override { return index == 0; }
   static const std::vector<Backend<RopeKvCacheWriteOp>>& backends();
   int64_t layer() const { return layer_; }
   const kernels::RopeTable& rope() const { return *rope_; }

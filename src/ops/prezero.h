@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "core/status.h"
+
 namespace nucleus {
 
 // SMs the donor kernel runs on: the device's, or 132 (an H200) on the CPU,
@@ -27,10 +29,22 @@ int prezero_sm_count();
 
 // Whether zero-filling an [m, n] f32 buffer fits the SMs the donor leaves
 // idle: the donor takes one block per row, and each idle SM is credited
-// kPrezeroIdleBytesPerSm bytes of fill during the donor's lifetime (a
-// heuristic to be tuned by measurement on the GPU).
+// prezero_idle_bytes_per_sm() bytes of fill during the donor's lifetime:
+//   0 < m < sms  and  m * n * 4 <= (sms - m) * idle_bytes_per_sm.
+// A heuristic to be tuned by measurement on the GPU (docs/perf.md).
 constexpr int64_t kPrezeroIdleBytesPerSm = 64 * 1024;
 bool is_prezero_free(int64_t m, int64_t n);
+
+// Bytes of fill credited to each idle SM: kPrezeroIdleBytesPerSm, or
+// NUCLEUS_PREZERO_IDLE_BYTES_PER_SM (read once), or the value a test set.
+int64_t prezero_idle_bytes_per_sm();
+// Overrides prezero_idle_bytes_per_sm() (tests, tuning); <= 0 restores the
+// default. Affects decisions taken afterwards (graphs captured earlier keep
+// theirs).
+void set_prezero_idle_bytes_per_sm(int64_t bytes);
+// OK, or invalid_argument naming a malformed NUCLEUS_PREZERO_IDLE_BYTES_PER_SM
+// (which then counts as unset).
+Status prezero_env_status();
 
 enum class PrezeroFill { kNone, kBase, kAll };
 PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base);
