@@ -58,7 +58,8 @@ const std::vector<Backend<RmsNormOp>>& RmsNormOp::backends() {
 std::string AddRmsNormOp::attrs() const {
   std::string a = "width=" + std::to_string(weight_.dim(0)) + (has_delta_ ? " residual_add=1" : " residual_add=0");
   if (prezero_.n_total > 0)
-    a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base);
+    a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base) +
+         (prezero_.max_rows == kPrezeroAnyRows ? "" : " prezero_max_rows=" + std::to_string(prezero_.max_rows));
   return a;
 }
 
@@ -73,7 +74,7 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
          if (op.prezero().n_total > 0) {  // the donor's fill
            const Tensor& buf = out[2];
            const int64_t m = buf.dim(0);
-           const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base);
+           const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
            const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
                                 : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
            std::fill(buf.data<float>(), buf.data<float>() + m * cols, 0.0f);  // slices are column blocks of m rows

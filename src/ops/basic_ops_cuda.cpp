@@ -54,7 +54,7 @@ void add_rmsnorm(AddRmsNormOp& op, OpContext&, const TensorList& in, const Tenso
   if (op.prezero().n_total > 0) {  // the donor's fill, decided for this step's rows
     const Tensor& buf = out[2];
     const int64_t m = buf.dim(0);
-    const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base);
+    const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
     const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
                          : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
     if (cols > 0) {

@@ -1,6 +1,8 @@
 // Linear layer op: out (+)= in W^T.
 #pragma once
 
+#include <cstdint>
+
 #include "ops/linear_weight.h"
 #include "ops/op.h"
 
@@ -29,11 +31,16 @@ class LinearOp : public OpWithBackends<LinearOp> {
   bool accumulate() const { return accumulate_; }
   void set_accumulate(bool v) { accumulate_ = v; }
   // A prezero consumer: its output is a slice of a donor's buffer, and it
-  // accumulates (zero_init = false) into it exactly when
-  // is_prezero_free(rows, prezero_gate_n) says the donor zeroed the slice;
-  // otherwise it zeroes its own output. 0: not a consumer.
+  // accumulates (zero_init = false) into it exactly when rows <=
+  // prezero_max_rows and is_prezero_free(rows, prezero_gate_n), i.e. when
+  // the donor (PrezeroDonor with the same max_rows) zeroed the slice;
+  // otherwise it zeroes its own output. gate_n 0: not a consumer.
   int64_t prezero_gate_n() const { return prezero_gate_n_; }
-  void set_prezero_gate_n(int64_t n) { prezero_gate_n_ = n; }
+  int64_t prezero_max_rows() const { return prezero_max_rows_; }
+  void set_prezero_gate(int64_t gate_n, int64_t max_rows) {
+    prezero_gate_n_ = gate_n;
+    prezero_max_rows_ = max_rows;
+  }
   // The accumulate flag for a run of `rows` rows (zero_init = !accumulate_for).
   bool accumulate_for(int64_t rows) const;
 
@@ -45,6 +52,10 @@ class LinearOp : public OpWithBackends<LinearOp> {
   // zero_init, so that a prezero donor can take its zeroing (cpu_ref,
   // cuda_splitk).
   bool honours_zero_init() const { return backend_ == "cpu_ref" || backend_ == "cuda_splitk"; }
+  // The most rows at which the chosen backend honours zero_init (cpu_ref:
+  // any; cuda_splitk: splitk_max_rows; others: 0). Above it, the backend
+  // overwrites its output whatever zero_init says.
+  int64_t zero_init_max_rows() const;
   // Whether the chosen backend writes f32 only (cuda_splitk).
   bool needs_f32_output() const { return backend_ == "cuda_splitk"; }
 
@@ -52,6 +63,7 @@ class LinearOp : public OpWithBackends<LinearOp> {
   const LinearWeight* weight_;  // owned by the model
   bool accumulate_;
   int64_t prezero_gate_n_ = 0;
+  int64_t prezero_max_rows_ = INT64_MAX;
   bool splitk_allowed_ = false;
 };
 

@@ -60,7 +60,8 @@ bool is_prezero_free(int64_t m, int64_t n) {
   return m * n * 4 <= (sms - m) * prezero_idle_bytes_per_sm();
 }
 
-PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base) {
+PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base, int64_t max_rows) {
+  if (m > max_rows) return PrezeroFill::kNone;
   if (is_prezero_free(m, n_total)) return PrezeroFill::kAll;
   if (n_base > 0 && is_prezero_free(m, n_base)) return PrezeroFill::kBase;
   return PrezeroFill::kNone;

@@ -23,6 +23,8 @@
 
 namespace nucleus {
 
+constexpr int64_t kPrezeroAnyRows = INT64_MAX;
+
 // SMs the donor kernel runs on: the device's, or 132 (an H200) on the CPU,
 // so that the CPU reference takes the same decisions a GPU would.
 int prezero_sm_count();
@@ -47,13 +49,16 @@ void set_prezero_idle_bytes_per_sm(int64_t bytes);
 Status prezero_env_status();
 
 enum class PrezeroFill { kNone, kBase, kAll };
-PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base);
+// The donor's fill for a step of m rows (nothing above max_rows: no consumer
+// accumulates there, e.g. split-K serves m <= 64 only).
+PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base, int64_t max_rows = kPrezeroAnyRows);
 const char* prezero_fill_name(PrezeroFill f);
 
 // What the pass sets on a donor (AddRmsNormOp).
 struct PrezeroDonor {
   int64_t n_total = 0;  // 0: not a donor
   int64_t n_base = 0;
+  int64_t max_rows = kPrezeroAnyRows;  // no fill for steps of more rows
 };
 
 }  // namespace nucleus

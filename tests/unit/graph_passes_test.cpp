@@ -207,6 +207,11 @@ TEST(CudaGraphPassesTest, PrezeroSlicesTheSplitKOutputs) {
   EXPECT_EQ(o.dtype, DType::kF32);
   const auto* o_op = dynamic_cast<const LinearOp*>(k.node("layers.0.self_attn.o_proj").op.get());
   EXPECT_EQ(o_op->prezero_gate_n(), 1728);
+  EXPECT_EQ(o_op->prezero_max_rows(), 64) << "split-K serves m <= 64: no fill for larger steps";
+  EXPECT_EQ(in_norm->prezero().max_rows, 64);
+  EXPECT_FALSE(o_op->accumulate_for(65));
+  EXPECT_EQ(prezero_fill(65, 1728, 1472, in_norm->prezero().max_rows), PrezeroFill::kNone);
+  EXPECT_TRUE(o_op->accumulate_for(8));
   EXPECT_EQ(dynamic_cast<const LinearOp*>(k.node("extra_proj").op.get())->prezero_gate_n(), 0);
   const std::string dump = k.g.dump("decode");
   EXPECT_NE(dump.find("prezero donor: fills prezero.0.attn [T, 1728] (all, or the first 1472 columns"),

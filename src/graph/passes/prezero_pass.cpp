@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,7 @@ StatusOr<std::vector<Consumer>> consumers_of(const StepGraph& g, const std::vect
     if (idx < 0) continue;
     auto* op = dynamic_cast<LinearOp*>(g.nodes()[idx].op.get());
     if (!op) return internal_error("prezero consumer " + g.nodes()[idx].name + " is not a linear op");
-    if (!op->honours_zero_init() || op->accumulate()) continue;
+    if (!op->honours_zero_init() || op->accumulate() || op->zero_init_max_rows() == 0) continue;
     const BufferDesc& b = g.buffers()[g.nodes()[idx].outputs[0]];
     if (b.dtype != DType::kF32)
       return internal_error("prezero consumer " + g.nodes()[idx].name + " (" + op->backend() + ") writes " +
@@ -50,8 +51,11 @@ Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, cons
   NUCLEUS_ASSIGN_OR_RETURN(std::vector<Consumer> tail_consumers, consumers_of(g, tail));
   consumers.insert(consumers.end(), tail_consumers.begin(), tail_consumers.end());
   if (consumers.empty()) return ok_status();
-  int64_t n_total = 0;
-  for (const Consumer& c : consumers) n_total += c.width;
+  int64_t n_total = 0, max_rows = 0;  // the donor fills up to the most rows any consumer accumulates at
+  for (const Consumer& c : consumers) {
+    n_total += c.width;
+    max_rows = std::max(max_rows, c.op->zero_init_max_rows());
+  }
   auto* norm = dynamic_cast<AddRmsNormOp*>(g.nodes()[donor].op.get());
   if (!norm) return internal_error("prezero donor " + g.nodes()[donor].name + " is not an add_rmsnorm op");
   const int buffer = g.buffer(buffer_name, n_total, DType::kF32);
@@ -62,14 +66,14 @@ Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, cons
     const int slice = g.slice(buffer_name + "." + n.name.substr(n.name.rfind('.') + 1), buffer, col, c.width);
     redirect_output(g, c.node, old_out, slice);
     const bool in_base = col < n_base;
-    c.op->set_prezero_gate_n(in_base ? n_base : n_total);
+    c.op->set_prezero_gate(in_base ? n_base : n_total, max_rows);
     g.nodes()[c.node].notes.push_back(
         fmt::format("prezero consumer: columns [{}, {}) of {}, zero_init unless the donor filled {}", col,
                     col + c.width, buffer_name, in_base ? "the base" : "all"));
     col += c.width;
     ++report->consumers;
   }
-  norm->set_prezero({n_total, n_base});
+  norm->set_prezero({n_total, n_base, max_rows});
   g.nodes()[donor].outputs.push_back(buffer);
   g.nodes()[donor].notes.push_back(fmt::format(
       "prezero donor: fills {} [T, {}] (all, or the first {} columns, by the gate)", buffer_name, n_total, n_base));
