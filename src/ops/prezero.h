@@ -13,6 +13,8 @@
 //   else only the first n_base columns if is_prezero_free(m, n_base) (the
 //   consumers past n_base then zero their own slices),
 //   else nothing (every consumer zeroes its own slice).
+// Above the most rows at which any consumer honours zero_init (on CUDA the
+// split-K kernel serves m <= 64; PrezeroDonor::max_rows) nothing is filled.
 // A consumer accumulates into its slice exactly when the donor's decision
 // covered it, so ON and OFF compute the same values.
 #pragma once
