@@ -65,7 +65,7 @@ class GpuPrezeroTest : public ::testing::Test {
   }
 };
 
-// The first batch size <= 64 taking each outcome: {all, base, none}.
+// The smallest batch size <= 64 taking each outcome: {all, base, none}.
 std::array<int64_t, 3> sizes_for_outcomes() {
   std::array<int64_t, 3> s = {0, 0, 0};
   for (int64_t m = 64; m >= 1; --m) {
