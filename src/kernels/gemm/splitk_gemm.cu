@@ -206,7 +206,9 @@ int splitk_default_splits(int64_t m, int64_t n, int64_t k, int num_sms) {
   const int64_t k_blocks = std::max<int64_t>(1, ceil_div64(k, kSplitKBlockK));
   const int64_t m8 = ceil_div64(std::max<int64_t>(m, 1), 8) * 8;
   const int64_t min_blocks = ceil_div64(std::max<int64_t>(kSplitKBlockK, 4 * m8), kSplitKBlockK);
-  int64_t s = ceil_div64(3 * static_cast<int64_t>(num_sms), row_tiles);
+  // CTAs resident per SM: 3 (2 for m > 32, whose 64-token tiles take ~210 registers a thread).
+  const int64_t ctas_per_sm = m > 32 ? 2 : 3;
+  int64_t s = ceil_div64(ctas_per_sm * num_sms, row_tiles);
   s = std::min(s, std::max<int64_t>(1, k_blocks / min_blocks));
   s = std::min<int64_t>(s, kSplitKMaxSplits);
   return static_cast<int>(std::max<int64_t>(s, 1));

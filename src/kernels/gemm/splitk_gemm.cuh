@@ -71,7 +71,7 @@ struct SplitKWorkspace {
 cudaError_t splitk_check(const SplitKGemmArgs& a);
 
 // The split count the launcher uses for splits = 0: about three CTAs per SM
-// over (n / 32 row tiles) x splits, each split at least max(128, 4 * m
+// (two for m > 32) over (n / 32 row tiles) x splits, each split at least max(128, 4 * m
 // rounded up to 8) deep in K (so the f32 partial sums a CTA adds, 32 x m,
 // stay small next to the 32 x k_split weights it reads), at most 32 and at
 // most ceil(k / 128). A heuristic: bench/splitk_bench.cpp sweeps the count
