@@ -26,7 +26,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -138,6 +140,14 @@ std::vector<int64_t> parse_list(const char* s) {
   return v;
 }
 
+// models/: $NUCLEUS_MODELS_DIR, else ./models (run from the repository root),
+// else the source tree's.
+std::string models_dir() {
+  if (const char* d = std::getenv("NUCLEUS_MODELS_DIR")) return d;
+  if (std::filesystem::exists("models/configs")) return "models";
+  return std::string(NUCLEUS_SOURCE_DIR) + "/models";
+}
+
 // The prezero consumers' GEMMs and the two donors of one model config.
 void shapes_of(const ModelConfig& c, const std::string& model, std::vector<Shape>* shapes,
                std::vector<Donor>* donors) {
@@ -191,7 +201,7 @@ int main(int argc, char** argv) {
   for (const auto& [key, file, label] : {std::tuple{"v2lite", "deepseek-v2-lite", "V2-Lite"},
                                          std::tuple{"v3", "deepseek-v3", "V3"}}) {
     if (!model_filter.empty() && model_filter != key) continue;
-    auto cfg = load_model_config(std::string(NUCLEUS_SOURCE_DIR) + "/models/configs/" + file + ".config.json");
+    auto cfg = load_model_config(models_dir() + "/configs/" + file + ".config.json");
     if (!cfg.ok()) {
       std::fprintf(stderr, "splitk_bench: %s\n", cfg.status().to_string().c_str());
       return 1;
