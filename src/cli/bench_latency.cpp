@@ -20,6 +20,7 @@
 #include "cli/engine_args.h"
 #include "core/device.h"
 #include "core/logging.h"
+#include "ops/splitk.h"
 
 namespace nucleus::cli {
 
@@ -220,6 +221,9 @@ int run_bench_latency(int argc, char** argv) {
   std::printf("nucleus bench latency: %s, %s, output %lld, %lld timed run(s), %s\n", mc.model_type.c_str(),
               device_name(e.model().options().device), static_cast<long long>(output_len),
               static_cast<long long>(num_iters), args.load_format == "dummy" ? "dummy weights" : args.model.c_str());
+  std::printf("passes: split-K %s%s, prezero %s (NUCLEUS_SPLITK, NUCLEUS_SPLITK_DETERMINISTIC, NUCLEUS_ENABLE_PREZERO)\n",
+              splitk_switch() == SplitKSwitch::kOff ? "off" : splitk_switch() == SplitKSwitch::kOn ? "on" : "auto",
+              splitk_deterministic() ? " deterministic" : "", e.model().options().enable_prezero ? "on" : "off");
   std::printf("weights: dense %.2f GB, one routed expert %.2f MB; KV %lld bytes/token\n", wb.dense / 1e9,
               wb.per_expert / 1e6, static_cast<long long>(e.model().kv_bytes_per_token()));
   std::printf("%6s %6s %11s %13s %11s %12s %9s %11s %9s %9s\n", "input", "batch", "prefill_ms", "prefill_tok/s",

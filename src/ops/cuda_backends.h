@@ -19,11 +19,22 @@ kernels::WeightView weight_view(const LinearWeight& w);
 void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
                     int64_t out_stride, bool accumulate);
 
+// Blocks a prezero donor gives its zero-fill of `bytes` bytes beside the
+// norm's `rows` blocks: one per kPrezeroFillBytesPerBlock, at least one, at
+// most the SMs the norm leaves idle.
+constexpr int64_t kPrezeroFillBytesPerBlock = 32 * 1024;
+int prezero_fill_blocks(int64_t rows, int64_t bytes);
+
 void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void rmsnorm(RmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void silu_mul(SiluMulOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void gather_logit_rows(GatherLogitRowsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
+// cuda_splitk (ops/linear_splitk_cuda.cpp): decode GEMMs of bf16 weights that
+// splitk_max_rows() takes, split-K into an f32 output (ops/splitk.h).
+Status linear_splitk_supports(const LinearOp& op);
+void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
 Status linear_cublaslt_supports(const LinearOp& op);
 void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

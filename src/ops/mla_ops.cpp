@@ -41,12 +41,16 @@ const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
   static const std::vector<Backend<RopeKvCacheWriteOp>> list = {
       {"cpu_ref", Device::kCpu,
        [](const RopeKvCacheWriteOp&) -> Status { return ok_status(); },
-       [](RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList&) {
+       [](RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
          const auto& d = op.dims();
          const StepInputs& si = *ctx.inputs;
          KvCache& kv = *ctx.kv_cache;
          check_cache_dtype(kv, op.cache_dtype(), "rope_kv_cache_write");
-         const Tensor& q = in[0];
+         const Tensor& q = out[0];
+         if (q.raw() != in[0].raw())  // out of place: rotate a copy
+           for (int64_t t = 0; t < q.dim(0); ++t)
+             std::memcpy(q.data<float>() + t * q.row_numel(), in[0].data<float>() + t * in[0].row_numel(),
+                         q.dim(1) * sizeof(float));
          const Tensor& kv_a = in[1];
          const int64_t q_stride = q.row_numel(), kv_stride = kv_a.row_numel();
          auto* cache = static_cast<char*>(kv.layer_data(op.layer()));

@@ -17,8 +17,10 @@ namespace nucleus {
 // value (f32), its bf16 rounding, or e4m3(value / k_scale[layer]) (FP8).
 // kv_a's first kv_lora columns must already be normalised (kv_a_layernorm).
 // Buffers: in = {q [T, num_heads * qk_head], kv_a [T, kv_lora + qk_rope]};
-// out = {q} (in place). The same kernel writes prefill and decode rows, so a
-// token's row does not depend on the step that wrote it.
+// out = {q} (in place), or, when in[0] is a split-K GEMM's f32 output
+// (graph/passes/splitk_pass.h), out = {the declared q buffer}: q written whole
+// from in[0] (q_nope copied, q_pe rotated). The same kernel writes prefill and
+// decode rows, so a token's row does not depend on the step that wrote it.
 class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
  public:
   // `inv_freq_device` ([qk_rope / 2] f32 on the device, CUDA only) and
@@ -32,6 +34,7 @@ class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
         attention_factor_(attention_factor), cache_dtype_(cache_dtype) {}
   const char* kind() const override { return "rope_kv_cache_write"; }
   std::string attrs() const override;
+  bool accepts_f32_input(size_t index) const override { return index == 0; }
   static const std::vector<Backend<RopeKvCacheWriteOp>>& backends();
   int64_t layer() const { return layer_; }
   const kernels::RopeTable& rope() const { return *rope_; }

@@ -41,13 +41,19 @@ Status cuda_cache_dtype_supported(KvCacheDtype d) {
 
 Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
 
-void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList&) {
+void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const auto& d = op.dims();
   KvCache& kv = *ctx.kv_cache;
   check_cache_dtype(kv, op.cache_dtype(), "rope_kv_cache_write");
   kernels::RopeKvCacheParams p;
-  p.q = in[0].data<__nv_bfloat16>();
-  p.q_stride = in[0].row_numel();
+  p.q = out[0].data<__nv_bfloat16>();
+  p.q_stride = out[0].row_numel();
+  if (in[0].dtype() == DType::kF32) {  // a split-K GEMM's output: written whole into the bf16 q
+    p.q_in = in[0].data<float>();
+    p.q_in_stride = in[0].row_numel();
+  } else {
+    NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "rope: a bf16 q is rotated in place");
+  }
   p.kv_a = in[1].data<__nv_bfloat16>();
   p.kv_stride = in[1].row_numel();
   p.positions = ctx.dev->positions;

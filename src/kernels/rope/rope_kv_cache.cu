@@ -50,7 +50,15 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
     s *= p.attention_factor;
     if (h < p.num_heads) {
       __nv_bfloat16* x = p.q + t * p.q_stride + h * qk_head + p.qk_nope + 2 * i;
-      const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
+      float a, b;
+      if (p.q_in) {
+        const float* xi = p.q_in + t * p.q_in_stride + h * qk_head + p.qk_nope + 2 * i;
+        a = xi[0];
+        b = xi[1];
+      } else {
+        a = __bfloat162float(x[0]);
+        b = __bfloat162float(x[1]);
+      }
       x[0] = __float2bfloat16(a * c - b * s);
       x[1] = __float2bfloat16(b * c + a * s);
     } else if (cache_row) {
@@ -58,6 +66,12 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
       const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
       Store::put(cache_row, p.kv_lora + 2 * i, a * c - b * s, p.k_scale);
       Store::put(cache_row, p.kv_lora + 2 * i + 1, b * c + a * s, p.k_scale);
+    }
+  }
+  if (p.q_in) {  // q_nope of every head, converted
+    for (int idx = threadIdx.x; idx < p.num_heads * p.qk_nope; idx += blockDim.x) {
+      const int h = idx / p.qk_nope, i = idx % p.qk_nope;
+      p.q[t * p.q_stride + h * qk_head + i] = __float2bfloat16(p.q_in[t * p.q_in_stride + h * qk_head + i]);
     }
   }
   if (cache_row) {

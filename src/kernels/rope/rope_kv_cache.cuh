@@ -17,6 +17,11 @@ namespace nucleus::kernels {
 struct RopeKvCacheParams {
   __nv_bfloat16* q = nullptr;  // [num_tokens, q_stride], head h at h * (qk_nope + qk_rope); RoPE in place
   int64_t q_stride = 0;
+  // Optional f32 source of q ([num_tokens, q_in_stride], a split-K GEMM's
+  // output): when set, q is written whole from it (q_nope converted, q_pe
+  // rotated) instead of rotated in place.
+  const float* q_in = nullptr;
+  int64_t q_in_stride = 0;
   const __nv_bfloat16* kv_a = nullptr;  // [num_tokens, kv_stride]: [c_kv normalised (kv_lora) | k_pe (qk_rope)]
   int64_t kv_stride = 0;
   const int32_t* positions = nullptr;  // [num_tokens]

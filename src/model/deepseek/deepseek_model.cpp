@@ -8,10 +8,14 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "core/logging.h"
+#include "graph/op_profiler.h"
 #include "graph/passes/prezero_pass.h"
+#include "graph/passes/splitk_pass.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
 #include "ops/moe_ops.h"
+#include "ops/prezero.h"
+#include "ops/splitk.h"
 
 namespace nucleus {
 
@@ -26,11 +30,16 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, co
 
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig& config, ModelWeights weights,
                                                                 const ModelOptions& options) {
+  NUCLEUS_RETURN_IF_ERROR(splitk_env_status());
+  NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options));
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
   NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
   m->build(m->prefill_graph_, StepKind::kPrefill);
   m->build(m->decode_graph_, StepKind::kDecode);
+  // Decode GEMMs may run split-K (ops/splitk.h); prefill GEMMs never do.
+  for (Node& n : m->decode_graph_.nodes())
+    if (auto* lin = dynamic_cast<LinearOp*>(n.op.get())) lin->set_splitk_allowed(true);
   NUCLEUS_RETURN_IF_ERROR(m->prefill_graph_.select_backends(options.device).with_context("prefill graph"));
   NUCLEUS_RETURN_IF_ERROR(m->decode_graph_.select_backends(options.device).with_context("decode graph"));
   // Prefill segments: attention and the logits tail run eagerly.
@@ -45,13 +54,17 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   const bool dump = env_flag("NUCLEUS_DUMP_GRAPH");
   if (dump) {
     std::fputs(m->prefill_graph_.dump("prefill").c_str(), stderr);
-    std::fputs(m->decode_graph_.dump(options.enable_prezero ? "decode (before passes)" : "decode").c_str(), stderr);
+    std::fputs(m->decode_graph_.dump("decode (before passes)").c_str(), stderr);
   }
-  if (options.enable_prezero) {  // decode only: never in prefill
+  // Passes, decode graph only (never prefill): split-K outputs in f32, then prezero.
+  NUCLEUS_ASSIGN_OR_RETURN(SplitKPassReport sk, apply_splitk_pass(m->decode_graph_, options.device));
+  if (sk.redirected + sk.reselected > 0)
+    NUCLEUS_LOG_INFO("split-K pass: {} decode GEMMs write f32, {} kept off split-K", sk.redirected, sk.reselected);
+  if (options.enable_prezero) {
     NUCLEUS_ASSIGN_OR_RETURN(PrezeroPassReport r, apply_prezero_pass(m->decode_graph_));
     NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
-    if (dump) std::fputs(m->decode_graph_.dump("decode (after passes)").c_str(), stderr);
   }
+  if (dump) std::fputs(m->decode_graph_.dump("decode (after passes)").c_str(), stderr);
   return m;
 }
 
@@ -264,6 +277,7 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
     NUCLEUS_CHECK(p >= 0 && p < config_.max_position_embeddings, "position {} outside [0, {})", p,
                   config_.max_position_embeddings);
   const bool decode = inputs.is_decode();
+  if (op_profiling_enabled()) op_profile_set_phase(decode ? "decode" : "prefill");
   StepGraph& g = graph(decode ? StepKind::kDecode : StepKind::kPrefill);
   StepBuffers& sb = decode ? decode_buffers_ : prefill_buffers_;
   OpContext ctx;
@@ -456,6 +470,7 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
   decode_graphs_.clear();
   token_graphs_.clear();
   if (options_.device != Device::kCuda) return size_t{0};
+  if (op_profiling_enabled()) op_profile_set_phase("graph warm-up");
   const int64_t largest = options_.cuda_graph_sizes.empty() ? 1 : options_.cuda_graph_sizes.back();
   const int32_t width = static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1));
   uploader_->reserve({largest, largest, largest * width, largest});
