@@ -237,8 +237,12 @@ void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits)
   prefill_buffers_.for_step(prefill_graph_, max_tokens, max_logits, options_.device);
   decode_buffers_.for_step(decode_graph_, max_logits, max_logits, options_.device);
   if (uploader_) {
-    const int64_t width = std::max<int64_t>(options_.max_blocks_per_seq, 1);
-    uploader_->reserve({std::max(max_tokens, max_logits), max_logits, max_logits * width, max_logits});
+    // One sequence more than a step can hold: a padded token-graph step adds
+    // its pad sequence. Without it, a step of max_num_seqs sequences padded
+    // to a bucket grew (reallocated) the upload buffer under the captured
+    // graphs, which then read freed memory.
+    const int64_t width = std::max<int64_t>(options_.max_blocks_per_seq, 1), seqs = max_logits + 1;
+    uploader_->reserve({std::max(max_tokens, max_logits), seqs, seqs * width, max_logits});
   }
 }
 
@@ -356,6 +360,20 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
   std::vector<Tensor> full_copy = full;  // views at bucket height
   const std::vector<Tensor>& real = prefill_buffers_.for_step(g, T, inputs.num_logits(), options_.device);
   DeviceStepInputs dev = uploader_->upload(padded);
+  if (uploader_->generation() != graphs_generation_) {
+    // The padded step outgrew the upload buffer, which moved: the graphs
+    // hold the old addresses. Run this step eagerly (the buffer now fits).
+    NUCLEUS_LOG_DEBUG("prefill step of {} tokens runs eagerly (the padded metadata outgrew the reserved buffer)", T);
+    const std::vector<Tensor>& buffers = prefill_buffers_.for_step(g, T, inputs.num_logits(), options_.device);
+    DeviceStepInputs eager_dev = uploader_->upload(inputs);
+    OpContext ectx;
+    ectx.device = options_.device;
+    ectx.kv_cache = &kv_cache;
+    ectx.inputs = &inputs;
+    ectx.dev = &eager_dev;
+    run_nodes(g, ectx, buffers, 0, g.nodes().size());
+    return buffers[g.find_buffer("logits")];
+  }
   // The eager regions see the real rows only: the pad sequence (the last
   // one) must not count among the one-token rows that decode attention
   // serves, as it would when the pad is a single row.
