@@ -1,14 +1,16 @@
 // NUCLEUS_BENCH_NEEDS_CUDA
 // Absorbed MLA decode attention (the mla_decode op: q absorption, attention
-// over the paged bf16 latent cache, output projection) per backend, on
-// decode steps of `batch` sequences of `context` keys each, page 64, random
-// block tables. Each call uses another layer of a cache larger than L2
-// (rotation), calls are captured in a CUDA graph and timed with events:
-// median of the replays. Bytes moved = KV rows read (batch * context * 1152)
-// + q read + output written (kv_b_proj weights, which stay in L2 here, are
-// not counted). Prints time, GB/s, % of 4.3 TB/s and of 4.58 TB/s (the
-// measured read-stream ceiling), and TFLOP/s of the attention proper.
-//   mla_decode_bench [--quick]
+// over the paged latent cache, output projection) per backend and cache
+// dtype (bf16, FP8 e4m3 with k_scale), on decode steps of `batch` sequences
+// of `context` keys each, page 64, random block tables. Each call uses
+// another layer of a cache larger than L2 (rotation), calls are captured in
+// a CUDA graph and timed with events: median of the replays. Bytes moved =
+// KV rows read (batch * context * 576 * 2 B bf16, * 1 B FP8) + q read +
+// output written (kv_b_proj weights, which stay in L2 here, are not
+// counted). Prints time, GB/s, % of 4.3 TB/s and of 4.58 TB/s (the measured
+// read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
+// GB of cache holds per layer and for DeepSeek-V3's 61 layers.
+//   mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|both]  (default both)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +37,17 @@ namespace {
 constexpr int kNope = 128, kRope = 64, kVHead = 128, kLora = 512, kLatent = 576, kBlock = 64;
 constexpr double kL2RotateBytes = 256e6;  // cache bytes touched before a layer repeats
 
+// Random latent rows stored as e4m3(value / k_scale) bytes.
+Tensor device_random_fp8(int64_t n, float scale, float k_scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<uint8_t> h(n);
+  for (auto& x : h) x = f32_to_fp8e4m3(d(rng) / k_scale);
+  Tensor t = Tensor::empty({n}, DType::kF8E4M3, Device::kCuda);
+  copy_to_device(t.raw(), h.data(), h.size());
+  return t;
+}
+
 Tensor device_random_bf16(int64_t n, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);
@@ -53,19 +66,22 @@ struct Result {
 
 struct Setup {
   int batch, context, heads, layers;
+  KvCacheDtype cache_dtype;
   StepInputs si;
   KvCache kv;
   LinearWeight w;
   Tensor q, out, q_lat, o_lat;
 };
 
-std::unique_ptr<Setup> make_setup(int batch, int context, int heads) {
+std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtype cache_dtype) {
   auto s = std::make_unique<Setup>();
   s->batch = batch;
   s->context = context;
   s->heads = heads;
+  s->cache_dtype = cache_dtype;
+  const bool fp8 = cache_dtype == KvCacheDtype::kFp8E4M3;
   const int nb = (context + kBlock - 1) / kBlock, blocks = batch * nb;
-  const double layer_bytes = static_cast<double>(blocks) * kBlock * kLatent * 2;
+  const double layer_bytes = static_cast<double>(blocks) * kBlock * kLatent * (fp8 ? 1 : 2);
   s->layers = std::clamp(static_cast<int>(kL2RotateBytes / layer_bytes) + 1, 1, 256);
   std::mt19937_64 rng(7);
   std::vector<int32_t> perm(blocks);
@@ -86,8 +102,11 @@ std::unique_ptr<Setup> make_setup(int batch, int context, int heads) {
   s->kv.num_blocks = blocks;
   s->kv.block_size = kBlock;
   s->kv.width = kLatent;
-  s->kv.data = device_random_bf16(static_cast<int64_t>(s->layers) * blocks * kBlock * kLatent, 1.0f, 1)
+  const int64_t cache_numel = static_cast<int64_t>(s->layers) * blocks * kBlock * kLatent;
+  constexpr float kKScale = 1.0f / 448.0f;  // values in [-1, 1] use e4m3's whole range
+  s->kv.data = (fp8 ? device_random_fp8(cache_numel, 1.0f, kKScale, 1) : device_random_bf16(cache_numel, 1.0f, 1))
                    .view({s->layers, blocks, kBlock, kLatent});
+  if (fp8) s->kv.k_scale.assign(static_cast<size_t>(s->layers), kKScale);
   const int64_t wn = static_cast<int64_t>(heads) * (kNope + kVHead);
   s->w.weight = device_random_bf16(wn * kLora, 0.1f, 2).view({wn, kLora});
   s->w.out_features = wn;
@@ -113,7 +132,7 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   kernels::MlaDims dims{s.heads, kNope, kRope, kVHead, kLora, 0.135234f};
   std::vector<std::unique_ptr<MlaDecodeAttentionOp>> ops;
   for (int l = 0; l < s.layers; ++l)
-    ops.push_back(std::make_unique<MlaDecodeAttentionOp>(l, &s.w, dims, AttentionMode::kAuto));
+    ops.push_back(std::make_unique<MlaDecodeAttentionOp>(l, &s.w, dims, AttentionMode::kAuto, s.cache_dtype));
   Status st = b->supports ? b->supports(*ops[0]) : ok_status();
   if (!st.ok()) {
     r.why = st.message();
@@ -183,7 +202,27 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  std::vector<KvCacheDtype> cache_dtypes = {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--kv-cache-dtype" && i + 1 < argc && std::string(argv[i + 1]) == "both") {
+      ++i;
+    } else if (a == "--kv-cache-dtype" && i + 1 < argc) {
+      auto d = parse_kv_cache_dtype(argv[++i]);
+      if (!d.ok() || !d->has_value()) {
+        std::fprintf(stderr, "mla_decode_bench: %s\n",
+                     d.ok() ? "--kv-cache-dtype: bf16, fp8, fp8_e4m3 or both" : d.status().message().c_str());
+        return 2;
+      }
+      cache_dtypes = {**d};
+    } else {
+      std::fprintf(stderr, "usage: mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|both]\n");
+      return 2;
+    }
+  }
   auto c = cuda::get_context();
   if (!c.ok()) {
     std::fprintf(stderr, "mla_decode_bench: %s\n", c.status().to_string().c_str());
@@ -191,10 +230,16 @@ int main(int argc, char** argv) {
   }
   // Every replay here has the captured rows and key counts.
   kernels::flashinfer_mla_set_capture_static(true);
-  std::printf("# mla_decode_bench on %s (%d SMs), page %d, bf16 cache, bf16 kv_b_proj\n", (*c)->name.c_str(),
-              (*c)->num_sms, kBlock);
-  std::printf("%-6s %-7s %-5s %-11s %10s %9s %8s %7s %7s %8s\n", "batch", "context", "heads", "backend", "us/call",
-              "MB", "GB/s", "%4.3T", "%4.58T", "TFLOP/s");
+  std::printf("# mla_decode_bench on %s (%d SMs), page %d, bf16 kv_b_proj\n", (*c)->name.c_str(), (*c)->num_sms,
+              kBlock);
+  for (KvCacheDtype d : cache_dtypes) {
+    const double row = kLatent * static_cast<double>(dtype_size(kv_cache_storage_dtype(d)));
+    std::printf("# %s cache: %.0f B per token and layer: %.0f tokens/GB per layer, %.0f tokens/GB at 61 layers "
+                "(DeepSeek-V3)\n",
+                kv_cache_dtype_name(d), row, 1e9 / row, 1e9 / (61 * row));
+  }
+  std::printf("%-6s %-7s %-5s %-9s %-11s %10s %9s %8s %7s %7s %8s\n", "batch", "context", "heads", "cache", "backend",
+              "us/call", "MB", "GB/s", "%4.3T", "%4.58T", "TFLOP/s");
   struct Shape {
     int batch, context;
   };
@@ -203,26 +248,30 @@ int main(int argc, char** argv) {
   if (quick) shapes = {{64, 4096}, {1, 1024}};
   for (const Shape& sh : shapes) {
     for (int heads : {16, 128}) {
-      auto s = make_setup(sh.batch, sh.context, heads);
-      DeviceInputUploader uploader;
-      const DeviceStepInputs dev = uploader.upload(s->si);
-      const double bytes = static_cast<double>(sh.batch) * sh.context * kLatent * 2 +
-                           static_cast<double>(sh.batch) * heads * (kNope + kRope + kVHead) * 2;
-      // Attention FLOPs: scores (576) and output (512) per head and key.
-      const double flops = 2.0 * sh.batch * heads * static_cast<double>(sh.context) * (kLatent + kLora);
-      for (const char* backend : {"nucleus", "flashinfer", "cuda_naive"}) {
-        if (std::strcmp(backend, "cuda_naive") == 0 && static_cast<double>(sh.batch) * heads * sh.context > 3e7)
-          continue;  // minutes per call set; its order of magnitude shows on the smaller shapes
-        Result r = time_backend(*s, backend, dev);
-        if (!r.ok) {
-          std::printf("%-6d %-7d %-5d %-11s refused: %s\n", sh.batch, sh.context, heads, backend, r.why.c_str());
-          continue;
+      for (KvCacheDtype d : cache_dtypes) {
+        auto s = make_setup(sh.batch, sh.context, heads, d);
+        DeviceInputUploader uploader;
+        const DeviceStepInputs dev = uploader.upload(s->si);
+        const double elem = static_cast<double>(dtype_size(kv_cache_storage_dtype(d)));
+        const double bytes = static_cast<double>(sh.batch) * sh.context * kLatent * elem +
+                             static_cast<double>(sh.batch) * heads * (kNope + kRope + kVHead) * 2;
+        // Attention FLOPs: scores (576) and output (512) per head and key.
+        const double flops = 2.0 * sh.batch * heads * static_cast<double>(sh.context) * (kLatent + kLora);
+        for (const char* backend : {"nucleus", "flashinfer", "cuda_naive"}) {
+          if (std::strcmp(backend, "cuda_naive") == 0 && static_cast<double>(sh.batch) * heads * sh.context > 3e7)
+            continue;  // minutes per call set; its order of magnitude shows on the smaller shapes
+          Result r = time_backend(*s, backend, dev);
+          if (!r.ok) {
+            std::printf("%-6d %-7d %-5d %-9s %-11s refused: %s\n", sh.batch, sh.context, heads,
+                        kv_cache_dtype_name(d), backend, r.why.c_str());
+            continue;
+          }
+          const double gbs = bytes / (r.us * 1e-6) / 1e9;
+          std::printf("%-6d %-7d %-5d %-9s %-11s %10.2f %9.2f %8.0f %6.1f%% %6.1f%% %8.1f %s\n", sh.batch, sh.context,
+                      heads, kv_cache_dtype_name(d), backend, r.us, bytes / 1e6, gbs, 100.0 * gbs / 4300.0,
+                      100.0 * gbs / 4580.0, flops / (r.us * 1e-6) / 1e12, r.why.c_str());
+          std::fflush(stdout);
         }
-        const double gbs = bytes / (r.us * 1e-6) / 1e9;
-        std::printf("%-6d %-7d %-5d %-11s %10.2f %9.2f %8.0f %6.1f%% %6.1f%% %8.1f %s\n", sh.batch, sh.context, heads,
-                    backend, r.us, bytes / 1e6, gbs, 100.0 * gbs / 4300.0, 100.0 * gbs / 4580.0,
-                    flops / (r.us * 1e-6) / 1e12, r.why.c_str());
-        std::fflush(stdout);
       }
     }
   }

@@ -8,6 +8,7 @@
 // (batch x context x bytes per cached token). Achieved bandwidth = bytes /
 // measured step time, against 4.3 TB/s (the figure) and 4.58 TB/s
 // (the read-only stream measured on the H200).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "cli/engine_args.h"
 #include "core/device.h"
 #include "core/logging.h"
+#include "ops/splitk.h"
 
 namespace nucleus::cli {
 
@@ -28,7 +30,7 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s) {
+StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s, const char* flag) {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string item;
@@ -39,15 +41,15 @@ StatusOr<std::vector<int64_t>> parse_sizes(const std::string& s) {
       if (used != item.size() || v < 1) throw std::invalid_argument(item);
       out.push_back(v);
     } catch (...) {
-      return invalid_argument("--batch-sizes: '" + item + "' is not a positive integer");
+      return invalid_argument(std::string(flag) + ": '" + item + "' is not a positive integer");
     }
   }
-  if (out.empty()) return invalid_argument("--batch-sizes is empty");
+  if (out.empty()) return invalid_argument(std::string(flag) + " is empty");
   return out;
 }
 
 struct Result {
-  int64_t batch = 0;
+  int64_t batch = 0, input_len = 0;
   double prefill_s = 0, decode_step_s = 0;
   double decode_bytes = 0;
   int64_t experts_per_step = 0;
@@ -59,10 +61,15 @@ int run_bench_latency(int argc, char** argv) {
   CLI::App app{"nucleus bench latency: prefill and decode latency at given batch sizes", "nucleus bench latency"};
   EngineArgs args;
   args.add_to(app);
-  std::string batch_sizes = "1,8,32,128";
-  int64_t input_len = 1024, output_len = 128, seed = 0;
+  std::string batch_sizes = "1,8,32,128", input_lens = "1024";
+  int64_t output_len = 128, seed = 0, num_iters = 1;
   app.add_option("--batch-sizes", batch_sizes, "Comma-separated batch sizes")->capture_default_str();
-  app.add_option("--input-len", input_len, "Prompt tokens per request")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--input-len", input_lens, "Prompt tokens per request; a comma-separated list runs each")
+      ->capture_default_str();
+  app.add_option("--num-iters", num_iters,
+                 "Timed runs per (input length, batch); prefill reports the median, decode the mean")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000}));
   app.add_option("--output-len", output_len, "Generated tokens per request (>= 2: one from prefill, the rest timed decode)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
@@ -73,11 +80,17 @@ int run_bench_latency(int argc, char** argv) {
     return exit_code_for(app, e);
   }
   init_logging();
-  auto sizes = parse_sizes(batch_sizes);
+  auto sizes = parse_sizes(batch_sizes, "--batch-sizes");
   if (!sizes.ok()) {
     std::fprintf(stderr, "error: %s\n", sizes.status().message().c_str());
     return 2;
   }
+  auto lens = parse_sizes(input_lens, "--input-len");
+  if (!lens.ok()) {
+    std::fprintf(stderr, "error: %s\n", lens.status().message().c_str());
+    return 2;
+  }
+  const int64_t max_input_len = *std::max_element(lens->begin(), lens->end());
   const int64_t max_batch = *std::max_element(sizes->begin(), sizes->end());
   args.engine.max_num_seqs = std::max(args.engine.max_num_seqs, max_batch);
   auto device = resolve_device(args.device);
@@ -118,7 +131,7 @@ int run_bench_latency(int argc, char** argv) {
   EngineConfig ec = args.engine;
   ec.enable_prefix_caching = false;  // random prompts; measure the compute
   if (ec.max_model_len == 0)
-    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, input_len + 2 * output_len + 32);
+    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, max_input_len + 2 * output_len + 32);
   auto engine = LLMEngine::create(std::move(model), ec);
   if (!engine.ok()) {
     std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
@@ -129,58 +142,74 @@ int run_bench_latency(int argc, char** argv) {
   std::mt19937_64 rng(static_cast<uint64_t>(seed));
   std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(mc.vocab_size - 1));
   std::vector<Result> results;
-  for (int64_t batch : *sizes) {
-    SamplingParams sp;
-    sp.temperature = 0;
-    sp.ignore_eos = true;
-    // Room for every request to stay running through the timed decode steps
-    // (staggered prefill chunks give some requests a head start).
-    sp.max_tokens = static_cast<int32_t>(2 * output_len + 16);
-    for (int warm = 0; warm < 2; ++warm) {  // pass 0 warms up (allocations, cuBLASLt plans)
-      std::vector<std::string> ids;
-      for (int64_t i = 0; i < batch; ++i) {
-        std::vector<int32_t> prompt(input_len);
-        for (auto& t : prompt) t = tok(rng);
-        ids.push_back("b" + std::to_string(batch) + "w" + std::to_string(warm) + "_" + std::to_string(i));
-        Status s = e.add_request(ids.back(), prompt, sp);
-        if (!s.ok()) {
-          std::fprintf(stderr, "error: batch %lld: %s\n", static_cast<long long>(batch), s.message().c_str());
-          return 1;
+  for (int64_t input_len : *lens) {
+    for (int64_t batch : *sizes) {
+      SamplingParams sp;
+      sp.temperature = 0;
+      sp.ignore_eos = true;
+      // Room for every request to stay running through the timed decode steps
+      // (staggered prefill chunks give some requests a head start).
+      sp.max_tokens = static_cast<int32_t>(2 * output_len + 16);
+      std::vector<double> prefill_times;
+      double decode_total_s = 0;
+      int64_t decode_total_steps = 0;
+      StepStats stats;
+      // Run 0 warms up (allocations, cuBLASLt plans); runs 1..num_iters are timed.
+      for (int64_t run = 0; run <= num_iters; ++run) {
+        const bool timed = run > 0;
+        std::vector<std::string> ids;
+        for (int64_t i = 0; i < batch; ++i) {
+          std::vector<int32_t> prompt(input_len);
+          for (auto& t : prompt) t = tok(rng);
+          ids.push_back("i" + std::to_string(input_len) + "b" + std::to_string(batch) + "r" + std::to_string(run) + "_" +
+                        std::to_string(i));
+          Status s = e.add_request(ids.back(), prompt, sp);
+          if (!s.ok()) {
+            std::fprintf(stderr, "error: input %lld batch %lld: %s\n", static_cast<long long>(input_len),
+                         static_cast<long long>(batch), s.message().c_str());
+            return 1;
+          }
         }
+        const double t0 = now();
+        int64_t first_tokens = 0, decode_steps = 0;
+        // Prefill: until every request has its first token.
+        while (first_tokens < batch) {
+          for (const auto& o : e.step()) first_tokens += o.num_output_tokens == 1;
+          if (tty && timed)
+            std::fprintf(stderr, "\rinput %lld batch %lld run %lld: prefill %lld/%lld   ",
+                         static_cast<long long>(input_len), static_cast<long long>(batch), static_cast<long long>(run),
+                         static_cast<long long>(first_tokens), static_cast<long long>(batch));
+        }
+        if (timed) prefill_times.push_back(now() - t0);
+        // Decode: output_len - 1 steps, every one a pure decode step of `batch`
+        // sequences; then one more step with its routing recorded.
+        while (decode_steps < output_len - 1) {
+          const double ts = now();
+          auto outs = e.step();
+          if (timed) decode_total_s += now() - ts;
+          NUCLEUS_CHECK(static_cast<int64_t>(outs.size()) == batch, "decode step served {} of {} sequences",
+                        outs.size(), batch);
+          ++decode_steps;
+          if (tty && timed)
+            std::fprintf(stderr, "\rinput %lld batch %lld run %lld: decode %lld/%lld   ",
+                         static_cast<long long>(input_len), static_cast<long long>(batch), static_cast<long long>(run),
+                         static_cast<long long>(decode_steps), static_cast<long long>(output_len - 1));
+        }
+        if (timed) decode_total_steps += decode_steps;
+        if (run == num_iters) {
+          e.set_step_stats(&stats);
+          e.step();
+          e.set_step_stats(nullptr);
+        }
+        for (const auto& id : ids) e.abort(id);
       }
+      if (tty) std::fprintf(stderr, "\n");
       Result r;
       r.batch = batch;
-      const double t0 = now();
-      int64_t first_tokens = 0, decode_steps = 0;
-      // Prefill: until every request has its first token.
-      while (first_tokens < batch) {
-        for (const auto& o : e.step()) first_tokens += o.num_output_tokens == 1;
-        if (tty && warm == 1)
-          std::fprintf(stderr, "\rbatch %lld: prefill %lld/%lld", static_cast<long long>(batch),
-                       static_cast<long long>(first_tokens), static_cast<long long>(batch));
-      }
-      r.prefill_s = now() - t0;
-      // Decode: output_len - 1 steps, every one a pure decode step of `batch`
-      // sequences; then one more step with its routing recorded.
-      while (decode_steps < output_len - 1) {
-        const double ts = now();
-        auto outs = e.step();
-        r.decode_step_s += now() - ts;
-        NUCLEUS_CHECK(static_cast<int64_t>(outs.size()) == batch, "decode step served {} of {} sequences", outs.size(),
-                      batch);
-        ++decode_steps;
-        if (tty && warm == 1)
-          std::fprintf(stderr, "\rbatch %lld: decode %lld/%lld   ", static_cast<long long>(batch),
-                       static_cast<long long>(decode_steps), static_cast<long long>(output_len - 1));
-      }
-      StepStats stats;
-      e.set_step_stats(&stats);
-      e.step();
-      e.set_step_stats(nullptr);
-      for (const auto& id : ids) e.abort(id);
-      if (tty && warm == 1) std::fprintf(stderr, "\n");
-      if (warm == 0) continue;
-      r.decode_step_s /= std::max<int64_t>(decode_steps, 1);
+      r.input_len = input_len;
+      std::sort(prefill_times.begin(), prefill_times.end());
+      r.prefill_s = prefill_times[prefill_times.size() / 2];
+      r.decode_step_s = decode_total_s / static_cast<double>(std::max<int64_t>(decode_total_steps, 1));
       r.experts_per_step = stats.experts_activated;
       const double avg_context = input_len + output_len / 2.0;
       r.decode_bytes = static_cast<double>(wb.dense) + static_cast<double>(stats.experts_activated) * wb.per_expert +
@@ -188,19 +217,23 @@ int run_bench_latency(int argc, char** argv) {
       results.push_back(r);
     }
   }
-  std::printf("nucleus bench latency: %s, %s, input %lld, output %lld, %s\n", mc.model_type.c_str(),
-              device_name(e.model().options().device), static_cast<long long>(input_len),
-              static_cast<long long>(output_len), args.load_format == "dummy" ? "dummy weights" : args.model.c_str());
+  std::printf("nucleus bench latency: %s, %s, output %lld, %lld timed run(s), %s\n", mc.model_type.c_str(),
+              device_name(e.model().options().device), static_cast<long long>(output_len),
+              static_cast<long long>(num_iters), args.load_format == "dummy" ? "dummy weights" : args.model.c_str());
+  std::printf("passes: split-K %s%s, prezero %s (NUCLEUS_SPLITK, NUCLEUS_SPLITK_DETERMINISTIC, NUCLEUS_ENABLE_PREZERO)\n",
+              splitk_switch() == SplitKSwitch::kOff ? "off" : splitk_switch() == SplitKSwitch::kOn ? "on" : "auto",
+              splitk_deterministic() ? " deterministic" : "", e.model().options().enable_prezero ? "on" : "off");
   std::printf("weights: dense %.2f GB, one routed expert %.2f MB; KV %lld bytes/token\n", wb.dense / 1e9,
               wb.per_expert / 1e6, static_cast<long long>(e.model().kv_bytes_per_token()));
-  std::printf("%6s %11s %13s %11s %12s %9s %11s %9s %9s\n", "batch", "prefill_ms", "prefill_tok/s", "decode_ms",
-              "decode_tok/s", "experts", "GB/step", "%4.3TB/s", "%4.58TB/s");
+  std::printf("%6s %6s %11s %13s %11s %12s %9s %11s %9s %9s\n", "input", "batch", "prefill_ms", "prefill_tok/s",
+              "decode_ms", "decode_tok/s", "experts", "GB/step", "%4.3TB/s", "%4.58TB/s");
   for (const auto& r : results) {
     const double gbps = r.decode_bytes / r.decode_step_s / 1e9;
-    std::printf("%6lld %11.2f %13.0f %11.3f %12.0f %9lld %11.3f %8.1f%% %8.1f%%\n", static_cast<long long>(r.batch),
-                r.prefill_s * 1e3, r.batch * input_len / r.prefill_s, r.decode_step_s * 1e3,
-                r.batch / r.decode_step_s, static_cast<long long>(r.experts_per_step), r.decode_bytes / 1e9,
-                100.0 * gbps / 4300.0, 100.0 * gbps / 4580.0);
+    std::printf("%6lld %6lld %11.2f %13.0f %11.3f %12.0f %9lld %11.3f %8.1f%% %8.1f%%\n",
+                static_cast<long long>(r.input_len), static_cast<long long>(r.batch), r.prefill_s * 1e3,
+                r.batch * r.input_len / r.prefill_s, r.decode_step_s * 1e3, r.batch / r.decode_step_s,
+                static_cast<long long>(r.experts_per_step), r.decode_bytes / 1e9, 100.0 * gbps / 4300.0,
+                100.0 * gbps / 4580.0);
   }
   return 0;
 }

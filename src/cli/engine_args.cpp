@@ -1,6 +1,7 @@
 #include "cli/engine_args.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/device.h"
@@ -56,6 +57,24 @@ void EngineArgs::add_to(CLI::App& app) {
                  "Cached rows expanded at a time in prefill attention (longer contexts are merged by log-sum-exp)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-dtype", kv_cache_dtype,
+                 "Latent KV-cache storage: auto (bf16 on CUDA, f32 on the CPU), bf16, or fp8 / fp8_e4m3 (e4m3 with a "
+                 "per-layer k_scale: half the bytes of bf16)")
+      ->capture_default_str()
+      ->check([](const std::string& v) {  // one parser for every spelling: a usage error (exit 2) otherwise
+        auto r = parse_kv_cache_dtype(v);
+        return r.ok() ? std::string() : r.status().message();
+      });
+  app.add_option_function<double>(
+         "--kv-scale", [this](double v) { kv_scale = v; },
+         "k_scale of every layer of an FP8 KV cache (stored = e4m3(value / k_scale)), overriding the checkpoint's "
+         "k_scale / kv_scale tensors (default: those, else 1.0)")
+      ->check([](const std::string& v) {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        Status s = end && *end == '\0' ? check_k_scale(f, "--kv-scale") : invalid_argument("--kv-scale '" + v + "' is not a number");
+        return s.ok() ? std::string() : s.message();
+      });
 }
 
 StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
@@ -69,6 +88,12 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
   mo.tensor_parallel_size = tensor_parallel_size;
   mo.fuse_allreduce_norm = env_flag("NUCLEUS_FUSE_ALLREDUCE_NORM", true);
+  NUCLEUS_ASSIGN_OR_RETURN(mo.kv_cache_dtype, parse_kv_cache_dtype(kv_cache_dtype));
+  if (kv_scale) {
+    const auto f = static_cast<float>(*kv_scale);
+    NUCLEUS_RETURN_IF_ERROR(check_k_scale(f, "--kv-scale"));
+    mo.kv_scale = f;
+  }
   if (device == Device::kCuda && !enforce_eager) {
     if (token_graph_sizes) {
       for (int64_t s : *token_graph_sizes)
@@ -105,7 +130,7 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
   NUCLEUS_ASSIGN_OR_RETURN(Device device, resolve_device(args.device));
   NUCLEUS_ASSIGN_OR_RETURN(ModelOptions mo, args.model_options(device));
   const bool has_tokenizer = args.config_file.empty() && fs::exists(fs::path(args.model) / "tokenizer.json");
-  if (has_tokenizer || !dummy) {
+  if (!args.skip_tokenizer_init && (has_tokenizer || !dummy)) {
     NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
   }
   std::unique_ptr<DeepseekModel> model;

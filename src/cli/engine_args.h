@@ -16,6 +16,7 @@ namespace nucleus::cli {
 struct EngineArgs {
   std::string model;           // model directory
   std::string config_file;     // --config: config.json for --load-format dummy without a directory
+  bool skip_tokenizer_init = false;  // serve --skip-tokenizer-init: load no tokenizer (token-id prompts only)
   std::string device = "auto";  // cpu | cuda | auto
   std::string load_format = "auto";  // auto | dummy
   std::vector<std::string> overrides;
@@ -26,8 +27,12 @@ struct EngineArgs {
   std::optional<std::vector<int64_t>> token_graph_sizes;  // unset: defaults / env
   int64_t prefill_context_chunk = 8192;
   int64_t tensor_parallel_size = 1;  // --tensor-parallel-size / -tp
+  std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 | fp8_e4m3 (parse_kv_cache_dtype)
+  std::optional<double> kv_scale;       // --kv-scale (FP8 cache only)
 
-  // The model options these flags give for `device`.
+  // The model options these flags give for `device`. kInvalidArgument for a
+  // --kv-cache-dtype spelling other than auto, bf16, fp8, fp8_e4m3 (naming
+  // them) or a --kv-scale that is not finite and > 0.
   StatusOr<ModelOptions> model_options(Device device) const;
   bool no_prefix_caching = false;
 

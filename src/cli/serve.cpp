@@ -45,6 +45,9 @@ int run_serve(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--served-model-name", served_name,
                  "Model name in the API (default: the model directory's last component)");
+  app.add_flag("--skip-tokenizer-init", args.skip_tokenizer_init,
+               "Load no tokenizer: prompts must be token ids, responses carry token_ids and empty text "
+               "(e.g. dummy weights from --config)");
   app.add_option("--http-threads", config.http_threads,
                  "Connections served at once (streams and idle keep-alive connections included)")
       ->check(CLI::Range(4, 65536))
@@ -76,11 +79,15 @@ int run_serve(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<ChatTemplate> chat_template;
-  if (!loaded->tokenizer) {
-    std::fprintf(stderr, "error: serve needs the model's tokenizer files (tokenizer.json, tokenizer_config.json)\n");
+  if (!loaded->tokenizer && !args.skip_tokenizer_init) {
+    std::fprintf(stderr,
+                 "error: serve needs the model's tokenizer files (tokenizer.json, tokenizer_config.json); "
+                 "--skip-tokenizer-init serves token-id prompts without them\n");
     return 1;
   }
-  if (!loaded->tokenizer->chat_template().empty()) {
+  if (!loaded->tokenizer) {
+    NUCLEUS_LOG_WARN("--skip-tokenizer-init: token-id prompts only; chat, stop strings and logprobs are refused");
+  } else if (!loaded->tokenizer->chat_template().empty()) {
     auto t = ChatTemplate::parse(loaded->tokenizer->chat_template());
     if (t.ok())
       chat_template = std::make_unique<ChatTemplate>(std::move(*t));
@@ -89,12 +96,14 @@ int run_serve(int argc, char** argv) {
   } else {
     NUCLEUS_LOG_WARN("the model has no chat template; /v1/chat/completions will refuse requests");
   }
-  config.served_model_names = {served_name.empty() ? default_served_name(args.model) : served_name};
-  if (args.model != config.served_model_names[0]) config.served_model_names.push_back(args.model);
-  config.model_dir = args.model;
+  // With --config (dummy weights, no directory) the name is the config file's.
+  const std::string model_arg = args.config_file.empty() ? args.model : args.config_file;
+  config.served_model_names = {served_name.empty() ? default_served_name(model_arg) : served_name};
+  if (model_arg != config.served_model_names[0]) config.served_model_names.push_back(model_arg);
+  config.model_dir = model_arg;
 
   server::AsyncEngine engine(std::move(loaded->engine));
-  server::HttpServer http(config, engine, *loaded->tokenizer, chat_template.get());
+  server::HttpServer http(config, engine, loaded->tokenizer.get(), chat_template.get());
   if (Status s = http.bind(); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 1;

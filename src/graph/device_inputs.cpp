@@ -11,7 +11,10 @@
 namespace nucleus {
 
 DeviceInputUploader::~DeviceInputUploader() {
-  if (host_) cudaFreeHost(host_);
+  for (int h = 0; h < 2; ++h) {
+    if (host_[h]) cudaFreeHost(host_[h]);
+    if (copied_[h]) cudaEventDestroy(static_cast<cudaEvent_t>(copied_[h]));
+  }
   if (dev_) cudaFree(dev_);
 }
 
@@ -40,10 +43,17 @@ void DeviceInputUploader::layout() {
   offsets_[9] = total;
   cudaStream_t stream = cuda::context().stream;
   NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (host_) NUCLEUS_CUDA_CHECK(cudaFreeHost(host_));
+  for (int h = 0; h < 2; ++h) {
+    if (host_[h]) NUCLEUS_CUDA_CHECK(cudaFreeHost(host_[h]));
+    if (!copied_[h]) {
+      cudaEvent_t e;
+      NUCLEUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      copied_[h] = e;
+    }
+  }
   if (dev_) NUCLEUS_CUDA_CHECK(cudaFree(dev_));
   bytes_ = std::max<size_t>(total, 256);
-  NUCLEUS_CUDA_CHECK(cudaMallocHost(&host_, bytes_));
+  for (int h = 0; h < 2; ++h) NUCLEUS_CUDA_CHECK(cudaMallocHost(&host_[h], bytes_));
   NUCLEUS_CUDA_CHECK(cudaMalloc(&dev_, bytes_));
   ++generation_;
 }
@@ -80,16 +90,20 @@ DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in) {
   const size_t len[9] = {in.token_ids.size() * 4,    in.positions.size() * 4,    in.slot_mapping.size() * 8,
                          in.query_start.size() * 4,  in.context_lens.size() * 4, in.block_tables.size() * 4,
                          in.logit_indices.size() * 4, token_seq.size() * 4,      single_rows.size() * 4};
-  // The previous step's copies have completed: the engine synchronises at
-  // the end of every step (logits to the host).
+  // The half about to be rewritten was last read by copies two uploads ago;
+  // wait until they have run (usually long since).
   cudaStream_t stream = cuda::context().stream;
+  char* host = static_cast<char*>(host_[next_]);
+  cudaEvent_t copied = static_cast<cudaEvent_t>(copied_[next_]);
+  NUCLEUS_CUDA_CHECK(cudaEventSynchronize(copied));
   for (int i = 0; i < 9; ++i) {
     if (!len[i]) continue;
-    std::memcpy(static_cast<char*>(host_) + offsets_[i], src[i], len[i]);
-    NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets_[i],
-                                       static_cast<char*>(host_) + offsets_[i], len[i], cudaMemcpyHostToDevice,
-                                       stream));
+    std::memcpy(host + offsets_[i], src[i], len[i]);
+    NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets_[i], host + offsets_[i], len[i],
+                                       cudaMemcpyHostToDevice, stream));
   }
+  NUCLEUS_CUDA_CHECK(cudaEventRecord(copied, stream));
+  next_ ^= 1;
   auto at = [&](int i) { return static_cast<char*>(dev_) + offsets_[i]; };
   DeviceStepInputs d;
   d.token_ids = reinterpret_cast<const int32_t*>(at(0));

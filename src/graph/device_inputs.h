@@ -3,6 +3,13 @@
 // stream. Regions sit at offsets fixed by the reserved capacity, so the
 // device addresses are the same every step (CUDA graphs bake them in); a
 // step larger than the capacity grows the buffer and bumps generation().
+//
+// The pinned staging memory is double-buffered, each half guarded by an
+// event recorded after its copies: a step that returns nothing to the host
+// (a prefill chunk that samples no token) does not synchronise, so the host
+// may pack step n+1 while the copies of step n are still queued; it must not
+// overwrite the memory those copies read from. The host waits only when the
+// device is two whole steps behind.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +42,9 @@ class DeviceInputUploader {
   void layout();
   Capacity cap_;
   size_t offsets_[10] = {};
-  void* host_ = nullptr;
+  void* host_[2] = {nullptr, nullptr};  // pinned staging halves, used in turn
+  void* copied_[2] = {nullptr, nullptr};  // cudaEvent_t: the half's last copies have run
+  int next_ = 0;
   void* dev_ = nullptr;
   size_t bytes_ = 0;
   int64_t generation_ = 0;

@@ -58,9 +58,35 @@ bool capturing() {
 }
 }  // namespace
 
-bool op_profiling_enabled() {
-  static const bool on = env_flag("NUCLEUS_PROFILE_OPS");
+bool op_profiling_per_node() {
+  static const bool on = [] {
+    auto v = env_string("NUCLEUS_PROFILE_OPS");
+    return v && *v == "node";
+  }();
   return on;
+}
+
+bool op_profiling_enabled() {
+  static const bool on = env_flag("NUCLEUS_PROFILE_OPS") || op_profiling_per_node();
+  return on;
+}
+
+namespace {
+// Set by the model thread before each step's nodes; per thread, since
+// tensor-parallel ranks run their steps on their own threads at once.
+thread_local std::string t_phase;
+}  // namespace
+
+void op_profile_set_phase(const char* phase) { t_phase = phase; }
+
+std::string op_profile_label(const std::string& node_name, const std::string& kind, const std::string& backend) {
+  if (!op_profiling_per_node()) return kind + "/" + backend;
+  std::string name = node_name;
+  if (name.rfind("layers.", 0) == 0) {  // layers.<L>.rest -> layers.*.rest
+    const size_t dot = name.find('.', 7);
+    if (dot != std::string::npos) name = "layers.*" + name.substr(dot);
+  }
+  return name + " [" + kind + "/" + backend + "]";
 }
 
 void op_profile_begin() {
@@ -75,9 +101,10 @@ void op_profile_begin() {
   t_cpu_start = std::chrono::steady_clock::now();
 }
 
-void op_profile_end(const std::string& label) {
+void op_profile_end(const std::string& node_label) {
   if (capturing()) return;
   Profiler& p = profiler();
+  const std::string label = t_phase.empty() ? node_label : t_phase + " " + node_label;
   std::lock_guard<std::mutex> lock(p.mu);
 #ifdef NUCLEUS_HAVE_CUDA
   if (cuda_ready()) {
@@ -131,11 +158,27 @@ void op_profile_report() {
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   double total = 0;
   for (const auto& r : rows) total += r.second.ms;
-  std::fprintf(stderr, "op profile (NUCLEUS_PROFILE_OPS): %.3f ms in %zu op kinds\n", total, rows.size());
-  std::fprintf(stderr, "%-36s %10s %8s %10s %6s\n", "op/backend", "total_ms", "calls", "us/call", "%");
+  const int width = op_profiling_per_node() ? 78 : 44;
+  std::fprintf(stderr, "op profile (NUCLEUS_PROFILE_OPS): %.3f ms in %zu labels\n", total, rows.size());
+  std::fprintf(stderr, "%-*s %10s %8s %10s %6s\n", width, "phase op", "total_ms", "calls", "us/call", "%");
   for (const auto& [label, e] : rows)
-    std::fprintf(stderr, "%-36s %10.3f %8lld %10.2f %5.1f%%\n", label.c_str(), e.ms, static_cast<long long>(e.calls),
-                 1000.0 * e.ms / e.calls, 100.0 * e.ms / total);
+    std::fprintf(stderr, "%-*s %10.3f %8lld %10.2f %5.1f%%\n", width, label.c_str(), e.ms,
+                 static_cast<long long>(e.calls), 1000.0 * e.ms / e.calls, 100.0 * e.ms / total);
+  if (op_profiling_per_node()) {
+    // Per layer: every layers.* node's time over the layers run (input_layernorm calls).
+    std::map<std::string, std::pair<double, int64_t>> layers;  // phase -> (ms, layers run)
+    for (const auto& [label, e] : rows) {
+      const size_t at = label.find("layers.*.");
+      if (at == std::string::npos) continue;
+      auto& l = layers[label.substr(0, at)];
+      l.first += e.ms;
+      if (label.find("layers.*.input_layernorm ") != std::string::npos) l.second += e.calls;
+    }
+    for (const auto& [phase, l] : layers)
+      if (l.second > 0)
+        std::fprintf(stderr, "%slayer (all layers.* nodes): %.2f us per layer over %lld layer runs\n", phase.c_str(),
+                     1000.0 * l.first / l.second, static_cast<long long>(l.second));
+  }
   p.totals.clear();
 }
 

@@ -70,12 +70,13 @@ std::string StepGraph::dump(const std::string& title) const {
       if (i) s += ", ";
       const BufferDesc& b = buffers_[ids[i]];
       if (b.parent >= 0) {
-        s += fmt::format("{}[T,{}]=slice({},{})", b.name, b.width, buffers_[b.parent].name, b.col_offset);
+        s += fmt::format("{}[T,{},{}]=slice({},{})", b.name, b.width, dtype_name(b.dtype), buffers_[b.parent].name,
+                         b.col_offset);
         continue;
       }
-      s += fmt::format("{}[{}{}]", b.name,
+      s += fmt::format("{}[{}{},{}]", b.name,
                        b.rows == RowSpace::kTokens ? "T," : b.rows == RowSpace::kLogits ? "L," : fmt::format("{},", b.fixed_rows),
-                       b.width);
+                       b.width, dtype_name(b.dtype));
     }
     return s;
   };
@@ -135,7 +136,7 @@ void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buff
     if (op_profiling_enabled()) {
       op_profile_begin();
       n.op->run(ctx, in, out);
-      op_profile_end(std::string(n.op->kind()) + "/" + n.op->backend());
+      op_profile_end(op_profile_label(n.name, n.op->kind(), n.op->backend()));
     } else {
       n.op->run(ctx, in, out);
     }

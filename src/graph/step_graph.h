@@ -67,7 +67,8 @@ class StepGraph {
   int find_buffer(const std::string& name) const;  // -1 if absent
 
   // Text form: one line per node: index, name, op kind and attributes,
-  // backend, inputs -> outputs, and pass notes.
+  // backend, inputs -> outputs (name[rows,width,dtype], slices with their
+  // parent and column offset), and pass notes.
   std::string dump(const std::string& title) const;
 
  private:

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/parallel.h"
+#include "ops/kv_cache_dtype.h"
 
 namespace nucleus {
 
@@ -37,6 +38,9 @@ class TensorSource {
   virtual StatusOr<Tensor> scale_for(const std::string& weight_name, DType weight_dtype,
                                      const std::vector<int64_t>& weight_shape,
                                      const std::vector<int64_t>& scale_shape) = 0;
+  // The scalar tensor `name` as f32 when present (a float dtype, one
+  // element), nullopt when absent.
+  virtual StatusOr<std::optional<float>> optional_scalar(const std::string& name) { return std::optional<float>(); }
   virtual int64_t progress_total() const { return 0; }
   virtual int64_t progress_done() const { return 0; }
 };
@@ -89,6 +93,19 @@ class CheckpointSource : public TensorSource {
                               std::to_string(config_.weight_block_n) + "x" + std::to_string(config_.weight_block_k) +
                               " blocks needs " + shape_to_string(scale_shape));
     return ckpt_.view(*e);
+  }
+
+  StatusOr<std::optional<float>> optional_scalar(const std::string& name) override {
+    if (!ckpt_.contains(name)) return std::optional<float>();
+    NUCLEUS_ASSIGN_OR_RETURN(TensorEntry e, ckpt_.get(name));
+    used_.insert(name);
+    if (!is_float_dtype(e.dtype) || shape_numel(e.shape) != 1 || e.shape.size() > 1)
+      return invalid_argument(e.file + ": tensor '" + name + "' is " + dtype_name(e.dtype) + " " +
+                              shape_to_string(e.shape) + "; a KV-cache scale is one F32, BF16 or F16 value ([] or [1])");
+    const Tensor t = ckpt_.view(e);
+    float v = 0.0f;
+    convert_to_f32(t.raw(), t.dtype(), &v, 1);
+    return std::optional<float>(v);
   }
 
   // Tensors in the checkpoint that the model did not read (ignoring layers
@@ -239,6 +256,27 @@ class Loader {
     return lw;
   }
 
+  // The layer's FP8 KV-cache scale (see load_weights in weights.h). A scalar
+  // of the latent cache, which every rank keeps whole: replicated.
+  StatusOr<std::optional<float>> kv_cache_scale(const std::string& attn_prefix) {
+    std::optional<float> out;
+    std::string found;
+    for (const char* where : {"", "attn.", "mla_attn."}) {
+      for (const char* what : {"k_scale", "kv_scale", "v_scale"}) {
+        const std::string name = attn_prefix + where + what;
+        NUCLEUS_ASSIGN_OR_RETURN(std::optional<float> v, src_.optional_scalar(name));
+        if (!v || std::string(what) == "v_scale") continue;
+        NUCLEUS_RETURN_IF_ERROR(check_k_scale(*v, "checkpoint tensor '" + name + "'"));
+        if (out && *out != *v)
+          return invalid_argument("checkpoint KV-cache scales disagree: '" + found + "' = " + std::to_string(*out) +
+                                  " but '" + name + "' = " + std::to_string(*v));
+        out = v;
+        found = name;
+      }
+    }
+    return out;
+  }
+
   // gate_proj and up_proj column-parallel, down_proj row-parallel: a rank
   // computes its slice of the intermediate width; the ranks' down_proj
   // outputs are partial sums of the MLP's output.
@@ -274,6 +312,7 @@ class Loader {
     NUCLEUS_ASSIGN_OR_RETURN(a.kv_b_proj, linear(ap + "kv_b_proj", nh * (c_.qk_nope_head_dim + c_.v_head_dim),
                                                  c_.kv_lora_rank, ShardSplit::kRows));
     NUCLEUS_ASSIGN_OR_RETURN(a.o_proj, linear(ap + "o_proj", H, nh * c_.v_head_dim, ShardSplit::kCols));
+    NUCLEUS_ASSIGN_OR_RETURN(a.k_scale, kv_cache_scale(ap));
     if (c_.is_moe_layer(l)) {
       MoeWeights m;
       const int64_t E = c_.n_routed_experts;

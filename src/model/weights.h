@@ -36,6 +36,9 @@ struct AttentionWeights {
   Tensor kv_a_layernorm;                 // [kv_lora_rank]
   LinearWeight kv_b_proj;                // [num_heads * (qk_nope + v_head), kv_lora_rank]
   LinearWeight o_proj;                   // [hidden, num_heads * v_head]
+  // The checkpoint's FP8 KV-cache scale for this layer (a scalar k_scale or
+  // kv_scale tensor; see load_weights), unset when it has none.
+  std::optional<float> k_scale;
 };
 
 struct MoeWeights {
@@ -107,6 +110,13 @@ struct LoadOptions {
 // with tensor parallelism also a config that does not split evenly
 // (check_tp_config) and an FP8 weight whose shard boundary falls inside a
 // scale block (named, with the sizes that would work).
+// FP8 KV-cache scales (vLLM / ATOM / ModelOpt names) are optional, one scalar
+// (shape [] or [1], F32/BF16/F16, finite and > 0) per layer:
+// model.layers.N.self_attn.{,attn.,mla_attn.}{k_scale,kv_scale}; where several
+// are present they must agree. v_scale tensors at the same places are
+// accepted and ignored (MLA keeps one latent cache, scaled by k_scale). Under
+// tensor parallelism every rank loads them whole (the latent cache is not
+// sharded).
 StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
                                     const LoadOptions& options = {}, const TpShard& shard = {});
 

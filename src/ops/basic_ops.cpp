@@ -49,11 +49,16 @@ std::string RmsNormOp::attrs() const { return "width=" + std::to_string(width())
 const std::vector<Backend<RmsNormOp>>& RmsNormOp::backends() {
   static const std::vector<Backend<RmsNormOp>> list = {
       {"cpu_ref", Device::kCpu, nullptr,
-       [](RmsNormOp& op, OpContext&, const TensorList& in, const TensorList&) {
+       [](RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
          const Tensor& x = in[0];
-         const int64_t stride = x.row_numel();
-         kernels::rmsnorm_ref(x.data<float>(), stride, op.weight().data<float>(), x.dim(0), op.width(), op.eps(),
-                              x.data<float>(), stride);
+         const Tensor& y = out[0];
+         kernels::rmsnorm_ref(x.data<float>(), x.row_numel(), op.weight().data<float>(), x.dim(0), op.width(),
+                              op.eps(), y.data<float>(), y.row_numel());
+         if (y.raw() == x.raw()) return;
+         const int64_t carried = x.dim(1) - op.width();  // columns past the norm, copied
+         for (int64_t r = 0; r < x.dim(0) && carried > 0; ++r)
+           std::memcpy(y.data<float>() + r * y.row_numel() + op.width(),
+                       x.data<float>() + r * x.row_numel() + op.width(), carried * sizeof(float));
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda", Device::kCuda, nullptr, cuda_ops::rmsnorm},
@@ -68,7 +73,8 @@ std::string AddRmsNormOp::attrs() const {
     a += std::string(" allreduce=") + all_reduce_.comm->backend() + "x" + std::to_string(all_reduce_.comm->world_size()) +
          (all_reduce_.fuse && !all_reduce_.peer_signals.empty() ? " fusable=1" : " fusable=0");
   if (prezero_.n_total > 0)
-    a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base);
+    a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base) +
+         (prezero_.max_rows == kPrezeroAnyRows ? "" : " prezero_max_rows=" + std::to_string(prezero_.max_rows));
   return a;
 }
 
@@ -88,21 +94,19 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
          if (op.prezero().n_total > 0) {  // the donor's fill
            const Tensor& buf = out[2];
            const int64_t m = buf.dim(0);
-           const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base);
+           const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
            const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
                                 : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
            std::fill(buf.data<float>(), buf.data<float>() + m * cols, 0.0f);  // slices are column blocks of m rows
          }
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      // Tensor parallelism: the fused all-reduce + add + RMSNorm kernel when
+      // it can, else NCCL then the add+norm kernel. Both take an f32 delta (a
+      // split-K GEMM's output) and both run a prezero donor's fill.
       {"cuda_allreduce_fused", Device::kCuda, cuda_ops::add_rmsnorm_allreduce_fused_supports,
        cuda_ops::add_rmsnorm_allreduce_fused},
-      {"cuda", Device::kCuda,
-       [](const AddRmsNormOp& op) -> Status {
-         if (op.prezero().n_total > 0) return unsupported("prezero donors need the CUDA split-K path (not built yet)");
-         return ok_status();
-       },
-       cuda_ops::add_rmsnorm},
+      {"cuda", Device::kCuda, nullptr, cuda_ops::add_rmsnorm},
 #endif
   };
   return list;

@@ -43,13 +43,18 @@ struct AllReduceSpec {
   bool fuse = true;                 // false: never the fused kernel (NUCLEUS_FUSE_ALLREDUCE_NORM=0)
 };
 
-// In place on the first `width` columns of each row of in[0]
-// ([num_rows, row_width >= width]): x = rmsnorm(x) * weight.
+// On the first `width` columns of each row: y = rmsnorm(x) * weight.
+// Buffers: in = {x [num_rows, row_width >= width]}, out = {y [num_rows,
+// row_width]}. Usually y is x (in place). When x is a split-K GEMM's f32
+// output (graph/passes/splitk_pass.h) y is the declared buffer (bf16 on
+// CUDA): the first `width` columns normalised, columns [width, row_width)
+// copied (converted), e.g. kv_a's k_pe.
 class RmsNormOp : public OpWithBackends<RmsNormOp> {
  public:
   RmsNormOp(Tensor weight, float eps) : weight_(std::move(weight)), eps_(eps) {}
   const char* kind() const override { return "rmsnorm"; }
   std::string attrs() const override;
+  bool accepts_f32_input(size_t index) const override { return index == 0; }
   static const std::vector<Backend<RmsNormOp>>& backends();
   const Tensor& weight() const { return weight_; }
   int64_t width() const { return weight_.dim(0); }
@@ -68,13 +73,20 @@ class RmsNormOp : public OpWithBackends<RmsNormOp> {
 // plain one runs an NCCL all-reduce of the delta, then the add+norm kernel.
 // The fused form saves a pass over the hidden state; the first layer's input
 // norm has no delta (the residual is the embedding).
+// delta may be f32 (o_proj or the dense MLP's down_proj run split-K) where
+// the model declared bf16.
 // As a prezero donor (set by the prezero pass) it also zero-fills out[2]
-// ([num_tokens, n_total] f32): all of it, its first n_base columns, or
-// nothing, by prezero_fill(num_tokens, n_total, n_base) (ops/prezero.h).
+// ([num_tokens, n_total] f32, its column slices stored one after another, so
+// the first n_base columns are its first num_tokens * n_base elements): all
+// of it, its first n_base columns, or nothing, by prezero_fill(num_tokens,
+// n_total, n_base) (ops/prezero.h), decided at each run (each captured graph
+// size decides for itself). CUDA runs the fill on extra blocks of the norm's
+// launch (kernels/rmsnorm/rmsnorm.cuh).
 class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
  public:
   AddRmsNormOp(Tensor weight, float eps, bool has_delta)
       : weight_(std::move(weight)), eps_(eps), has_delta_(has_delta) {}
+  bool accepts_f32_input(size_t index) const override { return index == 1; }
   const PrezeroDonor& prezero() const { return prezero_; }
   void set_prezero(PrezeroDonor d) { prezero_ = d; }
   const AllReduceSpec& all_reduce() const { return all_reduce_; }
@@ -94,10 +106,12 @@ class AddRmsNormOp : public OpWithBackends<AddRmsNormOp> {
   AllReduceSpec all_reduce_;
 };
 
-// out[r, i] = silu(in[r, i]) * in[r, width + i]. in: [rows, 2 * width]; out: [rows, width].
+// out[r, i] = silu(in[r, i]) * in[r, width + i]. in: [rows, 2 * width]
+// (f32 or the activation dtype); out: [rows, width].
 class SiluMulOp : public OpWithBackends<SiluMulOp> {
  public:
   const char* kind() const override { return "silu_mul"; }
+  bool accepts_f32_input(size_t index) const override { return index == 0; }
   static const std::vector<Backend<SiluMulOp>>& backends();
 };
 

@@ -1,4 +1,6 @@
 #ifdef NUCLEUS_HAVE_CUDA
+#include <algorithm>
+
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "kernels/activation/silu_mul.cuh"
@@ -8,6 +10,11 @@
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
+
+int prezero_fill_blocks(int64_t rows, int64_t bytes) {
+  const int64_t idle = std::max<int64_t>(1, cuda::context().num_sms - rows);
+  return static_cast<int>(std::clamp<int64_t>((bytes + kPrezeroFillBytesPerBlock - 1) / kPrezeroFillBytesPerBlock, 1, idle));
+}
 
 namespace {
 cudaStream_t stream() { return cuda::context().stream; }
@@ -27,25 +34,56 @@ void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList&, const TensorL
   NUCLEUS_CHECK(s.ok(), "embedding all-reduce: {}", s.to_string());
 }
 
-void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList&) {
-  NUCLEUS_CUDA_CHECK(kernels::launch_rmsnorm_inplace(bf16(in[0]), in[0].row_numel(), op.weight().data<float>(),
-                                                     in[0].dim(0), op.width(), op.eps(), stream()));
+void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+  const Tensor& x = in[0];
+  const Tensor& y = out[0];
+  if (x.dtype() == DType::kF32) {  // a split-K GEMM's output, normalised into the declared bf16 buffer
+    NUCLEUS_CUDA_CHECK(kernels::launch_rmsnorm_f32_to_bf16(x.data<float>(), x.row_numel(), op.weight().data<float>(),
+                                                           x.dim(0), op.width(), x.dim(1), op.eps(), bf16(y),
+                                                           y.row_numel(), stream()));
+    return;
+  }
+  NUCLEUS_CHECK(x.raw() == y.raw(), "rmsnorm: a bf16 input is normalised in place");
+  NUCLEUS_CUDA_CHECK(kernels::launch_rmsnorm_inplace(bf16(x), x.row_numel(), op.weight().data<float>(), x.dim(0),
+                                                     op.width(), op.eps(), stream()));
 }
 
 void add_rmsnorm(AddRmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
   if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
-    Status s = op.all_reduce().comm->all_reduce_sum(in[1].raw(), in[1].raw(), in[1].numel(), DType::kBF16, stream());
+    // bf16, or f32 when a split-K GEMM wrote the delta (graph/passes/splitk_pass.h).
+    Status s = op.all_reduce().comm->all_reduce_sum(in[1].raw(), in[1].raw(), in[1].numel(), in[1].dtype(), stream());
     NUCLEUS_CHECK(s.ok(), "add_rmsnorm all-reduce: {}", s.to_string());
   }
   const Tensor& residual = in[0];
-  const __nv_bfloat16* delta = op.has_delta() ? bf16(in[1]) : nullptr;
-  NUCLEUS_CUDA_CHECK(kernels::launch_add_rmsnorm(residual.data<float>(), delta, op.weight().data<float>(),
-                                                 residual.dim(0), residual.dim(1), op.eps(), bf16(out[1]),
-                                                 stream()));
+  kernels::AddRmsNormParams p;
+  p.residual = residual.data<float>();
+  p.delta = op.has_delta() ? in[1].raw() : nullptr;
+  p.delta_f32 = op.has_delta() && in[1].dtype() == DType::kF32;
+  p.w = op.weight().data<float>();
+  p.rows = residual.dim(0);
+  p.width = residual.dim(1);
+  p.eps = op.eps();
+  p.out = bf16(out[1]);
+  if (op.prezero().n_total > 0) {  // the donor's fill, decided for this step's rows
+    const Tensor& buf = out[2];
+    const int64_t m = buf.dim(0);
+    const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
+    const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
+                         : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
+    if (cols > 0) {
+      p.zero_fill = buf.data<float>();  // slices are column blocks of m rows: a prefix of columns is a prefix of memory
+      p.zero_fill_count = m * cols;
+      p.fill_blocks = prezero_fill_blocks(m, p.zero_fill_count * static_cast<int64_t>(sizeof(float)));
+    }
+  }
+  NUCLEUS_CUDA_CHECK(kernels::launch_add_rmsnorm(p, stream()));
 }
 
 void silu_mul(SiluMulOp&, OpContext&, const TensorList& in, const TensorList& out) {
-  NUCLEUS_CUDA_CHECK(kernels::launch_silu_mul(bf16(in[0]), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
+  if (in[0].dtype() == DType::kF32)
+    NUCLEUS_CUDA_CHECK(kernels::launch_silu_mul(in[0].data<float>(), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
+  else
+    NUCLEUS_CUDA_CHECK(kernels::launch_silu_mul(bf16(in[0]), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
 }
 
 void gather_logit_rows(GatherLogitRowsOp&, OpContext& ctx, const TensorList& in, const TensorList& out) {

@@ -1,6 +1,7 @@
 // CUDA backends for tensor parallelism: the fused all-reduce + residual add +
 // RMSNorm, and the logits all-gather.
 #ifdef NUCLEUS_HAVE_CUDA
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/cuda/context.h"
@@ -33,7 +34,6 @@ Status add_rmsnorm_allreduce_fused_supports(const AddRmsNormOp& op) {
   if (!ar.fuse) return unsupported("fusion off (NUCLEUS_FUSE_ALLREDUCE_NORM=0)");
   if (static_cast<int>(ar.peer_signals.size()) != ar.comm->world_size())
     return unsupported("no peer-mapped signal buffers (peer access between the GPUs unavailable)");
-  if (op.prezero().n_total > 0) return unsupported("prezero donors fill on the unfused path");
   if (!op.has_delta()) return unsupported("no delta to reduce");
   const int64_t width = op.weight().dim(0);
   if (width % 8 != 0 || width > kernels::kArMaxWidth)
@@ -44,9 +44,13 @@ Status add_rmsnorm_allreduce_fused_supports(const AddRmsNormOp& op) {
 void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const AllReduceSpec& ar = op.all_reduce();
   const int64_t rows = in[0].dim(0), width = in[0].dim(1);
-  // Large steps: NCCL's ring, then add+norm. A prezero fill set by a pass
-  // after the backend was chosen is the unfused path's job as well.
-  if (rows * width * 2 > fused_allreduce_max_bytes(ar.comm->world_size()) || op.prezero().n_total > 0) {
+  // The delta is bf16, or f32 when a split-K GEMM wrote it (the split-K pass
+  // runs after backend selection); the graphs of every rank are alike, so
+  // every rank takes the same path.
+  const bool delta_f32 = in[1].dtype() == DType::kF32;
+  const int64_t delta_bytes = rows * width * static_cast<int64_t>(dtype_size(in[1].dtype()));
+  // Large steps: NCCL's ring, then add+norm (which runs the prezero fill too).
+  if (delta_bytes > fused_allreduce_max_bytes(ar.comm->world_size())) {
     add_rmsnorm(op, ctx, in, out);
     return;
   }
@@ -54,13 +58,27 @@ void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorL
   for (size_t r = 0; r < ar.peer_signals.size(); ++r) p.signals[r] = ar.peer_signals[r];
   p.rank = ar.comm->rank();
   p.world_size = ar.comm->world_size();
-  p.delta = in[1].data<__nv_bfloat16>();
+  p.delta = in[1].raw();
+  p.delta_f32 = delta_f32;
   p.residual = in[0].data<float>();
   p.weight = op.weight().data<float>();
   p.out = out[1].data<__nv_bfloat16>();
   p.rows = rows;
   p.width = width;
   p.eps = op.eps();
+  if (op.prezero().n_total > 0) {  // a prezero donor (set by the pass): the fill on extra CTAs of the same launch
+    const Tensor& buf = out[2];
+    const int64_t m = buf.dim(0);
+    const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
+    const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
+                         : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
+    if (cols > 0) {
+      p.zero_fill = buf.data<float>();  // slices are column blocks of m rows: a prefix of columns is a prefix of memory
+      p.zero_fill_count = m * cols;
+      const int64_t row_blocks = std::min<int64_t>(rows, p.max_blocks);
+      p.fill_blocks = prezero_fill_blocks(row_blocks, p.zero_fill_count * static_cast<int64_t>(sizeof(float)));
+    }
+  }
   const char* why = kernels::allreduce_add_rmsnorm_unsupported(p);
   NUCLEUS_CHECK(why == nullptr, "fused all-reduce + RMSNorm refused a supported call: {}", why ? why : "");
   NUCLEUS_CUDA_CHECK(kernels::launch_allreduce_add_rmsnorm(p, cuda::context().stream));

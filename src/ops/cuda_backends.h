@@ -20,6 +20,12 @@ kernels::WeightView weight_view(const LinearWeight& w);
 void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
                     int64_t out_stride, bool accumulate);
 
+// Blocks a prezero donor gives its zero-fill of `bytes` bytes beside the
+// norm's `rows` blocks: one per kPrezeroFillBytesPerBlock, at least one, at
+// most the SMs the norm leaves idle.
+constexpr int64_t kPrezeroFillBytesPerBlock = 32 * 1024;
+int prezero_fill_blocks(int64_t rows, int64_t bytes);
+
 void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void rmsnorm(RmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 // With an all-reduce (tensor parallelism): the NCCL all-reduce of the delta,
@@ -27,13 +33,14 @@ void rmsnorm(RmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorLi
 void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 // The all-reduce + residual add + RMSNorm in one kernel over peer-mapped
 // buffers (ops/collective_ops_cuda.cpp). Supports ops with an all-reduce, the
-// fusion allowed, every rank's signal buffer, hidden a multiple of 8 up to
-// 8192 and no prezero fill. Steps whose delta is larger than
+// fusion allowed, every rank's signal buffer and hidden a multiple of 8 up to
+// 8192; takes a bf16 or f32 (split-K) delta, and a prezero donor's fill runs
+// on extra CTAs of the same launch. Steps whose delta is larger than
 // fused_allreduce_max_bytes(world_size) run the unfused path instead (the
 // choice depends only on the step's shape, so every rank makes the same).
 Status add_rmsnorm_allreduce_fused_supports(const AddRmsNormOp& op);
 void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
-// Largest delta (rows * hidden * 2 bytes, per rank) the fused kernel takes:
+// Largest delta (rows * hidden * 2 bytes, 4 when f32, per rank) the fused kernel takes:
 // its one-shot reads move world_size times the delta per rank, a ring
 // all-reduce about twice, so large steps go to NCCL. 1 MiB at 2 ranks,
 // 512 KiB at 3-4, 256 KiB at 5-8 (vLLM's one-shot limits); the environment
@@ -46,12 +53,24 @@ void all_gather_vocab(AllGatherVocabOp& op, OpContext& ctx, const TensorList& in
 void silu_mul(SiluMulOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void gather_logit_rows(GatherLogitRowsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// cuda_splitk (ops/linear_splitk_cuda.cpp): decode GEMMs of bf16 weights that
+// splitk_max_rows() takes, split-K into an f32 output (ops/splitk.h).
+Status linear_splitk_supports(const LinearOp& op);
+void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
 Status linear_cublaslt_supports(const LinearOp& op);
 void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void linear_naive(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// OK when the CUDA kernels store or read a `d` latent cache (bf16, or FP8
+// e4m3 with k_scale); an f32 cache is CPU-only.
+Status cuda_cache_dtype_supported(KvCacheDtype d);
+
+Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op);
 void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
 void moe_route(MoeRouteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
@@ -65,7 +84,8 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 // mla_decode fast backends (ops/mla_decode_cuda.cpp): "nucleus" (own
 // split-KV kernel) and "flashinfer" (FlashInfer's Hopper MLA kernel, planned on
 // the host; under CUDA-graph capture it runs the nucleus kernel). Both need kv_lora 512, qk_rope 64, qk_nope 128,
-// v_head 128 and a bf16 or FP8 kv_b_proj.
+// v_head 128 and a bf16 or FP8 kv_b_proj. nucleus reads a bf16 or an FP8
+// (e4m3 x k_scale) cache; flashinfer reads bf16 rows only and refuses an FP8 cache.
 Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op);

@@ -24,12 +24,10 @@
 #include "core/status.h"
 #include "core/tensor.h"
 #include "kernels/mla/gather_kv_b_proj_ref.h"
+#include "ops/kv_cache_dtype.h"
 #include "ops/linear_weight.h"
 
 namespace nucleus {
-
-// How the latent cache stores rows.
-enum class KvCacheDtype { kF32, kBF16, kFp8E4M3 };
 
 // How kv_b_proj's weight is stored (read off LinearWeight by create()):
 //   bf16/f32 weights; FP8 e4m3 with per-row scales ([n] or [n, 1] f32);

@@ -2,6 +2,7 @@
 
 #include "kernels/gemm/gemm_ref.h"
 #include "ops/prezero.h"
+#include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/cuda_backends.h"
@@ -12,12 +13,19 @@ namespace nucleus {
 std::string LinearOp::attrs() const {
   return "n=" + std::to_string(weight_->out_features) + " k=" + std::to_string(weight_->in_features) +
          " dtype=" + dtype_name(weight_->weight.dtype()) +
-         (prezero_gate_n_ > 0 ? " zero_init=gate(m," + std::to_string(prezero_gate_n_) + ")"
+         (prezero_gate_n_ > 0 ? " zero_init=gate(m," + std::to_string(prezero_gate_n_) +
+                                    (prezero_max_rows_ == kPrezeroAnyRows ? "" : ",m<=" + std::to_string(prezero_max_rows_)) + ")"
                               : (accumulate_ ? " accumulate=1" : " accumulate=0"));
 }
 
 bool LinearOp::accumulate_for(int64_t rows) const {
-  return prezero_gate_n_ > 0 ? is_prezero_free(rows, prezero_gate_n_) : accumulate_;
+  return prezero_gate_n_ > 0 ? rows <= prezero_max_rows_ && is_prezero_free(rows, prezero_gate_n_) : accumulate_;
+}
+
+int64_t LinearOp::zero_init_max_rows() const {
+  if (backend_ == "cpu_ref") return kPrezeroAnyRows;
+  if (backend_ == "cuda_splitk") return splitk_max_rows(weight_->out_features, weight_->in_features);
+  return 0;
 }
 
 const std::vector<Backend<LinearOp>>& LinearOp::backends() {
@@ -35,6 +43,7 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
                            op.accumulate_for(in[0].dim(0)));
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_splitk", Device::kCuda, cuda_ops::linear_splitk_supports, cuda_ops::linear_splitk},
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
       {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8},
       {"cuda_fp8", Device::kCuda, cuda_ops::linear_cuda_fp8_supports, cuda_ops::linear_cuda_fp8},

@@ -13,6 +13,8 @@
 // engine stream), sized on first use for W rows. FlashInfer plans on the host
 // from the step's key counts, which a CUDA graph replay cannot follow: under
 // capture the flashinfer backend runs the nucleus attention kernel instead.
+// Caches: nucleus reads bf16 or FP8 e4m3 rows (times the layer's k_scale);
+// flashinfer reads bf16 rows only, so it refuses an op built for an FP8 cache.
 #ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <string>
@@ -102,12 +104,18 @@ kernels::MlaDecodeRows rows_of(const OpContext& ctx, const RowSet& rs, int64_t r
   return r;
 }
 
-const __nv_bfloat16* layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
+// This layer's cache rows as the kernels read them.
+struct LayerCache {
+  const void* rows = nullptr;  // [num_slots, 576] bf16 or e4m3
+  bool fp8 = false;
+  float k_scale = 1.0f;
+};
+LayerCache layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
   const KvCache& kv = *ctx.kv_cache;
-  NUCLEUS_CHECK(kv.data.dtype() == DType::kBF16 && kv.width == kernels::kMlaDecodeLatent,
-                "mla_decode needs a bf16 latent cache of width 576 (got {} width {})", dtype_name(kv.data.dtype()),
+  check_cache_dtype(kv, op.cache_dtype(), "mla_decode");
+  NUCLEUS_CHECK(kv.width == kernels::kMlaDecodeLatent, "mla_decode needs a latent cache of width 576 (got {})",
                 kv.width);
-  return kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+  return {kv.layer_data(op.layer()), kv.dtype() == KvCacheDtype::kFp8E4M3, kv.layer_k_scale(op.layer())};
 }
 
 // Runs the shared steps around `attend` (which fills s.o_lat from s.q_full)
@@ -154,7 +162,7 @@ Tensor shared_partials(int64_t floats) {
 }
 
 // The nucleus attention step (split-KV kernel + combine) for one chunk of rows.
-void nucleus_attend(MlaDecodeAttentionOp& op, const __nv_bfloat16* cache, int64_t W, const kernels::MlaDecodeRows& r,
+void nucleus_attend(MlaDecodeAttentionOp& op, const LayerCache& cache, int64_t W, const kernels::MlaDecodeRows& r,
                     const Scratch& s) {
   const int H = static_cast<int>(op.dims().num_heads);
   const int hpc = kernels::mla_decode_heads_per_cta(H);
@@ -175,7 +183,9 @@ void nucleus_attend(MlaDecodeAttentionOp& op, const __nv_bfloat16* cache, int64_
   p.num_heads = H;
   p.scale = op.dims().scale;
   p.q_full = s.q_full;
-  p.cache = cache;
+  p.cache = cache.rows;
+  p.cache_fp8 = cache.fp8;
+  p.k_scale = cache.k_scale;
   p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms);
   p.heads_per_cta = hpc;
   p.o_lat = s.o_lat;
@@ -190,10 +200,13 @@ void nucleus_attend(MlaDecodeAttentionOp& op, const __nv_bfloat16* cache, int64_
 
 }  // namespace
 
-Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) { return check_dims(op); }
+Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) {
+  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
+  return check_dims(op);
+}
 
 void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
-  const __nv_bfloat16* cache = layer_cache(op, ctx);
+  const LayerCache cache = layer_cache(op, ctx);
   const int64_t W = out[1].dim(0);
   run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t, const Scratch& s) {
     nucleus_attend(op, cache, W, r, s);
@@ -203,6 +216,9 @@ void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorLi
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
   if (!kernels::flashinfer_mla_available())
     return unsupported("built without FlashInfer headers (NUCLEUS_FLASHINFER=OFF or tools/fetch_flashinfer.sh failed)");
+  if (op.cache_dtype() != KvCacheDtype::kBF16)
+    return unsupported(std::string("KV cache dtype ") + kv_cache_dtype_name(op.cache_dtype()) +
+                       ": this FlashInfer kernel reads bf16 rows only (it would misread e4m3 bytes)");
   return check_dims(op);
 }
 
@@ -220,7 +236,8 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
       keys_h.push_back(si.context_lens[s] + j + 1);
     }
   }
-  const __nv_bfloat16* cache = layer_cache(op, ctx);
+  const LayerCache cache = layer_cache(op, ctx);
+  NUCLEUS_CHECK(!cache.fp8, "flashinfer mla_decode run on an FP8 cache (supports() refuses it)");
   const int64_t W = out[1].dim(0);
   run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t r0, const Scratch& s) {
     NUCLEUS_CHECK(r0 + r.num_rows <= static_cast<int64_t>(seq_h.size()), "flashinfer rows out of step");
@@ -229,7 +246,7 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
     p.scale = op.dims().scale;
     p.num_rows = r.num_rows;
     p.q_full = s.q_full;
-    p.cache = cache;
+    p.cache = static_cast<const __nv_bfloat16*>(cache.rows);
     p.block_size = r.block_size;
     p.block_tables = r.block_tables;
     p.max_blocks = r.max_blocks;

@@ -29,23 +29,34 @@ StatusOr<AttentionMode> parse_attention_mode(const std::string& s) {
 
 std::string RopeKvCacheWriteOp::attrs() const {
   return "layer=" + std::to_string(layer_) + " heads=" + std::to_string(dims_.num_heads) +
-         " rope=" + std::to_string(dims_.qk_rope);
+         " rope=" + std::to_string(dims_.qk_rope) + " cache=" + kv_cache_dtype_name(cache_dtype_);
+}
+
+void check_cache_dtype(const KvCache& kv, KvCacheDtype expected, const char* who) {
+  NUCLEUS_CHECK(kv.dtype() == expected, "{} was built for a {} KV cache but is given a {} one ({})", who,
+                kv_cache_dtype_name(expected), kv_cache_dtype_name(kv.dtype()), dtype_name(kv.data.dtype()));
 }
 
 const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
   static const std::vector<Backend<RopeKvCacheWriteOp>> list = {
       {"cpu_ref", Device::kCpu,
        [](const RopeKvCacheWriteOp&) -> Status { return ok_status(); },
-       [](RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList&) {
+       [](RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
          const auto& d = op.dims();
          const StepInputs& si = *ctx.inputs;
          KvCache& kv = *ctx.kv_cache;
-         NUCLEUS_CHECK(kv.data.dtype() == DType::kF32, "cpu_ref cache write needs an F32 cache");
-         const Tensor& q = in[0];
+         check_cache_dtype(kv, op.cache_dtype(), "rope_kv_cache_write");
+         const Tensor& q = out[0];
+         if (q.raw() != in[0].raw())  // out of place: rotate a copy
+           for (int64_t t = 0; t < q.dim(0); ++t)
+             std::memcpy(q.data<float>() + t * q.row_numel(), in[0].data<float>() + t * in[0].row_numel(),
+                         q.dim(1) * sizeof(float));
          const Tensor& kv_a = in[1];
          const int64_t q_stride = q.row_numel(), kv_stride = kv_a.row_numel();
-         float* cache = kv.data.data<float>() + op.layer() * kv.layer_stride();
-         std::vector<float> k_pe(d.qk_rope);
+         auto* cache = static_cast<char*>(kv.layer_data(op.layer()));
+         const int64_t row_bytes = kv.width * static_cast<int64_t>(dtype_size(kv.data.dtype()));
+         const float k_scale = kv.layer_k_scale(op.layer());
+         std::vector<float> k_pe(d.qk_rope), latent(kv.width);
          for (int64_t t = 0; t < si.num_tokens(); ++t) {
            const int64_t pos = si.positions[t];
            for (int64_t h = 0; h < d.num_heads; ++h)
@@ -57,13 +68,13 @@ const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
            const int64_t slot = si.slot_mapping[t];
            if (slot < 0) continue;
            NUCLEUS_CHECK(slot < kv.num_slots(), "slot {} outside the cache ({} slots)", slot, kv.num_slots());
-           float* dst = cache + slot * kv.width;
-           std::memcpy(dst, row, d.kv_lora * 4);
-           std::memcpy(dst + d.kv_lora, k_pe.data(), d.qk_rope * 4);
+           std::memcpy(latent.data(), row, d.kv_lora * 4);
+           std::memcpy(latent.data() + d.kv_lora, k_pe.data(), d.qk_rope * 4);
+           encode_kv_row(latent.data(), kv.width, kv.dtype(), k_scale, cache + slot * row_bytes);
          }
        }},
 #ifdef NUCLEUS_HAVE_CUDA
-      {"cuda", Device::kCuda, nullptr, cuda_ops::rope_kv_cache_write},
+      {"cuda", Device::kCuda, cuda_ops::rope_kv_cache_write_supports, cuda_ops::rope_kv_cache_write},
 #endif
   };
   return list;
@@ -80,10 +91,13 @@ bool serves_sequence(AttentionMode mode, bool decode_op, int32_t query_len) {
 
 namespace {
 
-// The latent rows [0, num_keys) of sequence `s`, gathered through its block table.
+// The latent rows [0, num_keys) of sequence `s`, gathered through its block
+// table and decoded to f32 (an FP8 row times the layer's k_scale).
 void gather_latent_rows(const StepInputs& si, const KvCache& kv, int64_t layer, int64_t s, int64_t num_keys,
                         std::vector<float>* latent) {
-  const float* cache = kv.data.data<float>() + layer * kv.layer_stride();
+  const auto* cache = static_cast<const char*>(kv.layer_data(layer));
+  const int64_t row_bytes = kv.width * static_cast<int64_t>(dtype_size(kv.data.dtype()));
+  const float k_scale = kv.layer_k_scale(layer);
   latent->resize(num_keys * kv.width);
   const int32_t* table = si.block_tables.data() + s * si.max_blocks_per_seq;
   for (int64_t j = 0; j < num_keys; ++j) {
@@ -91,7 +105,7 @@ void gather_latent_rows(const StepInputs& si, const KvCache& kv, int64_t layer, 
     NUCLEUS_CHECK(block_idx < si.max_blocks_per_seq && table[block_idx] >= 0,
                   "sequence {} has no block for position {}", s, j);
     const int64_t slot = static_cast<int64_t>(table[block_idx]) * kv.block_size + j % kv.block_size;
-    std::memcpy(latent->data() + j * kv.width, cache + slot * kv.width, kv.width * 4);
+    decode_kv_row(cache + slot * row_bytes, kv.width, kv.dtype(), k_scale, latent->data() + j * kv.width);
   }
 }
 
@@ -101,7 +115,7 @@ void run_reference(const MlaAttentionBase& op, bool decode_op, OpContext& ctx, c
                    Fn fn) {
   const StepInputs& si = *ctx.inputs;
   const KvCache& kv = *ctx.kv_cache;
-  NUCLEUS_CHECK(kv.data.dtype() == DType::kF32, "cpu_ref attention needs an F32 cache");
+  check_cache_dtype(kv, op.cache_dtype(), decode_op ? "mla_decode" : "mla_prefill");
   std::vector<float> latent;
   for (int64_t s = 0; s < si.num_seqs(); ++s) {
     const int32_t num_q = si.query_len(s);
@@ -122,7 +136,7 @@ Status cpu_kv_b_supported(const MlaAttentionBase& op) {
 
 std::string MlaDecodeAttentionOp::attrs() const {
   return "layer=" + std::to_string(layer()) + " heads=" + std::to_string(dims().num_heads) +
-         " mode=" + attention_mode_name(mode());
+         " mode=" + attention_mode_name(mode()) + " cache=" + kv_cache_dtype_name(cache_dtype());
 }
 
 const std::vector<Backend<MlaDecodeAttentionOp>>& MlaDecodeAttentionOp::backends() {
@@ -138,7 +152,7 @@ const std::vector<Backend<MlaDecodeAttentionOp>>& MlaDecodeAttentionOp::backends
       // the eager step (the graphs must be bit-identical to eager runs).
       {"nucleus", Device::kCuda, cuda_ops::mla_decode_nucleus_supports, cuda_ops::mla_decode_nucleus},
       {"flashinfer", Device::kCuda, cuda_ops::mla_decode_flashinfer_supports, cuda_ops::mla_decode_flashinfer},
-      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_decode_naive},
+      {"cuda_naive", Device::kCuda, cuda_ops::mla_decode_naive_supports, cuda_ops::mla_decode_naive},
 #endif
   };
   return list;
@@ -146,7 +160,8 @@ const std::vector<Backend<MlaDecodeAttentionOp>>& MlaDecodeAttentionOp::backends
 
 std::string MlaPrefillAttentionOp::attrs() const {
   return "layer=" + std::to_string(layer()) + " heads=" + std::to_string(dims().num_heads) +
-         " mode=" + attention_mode_name(mode()) + " context_chunk=" + std::to_string(context_chunk_);
+         " mode=" + attention_mode_name(mode()) + " context_chunk=" + std::to_string(context_chunk_) +
+         " cache=" + kv_cache_dtype_name(cache_dtype());
 }
 
 const std::vector<Backend<MlaPrefillAttentionOp>>& MlaPrefillAttentionOp::backends() {
@@ -157,7 +172,7 @@ const std::vector<Backend<MlaPrefillAttentionOp>>& MlaPrefillAttentionOp::backen
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda_flash", Device::kCuda, cuda_ops::mla_prefill_flash_supports, cuda_ops::mla_prefill_flash},
-      {"cuda_naive", Device::kCuda, nullptr, cuda_ops::mla_prefill_naive},
+      {"cuda_naive", Device::kCuda, cuda_ops::mla_prefill_naive_supports, cuda_ops::mla_prefill_naive},
 #endif
   };
   return list;

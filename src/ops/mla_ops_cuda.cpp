@@ -3,6 +3,7 @@
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
+#include "kernels/mla/gather_kv_b_proj.cuh"
 #include "kernels/mla/mla_attention_naive.cuh"
 #include "kernels/rope/rope_kv_cache.cuh"
 #include "ops/cuda_backends.h"
@@ -32,19 +33,36 @@ constexpr int64_t kQueryGroup = 512;           // query rows per expanded launch
 constexpr int64_t kKvBudgetBytes = 256ll << 20;  // expanded K/V scratch
 }  // namespace
 
-void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList&) {
+Status cuda_cache_dtype_supported(KvCacheDtype d) {
+  if (d == KvCacheDtype::kBF16 || d == KvCacheDtype::kFp8E4M3) return ok_status();
+  return unsupported(std::string("KV cache dtype ") + kv_cache_dtype_name(d) +
+                     ": the CUDA kernels store and read bf16 or fp8_e4m3 rows");
+}
+
+Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
+
+void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const auto& d = op.dims();
   KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.cache_dtype(), "rope_kv_cache_write");
   kernels::RopeKvCacheParams p;
-  p.q = in[0].data<__nv_bfloat16>();
-  p.q_stride = in[0].row_numel();
+  p.q = out[0].data<__nv_bfloat16>();
+  p.q_stride = out[0].row_numel();
+  if (in[0].dtype() == DType::kF32) {  // a split-K GEMM's output: written whole into the bf16 q
+    p.q_in = in[0].data<float>();
+    p.q_in_stride = in[0].row_numel();
+  } else {
+    NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "rope: a bf16 q is rotated in place");
+  }
   p.kv_a = in[1].data<__nv_bfloat16>();
   p.kv_stride = in[1].row_numel();
   p.positions = ctx.dev->positions;
   p.slot_mapping = ctx.dev->slot_mapping;
   p.inv_freq = op.inv_freq_device();
   p.attention_factor = op.attention_factor();
-  p.cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+  p.cache = kv.layer_data(op.layer());
+  p.cache_fp8 = kv.dtype() == KvCacheDtype::kFp8E4M3;
+  p.k_scale = kv.layer_k_scale(op.layer());
   p.num_tokens = in[0].dim(0);
   p.num_heads = static_cast<int>(d.num_heads);
   p.qk_nope = static_cast<int>(d.qk_nope);
@@ -53,10 +71,13 @@ void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorLis
   NUCLEUS_CUDA_CHECK(kernels::launch_rope_kv_cache_write(p, stream()));
 }
 
+Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
+
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const StepInputs& si = *ctx.inputs;
   const DeviceStepInputs& dev = *ctx.dev;
   KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.cache_dtype(), "mla_decode cuda_naive");
   const Tensor& q = in[0];
   const int64_t T = q.dim(0);
   // All rows (forced absorbed), or the single-token sequences' rows (auto).
@@ -81,7 +102,9 @@ void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList
     p.block_tables = dev.block_tables;
     p.max_blocks = si.max_blocks_per_seq;
     p.block_size = static_cast<int>(kv.block_size);
-    p.cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+    p.cache = kv.layer_data(op.layer());
+    p.cache_fp8 = kv.dtype() == KvCacheDtype::kFp8E4M3;
+    p.k_scale = kv.layer_k_scale(op.layer());
     p.kv_b = weight_view(op.kv_b());
     p.q_lat = out[1].data<float>();
     p.o_lat = out[2].data<float>();
@@ -91,12 +114,19 @@ void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList
   }
 }
 
+Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op) {
+  return cuda_cache_dtype_supported(op.cache_dtype());
+}
+
 void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const StepInputs& si = *ctx.inputs;
   const DeviceStepInputs& dev = *ctx.dev;
   KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.cache_dtype(), "mla_prefill cuda_naive");
   const kernels::MlaShape s = shape_of(op.dims());
-  const __nv_bfloat16* cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+  const void* cache = kv.layer_data(op.layer());
+  const DType cache_dtype = kv.data.dtype();
+  const float k_scale = kv.layer_k_scale(op.layer());
   const Tensor& q = in[0];
   const Tensor& o = out[0];
   // state: latent rows, expanded K/V, running output, running LSE.
@@ -119,8 +149,10 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
       const int64_t keys = ctx_len + i0 + nq;  // causal: the group's last query sees these
       for (int64_t k0 = 0; k0 < keys; k0 += chunk) {
         const int64_t nk = std::min(chunk, keys - k0);
-        NUCLEUS_CUDA_CHECK(kernels::launch_gather_latent(cache, s.latent(), table, static_cast<int>(kv.block_size),
-                                                         k0, nk, st[0].data<__nv_bfloat16>(), stream()));
+        // Latent rows as bf16 (an FP8 row times k_scale, rounded once).
+        NUCLEUS_CUDA_CHECK(kernels::launch_gather_dequant_latent(cache, cache_dtype, s.latent(), k_scale, table,
+                                                                 static_cast<int>(kv.block_size), k0, nk,
+                                                                 st[0].data<__nv_bfloat16>(), stream()));
         linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width, false);
         kernels::MlaExpandedPieceParams p;
         p.s = s;

@@ -11,7 +11,9 @@
 //     the scratch (GatherKvBProj layout: k [keys, heads, 192], v [keys, heads,
 //     128]), then ONE attention launch for all of the batch's sequences.
 // With the default chunk (8192) a typical prefill step is one batch: one
-// attention launch per layer.
+// attention launch per layer. Every key, the chunk's own included, is read
+// back from the latent cache, so an FP8 cache (e4m3 x k_scale, dequantized by
+// GatherKvBProj) gives prefill the values decode will read.
 #ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <cstring>
@@ -54,7 +56,7 @@ GatherKvBProjSpec expansion_spec(const MlaPrefillAttentionOp& op) {
   spec.qk_rope = d.qk_rope;
   spec.v_head = d.v_head;
   spec.kv_lora = d.kv_lora;
-  spec.cache_dtype = KvCacheDtype::kBF16;
+  spec.cache_dtype = op.cache_dtype();
   return spec;
 }
 
@@ -147,6 +149,7 @@ void add_descriptors(const std::vector<MlaPrefillSeq>& seqs, int num_heads, int 
 
 Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op) {
   const auto& d = op.dims();
+  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
   if (d.qk_nope != 128 || d.qk_rope != 64 || d.v_head != 128)
     return unsupported("head dims nope/rope/v = " + std::to_string(d.qk_nope) + "/" + std::to_string(d.qk_rope) +
                        "/" + std::to_string(d.v_head) + " (the kernel is built for 128/64/128)");
@@ -163,8 +166,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
   const StepInputs& si = *ctx.inputs;
   const DeviceStepInputs& dev = *ctx.dev;
   KvCache& kv = *ctx.kv_cache;
-  NUCLEUS_CHECK(kv.data.dtype() == DType::kBF16, "cuda_flash needs a BF16 latent cache, got {}",
-                dtype_name(kv.data.dtype()));
+  check_cache_dtype(kv, op.cache_dtype(), "mla_prefill cuda_flash");
   const auto& d = op.dims();
   const int num_heads = static_cast<int>(d.num_heads);
   const Tensor& q = in[0];
@@ -238,12 +240,14 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
   cudaStream_t stream = engine_stream();
   NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(fs.meta.raw(), fs.host.data(), fs.host.size(), cudaMemcpyHostToDevice, stream));
 
-  const __nv_bfloat16* cache = kv.data.data<__nv_bfloat16>() + op.layer() * kv.layer_stride();
+  const void* cache = kv.layer_data(op.layer());
+  const float k_scale = kv.layer_k_scale(op.layer());
   const auto* meta = static_cast<const uint8_t*>(fs.meta.raw());
   for (const auto& l : launches) {
     for (const auto& e : l.expansions) {
       GatherKvBProjArgs a;
       a.cache = cache;
+      a.k_scale = k_scale;
       a.block_table = dev.block_tables + e.seq * si.max_blocks_per_seq;
       a.block_size = kv.block_size;
       a.key_begin = e.key_begin;

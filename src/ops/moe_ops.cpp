@@ -33,7 +33,16 @@ const std::vector<Backend<MoeRouteOp>>& MoeRouteOp::backends() {
                                 in[0].dim(0), out[0].data<int32_t>(), out[1].data<float>());
        }},
 #ifdef NUCLEUS_HAVE_CUDA
-      {"cuda", Device::kCuda, nullptr, cuda_ops::moe_route},
+      {"cuda", Device::kCuda,
+       [](const MoeRouteOp& op) -> Status {
+         const auto& p = op.params();
+         if (p.num_experts > 1024 || p.top_k > 16 || p.n_group > 64)
+           return unsupported("the CUDA router takes at most 1024 experts, top_k 16 and 64 groups (got " +
+                              std::to_string(p.num_experts) + ", " + std::to_string(p.top_k) + ", " +
+                              std::to_string(p.n_group) + ")");
+         return Status();
+       },
+       cuda_ops::moe_route},
 #endif
   };
   return list;

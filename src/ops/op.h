@@ -50,6 +50,12 @@ class Op {
   const std::string& backend() const { return backend_; }
   // Runs on `in` / `out` (the node's buffers, rows = the step's rows).
   virtual void run(OpContext& ctx, const std::vector<Tensor>& in, const std::vector<Tensor>& out) = 0;
+  // Whether input `index` may be an f32 buffer where the model declared a
+  // bf16 one (the f32 output of a split-K GEMM, graph/passes/splitk_pass.h),
+  // on every backend; and, when that input is also the op's in-place output,
+  // whether the op can then read it from the f32 buffer and write the
+  // declared one (out of place). False unless the op says so.
+  virtual bool accepts_f32_input(size_t index) const { return false; }
 
  protected:
   std::string backend_;

@@ -1,5 +1,9 @@
 #include "ops/prezero.h"
 
+#include <atomic>
+#include <cstdlib>
+
+#include "core/env.h"
 #include "core/tensor.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -15,13 +19,49 @@ int prezero_sm_count() {
   return 132;
 }
 
+namespace {
+std::atomic<int64_t> g_idle_bytes_override{0};
+
+// The env value, 0 when unset, -1 when malformed.
+int64_t idle_bytes_env_value() {
+  static const int64_t v = [] {
+    auto s = env_string("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM");
+    if (!s) return int64_t{0};
+    char* end = nullptr;
+    const long long b = std::strtoll(s->c_str(), &end, 10);
+    return !s->empty() && *end == '\0' && b > 0 ? static_cast<int64_t>(b) : int64_t{-1};
+  }();
+  return v;
+}
+
+int64_t idle_bytes_from_env() {
+  const int64_t v = idle_bytes_env_value();
+  return v > 0 ? v : kPrezeroIdleBytesPerSm;
+}
+}  // namespace
+
+Status prezero_env_status() {
+  if (idle_bytes_env_value() < 0)
+    return invalid_argument("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM='" + *env_string("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM") +
+                            "' is not a positive byte count (e.g. 65536)");
+  return ok_status();
+}
+
+int64_t prezero_idle_bytes_per_sm() {
+  const int64_t o = g_idle_bytes_override.load();
+  return o > 0 ? o : idle_bytes_from_env();
+}
+
+void set_prezero_idle_bytes_per_sm(int64_t bytes) { g_idle_bytes_override.store(bytes > 0 ? bytes : 0); }
+
 bool is_prezero_free(int64_t m, int64_t n) {
   const int64_t sms = prezero_sm_count();
   if (m <= 0 || m >= sms) return false;
-  return m * n * 4 <= (sms - m) * kPrezeroIdleBytesPerSm;
+  return m * n * 4 <= (sms - m) * prezero_idle_bytes_per_sm();
 }
 
-PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base) {
+PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base, int64_t max_rows) {
+  if (m > max_rows) return PrezeroFill::kNone;
   if (is_prezero_free(m, n_total)) return PrezeroFill::kAll;
   if (n_base > 0 && is_prezero_free(m, n_base)) return PrezeroFill::kBase;
   return PrezeroFill::kNone;

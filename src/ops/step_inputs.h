@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/kv_cache_dtype.h"
 
 namespace nucleus {
 
@@ -49,7 +50,9 @@ struct DeviceStepInputs {
 };
 
 // The paged latent KV cache: one row [c_kv | k_pe] (kv_lora + qk_rope wide)
-// per token and layer. data: [num_layers, num_blocks, block_size, width].
+// per token and layer. data: [num_layers, num_blocks, block_size, width] in
+// F32, BF16 or F8_E4M3 (ops/kv_cache_dtype.h: an FP8 row holds
+// e4m3(value / k_scale[l]) and is read as stored * k_scale[l]).
 // Row of slot s in layer l: data[l, s / block_size, s % block_size, :].
 struct KvCache {
   Tensor data;
@@ -57,6 +60,8 @@ struct KvCache {
   int64_t num_blocks = 0;
   int64_t block_size = 0;
   int64_t width = 0;
+  // [num_layers] FP8 scales (empty: 1.0 for every layer); unused by bf16/f32 caches.
+  std::vector<float> k_scale;
   // Tensor parallelism: every rank's cache, by rank (each rank keeps the whole
   // latent cache: MLA's latent is shared by all heads); `data` is rank 0's.
   // Empty at tensor-parallel size 1.
@@ -64,6 +69,18 @@ struct KvCache {
 
   int64_t layer_stride() const { return num_blocks * block_size * width; }  // elements
   int64_t num_slots() const { return num_blocks * block_size; }
+  KvCacheDtype dtype() const {
+    return data.dtype() == DType::kF8E4M3 ? KvCacheDtype::kFp8E4M3
+                                          : data.dtype() == DType::kBF16 ? KvCacheDtype::kBF16 : KvCacheDtype::kF32;
+  }
+  // Layer l's k_scale (1.0 unless the cache is FP8 and has scales).
+  float layer_k_scale(int64_t l) const {
+    return dtype() == KvCacheDtype::kFp8E4M3 && !k_scale.empty() ? k_scale[static_cast<size_t>(l)] : 1.0f;
+  }
+  // Layer l's rows [num_slots, width] as raw bytes of the storage dtype.
+  void* layer_data(int64_t l) const {
+    return static_cast<char*>(data.raw()) + l * layer_stride() * static_cast<int64_t>(dtype_size(data.dtype()));
+  }
 };
 
 }  // namespace nucleus

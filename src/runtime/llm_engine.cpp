@@ -84,10 +84,11 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
                      e->model_->options().cuda_graph_sizes.size(), e->model_->options().cuda_graph_sizes.back(),
                      now_seconds() - t0, graph_bytes / double(1 << 20));
   }
-  NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens, {:.2f} GiB), max_num_batched_tokens {}, "
-                   "max_num_seqs {}, prefix caching {}",
+  NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens, {:.2f} GiB, {} cache, {} B/token), "
+                   "max_num_batched_tokens {}, max_num_seqs {}, prefix caching {}",
                    config.num_kv_blocks, config.block_size, config.num_kv_blocks * config.block_size,
                    config.num_kv_blocks * block_bytes / double(1ull << 30),
+                   kv_cache_dtype_name(e->model_->kv_cache_dtype()), e->model_->kv_bytes_per_token(),
                    config.max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching ? "on" : "off");
   return e;
 }

@@ -18,7 +18,7 @@ std::string finish_reason_string(FinishReason r) {
   return "";
 }
 
-Generation::Generation(AsyncEngine& engine, const Tokenizer& tokenizer, ServerMetrics& metrics, std::string request_id,
+Generation::Generation(AsyncEngine& engine, const Tokenizer* tokenizer, ServerMetrics& metrics, std::string request_id,
                        const GenerationRequest& request, double arrival_time)
     : engine_(engine),
       tokenizer_(tokenizer),
@@ -33,8 +33,10 @@ Generation::Generation(AsyncEngine& engine, const Tokenizer& tokenizer, ServerMe
       c.index = static_cast<int>(choices_.size());
       c.prompt = static_cast<int>(p);
       c.engine_id = request_id_ + "-" + std::to_string(c.index);
-      c.detok = std::make_unique<IncrementalDetokenizer>(tokenizer_, request_.params.stop, request_.skip_special_tokens,
-                                                         request_.include_stop_str_in_output);
+      if (tokenizer_)
+        c.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, request_.params.stop,
+                                                           request_.skip_special_tokens,
+                                                           request_.include_stop_str_in_output);
       c.pending.index = c.index;
       choices_.push_back(std::move(c));
     }
@@ -96,7 +98,7 @@ std::vector<ChoiceDelta> Generation::next() {
     if (events.empty()) events = queue_->pop_all();
     for (const auto& e : events) consume(e);
     for (auto& c : choices_) {
-      if (c.pending.text.empty() && c.pending.finish_reason.empty()) continue;
+      if (c.pending.text.empty() && c.pending.token_ids.empty() && c.pending.finish_reason.empty()) continue;
       out.push_back(std::move(c.pending));
       c.pending = ChoiceDelta{};
       c.pending.index = c.index;
@@ -123,19 +125,22 @@ void Generation::consume(const OutputEvent& e) {
     else
       c.gaps.push_back(e.time - c.last_token_time);
     c.last_token_time = e.time;
-    c.pending.text += c.detok->add(o.new_token_ids[k]);
+    if (c.detok)
+      c.pending.text += c.detok->add(o.new_token_ids[k]);
+    else
+      c.pending.token_ids.push_back(o.new_token_ids[k]);
     if (request_.logprobs && k < o.new_samples.size()) {
       const SampleResult& s = o.new_samples[k];
       c.pending.logprobs.push_back({s.token, s.logprob, s.top_logprobs});
     }
-    if (c.detok->stopped()) {
+    if (c.detok && c.detok->stopped()) {
       engine_.abort(c.engine_id);
       finish(c, "stop", e.time);
       return;
     }
   }
   if (o.finished) {
-    c.pending.text += c.detok->finish();
+    if (c.detok) c.pending.text += c.detok->finish();
     finish(c, finish_reason_string(o.finish_reason), e.time);
   }
 }

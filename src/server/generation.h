@@ -30,6 +30,7 @@ struct TokenLogprob {
 struct ChoiceDelta {
   int index = 0;
   std::string text;
+  std::vector<int32_t> token_ids;      // the new tokens; filled only without a tokenizer (--skip-tokenizer-init)
   std::vector<TokenLogprob> logprobs;  // the tokens consumed for `text` (when requested)
   std::string finish_reason;           // set in the choice's last delta: "stop", "length", "abort", "error"
 };
@@ -37,7 +38,8 @@ struct ChoiceDelta {
 class Generation {
  public:
   // `arrival_time`: steady_seconds() when the HTTP request came in.
-  Generation(AsyncEngine& engine, const Tokenizer& tokenizer, ServerMetrics& metrics, std::string request_id,
+  // `tokenizer` null: no detokenization; deltas carry token_ids and no text.
+  Generation(AsyncEngine& engine, const Tokenizer* tokenizer, ServerMetrics& metrics, std::string request_id,
              const GenerationRequest& request, double arrival_time);
   // Aborts the choices still running (a client that went away) and records
   // them as "abort".
@@ -78,7 +80,7 @@ class Generation {
   void finish(Choice& c, const std::string& reason, double time);
 
   AsyncEngine& engine_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   ServerMetrics& metrics_;
   std::string request_id_;
   const GenerationRequest& request_;

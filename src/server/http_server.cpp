@@ -121,13 +121,13 @@ struct HttpServer::StreamState {
   }
 };
 
-HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer& tokenizer,
+HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer* tokenizer,
                        const ChatTemplate* chat_template)
     : config_(std::move(config)), engine_(engine), tokenizer_(tokenizer), http_(std::make_unique<DeepBacklogServer>()) {
   model_info_.names = config_.served_model_names;
   model_info_.max_model_len = engine_.config().max_model_len;
   model_info_.vocab_size = engine_.vocab_size();
-  model_info_.tokenizer = &tokenizer_;
+  model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;
   created_ = unix_now();
   id_salt_ = std::random_device{}();

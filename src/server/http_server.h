@@ -42,8 +42,10 @@ struct ServerConfig {
 
 class HttpServer {
  public:
-  // `tokenizer`, `engine` and `chat_template` (may be null) must outlive it.
-  HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer& tokenizer, const ChatTemplate* chat_template);
+  // `tokenizer`, `engine` and `chat_template` must outlive it. `chat_template`
+  // may be null (chat is refused); so may `tokenizer` (--skip-tokenizer-init:
+  // token-id prompts only, responses carry token_ids).
+  HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer* tokenizer, const ChatTemplate* chat_template);
   ~HttpServer();
 
   // Binds the listening socket. Errors: the address cannot be bound.
@@ -76,7 +78,7 @@ class HttpServer {
 
   ServerConfig config_;
   AsyncEngine& engine_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   ModelInfo model_info_;
   ServerMetrics metrics_;
   std::unique_ptr<httplib::Server> http_;

@@ -184,10 +184,12 @@ std::vector<Prompt> parse_prompts(const json& body, const ModelInfo& model, bool
   std::vector<Prompt> out;
   auto from_text = [&](const std::string& text) {
     if (text.empty()) refuse("prompt", "'prompt' is empty");
+    if (!model.tokenizer)
+      refuse("prompt", "text prompts need a tokenizer and this server runs with --skip-tokenizer-init; send token ids");
     out.push_back({model.tokenizer->encode(text, /*add_special_tokens=*/true), text});
   };
   auto from_ids = [&](std::vector<int32_t> ids) {
-    std::string text = model.tokenizer->decode(ids, skip_special);
+    std::string text = model.tokenizer ? model.tokenizer->decode(ids, skip_special) : std::string();
     out.push_back({std::move(ids), std::move(text)});
   };
   if (f->is_string()) {
@@ -303,6 +305,10 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
     }
     if (r.echo && r.logprobs)
       refuse("echo", "'echo' together with 'logprobs' is not supported: prompt logprobs are not computed");
+    if (!model.tokenizer && r.logprobs)
+      refuse("logprobs", "'logprobs' needs a tokenizer and this server runs with --skip-tokenizer-init");
+    if (!model.tokenizer && !r.params.stop.empty())
+      refuse("stop", "stop strings need a tokenizer and this server runs with --skip-tokenizer-init");
     r.prompts = parse_prompts(body, model, r.skip_special_tokens);
     if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)
       refuse("prompt", "prompts x n = " + std::to_string(r.prompts.size() * r.n) + " exceeds the limit of " +
@@ -324,6 +330,9 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
     if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
     json messages = normalize_messages(body);
+    if (!model.tokenizer)
+      refuse("messages", "chat needs a tokenizer and this server runs with --skip-tokenizer-init; use /v1/completions "
+                         "with token ids");
     if (!model.chat_template)
       refuse("messages",
              "This model has no chat template (tokenizer_config.json 'chat_template'); use "

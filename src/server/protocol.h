@@ -37,6 +37,9 @@ struct ModelInfo {
   std::vector<std::string> names;  // accepted "model" values; names[0] is reported
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;
+  // Null when the server runs with --skip-tokenizer-init: prompts must then be
+  // token ids, responses carry token_ids and empty text, and what needs text
+  // (stop strings, logprobs, chat) is refused.
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none
 };

@@ -12,7 +12,7 @@ json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
 
 std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-ResponseBuilder::ResponseBuilder(ResponseHeader header, const GenerationRequest& request, const Tokenizer& tokenizer,
+ResponseBuilder::ResponseBuilder(ResponseHeader header, const GenerationRequest& request, const Tokenizer* tokenizer,
                                  int num_choices)
     : header_(std::move(header)), request_(request), tokenizer_(tokenizer), choices_(num_choices) {
   for (int i = 0; i < num_choices; ++i) {
@@ -51,10 +51,10 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
   if (request_.chat) {
     json content = json::array();
     for (const auto& e : entries) {
-      const std::string t = tokenizer_.token_bytes(e.token);
+      const std::string t = tokenizer_->token_bytes(e.token);
       json top = json::array();
       for (const auto& [id, lp] : e.top) {
-        const std::string s = tokenizer_.token_bytes(id);
+        const std::string s = tokenizer_->token_bytes(id);
         top.push_back({{"token", s}, {"logprob", lp}, {"bytes", bytes_of(s)}});
       }
       content.push_back({{"token", t}, {"logprob", e.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
@@ -66,9 +66,9 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
               {"top_logprobs", json::array()},
               {"text_offset", json::array()}};
   for (const auto& e : entries) {
-    const std::string t = tokenizer_.token_bytes(e.token);
+    const std::string t = tokenizer_->token_bytes(e.token);
     json top = json::object();
-    for (const auto& [id, lp] : e.top) top[tokenizer_.token_bytes(id)] = lp;
+    for (const auto& [id, lp] : e.top) top[tokenizer_->token_bytes(id)] = lp;
     top[t] = e.logprob;
     out["tokens"].push_back(t);
     out["token_logprobs"].push_back(e.logprob);
@@ -115,6 +115,7 @@ json ResponseBuilder::chunk(const ChoiceDelta& d) {
     out = base("text_completion");
     out["choices"] = json::array({{{"index", d.index}, {"text", d.text}, {"logprobs", lp}, {"finish_reason", finish}}});
   }
+  if (!tokenizer_) out["choices"][0]["token_ids"] = d.token_ids;
   if (request_.include_usage) out["usage"] = nullptr;
   return out;
 }
@@ -129,6 +130,7 @@ json ResponseBuilder::usage_chunk(int64_t prompt_tokens, int64_t completion_toke
 void ResponseBuilder::add(const ChoiceDelta& d) {
   ChoiceState& c = choices_[d.index];
   c.text += d.text;
+  c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
   if (!d.finish_reason.empty()) c.finish_reason = d.finish_reason;
   if (!request_.logprobs) return;
   json lp = logprobs_json(d.logprobs, c);
@@ -146,6 +148,7 @@ json ResponseBuilder::whole(int64_t prompt_tokens, int64_t completion_tokens) co
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else
       choice["text"] = c.text;
+    if (!tokenizer_) choice["token_ids"] = c.token_ids;
     choice["logprobs"] = request_.logprobs ? c.logprobs : json(nullptr);
     choice["finish_reason"] = c.finish_reason;
     choices.push_back(std::move(choice));

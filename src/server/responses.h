@@ -25,7 +25,9 @@ struct ResponseHeader {
 // spans chunks (accumulated text, logprob text offsets).
 class ResponseBuilder {
  public:
-  ResponseBuilder(ResponseHeader header, const GenerationRequest& request, const Tokenizer& tokenizer, int num_choices);
+  // `tokenizer` null (--skip-tokenizer-init): choices carry "token_ids"
+  // (and empty text); logprobs are never requested then.
+  ResponseBuilder(ResponseHeader header, const GenerationRequest& request, const Tokenizer* tokenizer, int num_choices);
 
   // Streaming: the chunks to send before any token (chat: the assistant role
   // per choice; completions with echo: the prompt per choice). May be empty.
@@ -43,6 +45,7 @@ class ResponseBuilder {
   struct ChoiceState {
     std::string text;
     std::string finish_reason;
+    std::vector<int32_t> token_ids;  // without a tokenizer only
     nlohmann::json logprobs;  // accumulated (non-streaming)
     int64_t text_offset = 0;  // completions logprobs: bytes of text before the next token
   };
@@ -52,7 +55,7 @@ class ResponseBuilder {
 
   ResponseHeader header_;
   const GenerationRequest& request_;
-  const Tokenizer& tokenizer_;
+  const Tokenizer* tokenizer_;
   std::vector<ChoiceState> choices_;
 };
 

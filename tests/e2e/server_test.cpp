@@ -716,6 +716,49 @@ std::pair<int, Stream> terminate_during_stream(ServerProcess& server, int max_to
   return {status, st};
 }
 
+// --skip-tokenizer-init: token-id prompts in, token ids out (what a server
+// for dummy weights without tokenizer files runs with); everything that needs
+// text is refused naming the field.
+TEST(ServerSkipTokenizerTest, TokenIdsInAndOut) {
+  ServerProcess server({"--skip-tokenizer-init"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  const json cases = ref_cases();
+  const json& c = cases[2];
+  const json body = {{"prompt", c["prompt_token_ids"]}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}};
+  Reply r = post(server, "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body["choices"][0]["token_ids"], c["greedy_token_ids"]);
+  EXPECT_EQ(r.body["choices"][0]["text"], "");
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 32);
+  // Streamed: the chunks' token_ids joined are the same tokens.
+  json sbody = body;
+  sbody["stream"] = true;
+  Stream st = stream(server, "/v1/completions", sbody);
+  ASSERT_EQ(st.status, 200);
+  EXPECT_TRUE(st.done);
+  json joined = json::array();
+  for (const auto& ch : st.chunks)
+    for (const auto& choice : ch["choices"])
+      for (const auto& t : choice["token_ids"]) joined.push_back(t);
+  EXPECT_EQ(joined, c["greedy_token_ids"]);
+  // What needs a tokenizer is a 400 naming the field; the server keeps serving.
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"prompt", "hello"}, {"max_tokens", 4}}, "prompt"},
+      {{{"prompt", c["prompt_token_ids"]}, {"max_tokens", 4}, {"stop", "x"}}, "stop"},
+      {{{"prompt", c["prompt_token_ids"]}, {"max_tokens", 4}, {"logprobs", 2}}, "logprobs"},
+  };
+  for (const auto& [b, param] : bad) {
+    Reply e = post(server, "/v1/completions", b);
+    EXPECT_EQ(e.status, 400) << b.dump();
+    EXPECT_EQ(e.body["error"]["param"], param) << e.body;
+  }
+  Reply chat = post(server, "/v1/chat/completions",
+                    json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 4}});
+  EXPECT_EQ(chat.status, 400);
+  EXPECT_EQ(chat.body["error"]["param"], "messages");
+  EXPECT_EQ(post(server, "/v1/completions", body).status, 200);
+}
+
 TEST(ServerShutdownTest, SigtermFinishesInFlightAndExitsZero) {
   ServerProcess server;
   ASSERT_TRUE(server.ready()) << server.log();

@@ -1,4 +1,5 @@
-// Decode CUDA graphs on tiny-dsv3: a replay is bit-identical to the eager run
+// Decode CUDA graphs on tiny-dsv3 (split-K in its deterministic reduction): a
+// replay is bit-identical to the eager run
 // of the same padded step for every batch size from 1 to the largest
 // captured (captured sizes and sizes between them); pad rows write no KV
 // (a sentinel-filled pool keeps the sentinel outside the real rows); and 300
@@ -13,6 +14,7 @@
 
 #include "core/device.h"
 #include "model/deepseek/deepseek_model.h"
+#include "ops/splitk.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -31,9 +33,16 @@ std::unique_ptr<DeepseekModel> load(std::vector<int64_t> graph_sizes, bool eager
   return std::move(*m);
 }
 
+// Replay equals eager bit for bit when every kernel is deterministic: the
+// split-K GEMMs then reduce their splits in a fixed order (their default f32
+// atomics reorder sums from run to run).
 class CudaGraphTest : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_TRUE(cuda_available()) << "GPU tests need a CUDA device"; }
+  void SetUp() override {
+    ASSERT_TRUE(cuda_available()) << "GPU tests need a CUDA device";
+    set_splitk_deterministic(true);
+  }
+  void TearDown() override { reset_splitk_deterministic(); }
 };
 
 TEST_F(CudaGraphTest, ReplayEqualsEagerPaddedStepForEveryBatchSize) {

@@ -34,15 +34,20 @@ std::vector<Case> load_cases() {
   return out;
 }
 
+struct RunOptions {
+  std::vector<int64_t> graph_sizes = {1, 2, 4, 8};  // empty: eager decode
+  bool prefix_caching = true;
+};
+
 std::map<std::string, std::vector<int32_t>> run(const std::vector<Case>& cases, int64_t budget, int64_t blocks,
                                                 const std::string& tag, LLMEngine* reuse = nullptr,
-                                                EngineStats* stats = nullptr) {
+                                                EngineStats* stats = nullptr, const RunOptions& ro = {}) {
   std::unique_ptr<LLMEngine> own;
   LLMEngine* e = reuse;
   if (!e) {
     ModelOptions o;
     o.device = Device::kCuda;
-    o.cuda_graph_sizes = {1, 2, 4, 8};
+    o.cuda_graph_sizes = ro.graph_sizes;
     auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
     NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
     EngineConfig ec;
@@ -50,6 +55,7 @@ std::map<std::string, std::vector<int32_t>> run(const std::vector<Case>& cases, 
     ec.num_kv_blocks = blocks;
     ec.max_num_batched_tokens = budget;
     ec.max_num_seqs = 8;
+    ec.enable_prefix_caching = ro.prefix_caching;
     auto made = LLMEngine::create(std::move(*m), ec);
     NUCLEUS_CHECK(made.ok(), "{}", made.status().to_string());
     own = std::move(*made);
@@ -111,6 +117,24 @@ TEST_F(GpuEngineTest, AloneBatchedChunkedCachedPreempted) {
   EngineStats st;
   expect_agrees(run(cases, 8192, 11, "p", nullptr, &st), cases, "p");  // small pool: preemption
   EXPECT_GT(st.num_preemptions, 0);
+}
+
+// A budget of one token makes every prefill chunk a one-row step, which runs
+// through the decode graph (absorbed attention over the cache); each variant
+// separately, so a failure says which part is at fault.
+TEST_F(GpuEngineTest, OneTokenBudgetEagerGraphsAndNoPrefixCache) {
+  auto cases = load_cases();
+  RunOptions eager;
+  eager.graph_sizes = {};
+  expect_agrees(run(cases, 1, 256, "eager", nullptr, nullptr, eager), cases, "eager");
+  RunOptions no_prefix;
+  no_prefix.prefix_caching = false;
+  expect_agrees(run(cases, 1, 256, "noprefix", nullptr, nullptr, no_prefix), cases, "noprefix");
+  RunOptions neither = eager;
+  neither.prefix_caching = false;
+  expect_agrees(run(cases, 1, 256, "neither", nullptr, nullptr, neither), cases, "neither");
+  for (size_t i = 0; i < cases.size(); ++i)  // alone: no other sequence in any step
+    expect_agrees(run({cases[i]}, 1, 256, "alone1_", nullptr, nullptr, neither), {cases[i]}, "alone1_");
 }
 
 }  // namespace

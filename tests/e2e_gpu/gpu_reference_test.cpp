@@ -29,7 +29,12 @@ using nlohmann::json;
 // rounded to bf16 after each op (ModelOptions::cpu_bf16_emulation). On the
 // tiny models that yardstick is ~3.0 (tiny-dsv3) and ~2.1 (tiny-dsv3-fp8)
 // at worst over all positions; the mean deviation is held the same way.
+// FP8 checkpoints get a wider bound on the mean: the CUDA backend also
+// quantizes every GEMM's activations per 1x128 to e4m3 (W8A8, as DeepSeek's
+// own FP8 inference does), which the bf16 emulation does not model. Measured
+// on the H200 (2026-11-29): mean 0.0305 against a yardstick of 0.0131 (2.3x).
 constexpr float kToleranceFactor = 1.5f;
+constexpr float kFp8MeanToleranceFactor = 3.0f;
 constexpr float kToleranceSlack = 0.1f;
 constexpr float kMarginThreshold = 0.05f;
 
@@ -116,7 +121,8 @@ TEST_P(GpuReferenceTest, TeacherForced) {
   std::printf("%s teacher-forced: %d positions checked; |gpu - cpu| max %.4f mean %.5f; bf16-emulated cpu: max %.4f "
               "mean %.5f\n", name.c_str(), checked, worst, mean, emu_worst, emu_mean);
   EXPECT_LE(worst, kToleranceFactor * emu_worst + kToleranceSlack);
-  EXPECT_LE(mean, kToleranceFactor * emu_mean + 0.01);
+  const bool fp8 = gpu->config().fp8;
+  EXPECT_LE(mean, (fp8 ? kFp8MeanToleranceFactor : kToleranceFactor) * emu_mean + 0.01);
 }
 
 TEST_P(GpuReferenceTest, FreeRunningGreedyThroughEngine) {

@@ -3,7 +3,8 @@
 //    ranks simulated on one GPU (each rank its own stream and signal buffer;
 //    the kernels of all ranks run at once and wait for each other exactly as
 //    across GPUs), against the CPU reference, over edge shapes and repeated
-//    calls (the per-CTA flags), with its refusals;
+//    calls (the per-CTA flags), with its refusals; f32 deltas (split-K
+//    outputs) and the prezero fill on extra CTAs;
 //  - NCCL at world size 1 (the single H200): all-reduce, all-gather,
 //    broadcast, and AddRmsNormOp through its fused and NCCL backends;
 //  - with 2+ GPUs: NCCL across them (one thread per GPU) and the fused kernel
@@ -129,6 +130,82 @@ TEST_F(AllReduceNormGpu, FusedKernelWithRanksSimulatedOnOneGpu) {
   }
 }
 
+// f32 deltas (a split-K GEMM's output) and a prezero donor's fill on extra
+// CTAs, ranks simulated on one GPU: the fill CTAs take no part in the
+// barriers, so the row CTAs still pair up rank by rank, every rank's fill
+// buffer ends zero, and the sums are exact (f32 in rank order).
+TEST_F(AllReduceNormGpu, FusedKernelF32DeltaAndPrezeroFill) {
+  const float eps = 1e-6f;
+  for (int world : {1, 2, 4}) {
+    const int max_blocks = world <= 2 ? kernels::kArMaxBlocks : 16;
+    std::vector<cudaStream_t> streams(world);
+    for (auto& s : streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    std::vector<RankBuffers> ranks(world);
+    for (auto& r : ranks) {
+      r.signal = Tensor::empty({static_cast<int64_t>(kernels::allreduce_signal_bytes())}, DType::kU8, Device::kCuda);
+      zero_device(r.signal);
+    }
+    const int64_t width = 2048;
+    for (int64_t rows : {1, 5, 70}) {
+      for (int64_t fill_count : {int64_t{0}, int64_t{1}, int64_t{4099}, int64_t{1} << 18}) {
+        SCOPED_TRACE("world " + std::to_string(world) + " rows " + std::to_string(rows) + " fill " +
+                     std::to_string(fill_count));
+        const auto w = random_bf16_values(width, 1.0f, 51);
+        Tensor d_w = device_copy(w, DType::kF32);
+        std::vector<float> residual = random_bf16_values(rows * width, 2.0f, 52);
+        for (auto& r : ranks) r.residual = device_copy(residual, DType::kF32);
+        std::vector<Tensor> fills(world);
+        for (int call = 0; call < 2; ++call) {
+          std::vector<std::vector<float>> deltas;
+          for (int q = 0; q < world; ++q) {
+            ranks[q].delta_host = random_bf16_values(rows * width, 1.0f, 200 * call + q + 7 * world);
+            for (auto& x : ranks[q].delta_host) x *= 1.0f + 1.0f / 1024;  // not bf16-representable
+            ranks[q].delta = device_copy(ranks[q].delta_host, DType::kF32);
+            ranks[q].out = device_poisoned(rows * width, DType::kBF16);
+            fills[q] = device_poisoned(std::max<int64_t>(fill_count, 1), DType::kF32);
+            deltas.push_back(ranks[q].delta_host);
+          }
+          CUDA_OK(cudaDeviceSynchronize());
+          for (int q = 0; q < world; ++q) {
+            kernels::AllReduceNormParams p;
+            for (int s = 0; s < world; ++s) p.signals[s] = ranks[s].signal.raw();
+            p.rank = q;
+            p.world_size = world;
+            p.delta = ranks[q].delta.raw();
+            p.delta_f32 = true;
+            p.residual = ranks[q].residual.data<float>();
+            p.weight = d_w.data<float>();
+            p.out = ranks[q].out.data<__nv_bfloat16>();
+            p.rows = rows;
+            p.width = width;
+            p.eps = eps;
+            p.max_blocks = max_blocks;
+            if (fill_count > 0) {
+              p.zero_fill = fills[q].data<float>();
+              p.zero_fill_count = fill_count;
+              p.fill_blocks = 1 + q % 3;  // ranks may differ: the fill CTAs never meet
+            }
+            ASSERT_EQ(kernels::allreduce_add_rmsnorm_unsupported(p), nullptr);
+            CUDA_OK(kernels::launch_allreduce_add_rmsnorm(p, streams[q]));
+          }
+          for (auto s : streams) CUDA_OK(cudaStreamSynchronize(s));
+          std::vector<float> want_out;
+          reference(deltas, residual, w, rows, width, eps, want_out);
+          for (int q = 0; q < world; ++q) {
+            EXPECT_TRUE(all_close(read<float>(ranks[q].residual), residual, 0, 0, width)) << "rank " << q;
+            EXPECT_TRUE(all_close(from_bf16(read<uint16_t>(ranks[q].out)), want_out, 1e-6f, 1.0f / 128, width))
+                << "rank " << q;
+            if (fill_count > 0) {
+              EXPECT_EQ(read<float>(fills[q]), std::vector<float>(fill_count, 0.0f)) << "rank " << q << " fill";
+            }
+          }
+        }
+      }
+    }
+    for (auto s : streams) CUDA_OK(cudaStreamDestroy(s));
+  }
+}
+
 TEST_F(AllReduceNormGpu, FusedKernelRefusals) {
   Tensor buf = Tensor::empty({1 << 16}, DType::kU8, Device::kCuda);
   kernels::AllReduceNormParams p;
@@ -153,6 +230,11 @@ TEST_F(AllReduceNormGpu, FusedKernelRefusals) {
   EXPECT_TRUE(refused([](auto& q) { q.rank = 2; }));
   EXPECT_TRUE(refused([](auto& q) { q.signals[1] = nullptr; }));
   EXPECT_TRUE(refused([](auto& q) { q.max_blocks = 65; }));
+  EXPECT_TRUE(refused([&](auto& q) {  // a fill without fill blocks
+    q.zero_fill = static_cast<float*>(buf.raw());
+    q.zero_fill_count = 16;
+    q.fill_blocks = 0;
+  }));
   EXPECT_TRUE(refused([&](auto& q) { q.delta = reinterpret_cast<const __nv_bfloat16*>(static_cast<char*>(buf.raw()) + 2); }));
   cudaGetLastError();
 }
@@ -225,6 +307,55 @@ TEST_F(AllReduceNormGpu, AddRmsNormOpBackendsAtWorldSizeOne) {
   EXPECT_EQ(plain.backend, "cuda");
   EXPECT_EQ(f.backend, "cuda_allreduce_fused");
   EXPECT_EQ(u.backend, "cuda");
+  EXPECT_TRUE(all_close(f.residual, plain.residual, 0, 0, width));
+  EXPECT_TRUE(all_close(from_bf16(f.out), from_bf16(plain.out), 1e-6f, 1.0f / 128, width));
+  EXPECT_EQ(u.residual, plain.residual);  // NCCL over one rank is a copy
+  EXPECT_EQ(u.out, plain.out);
+}
+
+// AddRmsNormOp as a prezero donor that all-reduces an f32 delta (split-K
+// o_proj under tensor parallelism), at world size 1: both backends fill the
+// buffer's n_total columns of m rows (the gate fills all at 3 rows) and
+// match the op without an all-reduce.
+TEST_F(AllReduceNormGpu, AllReducingPrezeroDonorWithF32Delta) {
+  auto comms = make_nccl_communicators({0});
+  ASSERT_TRUE(comms.ok()) << comms.status().to_string();
+  Tensor signal = Tensor::empty({static_cast<int64_t>(kernels::allreduce_signal_bytes())}, DType::kU8, Device::kCuda);
+  zero_device(signal);
+  const int64_t rows = 3, width = 2048, n_total = 3000, n_base = 1000;
+  ASSERT_EQ(prezero_fill(rows, n_total, n_base), PrezeroFill::kAll);
+  const auto w = random_bf16_values(width, 1.0f, 61), res = random_bf16_values(rows * width, 2.0f, 62),
+             delta = random_bf16_values(rows * width, 1.0f, 63);
+  Tensor weight = device_copy(w, DType::kF32);
+  struct Run {
+    std::string backend;
+    std::vector<float> residual, fill;
+    std::vector<uint16_t> out;
+  };
+  auto run = [&](const AllReduceSpec* spec) {
+    AddRmsNormOp op(weight, 1e-6f, true);
+    if (spec) op.set_all_reduce(*spec);
+    Status s = op.select_backend(Device::kCuda);
+    NUCLEUS_CHECK(s.ok(), "{}", s.to_string());
+    op.set_prezero({n_total, n_base, kPrezeroAnyRows});  // as the pass does, after selection
+    Tensor r = device_copy(res, DType::kF32).view({rows, width});
+    Tensor d = device_copy(delta, DType::kF32).view({rows, width});
+    Tensor o = device_poisoned(rows * width, DType::kBF16).view({rows, width});
+    Tensor f = device_poisoned(rows * n_total, DType::kF32).view({rows, n_total});
+    OpContext ctx;
+    ctx.device = Device::kCuda;
+    op.run(ctx, {r, d}, {r, o, f});
+    synchronize_device();
+    return Run{op.backend(), read<float>(r), read<float>(f), read<uint16_t>(o)};
+  };
+  const Run plain = run(nullptr);
+  AllReduceSpec fused{(*comms)[0].get(), {signal.raw()}, true};
+  AllReduceSpec unfused{(*comms)[0].get(), {signal.raw()}, false};
+  const Run f = run(&fused), u = run(&unfused);
+  EXPECT_EQ(f.backend, "cuda_allreduce_fused");
+  EXPECT_EQ(u.backend, "cuda");
+  const std::vector<float> zeros(rows * n_total, 0.0f);
+  for (const Run* r : {&plain, &f, &u}) EXPECT_EQ(r->fill, zeros) << r->backend;
   EXPECT_TRUE(all_close(f.residual, plain.residual, 0, 0, width));
   EXPECT_TRUE(all_close(from_bf16(f.out), from_bf16(plain.out), 1e-6f, 1.0f / 128, width));
   EXPECT_EQ(u.residual, plain.residual);  // NCCL over one rank is a copy

@@ -154,6 +154,42 @@ TEST_F(MoeGpu, RoutingV2SoftmaxGroupLimited) {
   for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 300 + T);
 }
 
+TEST_F(MoeGpu, RoutingKimiK2ShapeAndExactTies) {
+  MoeRoutingParams p;  // Kimi-K2: 384 experts, one group
+  p.scoring = ScoringFunc::kSigmoid;
+  p.method = TopkMethod::kNoauxTc;
+  p.num_experts = 384;
+  p.top_k = 8;
+  p.n_group = 1;
+  p.topk_group = 1;
+  p.norm_topk_prob = true;
+  p.routed_scaling_factor = 2.827f;
+  for (int64_t T : {1, 7, 300}) check_routing(p, true, T, 400 + T);
+  // Exact ties (constant logits) go to the lowest expert ids, in order, as in
+  // the reference; groups tie too and the lowest groups are kept.
+  for (TopkMethod m : {TopkMethod::kGreedy, TopkMethod::kGroupLimitedGreedy}) {
+    MoeRoutingParams q;
+    q.scoring = ScoringFunc::kSoftmax;
+    q.method = m;
+    q.num_experts = 64;
+    q.top_k = 6;
+    q.n_group = m == TopkMethod::kGreedy ? 1 : 8;
+    q.topk_group = m == TopkMethod::kGreedy ? 1 : 2;
+    const int64_t T = 5;
+    Tensor d_logits = device_copy(std::vector<float>(T * 64, 0.25f), DType::kF32);
+    Tensor d_ids = device_poisoned(T * 6, DType::kI32), d_w = device_poisoned(T * 6, DType::kF32);
+    ASSERT_EQ(launch_moe_route(q, d_logits.data<float>(), nullptr, T, d_ids.data<int32_t>(), d_w.data<float>(),
+                               nullptr),
+              cudaSuccess);
+    std::vector<int32_t> want(T * 6);
+    std::vector<float> want_w(T * 6);
+    const std::vector<float> logits(T * 64, 0.25f);
+    moe_route_ref(q, logits.data(), nullptr, T, want.data(), want_w.data());
+    EXPECT_EQ(host_copy<int32_t>(d_ids), want);
+    for (int k = 0; k < 6; ++k) EXPECT_EQ(want[k], k);
+  }
+}
+
 // ---------------------------------------------------------------- experts
 
 uint64_t splitmix64(uint64_t x) {

@@ -88,6 +88,41 @@ TEST(PrezeroTest, DecodeGraphRewritten) {
   EXPECT_NE(g.dump("decode").find("prezero donor"), std::string::npos);
 }
 
+// What NUCLEUS_DUMP_GRAPH=1 prints after the passes, line by line.
+TEST(PrezeroTest, DumpNamesDonorsBuffersAndSlices) {
+  auto m = load(true);
+  const std::string dump = m->graph(StepKind::kDecode).dump("decode (after passes)");
+  auto line_of = [&](const std::string& node) {
+    const size_t at = dump.find(" " + node + " ");
+    if (at == std::string::npos) return std::string();
+    const size_t begin = dump.rfind('\n', at) + 1;
+    return dump.substr(begin, dump.find('\n', at) - begin);
+  };
+  const std::string donor = line_of("layers.1.input_layernorm");
+  EXPECT_NE(donor.find("prezero.1.attn[T,1728,F32]"), std::string::npos) << donor;
+  EXPECT_NE(donor.find("prezero_n_total=1728 prezero_n_base=1472"), std::string::npos) << donor;
+  EXPECT_NE(donor.find("<prezero donor: fills prezero.1.attn [T, 1728] (all, or the first 1472 columns"),
+            std::string::npos)
+      << donor;
+  const std::string q_b = line_of("layers.1.self_attn.q_b_proj");
+  EXPECT_NE(q_b.find("-> prezero.1.attn.q_b_proj[T,768,F32]=slice(prezero.1.attn,704)"), std::string::npos) << q_b;
+  EXPECT_NE(q_b.find("zero_init=gate(m,1472)"), std::string::npos) << q_b;
+  EXPECT_NE(q_b.find("<prezero consumer: columns [704, 1472) of prezero.1.attn"), std::string::npos) << q_b;
+  const std::string o = line_of("layers.1.self_attn.o_proj");
+  EXPECT_NE(o.find("slice(prezero.1.attn,1472)"), std::string::npos) << o;
+  EXPECT_NE(o.find("zero_init=gate(m,1728)"), std::string::npos) << o;
+  const std::string post = line_of("layers.1.post_attention_layernorm");
+  EXPECT_NE(post.find("prezero.1.attn.o_proj[T,256,F32]=slice"), std::string::npos) << "reads o_proj's slice: " << post;
+  EXPECT_NE(post.find("prezero.1.ffn[T,392,F32]"), std::string::npos) << post;
+  EXPECT_NE(line_of("layers.1.mlp.route").find("prezero.1.ffn.gate[T,8,F32]=slice(prezero.1.ffn,0)"),
+            std::string::npos);
+  EXPECT_NE(line_of("layers.1.mlp.shared_experts.act").find("prezero.1.ffn.gate_up_proj[T,384,F32]=slice(prezero.1.ffn,8)"),
+            std::string::npos);
+  EXPECT_EQ(line_of("layers.1.mlp.shared_experts.down_proj").find("prezero"), std::string::npos);
+  // The prefill graph of the same model: nothing of the pass.
+  EXPECT_EQ(m->graph(StepKind::kPrefill).dump("prefill").find("prezero"), std::string::npos);
+}
+
 TEST(PrezeroTest, NothingRewrittenInPrefillOrWithFlagOff) {
   auto on = load(true);
   auto off = load(false);
@@ -138,6 +173,25 @@ TEST(PrezeroTest, OnEqualsOffBitForBitForEachGateOutcome) {
     EXPECT_EQ(std::memcmp(a->raw(), b->raw(), a->nbytes()), 0) << "batch " << n;
     EXPECT_EQ(std::memcmp(kv_on.data.raw(), kv_off.data.raw(), kv_on.data.nbytes()), 0) << "batch " << n;
   }
+}
+
+// The same with fewer idle bytes credited per SM (NUCLEUS_PREZERO_IDLE_BYTES_PER_SM),
+// which moves the outcomes below 65 rows, where the GPU's consumers run split-K.
+TEST(PrezeroTest, OnEqualsOffWithTheIdleBytesKnob) {
+  set_prezero_idle_bytes_per_sm(4096);
+  auto on = load(true);
+  auto off = load(false);
+  const int64_t bs = 16, context = 3;
+  for (int64_t n : {60, 60, 52, 52, 8, 8}) {  // none, base, all
+    KvCache kv_on = on->make_kv_cache(n, bs), kv_off = off->make_kv_cache(n, bs);
+    StepInputs d = decode_step(n, context, bs);
+    auto a = on->forward(d, kv_on);
+    auto b = off->forward(d, kv_off);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(std::memcmp(a->raw(), b->raw(), a->nbytes()), 0)
+        << "batch " << n << " fill " << prezero_fill_name(prezero_fill(n, 1728, 1472));
+  }
+  set_prezero_idle_bytes_per_sm(0);
 }
 
 }  // namespace

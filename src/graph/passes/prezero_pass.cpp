@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "graph/passes/redirect.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
 
@@ -18,49 +20,42 @@ int find_node(const StepGraph& g, const std::string& name) {
   return -1;
 }
 
-// Replaces buffer `old_id` by `new_id` in node `first` (its outputs) and in
-// every later node until one writes `old_id` again.
-void rewire(StepGraph& g, size_t first, int old_id, int new_id) {
-  for (int& id : g.nodes()[first].outputs)
-    if (id == old_id) id = new_id;
-  for (size_t i = first + 1; i < g.nodes().size(); ++i) {
-    Node& n = g.nodes()[i];
-    bool writes = false;
-    for (int id : n.outputs) writes |= id == old_id;
-    bool reads = false;
-    for (int id : n.inputs) reads |= id == old_id;
-    // An in-place op (reads and writes it) still works on the slice; a node
-    // that only writes it starts a new value: stop there.
-    if (writes && !reads) return;
-    for (int& id : n.inputs)
-      if (id == old_id) id = new_id;
-    for (int& id : n.outputs)
-      if (id == old_id) id = new_id;
-  }
-}
-
 struct Consumer {
   int node;
   LinearOp* op;
   int64_t width;
 };
 
+// The candidates of one list that can take a donor's zeroing.
+StatusOr<std::vector<Consumer>> consumers_of(const StepGraph& g, const std::vector<int>& candidates) {
+  std::vector<Consumer> out;
+  for (int idx : candidates) {
+    if (idx < 0) continue;
+    auto* op = dynamic_cast<LinearOp*>(g.nodes()[idx].op.get());
+    if (!op) return internal_error("prezero consumer " + g.nodes()[idx].name + " is not a linear op");
+    if (!op->honours_zero_init() || op->accumulate() || op->zero_init_max_rows() == 0) continue;
+    const BufferDesc& b = g.buffers()[g.nodes()[idx].outputs[0]];
+    if (b.dtype != DType::kF32)
+      return internal_error("prezero consumer " + g.nodes()[idx].name + " (" + op->backend() + ") writes " +
+                            dtype_name(b.dtype) + " buffer " + b.name + "; the split-K pass must run first");
+    out.push_back({idx, op, op->weight().out_features});
+  }
+  return out;
+}
+
 Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, const std::vector<int>& tail,
                      const std::string& buffer_name, PrezeroPassReport* report) {
-  std::vector<Consumer> consumers;
-  int64_t n_base = 0, n_total = 0;
-  for (const auto* list : {&base, &tail}) {
-    for (int idx : *list) {
-      if (idx < 0) continue;
-      auto* op = dynamic_cast<LinearOp*>(g.nodes()[idx].op.get());
-      if (!op) return internal_error("prezero consumer " + g.nodes()[idx].name + " is not a linear op");
-      const int64_t w = op->weight().out_features;
-      consumers.push_back({idx, op, w});
-      n_total += w;
-      if (list == &base) n_base += w;
-    }
-  }
+  NUCLEUS_ASSIGN_OR_RETURN(std::vector<Consumer> consumers, consumers_of(g, base));
+  int64_t n_base = 0;
+  for (const Consumer& c : consumers) n_base += c.width;
+  NUCLEUS_ASSIGN_OR_RETURN(std::vector<Consumer> tail_consumers, consumers_of(g, tail));
+  consumers.insert(consumers.end(), tail_consumers.begin(), tail_consumers.end());
   if (consumers.empty()) return ok_status();
+  int64_t n_total = 0, max_rows = 0;  // the donor fills up to the most rows any consumer accumulates at
+  for (const Consumer& c : consumers) {
+    n_total += c.width;
+    max_rows = std::max(max_rows, c.op->zero_init_max_rows());
+  }
   auto* norm = dynamic_cast<AddRmsNormOp*>(g.nodes()[donor].op.get());
   if (!norm) return internal_error("prezero donor " + g.nodes()[donor].name + " is not an add_rmsnorm op");
   const int buffer = g.buffer(buffer_name, n_total, DType::kF32);
@@ -69,18 +64,19 @@ Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, cons
     Node& n = g.nodes()[c.node];
     const int old_out = n.outputs[0];
     const int slice = g.slice(buffer_name + "." + n.name.substr(n.name.rfind('.') + 1), buffer, col, c.width);
-    rewire(g, c.node, old_out, slice);
+    redirect_output(g, c.node, old_out, slice);
     const bool in_base = col < n_base;
-    c.op->set_prezero_gate_n(in_base ? n_base : n_total);
-    n.notes.push_back(fmt::format("prezero consumer: columns [{}, {}) of {}, zero_init unless the donor filled {}", col,
-                                  col + c.width, buffer_name, in_base ? "the base" : "all"));
+    c.op->set_prezero_gate(in_base ? n_base : n_total, max_rows);
+    g.nodes()[c.node].notes.push_back(
+        fmt::format("prezero consumer: columns [{}, {}) of {}, zero_init unless the donor filled {}", col,
+                    col + c.width, buffer_name, in_base ? "the base" : "all"));
     col += c.width;
     ++report->consumers;
   }
-  norm->set_prezero({n_total, n_base});
+  norm->set_prezero({n_total, n_base, max_rows});
   g.nodes()[donor].outputs.push_back(buffer);
-  g.nodes()[donor].notes.push_back(fmt::format("prezero donor: fills {} [T, {}] (all, or the first {} columns, by the gate)",
-                                               buffer_name, n_total, n_base));
+  g.nodes()[donor].notes.push_back(fmt::format(
+      "prezero donor: fills {} [T, {}] (all, or the first {} columns, by the gate)", buffer_name, n_total, n_base));
   ++report->donors;
   return ok_status();
 }
@@ -89,11 +85,6 @@ Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, cons
 
 StatusOr<PrezeroPassReport> apply_prezero_pass(StepGraph& g) {
   PrezeroPassReport report;
-  for (const Node& n : g.nodes())
-    if (n.op->backend() != "cpu_ref" && !n.op->backend().empty() &&
-        std::string(n.op->kind()) == "add_rmsnorm")
-      return unsupported("the prezero pass needs the CUDA split-K GEMMs, which are not built yet; run without "
-                         "NUCLEUS_ENABLE_PREZERO on the GPU");
   for (int64_t l = 0;; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
     const int input_norm = find_node(g, p + "input_layernorm");

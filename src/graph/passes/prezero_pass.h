@@ -10,8 +10,13 @@
 //       q_b_proj] (the base, n_base) | o_proj (the tail)
 //   layers.L.post_attention_layernorm -> [mlp.gate (router) | the first GEMM
 //       of the shared experts, or the dense MLP's gate_up_proj]
-// Every later use of a consumer's old output buffer, up to the buffer's next
-// writer, is rewired to the slice. Decode graphs only (never prefill).
+// Consumers are the GEMMs whose chosen backend honours zero_init
+// (LinearOp::honours_zero_init: cpu_ref, or cuda_splitk, whose outputs the
+// split-K pass made f32); a GEMM on another backend (cuBLASLt, the FP8
+// kernels) overwrites its output, gains nothing, and is left out (the others
+// keep their order). A consumer's readers, up to its old output buffer's next
+// writer, read the slice instead (graph/passes/redirect.h). Decode graphs
+// only (never prefill).
 #pragma once
 
 #include "core/status.h"
@@ -24,9 +29,9 @@ struct PrezeroPassReport {
   int consumers = 0;
 };
 
-// Rewrites `graph` in place. Consumers must be f32-output capable (the CPU
-// reference; the CUDA split-K path is future work, so the pass refuses a
-// graph whose backends are on the GPU).
+// Rewrites `graph` in place (after backend selection and the split-K pass).
+// Errors: a consumer that honours zero_init but writes a non-f32 buffer (the
+// split-K pass did not run), or a donor that is not a residual add + RMSNorm.
 StatusOr<PrezeroPassReport> apply_prezero_pass(StepGraph& graph);
 
 }  // namespace nucleus

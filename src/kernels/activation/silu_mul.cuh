@@ -12,5 +12,8 @@ namespace nucleus::kernels {
 //   gate_up: [rows, 2 * width] bf16; out: [rows, width] bf16. Stream-async, graph-safe.
 cudaError_t launch_silu_mul(const __nv_bfloat16* gate_up, int64_t rows, int64_t width, __nv_bfloat16* out,
                             cudaStream_t stream);
+// The same reading an f32 gate_up (a split-K GEMM's output): [rows, 2 * width] f32.
+cudaError_t launch_silu_mul(const float* gate_up, int64_t rows, int64_t width, __nv_bfloat16* out,
+                            cudaStream_t stream);
 
 }  // namespace nucleus::kernels

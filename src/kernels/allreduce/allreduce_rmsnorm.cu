@@ -59,10 +59,44 @@ __device__ __forceinline__ void barrier_with_peer(Signal* const* signals, int ra
   }
 }
 
-__global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllReduceNormParams p) {
+// Eight consecutive delta elements as f32, uncached (a peer rewrites its
+// delta between calls). p is 16-byte aligned.
+__device__ __forceinline__ void load8_uncached(const __nv_bfloat16* p, float (&v)[kVec]) {
+  const uint4 raw = __ldcv(reinterpret_cast<const uint4*>(p));
+  const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) v[k] = __bfloat162float(h[k]);
+}
+__device__ __forceinline__ void load8_uncached(const float* p, float (&v)[kVec]) {
+  const float4 a = __ldcv(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldcv(reinterpret_cast<const float4*>(p + 4));
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// The prezero fill on CTAs [row_blocks, gridDim.x): grid-stride over them.
+__device__ void zero_fill_blocks(float* dst, int64_t count, int row_blocks) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x - row_blocks) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x - row_blocks) * blockDim.x + threadIdx.x;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const int64_t n4 = count / 4;
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    for (int64_t i = first; i < n4; i += stride) d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t i = n4 * 4 + first; i < count; i += stride) dst[i] = 0.0f;
+  } else {
+    for (int64_t i = first; i < count; i += stride) dst[i] = 0.0f;
+  }
+}
+
+// CTAs [0, row_blocks) reduce the rows; the rest (if any) do the prezero fill.
+template <typename Delta>
+__global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllReduceNormParams p, int row_blocks) {
+  if (static_cast<int>(blockIdx.x) >= row_blocks) {  // a fill CTA: no signals, no barriers
+    zero_fill_blocks(p.zero_fill, p.zero_fill_count, row_blocks);
+    return;
+  }
   __shared__ float scratch[32];
   __shared__ uint32_t flag_shared;
-  __shared__ const __nv_bfloat16* deltas[kArMaxRanks];
+  __shared__ const Delta* deltas[kArMaxRanks];
   Signal* const* signals = reinterpret_cast<Signal* const*>(p.signals);
   Signal* mine = signals[p.rank];
   const int b = blockIdx.x;
@@ -76,12 +110,12 @@ __global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllRedu
   if (threadIdx.x < p.world_size) {
     barrier_with_peer(signals, p.rank, threadIdx.x, flag, /*at_end=*/false);
     deltas[threadIdx.x] =
-        static_cast<const __nv_bfloat16*>(*static_cast<const void* volatile*>(&signals[threadIdx.x]->data[b]));
+        static_cast<const Delta*>(*static_cast<const void* volatile*>(&signals[threadIdx.x]->data[b]));
   }
   __syncthreads();
 
   const int64_t width = p.width;
-  for (int64_t row = b; row < p.rows; row += gridDim.x) {
+  for (int64_t row = b; row < p.rows; row += row_blocks) {
     float* res = p.residual + row * width;
     float v[kMaxVecPerThread][kVec];
     float ss = 0.0f;
@@ -93,11 +127,10 @@ __global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllRedu
 #pragma unroll
       for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
       for (int q = 0; q < p.world_size; ++q) {
-        // Uncached: a peer rewrites its delta between calls.
-        const uint4 raw = __ldcv(reinterpret_cast<const uint4*>(deltas[q] + row * width + c));
-        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+        float d[kVec];
+        load8_uncached(deltas[q] + row * width + c, d);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[k] += __bfloat162float(h[k]);
+        for (int k = 0; k < kVec; ++k) acc[k] += d[k];
       }
       const float4 r0 = *reinterpret_cast<const float4*>(res + c);
       const float4 r1 = *reinterpret_cast<const float4*>(res + c + 4);
@@ -144,14 +177,20 @@ const char* allreduce_add_rmsnorm_unsupported(const AllReduceNormParams& p) {
   if (p.max_blocks < 1 || p.max_blocks > kArMaxBlocks) return "max_blocks outside [1, 64]";
   if (!aligned16(p.delta) || !aligned16(p.residual) || !aligned16(p.out) || !aligned16(p.weight))
     return "a buffer is not 16-byte aligned";
+  if (p.zero_fill && p.zero_fill_count > 0 && p.fill_blocks < 1) return "a prezero fill without fill blocks";
   return nullptr;
 }
 
 cudaError_t launch_allreduce_add_rmsnorm(const AllReduceNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   if (allreduce_add_rmsnorm_unsupported(p)) return cudaErrorInvalidValue;
-  const int64_t blocks = p.rows < p.max_blocks ? p.rows : p.max_blocks;
-  allreduce_add_rmsnorm_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+  const int row_blocks = static_cast<int>(p.rows < p.max_blocks ? p.rows : p.max_blocks);
+  const bool fill = p.zero_fill != nullptr && p.zero_fill_count > 0;
+  const unsigned grid = static_cast<unsigned>(row_blocks + (fill ? p.fill_blocks : 0));
+  if (p.delta_f32)
+    allreduce_add_rmsnorm_kernel<float><<<grid, kThreads, 0, stream>>>(p, row_blocks);
+  else
+    allreduce_add_rmsnorm_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p, row_blocks);
   return cudaGetLastError();
 }
 

@@ -1,3 +1,6 @@
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/mla/mla_attention_naive.cuh"
 
@@ -9,6 +12,15 @@ using cuda_common::warp_sum;
 
 constexpr int kThreads = 256;
 constexpr int kKeyTile = 32;
+
+// Element c of a cache row as stored (bf16, or the e4m3 value unscaled).
+__device__ __forceinline__ float cache_elem(const void* row, bool fp8, int c) {
+  if (fp8) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(row)[c], __NV_E4M3);
+    return __half2float(__half(h));
+  }
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(row)[c]);
+}
 
 // q_lat[r, h, c] = sum_i q_nope[r, h, i] * W_UK[h][i, c]
 __global__ void q_absorb_kernel(MlaAbsorbedParams p) {
@@ -41,6 +53,8 @@ __global__ void absorbed_attention_kernel(MlaAbsorbedParams p) {
     q_full[c] = c < s.kv_lora ? ql[c] : __bfloat162float(qpe[c - s.kv_lora]);
   __syncthreads();
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
+  const size_t row_bytes = static_cast<size_t>(s.latent()) * (p.cache_fp8 ? 1 : 2);
+  const float score_scale = s.scale * (p.cache_fp8 ? p.k_scale : 1.0f);
   // Each thread owns output channels c = threadIdx.x + k * blockDim.x.
   constexpr int kMaxChannels = 4;  // kv_lora <= 4 * kThreads
   float acc[kMaxChannels] = {0, 0, 0, 0};
@@ -51,11 +65,11 @@ __global__ void absorbed_attention_kernel(MlaAbsorbedParams p) {
     for (int j = warp; j < tile; j += num_warps) {
       const int64_t key = k0 + j;
       const int64_t slot = static_cast<int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size;
-      const __nv_bfloat16* row = p.cache + slot * s.latent();
+      const void* row = static_cast<const char*>(p.cache) + slot * row_bytes;
       float d = 0.0f;
-      for (int c = lane; c < s.latent(); c += 32) d += q_full[c] * __bfloat162float(row[c]);
+      for (int c = lane; c < s.latent(); c += 32) d += q_full[c] * cache_elem(row, p.cache_fp8, c);
       d = warp_sum(d);
-      if (lane == 0) scores[j] = d * s.scale;
+      if (lane == 0) scores[j] = d * score_scale;
     }
     __syncthreads();
     float tile_max = -INFINITY;
@@ -70,21 +84,22 @@ __global__ void absorbed_attention_kernel(MlaAbsorbedParams p) {
       l += pj;
       const int64_t key = k0 + j;
       const int64_t slot = static_cast<int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size;
-      const __nv_bfloat16* row = p.cache + slot * s.latent();
+      const void* row = static_cast<const char*>(p.cache) + slot * row_bytes;
 #pragma unroll
       for (int k = 0; k < kMaxChannels; ++k) {
         const int c = threadIdx.x + k * blockDim.x;
-        if (c < s.kv_lora) acc[k] += pj * __bfloat162float(row[c]);
+        if (c < s.kv_lora) acc[k] += pj * cache_elem(row, p.cache_fp8, c);
       }
     }
     m = m_new;
     __syncthreads();  // scores reused by the next tile
   }
   float* ol = p.o_lat + (i * s.num_heads + h) * s.kv_lora;
+  const float out_scale = p.cache_fp8 ? p.k_scale : 1.0f;
 #pragma unroll
   for (int k = 0; k < kMaxChannels; ++k) {
     const int c = threadIdx.x + k * blockDim.x;
-    if (c < s.kv_lora) ol[c] = acc[k] / l;
+    if (c < s.kv_lora) ol[c] = acc[k] / l * out_scale;
   }
 }
 
@@ -168,13 +183,6 @@ __global__ void store_output_kernel(const float* __restrict__ acc, int num_heads
     out[i * out_stride + c] = __float2bfloat16(acc[i * num_heads * v_head + c]);
 }
 
-__global__ void gather_latent_kernel(const __nv_bfloat16* __restrict__ cache, int width,
-                                     const int32_t* __restrict__ table, int block_size, int64_t key_begin,
-                                     __nv_bfloat16* __restrict__ latent) {
-  const int64_t j = blockIdx.x, key = key_begin + j;
-  const int64_t slot = static_cast<int64_t>(table[key / block_size]) * block_size + key % block_size;
-  for (int c = threadIdx.x; c < width; c += blockDim.x) latent[j * width + c] = cache[slot * width + c];
-}
 }  // namespace
 
 cudaError_t launch_mla_absorbed_naive(const MlaAbsorbedParams& p, cudaStream_t stream) {
@@ -207,14 +215,6 @@ cudaError_t launch_mla_store_output(const float* acc, int64_t num_q, int num_hea
   if (num_q == 0) return cudaSuccess;
   store_output_kernel<<<static_cast<unsigned>(num_q), kThreads, 0, stream>>>(acc, num_heads, v_head, out,
                                                                             out_stride);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_gather_latent(const __nv_bfloat16* cache, int width, const int32_t* block_table, int block_size,
-                                 int64_t key_begin, int64_t num_keys, __nv_bfloat16* latent, cudaStream_t stream) {
-  if (num_keys == 0) return cudaSuccess;
-  gather_latent_kernel<<<static_cast<unsigned>(num_keys), 128, 0, stream>>>(cache, width, block_table, block_size,
-                                                                           key_begin, latent);
   return cudaGetLastError();
 }
 

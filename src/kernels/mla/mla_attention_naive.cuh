@@ -23,7 +23,9 @@ struct MlaShape {
   __host__ __device__ int latent() const { return kv_lora + qk_rope; }
 };
 
-// Absorbed-form attention for `num_rows` query rows over the paged latent cache.
+// Absorbed-form attention for `num_rows` query rows over the paged latent
+// cache. An FP8 cache's k_scale is factored out of the sums: scores
+// scale * k_scale * (q . stored), o_lat = k_scale * sum_j p_j stored_j.
 struct MlaAbsorbedParams {
   MlaShape s;
   const __nv_bfloat16* q = nullptr;  // [T, num_heads * qk_head], RoPE applied
@@ -37,7 +39,9 @@ struct MlaAbsorbedParams {
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks]
   int max_blocks = 0;
   int block_size = 0;
-  const __nv_bfloat16* cache = nullptr;  // this layer: [num_slots, latent]
+  const void* cache = nullptr;  // this layer: [num_slots, latent] bf16, or e4m3 bytes when cache_fp8
+  bool cache_fp8 = false;       // rows read as stored * k_scale (ops/kv_cache_dtype.h)
+  float k_scale = 1.0f;
   WeightView kv_b;                       // [num_heads * (qk_nope + v_head), kv_lora]
   float* q_lat = nullptr;                // scratch [num_rows, num_heads, kv_lora] f32 (by i, not row)
   float* o_lat = nullptr;                // scratch [num_rows, num_heads, kv_lora] f32
@@ -71,10 +75,5 @@ cudaError_t launch_mla_expanded_piece_naive(const MlaExpandedPieceParams& p, cud
 // out[i, h * v_head + c] = bf16(acc[i, h, c]) for num_q rows (row stride out_stride).
 cudaError_t launch_mla_store_output(const float* acc, int64_t num_q, int num_heads, int v_head, __nv_bfloat16* out,
                                     int64_t out_stride, cudaStream_t stream);
-
-// Gathers a sequence's latent rows [key_begin, key_begin + num_keys) through
-// its block table into `latent` ([num_keys, width] bf16, contiguous).
-cudaError_t launch_gather_latent(const __nv_bfloat16* cache, int width, const int32_t* block_table, int block_size,
-                                 int64_t key_begin, int64_t num_keys, __nv_bfloat16* latent, cudaStream_t stream);
 
 }  // namespace nucleus::kernels

@@ -9,6 +9,12 @@
 // Keys stream through a kStages-deep cp.async ring of 32-key tiles (rows
 // padded to 1168 bytes: conflict-free ldmatrix). Each latent row is read
 // from memory once per CTA, for all of its heads.
+// FP8 cache: the ring holds the raw e4m3 tiles (576-byte rows, twice the
+// stages for the same bytes in flight); after a tile lands, the CTA converts
+// it exactly to bf16 into one padded tile, which the MMAs read as above.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/mla/mla_decode.cuh"
 
@@ -22,7 +28,10 @@ namespace {
 constexpr int kTileKeys = 32;
 constexpr int kRowElems = kMlaDecodeLatent + 8;  // padded smem row: 1168 bytes
 constexpr int kTileElems = kTileKeys * kRowElems;
-constexpr int kStages = 4;
+constexpr int kStagesBf16 = 4;
+constexpr int kStagesFp8 = 8;                             // same bytes in flight as bf16's 4
+constexpr int kFp8TileBytes = kTileKeys * kMlaDecodeLatent;  // raw e4m3 tile: 32 x 576 bytes
+constexpr int kFp8ChunksPerRow = kMlaDecodeLatent / 16;      // 36 16-byte chunks per e4m3 row
 constexpr int kMinChunk = 128;                            // keys per split at least
 constexpr int kSpStride = kTileKeys + 8;                  // floats per partial-score row (conflict-free)
 constexpr int kChunksPerRow = kMlaDecodeLatent * 2 / 16;  // 72 16-byte chunks per latent row
@@ -89,9 +98,27 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 __device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-template <int M>
+__host__ __device__ constexpr int num_stages(bool fp8) { return fp8 ? kStagesFp8 : kStagesBf16; }
+
+// Shared memory: the ring (bf16 tiles, or raw e4m3 tiles then one bf16
+// tile), then the partial scores.
+template <bool kFp8>
+constexpr size_t ring_bytes() {
+  return kFp8 ? static_cast<size_t>(kStagesFp8) * kFp8TileBytes + static_cast<size_t>(kTileElems) * 2
+              : static_cast<size_t>(kStagesBf16) * kTileElems * 2;
+}
+template <int M, bool kFp8>
 constexpr size_t attention_smem_bytes() {
-  return static_cast<size_t>(kStages) * kTileElems * 2 + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
+  return ring_bytes<kFp8>() + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
+}
+
+// Two e4m3 bytes (low byte first) -> bf16x2, exactly (e4m3 -> f16 -> f32 ->
+// bf16 loses nothing; NaN stays NaN).
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  __nv_bfloat162 v = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 constexpr int kWarps = 8;
@@ -103,15 +130,20 @@ static_assert(kChunksPerRow % kThreadsPerRow == 0, "loader split");
 // M m-tiles of 16 heads; 8 warps. Warp w: m-tile mt = w / (8 / M); for the
 // scores dim quarter qd = w % 4 and keys [16 M kh, +16 M) of the tile
 // (kh = (w % (8 / M)) / 4); for the output columns [64 M c, +64 M)
-// (c = w % (8 / M)).
-template <int M>
+// (c = w % (8 / M)). kFp8: the cache holds e4m3 bytes (see the file comment).
+template <int M, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const MlaDecodeAttnParams p) {
   constexpr int kWarpsPerMt = kWarps / M;  // 8 or 4
   constexpr int kNtS = 2 * M;              // score n-tiles (8 keys) per warp
   constexpr int kNtO = 8 * M;              // output n-tiles (8 columns) per warp
+  constexpr int kStages = num_stages(kFp8);
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __nv_bfloat16* kv_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);  // [kStages][32][kRowElems]
-  float* sp = reinterpret_cast<float*>(smem_raw + static_cast<size_t>(kStages) * kTileElems * 2);  // [M][4][16][kSpStride]
+  // bf16: the ring [kStages][32][kRowElems]; FP8: the raw ring [kStages][32][576 B], then one bf16 tile.
+  __nv_bfloat16* kv_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  unsigned char* raw_smem = smem_raw;
+  __nv_bfloat16* conv_tile =
+      reinterpret_cast<__nv_bfloat16*>(smem_raw + static_cast<size_t>(kStagesFp8) * kFp8TileBytes);
+  float* sp = reinterpret_cast<float*>(smem_raw + ring_bytes<kFp8>());  // [M][4][16][kSpStride]
 
   const int H = p.num_heads;
   const int group = blockIdx.x, split = blockIdx.y;
@@ -130,21 +162,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
   const int bs = p.r.block_size;
   const int32_t* table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
 
-  // Loader: thread copies chunks ld_part + 8 j of key row ld_row of a tile.
+  // Loader: thread copies 16-byte chunks ld_part + 8 j of key row ld_row of a
+  // tile (bf16: 72 chunks a row, 9 each; FP8: 36 a row, 4 or 5 each).
   const int ld_row = tid / kThreadsPerRow, ld_part = tid % kThreadsPerRow;
-  auto row_src = [&](int t) -> const __nv_bfloat16* {  // this thread's row of tile t, or null past the end
+  constexpr int kRowBytes = kMlaDecodeLatent * (kFp8 ? 1 : 2);
+  const auto* cache_bytes = static_cast<const unsigned char*>(p.cache);
+  auto row_src = [&](int t) -> const unsigned char* {  // this thread's row of tile t, or null past the end
     const int key = k_begin + t * kTileKeys + ld_row;
     if (key >= k_end) return nullptr;
     const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
-    return p.cache + slot * kMlaDecodeLatent;
+    return cache_bytes + slot * kRowBytes;
   };
-  auto load_tile = [&](const __nv_bfloat16* src, int stage) {
-    const uint32_t dst = smem_u32(kv_smem + stage * kTileElems + ld_row * kRowElems + ld_part * 8);
+  auto load_tile = [&](const unsigned char* src, int stage) {
     const bool valid = src != nullptr;
-    const __nv_bfloat16* s0 = valid ? src + ld_part * 8 : p.cache;
+    const unsigned char* s0 = valid ? src + ld_part * 16 : cache_bytes;
+    if constexpr (kFp8) {
+      const uint32_t dst = smem_u32(raw_smem + stage * kFp8TileBytes + ld_row * kMlaDecodeLatent + ld_part * 16);
 #pragma unroll
-    for (int j = 0; j < kChunksPerThread; ++j)
-      cp_async16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 8 : s0, valid);
+      for (int j = 0; j < (kFp8ChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow; ++j)
+        if (ld_part + j * kThreadsPerRow < kFp8ChunksPerRow)
+          cp_async16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid);
+    } else {
+      const uint32_t dst = smem_u32(kv_smem + stage * kTileElems + ld_row * kRowElems + ld_part * 8);
+#pragma unroll
+      for (int j = 0; j < kChunksPerThread; ++j)
+        cp_async16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid);
+    }
   };
 
 #pragma unroll
@@ -152,7 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
     if (s < num_tiles) load_tile(row_src(s), s);
     cp_async_commit();
   }
-  const __nv_bfloat16* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
+  const unsigned char* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
 
   // Q fragments (A operand, 16 heads x 16 dims per k-step) of this warp's dim quarter.
   uint32_t qf[9][4];
@@ -173,7 +216,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
 #pragma unroll
   for (int n = 0; n < kNtO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  const float scale_log2 = p.scale * kLog2e;
+  // An FP8 row is stored * k_scale: the factor goes on the scores and the output.
+  const float k_scale = kFp8 ? p.k_scale : 1.0f;
+  const float scale_log2 = p.scale * k_scale * kLog2e;
   float* sp_mine = sp + (mt * 4 + qd) * 16 * kSpStride + kh * 16 * M;
   const float* sp_tile = sp + mt * 4 * 16 * kSpStride;
   const int r_lo = lane >> 2, c0 = (lane & 3) * 2;
@@ -189,7 +234,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
       }
       cp_async_commit();
     }
-    const __nv_bfloat16* kv = kv_smem + (t % kStages) * kTileElems;
+    const __nv_bfloat16* kv;
+    if constexpr (kFp8) {
+      // The landed e4m3 tile -> the bf16 tile (8 bytes -> 16 a step, 9 steps a thread).
+      const unsigned char* raw = raw_smem + (t % kStages) * kFp8TileBytes + ld_row * kMlaDecodeLatent;
+      __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
+#pragma unroll
+      for (int j = 0; j < kMlaDecodeLatent / 8 / kThreadsPerRow; ++j) {
+        const int g = ld_part + j * kThreadsPerRow;
+        const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
+        *reinterpret_cast<uint4*>(dst + g * 8) =
+            make_uint4(fp8x2_to_bf16x2(b.x), fp8x2_to_bf16x2(b.x >> 16), fp8x2_to_bf16x2(b.y),
+                       fp8x2_to_bf16x2(b.y >> 16));
+      }
+      __syncthreads();
+      kv = conv_tile;
+    } else {
+      kv = kv_smem + (t % kStages) * kTileElems;
+    }
 
     // Partial scores over this warp's 144 dims and 16 M keys.
     {
@@ -293,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
-  const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
+  const float inv_lo = k_scale / l_lo, inv_hi = k_scale / l_hi;
   const int col0 = wi * 64 * M + (lane & 3) * 2;
   if (p.num_splits == 1) {
     __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
@@ -400,11 +462,11 @@ __global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __r
   out[idx] = __float2bfloat16(w.at(idx / w.k, idx % w.k));
 }
 
-template <int M>
+template <int M, bool kFp8>
 cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
-  constexpr size_t smem = attention_smem_bytes<M>();
+  constexpr size_t smem = attention_smem_bytes<M, kFp8>();
   const cudaError_t attr = cuda_common::once_per_device([] {
-    return cudaFuncSetAttribute(mla_decode_attention_kernel<M>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(mla_decode_attention_kernel<M, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem));
   });
   if (attr != cudaSuccess) return attr;
@@ -423,7 +485,7 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
       q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
     }
     dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
-    mla_decode_attention_kernel<M><<<grid, kThreads, smem, stream>>>(q);
+    mla_decode_attention_kernel<M, kFp8><<<grid, kThreads, smem, stream>>>(q);
     if (p.num_splits > 1) mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
   }
   return cudaGetLastError();
@@ -466,9 +528,12 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
   if (p.r.num_rows == 0) return cudaSuccess;
   if (p.num_splits < 1 || p.num_splits > kMlaDecodeMaxSplits || p.r.block_size < 1) return cudaErrorInvalidValue;
   if (p.num_splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
-  switch (p.heads_per_cta) {
-    case 16: return launch_attention_m<1>(p, stream);
-    case 32: return launch_attention_m<2>(p, stream);
+  if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
+  switch (p.heads_per_cta * 2 + (p.cache_fp8 ? 1 : 0)) {
+    case 32: return launch_attention_m<1, false>(p, stream);
+    case 33: return launch_attention_m<1, true>(p, stream);
+    case 64: return launch_attention_m<2, false>(p, stream);
+    case 65: return launch_attention_m<2, true>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

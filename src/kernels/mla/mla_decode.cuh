@@ -6,7 +6,12 @@
 //   3. attend:   split-KV flash decoding, each CTA = one row x one KV split x
 //                a group of 16 or 32 heads, every latent row read once for the
 //                whole group; tensor cores (mma.sync m16n8k16) for
-//                [heads x 576] x [576 x keys] and [heads x keys] x [keys x 512]
+//                [heads x 576] x [576 x keys] and [heads x keys] x [keys x 512].
+//                The cache is bf16, or FP8 e4m3 (ops/kv_cache_dtype.h): FP8
+//                rows are converted exactly to bf16 in shared memory and the
+//                layer's k_scale is factored out (scores scale * k_scale *
+//                q . stored; o_lat = k_scale * sum_j p_j stored_j), so the
+//                only roundings are the bf16 kernel's own.
 //   4. combine:  partial o_lat of the splits merged by log-sum-exp (when split)
 //   5. output:   out[row_i, h, :] = o_lat[i, h] . W_UV[h]^T                (batched GEMM)
 // Row i's query sits at position context_lens[seq] + (row - query_start[seq])
@@ -62,7 +67,9 @@ struct MlaDecodeAttnParams {
   int num_heads = 0;
   float scale = 0.0f;  // softmax scale (ModelConfig::softmax_scale)
   const __nv_bfloat16* q_full = nullptr;
-  const __nv_bfloat16* cache = nullptr;  // this layer: [num_slots, 576] bf16
+  const void* cache = nullptr;  // this layer: [num_slots, 576] bf16, or e4m3 bytes when cache_fp8
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;  // FP8 only: a row is read as stored * k_scale
   int num_splits = 1;
   int heads_per_cta = 16;
   float* part_o = nullptr;

@@ -6,88 +6,116 @@ namespace nucleus::kernels {
 namespace {
 using cuda_common::warp_sum;
 
-// One block per token; selection is done by thread 0 over shared arrays
-// (num_experts <= 1024, top_k and group counts small).
+// A candidate of a warp-wide argmax: the larger value wins, and among equal
+// values the lower index (the CPU reference's first-maximum rule); idx < 0 is
+// no candidate.
+struct Candidate {
+  float v;
+  int idx;
+};
+
+__device__ __forceinline__ bool better(const Candidate& a, const Candidate& b) {
+  return a.idx >= 0 && (b.idx < 0 || a.v > b.v || (a.v == b.v && a.idx < b.idx));
+}
+
+__device__ __forceinline__ Candidate warp_best(Candidate c) {
+  for (int off = 16; off > 0; off >>= 1) {
+    Candidate o{__shfl_xor_sync(0xffffffffu, c.v, off), __shfl_xor_sync(0xffffffffu, c.idx, off)};
+    if (better(o, c)) c = o;
+  }
+  return c;
+}
+
+constexpr int kRouteWarps = 4;  // tokens per block
+
+// One warp per token: scores, the group limit and the top-k selection as
+// warp-wide argmaxes (lane l owns experts l, l + 32, ...; and groups l, l + 32).
+// Same selection rule as moe_route_ref; the softmax sum is a warp reduction,
+// so scores may differ from the reference by float rounding.
 __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ logits, const float* __restrict__ bias,
-                                 int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights) {
+                                 int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
+                                 int64_t num_tokens) {
   extern __shared__ float sm[];
-  float* scores = sm;                      // [E]
-  float* choice = scores + p.num_experts;  // [E]
-  __shared__ float red[2];
-  const int64_t t = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= num_tokens) return;
   const int E = static_cast<int>(p.num_experts);
+  float* scores = sm + static_cast<int64_t>(warp) * 2 * E;  // [E]
+  float* choice = scores + E;                                // [E]
   const float* l = logits + t * E;
   if (p.scoring == ScoringFunc::kSoftmax) {
-    if (threadIdx.x == 0) {
-      float mx = -INFINITY;
-      for (int e = 0; e < E; ++e) mx = fmaxf(mx, l[e]);
-      red[0] = mx;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+    mx = cuda_common::warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      const float v = expf(l[e] - mx);
+      scores[e] = v;
+      sum += v;
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) scores[e] = expf(l[e] - red[0]);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float s = 0;
-      for (int e = 0; e < E; ++e) s += scores[e];
-      red[1] = s;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) scores[e] /= red[1];
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) scores[e] /= sum;
   } else {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) scores[e] = 1.0f / (1.0f + expf(-l[e]));
+    for (int e = lane; e < E; e += 32) scores[e] = 1.0f / (1.0f + expf(-l[e]));
   }
-  __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) choice[e] = bias ? scores[e] + bias[e] : scores[e];
-  __syncthreads();
-  if (threadIdx.x != 0) return;
+  for (int e = lane; e < E; e += 32) choice[e] = bias ? scores[e] + bias[e] : scores[e];
+  __syncwarp();
   const int G = static_cast<int>(p.n_group), gs = E / G;
   if (p.method != TopkMethod::kGreedy && G > 1) {
-    unsigned long long kept = 0;  // bit g: group g kept (G <= 64)
-    for (int pick = 0; pick < p.topk_group; ++pick) {
-      int best = -1;
-      float best_score = -INFINITY;
-      for (int g = 0; g < G; ++g) {
-        if (kept >> g & 1ull) continue;
-        float gscore;
-        if (p.method == TopkMethod::kNoauxTc) {
-          float a = -INFINITY, b = -INFINITY;  // top-2
-          for (int e = g * gs; e < (g + 1) * gs; ++e) {
-            const float c = choice[e];
-            if (c > a) { b = a; a = c; } else if (c > b) { b = c; }
-          }
-          gscore = gs >= 2 ? a + b : a;
-        } else {
-          gscore = -INFINITY;
-          for (int e = g * gs; e < (g + 1) * gs; ++e) gscore = fmaxf(gscore, choice[e]);
+    float gscore[2] = {-INFINITY, -INFINITY};  // groups lane and lane + 32 (G <= 64)
+    for (int j = 0; j < 2; ++j) {
+      const int g = lane + 32 * j;
+      if (g >= G) continue;
+      if (p.method == TopkMethod::kNoauxTc) {
+        float a = -INFINITY, b = -INFINITY;  // top-2 of the group
+        for (int e = g * gs; e < (g + 1) * gs; ++e) {
+          const float c = choice[e];
+          if (c > a) { b = a; a = c; } else if (c > b) { b = c; }
         }
-        if (best < 0 || gscore > best_score) { best = g; best_score = gscore; }
+        gscore[j] = gs >= 2 ? a + b : a;
+      } else {
+        for (int e = g * gs; e < (g + 1) * gs; ++e) gscore[j] = fmaxf(gscore[j], choice[e]);
       }
-      kept |= 1ull << best;
     }
-    for (int e = 0; e < E; ++e)
+    unsigned long long kept = 0;  // bit g: group g kept
+    for (int pick = 0; pick < p.topk_group; ++pick) {
+      Candidate c{-INFINITY, -1};
+      for (int j = 0; j < 2; ++j) {
+        const int g = lane + 32 * j;
+        if (g < G && !(kept >> g & 1ull) && better({gscore[j], g}, c)) c = {gscore[j], g};
+      }
+      c = warp_best(c);
+      if (c.idx >= 0) kept |= 1ull << c.idx;
+    }
+    for (int e = lane; e < E; e += 32)
       if (!(kept >> (e / gs) & 1ull)) choice[e] = -INFINITY;
+    __syncwarp();
   }
+  uint32_t taken = 0;  // bit j: expert lane + 32 j already selected
   float sum = 0.0f;
   int32_t* ids = topk_ids + t * p.top_k;
   float* w = topk_weights + t * p.top_k;
-  for (int k = 0; k < p.top_k; ++k) {
-    int best = -1;
-    float best_c = -INFINITY;
-    for (int e = 0; e < E; ++e) {
-      bool taken = false;
-      for (int j = 0; j < k; ++j) taken |= ids[j] == e;
-      if (taken) continue;
-      if (best < 0 || choice[e] > best_c) { best = e; best_c = choice[e]; }
-    }
-    ids[k] = best;
-    w[k] = scores[best];
-    sum += w[k];
+  float picked[16];
+  const int K = static_cast<int>(p.top_k);
+  for (int k = 0; k < K; ++k) {
+    Candidate c{-INFINITY, -1};
+    for (int j = 0, e = lane; e < E; ++j, e += 32)
+      if (!(taken >> j & 1u) && better({choice[e], e}, c)) c = {choice[e], e};
+    c = warp_best(c);
+    if ((c.idx & 31) == lane) taken |= 1u << (c.idx / 32);
+    const float wk = scores[c.idx];
+    if (lane == 0) ids[k] = c.idx;
+    if (k < 16) picked[k] = wk;
+    sum += wk;
   }
+  if (lane != 0) return;
   const bool normalise = p.method == TopkMethod::kNoauxTc ? p.norm_topk_prob : (p.top_k > 1 && p.norm_topk_prob);
   const bool scale = p.method == TopkMethod::kNoauxTc || !normalise;
-  for (int k = 0; k < p.top_k; ++k) {
-    if (normalise) w[k] /= (sum + 1e-20f);
-    if (scale) w[k] *= p.routed_scaling_factor;
+  for (int k = 0; k < K; ++k) {
+    float v = picked[k];
+    if (normalise) v /= (sum + 1e-20f);
+    if (scale) v *= p.routed_scaling_factor;
+    w[k] = v;
   }
 }
 
@@ -137,9 +165,11 @@ __global__ void expert_down_kernel(int64_t num_tokens, int64_t hidden, int64_t i
 cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
                              int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  if (p.num_experts > 1024 || p.n_group > 64) return cudaErrorInvalidValue;
-  const size_t smem = 2 * p.num_experts * sizeof(float);
-  moe_route_kernel<<<static_cast<unsigned>(num_tokens), 128, smem, stream>>>(p, logits, bias, topk_ids, topk_weights);
+  if (p.num_experts > 1024 || p.n_group > 64 || p.top_k > 16 || p.n_group < 1 || p.num_experts % p.n_group != 0)
+    return cudaErrorInvalidValue;
+  const size_t smem = kRouteWarps * 2 * p.num_experts * sizeof(float);
+  const auto blocks = static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps);
+  moe_route_kernel<<<blocks, kRouteWarps * 32, smem, stream>>>(p, logits, bias, topk_ids, topk_weights, num_tokens);
   return cudaGetLastError();
 }
 

@@ -12,9 +12,33 @@ constexpr int kThreads = 256;
 // kThreads * kMaxPerThread), normalised, and written.
 constexpr int kMaxPerThread = 32;  // width up to 8192
 
-__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const __nv_bfloat16* __restrict__ delta,
-                                   const float* __restrict__ w, int64_t width, float eps,
-                                   __nv_bfloat16* __restrict__ out) {
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+
+// Blocks [rows, gridDim.x) zero dst[0, count): grid-stride over them.
+__device__ void zero_fill_blocks(float* __restrict__ dst, int64_t count, int64_t rows) {
+  const int64_t fill_block = blockIdx.x - rows;
+  const int64_t stride = (gridDim.x - rows) * static_cast<int64_t>(blockDim.x);
+  const int64_t first = fill_block * blockDim.x + threadIdx.x;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const int64_t n4 = count / 4;
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    for (int64_t i = first; i < n4; i += stride) d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t i = n4 * 4 + first; i < count; i += stride) dst[i] = 0.0f;
+  } else {
+    for (int64_t i = first; i < count; i += stride) dst[i] = 0.0f;
+  }
+}
+
+template <typename Delta>
+__global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __restrict__ delta,
+                                   const float* __restrict__ w, int64_t rows, int64_t width, float eps,
+                                   __nv_bfloat16* __restrict__ out, float* __restrict__ zero_fill,
+                                   int64_t zero_fill_count) {
+  if (blockIdx.x >= rows) {  // a prezero fill block
+    zero_fill_blocks(zero_fill, zero_fill_count, rows);
+    return;
+  }
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   float* res = residual + r * width;
@@ -26,7 +50,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const __nv_bflo
     v[j] = 0.0f;
     if (i < width) {
       float x = res[i];
-      if (delta) x += __bfloat162float(delta[r * width + i]);
+      if (delta) x += to_f32(delta[r * width + i]);
       v[j] = x;
       ss += x * x;
     }
@@ -43,41 +67,79 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const __nv_bflo
   }
 }
 
-__global__ void rmsnorm_inplace_kernel(__nv_bfloat16* __restrict__ x, int64_t row_stride,
-                                       const float* __restrict__ w, int64_t width, float eps) {
+// Normalises the first `width` columns of row blockIdx.x of x into out and
+// converts columns [width, row_width) (none when x and out alias: in place).
+template <typename In>
+__global__ void rmsnorm_kernel(const In* x, int64_t x_stride, const float* __restrict__ w, int64_t width,
+                               int64_t row_width, float eps, __nv_bfloat16* out, int64_t out_stride) {
   __shared__ float scratch[32];
-  __nv_bfloat16* row = x + static_cast<int64_t>(blockIdx.x) * row_stride;
+  const In* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
+  __nv_bfloat16* orow = out + static_cast<int64_t>(blockIdx.x) * out_stride;
   float v[kMaxPerThread];
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < kMaxPerThread; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    v[j] = i < width ? __bfloat162float(row[i]) : 0.0f;
+    v[j] = i < width ? to_f32(row[i]) : 0.0f;
     ss += v[j] * v[j];
   }
-  ss = block_sum(ss, scratch);
+  ss = block_sum(ss, scratch);  // every read of the row's first `width` columns precedes every write below
   const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
 #pragma unroll
   for (int j = 0; j < kMaxPerThread; ++j) {
     const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    if (i < width) row[i] = __float2bfloat16(v[j] * inv * w[i]);
+    if (i < width) orow[i] = __float2bfloat16(v[j] * inv * w[i]);
   }
+  for (int64_t i = width + threadIdx.x; i < row_width; i += kThreads) orow[i] = __float2bfloat16(to_f32(row[i]));
 }
 }  // namespace
 
+cudaError_t launch_add_rmsnorm(const AddRmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return cudaSuccess;
+  if (p.width > kThreads * kMaxPerThread) return cudaErrorInvalidValue;
+  const bool fill = p.zero_fill != nullptr && p.zero_fill_count > 0;
+  if (fill && p.fill_blocks < 1) return cudaErrorInvalidValue;
+  const unsigned grid = static_cast<unsigned>(p.rows + (fill ? p.fill_blocks : 0));
+  if (p.delta_f32)
+    add_rmsnorm_kernel<float><<<grid, kThreads, 0, stream>>>(p.residual, static_cast<const float*>(p.delta), p.w,
+                                                              p.rows, p.width, p.eps, p.out, p.zero_fill,
+                                                              fill ? p.zero_fill_count : 0);
+  else
+    add_rmsnorm_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+        p.residual, static_cast<const __nv_bfloat16*>(p.delta), p.w, p.rows, p.width, p.eps, p.out, p.zero_fill,
+        fill ? p.zero_fill_count : 0);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_add_rmsnorm(float* residual, const __nv_bfloat16* delta, const float* w, int64_t rows,
                                int64_t width, float eps, __nv_bfloat16* out, cudaStream_t stream) {
-  if (rows == 0) return cudaSuccess;
-  if (width > kThreads * kMaxPerThread) return cudaErrorInvalidValue;
-  add_rmsnorm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(residual, delta, w, width, eps, out);
-  return cudaGetLastError();
+  AddRmsNormParams p;
+  p.residual = residual;
+  p.delta = delta;
+  p.w = w;
+  p.rows = rows;
+  p.width = width;
+  p.eps = eps;
+  p.out = out;
+  return launch_add_rmsnorm(p, stream);
 }
 
 cudaError_t launch_rmsnorm_inplace(__nv_bfloat16* x, int64_t row_stride, const float* w, int64_t rows,
                                    int64_t width, float eps, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   if (width > kThreads * kMaxPerThread) return cudaErrorInvalidValue;
-  rmsnorm_inplace_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, row_stride, w, width, eps);
+  rmsnorm_kernel<__nv_bfloat16><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, row_stride, w, width, width,
+                                                                                      eps, x, row_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rmsnorm_f32_to_bf16(const float* x, int64_t x_stride, const float* w, int64_t rows, int64_t width,
+                                       int64_t row_width, float eps, __nv_bfloat16* out, int64_t out_stride,
+                                       cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (width > kThreads * kMaxPerThread || row_width < width) return cudaErrorInvalidValue;
+  rmsnorm_kernel<float><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, x_stride, w, width, row_width, eps,
+                                                                             out, out_stride);
   return cudaGetLastError();
 }
 

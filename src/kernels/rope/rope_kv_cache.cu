@@ -1,11 +1,39 @@
+#include <cuda_fp8.h>
+
 #include "kernels/rope/rope_kv_cache.cuh"
 
 namespace nucleus::kernels {
 
 namespace {
+
+// What a cache element holds for value v: bf16(v), or e4m3(v / k_scale).
+template <bool kFp8>
+struct CacheStore;
+
+template <>
+struct CacheStore<false> {
+  using T = __nv_bfloat16;
+  __device__ static void put(T* row, int i, float v, float) { row[i] = __float2bfloat16(v); }
+  __device__ static void copy(T* row, int i, __nv_bfloat16 v, float) { row[i] = v; }
+};
+
+template <>
+struct CacheStore<true> {
+  using T = __nv_fp8_storage_t;
+  __device__ static void put(T* row, int i, float v, float k_scale) {
+    row[i] = __nv_cvt_float_to_fp8(v / k_scale, __NV_SATFINITE, __NV_E4M3);
+  }
+  __device__ static void copy(T* row, int i, __nv_bfloat16 v, float k_scale) {
+    put(row, i, __bfloat162float(v), k_scale);
+  }
+};
+
 // One block per token: thread pairs rotate q_pe of every head and k_pe, then
-// the block copies the latent row into the cache.
+// the block stores the latent row into the cache.
+template <bool kFp8>
 __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
+  using Store = CacheStore<kFp8>;
+  using T = typename Store::T;
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(p.positions[t]);
   const int half = p.qk_rope / 2;
@@ -13,7 +41,7 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
   const int64_t slot = p.slot_mapping[t];
   const int total_pairs = (p.num_heads + 1) * half;  // heads' q_pe, then k_pe
   const int width = p.kv_lora + p.qk_rope;
-  __nv_bfloat16* cache_row = slot >= 0 ? p.cache + slot * width : nullptr;
+  T* cache_row = slot >= 0 ? static_cast<T*>(p.cache) + slot * width : nullptr;
   for (int idx = threadIdx.x; idx < total_pairs; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
     float s, c;
@@ -22,26 +50,44 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
     s *= p.attention_factor;
     if (h < p.num_heads) {
       __nv_bfloat16* x = p.q + t * p.q_stride + h * qk_head + p.qk_nope + 2 * i;
-      const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
+      float a, b;
+      if (p.q_in) {
+        const float* xi = p.q_in + t * p.q_in_stride + h * qk_head + p.qk_nope + 2 * i;
+        a = xi[0];
+        b = xi[1];
+      } else {
+        a = __bfloat162float(x[0]);
+        b = __bfloat162float(x[1]);
+      }
       x[0] = __float2bfloat16(a * c - b * s);
       x[1] = __float2bfloat16(b * c + a * s);
     } else if (cache_row) {
       const __nv_bfloat16* x = p.kv_a + t * p.kv_stride + p.kv_lora + 2 * i;
       const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
-      cache_row[p.kv_lora + 2 * i] = __float2bfloat16(a * c - b * s);
-      cache_row[p.kv_lora + 2 * i + 1] = __float2bfloat16(b * c + a * s);
+      Store::put(cache_row, p.kv_lora + 2 * i, a * c - b * s, p.k_scale);
+      Store::put(cache_row, p.kv_lora + 2 * i + 1, b * c + a * s, p.k_scale);
+    }
+  }
+  if (p.q_in) {  // q_nope of every head, converted
+    for (int idx = threadIdx.x; idx < p.num_heads * p.qk_nope; idx += blockDim.x) {
+      const int h = idx / p.qk_nope, i = idx % p.qk_nope;
+      p.q[t * p.q_stride + h * qk_head + i] = __float2bfloat16(p.q_in[t * p.q_in_stride + h * qk_head + i]);
     }
   }
   if (cache_row) {
     const __nv_bfloat16* src = p.kv_a + t * p.kv_stride;
-    for (int i = threadIdx.x; i < p.kv_lora; i += blockDim.x) cache_row[i] = src[i];
+    for (int i = threadIdx.x; i < p.kv_lora; i += blockDim.x) Store::copy(cache_row, i, src[i], p.k_scale);
   }
 }
 }  // namespace
 
 cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  rope_kv_cache_kernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
+  if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
+  if (p.cache_fp8)
+    rope_kv_cache_kernel<true><<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
+  else
+    rope_kv_cache_kernel<false><<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,10 @@
 // CUDA RoPE on q_pe and k_pe fused with the latent KV-cache write
 // (semantics: ops/mla_ops.h RopeKvCacheWriteOp; math: kernels/rope/rope_ref.h).
+// The cache row is stored as bf16 (c_kv copied, k_pe rotated in f32 and
+// rounded once), or as FP8 e4m3 (ops/kv_cache_dtype.h): each element
+// e4m3(value / k_scale) with value the bf16 c_kv or the f32 rotated k_pe, the
+// division in f32 (IEEE, as the CPU reference), round to nearest even,
+// saturating at +-448 (cvt.rn.satfinite).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,13 +17,20 @@ namespace nucleus::kernels {
 struct RopeKvCacheParams {
   __nv_bfloat16* q = nullptr;  // [num_tokens, q_stride], head h at h * (qk_nope + qk_rope); RoPE in place
   int64_t q_stride = 0;
+  // Optional f32 source of q ([num_tokens, q_in_stride], a split-K GEMM's
+  // output): when set, q is written whole from it (q_nope converted, q_pe
+  // rotated) instead of rotated in place.
+  const float* q_in = nullptr;
+  int64_t q_in_stride = 0;
   const __nv_bfloat16* kv_a = nullptr;  // [num_tokens, kv_stride]: [c_kv normalised (kv_lora) | k_pe (qk_rope)]
   int64_t kv_stride = 0;
   const int32_t* positions = nullptr;  // [num_tokens]
   const int64_t* slot_mapping = nullptr;  // [num_tokens]; -1 writes nothing
   const float* inv_freq = nullptr;        // [qk_rope / 2] device
   float attention_factor = 1.0f;          // YaRN cos/sin multiplier
-  __nv_bfloat16* cache = nullptr;         // this layer: [num_slots, kv_lora + qk_rope]
+  void* cache = nullptr;  // this layer: [num_slots, kv_lora + qk_rope] bf16, or e4m3 bytes when cache_fp8
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;   // FP8 only (> 0): stored = e4m3(value / k_scale)
   int64_t num_tokens = 0;
   int num_heads = 0;
   int qk_nope = 0;
@@ -26,6 +38,8 @@ struct RopeKvCacheParams {
   int kv_lora = 0;
 };
 
+// One block per token; every token is written the same way whatever the
+// launch's other tokens (prefill and decode rows of a token are byte-equal).
 // Stream-async, graph-safe.
 cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t stream);
 

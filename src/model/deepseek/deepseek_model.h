@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "comm/tp_group.h"
 #include "core/status.h"
@@ -72,6 +73,12 @@ struct ModelOptions {
   // Build a rank group (communicators, collectives in the graphs) even at
   // tensor_parallel_size 1: runs the collective path on one GPU (tests).
   bool force_tp_group = false;
+  // Latent KV-cache dtype (--kv-cache-dtype, ops/kv_cache_dtype.h); unset
+  // ("auto"): the device default, f32 on the CPU, bf16 on CUDA.
+  std::optional<KvCacheDtype> kv_cache_dtype;
+  // --kv-scale: the k_scale of every layer of an FP8 cache, overriding the
+  // checkpoint's k_scale / kv_scale tensors (unset: those, else 1.0).
+  std::optional<float> kv_scale;
 };
 
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
@@ -112,7 +119,10 @@ class DeepseekModel {
 
   ~DeepseekModel();
   // Builds both step graphs and picks every node's backend for options.device
-  // (a single model: options.tensor_parallel_size must be 1).
+  // and the KV-cache dtype (a single model: options.tensor_parallel_size must
+  // be 1). Errors: an f32 cache on CUDA (kUnsupported), --kv-scale not finite
+  // and > 0 or given for a cache that is not FP8 (kInvalidArgument), no
+  // backend of some op for the device and cache.
   static StatusOr<std::unique_ptr<DeepseekModel>> create(const ModelConfig& config, ModelWeights weights,
                                                          const ModelOptions& options);
   // One rank of a tensor-parallel group: `weights` is the rank's shard; the
@@ -155,9 +165,15 @@ class DeepseekModel {
   WeightBytes weight_bytes() const;
 
   // A zeroed cache for this model on its device: [num_layers, num_blocks,
-  // block_size, kv_lora + qk_rope], f32 on the CPU, bf16 on CUDA (a group:
-  // one per rank in KvCache::ranks).
+  // block_size, kv_lora + qk_rope] of kv_cache_dtype() (4, 2 or 1 bytes an
+  // element), with k_scale = kv_k_scales() for an FP8 cache (a group: one
+  // whole cache per rank in KvCache::ranks, each with the same k_scale).
   KvCache make_kv_cache(int64_t num_blocks, int64_t block_size) const;
+  // The resolved cache dtype (the one canonical value for every spelling).
+  KvCacheDtype kv_cache_dtype() const { return kv_cache_dtype_; }
+  // [num_layers] k_scale an FP8 cache stores with: --kv-scale, else the
+  // checkpoint's k_scale / kv_scale, else 1.0 (all 1.0 for bf16/f32 caches).
+  const std::vector<float>& kv_k_scales() const { return kv_k_scales_; }
   // Allocates the step buffers of both graphs for steps of up to
   // `max_tokens` tokens and `max_logits` logit rows (so memory is known
   // before the KV pool is sized).
@@ -182,7 +198,9 @@ class DeepseekModel {
   int64_t graph_replays() const { return ranks_.empty() ? graph_replays_ : ranks_[0]->graph_replays(); }
   // The captured size a decode step of `num_seqs` replays, or 0 (eager).
   int64_t graph_size_for(int64_t num_seqs) const;
-  // Bytes one cached token takes over all layers.
+  // Bytes one cached token takes over all layers: num_layers x (kv_lora +
+  // qk_rope) x the cache element size (an FP8 cache holds twice the tokens
+  // of a bf16 one in the same memory).
   int64_t kv_bytes_per_token() const;
   // Device bytes the step buffers take at the current capacity (rank 0's).
   size_t activation_bytes() const {
@@ -201,10 +219,14 @@ class DeepseekModel {
   RankContext rank_;                                 // this model's place in a group
   std::unique_ptr<TpGroup> group_;                   // a group: its ranks' threads and communicators
   std::vector<std::unique_ptr<DeepseekModel>> ranks_;  // a group: the rank models
+  // Fills kv_k_scales_ (after kv_cache_dtype_); errors on a bad --kv-scale.
+  Status resolve_k_scales();
 
   ModelConfig config_;
   ModelWeights weights_;
   ModelOptions options_;
+  KvCacheDtype kv_cache_dtype_ = KvCacheDtype::kF32;
+  std::vector<float> kv_k_scales_;
   kernels::RopeTable rope_;
   Tensor rope_inv_freq_device_;  // CUDA: [qk_rope / 2] f32
   StepBuffers prefill_buffers_, decode_buffers_;

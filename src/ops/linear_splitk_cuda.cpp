@@ -1,0 +1,108 @@
+// The "cuda_splitk" linear backend: decode GEMMs of bf16 weights through the
+// split-K kernel (kernels/gemm/splitk_gemm.cuh) into f32 outputs, honouring
+// zero_init (a prezero consumer skips it when its donor zeroed the output).
+// Rows above splitk_max_rows() run cuBLASLt into the same f32 output
+// (overwriting, or adding for a genuine accumulator: what cuBLASLt writes
+// does not depend on whether the buffer was zeroed).
+#ifdef NUCLEUS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "kernels/gemm/gemm_cublaslt.h"
+#include "kernels/gemm/gemm_naive.cuh"
+#include "kernels/gemm/splitk_gemm.cuh"
+#include "ops/cuda_backends.h"
+#include "ops/splitk.h"
+
+namespace nucleus::cuda_ops {
+
+namespace {
+
+constexpr int64_t kPartialFloats = int64_t{8} << 20;  // 32 MB of deterministic-mode partial sums
+constexpr int64_t kCounters = 4096;                   // row tiles: n up to 131072
+
+// The deterministic mode's workspace, allocated on its first use (an eager
+// step, before any graph capture) and never freed: graphs keep its address.
+// One per device (one thread per GPU under tensor parallelism: its partials
+// and counters must be on the rank's own GPU and not shared between ranks).
+const kernels::SplitKWorkspace& deterministic_workspace(cudaStream_t stream) {
+  static std::mutex mu;
+  static kernels::SplitKWorkspace workspaces[cuda::kMaxDevices];
+  std::lock_guard<std::mutex> lock(mu);
+  kernels::SplitKWorkspace& ws = workspaces[cuda::thread_device()];
+  if (ws.partial == nullptr) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    NUCLEUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+    NUCLEUS_CHECK(st == cudaStreamCaptureStatusNone,
+                  "split-K: the deterministic workspace must be allocated outside CUDA-graph capture; run one "
+                  "eager step first");
+    NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ws.partial), kPartialFloats * sizeof(float)));
+    NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ws.counters), kCounters * sizeof(int)));
+    NUCLEUS_CUDA_CHECK(cudaMemset(ws.counters, 0, kCounters * sizeof(int)));
+    ws.partial_floats = kPartialFloats;
+    ws.num_counters = kCounters;
+  }
+  return ws;
+}
+
+}  // namespace
+
+Status linear_splitk_supports(const LinearOp& op) {
+  if (!op.splitk_allowed()) return unsupported("not a decode-graph GEMM");
+  const LinearWeight& w = op.weight();
+  if (w.weight.dtype() != DType::kBF16)
+    return unsupported(std::string("weight dtype ") + dtype_name(w.weight.dtype()) + " (needs BF16)");
+  if (w.in_features % 8 != 0) return unsupported("in_features not a multiple of 8 (16-byte rows)");
+  if (reinterpret_cast<uintptr_t>(w.weight.raw()) % 16 != 0) return unsupported("weight not 16-byte aligned");
+  if (splitk_max_rows(w.out_features, w.in_features) == 0)
+    return unsupported(splitk_switch() == SplitKSwitch::kOff
+                           ? std::string("NUCLEUS_SPLITK=0")
+                           : "weight of " + std::to_string(w.weight.nbytes() >> 20) +
+                                 " MiB: cuBLASLt streams it (NUCLEUS_SPLITK=1 forces split-K)");
+  return ok_status();
+}
+
+void linear_splitk(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+  const LinearWeight& w = op.weight();
+  cudaStream_t stream = cuda::context().stream;
+  const int64_t m = in[0].dim(0);
+  kernels::SplitKGemmArgs a;
+  a.x = in[0].data<__nv_bfloat16>();
+  a.x_stride = in[0].row_numel();
+  a.w = static_cast<const __nv_bfloat16*>(w.weight.raw());
+  a.out = out[0].dtype() == DType::kF32 ? out[0].data<float>() : nullptr;
+  a.out_stride = out[0].row_numel();
+  a.m = m;
+  a.n = w.out_features;
+  a.k = w.in_features;
+  if (m == 0) return;
+  if (a.out && m <= splitk_max_rows(a.n, a.k) && kernels::splitk_check(a) == cudaSuccess) {
+    a.zero_init = !op.accumulate_for(m);
+    a.mode = splitk_deterministic() ? kernels::SplitKMode::kDeterministic : kernels::SplitKMode::kAtomic;
+    static const kernels::SplitKWorkspace kNone;
+    const kernels::SplitKWorkspace& ws =
+        a.mode == kernels::SplitKMode::kDeterministic ? deterministic_workspace(stream) : kNone;
+    NUCLEUS_CUDA_CHECK(kernels::launch_splitk_gemm(a, ws, stream));
+    return;
+  }
+  kernels::GemmArgs g;
+  g.x = a.x;
+  g.x_stride = a.x_stride;
+  g.w = a.w;
+  g.out = out[0].raw();
+  g.out_stride = a.out_stride;
+  g.out_dtype = out[0].dtype();
+  g.m = m;
+  g.n = a.n;
+  g.k = a.k;
+  g.accumulate = op.accumulate();
+  if (kernels::gemm_bf16_cublaslt(g, stream).ok()) return;
+  NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(a.x, a.x_stride, weight_view(w), m, out[0].raw(), out[0].dtype(),
+                                                a.out_stride, op.accumulate(), stream));
+}
+
+}  // namespace nucleus::cuda_ops
+#endif  // NUCLEUS_HAVE_CUDA

@@ -1,0 +1,65 @@
+#include "ops/splitk.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <string>
+
+#include "core/env.h"
+
+namespace nucleus {
+
+namespace {
+
+constexpr int64_t kMaxRows = 64;  // kernels::kSplitKMaxRows (the kernel header is CUDA-only)
+
+// -1: malformed.
+int parse_switch() {
+  static const int v = [] {
+    auto s = env_string("NUCLEUS_SPLITK");
+    if (!s) return static_cast<int>(SplitKSwitch::kOff);  // off until measured on the H200 (docs/perf.md)
+    std::string t = *s;
+    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (t == "auto" || t.empty()) return static_cast<int>(SplitKSwitch::kAuto);
+    if (t == "0" || t == "off" || t == "false") return static_cast<int>(SplitKSwitch::kOff);
+    if (t == "1" || t == "on" || t == "true") return static_cast<int>(SplitKSwitch::kOn);
+    return -1;
+  }();
+  return v;
+}
+
+std::atomic<int> g_deterministic{-1};  // -1: from the environment
+
+}  // namespace
+
+SplitKSwitch splitk_switch() {
+  const int v = parse_switch();
+  return v < 0 ? SplitKSwitch::kOff : static_cast<SplitKSwitch>(v);
+}
+
+Status splitk_env_status() {
+  if (parse_switch() < 0)
+    return invalid_argument("NUCLEUS_SPLITK='" + *env_string("NUCLEUS_SPLITK") + "' is not auto, 0 or 1 (it counts as 0)");
+  return ok_status();
+}
+
+int64_t splitk_max_rows(int64_t n, int64_t k) {
+  switch (splitk_switch()) {
+    case SplitKSwitch::kOff: return 0;
+    case SplitKSwitch::kOn: return kMaxRows;
+    case SplitKSwitch::kAuto: break;
+  }
+  return n * k * 2 <= kSplitKAutoMaxWeightBytes ? kMaxRows : 0;
+}
+
+bool splitk_deterministic() {
+  const int v = g_deterministic.load();
+  if (v >= 0) return v == 1;
+  static const bool env = env_flag("NUCLEUS_SPLITK_DETERMINISTIC");
+  return env;
+}
+
+void set_splitk_deterministic(bool on) { g_deterministic.store(on ? 1 : 0); }
+void reset_splitk_deterministic() { g_deterministic.store(-1); }
+
+}  // namespace nucleus
