@@ -2,9 +2,11 @@
 #include "core/cuda/context.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #include "core/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/logging.h"
 #include "core/tensor.h"
 
@@ -15,6 +17,25 @@ std::atomic<size_t> g_allocated{0};
 Context* g_context = nullptr;
 Status g_init_status;
 std::once_flag g_once;
+
+// NUCLEUS_CUDA_POISON_ALLOCS: -1 (unset: off), else the byte every new device
+// allocation is filled with. "1" means 0xff (NaN in bf16, f32 and e4m3), so
+// a kernel that reads memory nothing wrote gives NaN at once instead of
+// whatever an earlier, freed allocation left there (or zeros in a fresh
+// process, which hide the read). A debugging switch: slow.
+int poison_byte() {
+  static const int v = [] {
+    auto s = env_string("NUCLEUS_CUDA_POISON_ALLOCS");
+    if (!s || s->empty() || *s == "0") return -1;
+    if (*s == "1") return 0xff;
+    char* end = nullptr;
+    const long b = std::strtol(s->c_str(), &end, 0);
+    NUCLEUS_CHECK(end && *end == 0 && b >= 0 && b <= 255,
+                  "NUCLEUS_CUDA_POISON_ALLOCS='{}' is not 0, 1 or a byte value (e.g. 0x7e)", *s);
+    return static_cast<int>(b);
+  }();
+  return v;
+}
 
 void init_once() {
   int count = 0;
@@ -52,6 +73,16 @@ void init_once() {
       NUCLEUS_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes failed: {} ({} bytes held by tensors)", bytes,
                     cudaGetErrorString(e), g_allocated.load());
       g_allocated += bytes;
+      if (const int b = poison_byte(); b >= 0) {
+        // Not while a stream captures a graph (an allocation there is a bug
+        // the graph tests catch; a memset would break the capture).
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(g_context ? g_context->stream : nullptr, &cs);
+        if (cs == cudaStreamCaptureStatusNone) {
+          NUCLEUS_CUDA_CHECK(cudaMemset(st->data, b, bytes));
+          NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+        }
+      }
       st->release = [bytes](void* p) {
         cudaFree(p);
         g_allocated -= bytes;
