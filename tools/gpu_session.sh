@@ -130,7 +130,7 @@ PY
 step_fp8kv() {
   CTEST_FILTER="fp8" step_ctest_some
   timeout 150 "$B/bin/mla_decode_bench" --kv-cache-dtype both > "$out/mla_decode_fp8.txt" 2>&1; tail -20 "$out/mla_decode_fp8.txt"
-  for d in bf16 fp8; do SERVE_TAG=_$d SERVE_CONC=64 NUCLEUS_UNVALIDATED_FP8_KV=1 SERVE_ARGS="--kv-cache-dtype $d" step_serve; done
+  for d in bf16 fp8; do SERVE_TAG=_$d SERVE_CONC=64 SERVE_ARGS="--kv-cache-dtype $d" step_serve; done
 }
 
 rc=0

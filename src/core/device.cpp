@@ -33,7 +33,19 @@ StatusOr<Device> resolve_device(const std::string& name) {
 
 void copy_to_device(void* dst, const void* src, size_t bytes) {
 #ifdef NUCLEUS_HAVE_CUDA
-  if (bytes) NUCLEUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  // The engine stream is cudaStreamNonBlocking: it does not synchronize with
+  // the legacy default stream, where cudaMemcpy / cudaMemset run (and where
+  // tests launch kernels). So the engine stream is drained first (no kernel
+  // still reads the old contents) and the legacy stream after (the copy has
+  // landed before any engine-stream kernel reads it). Without the second,
+  // a model loaded while the legacy stream was still zeroing a freed
+  // engine's KV pool fused its gate_up weights (a device-to-device copy on
+  // the engine stream) before their upload arrived: gpu_kv_cache_fp8_test,
+  // PromptRowsAndLogitsFollowTheCpuReferencePerLayer.
+  if (!bytes) return;
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));
+  NUCLEUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 #else
   NUCLEUS_CHECK(false, "copy_to_device without CUDA");
 #endif
@@ -41,7 +53,9 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
 
 void copy_to_host(void* dst, const void* src, size_t bytes) {
 #ifdef NUCLEUS_HAVE_CUDA
-  if (bytes) NUCLEUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  if (!bytes) return;
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));  // after the engine's writers (see above)
+  NUCLEUS_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 #else
   NUCLEUS_CHECK(false, "copy_to_host without CUDA");
 #endif
@@ -74,7 +88,10 @@ void device_memory_info(size_t* free_bytes, size_t* total_bytes) {
 
 void zero_device(Tensor& t) {
 #ifdef NUCLEUS_HAVE_CUDA
-  if (t.nbytes()) NUCLEUS_CUDA_CHECK(cudaMemset(t.raw(), 0, t.nbytes()));
+  if (!t.nbytes()) return;
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));  // ordered both ways (see copy_to_device)
+  NUCLEUS_CUDA_CHECK(cudaMemset(t.raw(), 0, t.nbytes()));
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 #else
   NUCLEUS_CHECK(false, "zero_device without CUDA");
 #endif

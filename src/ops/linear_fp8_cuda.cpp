@@ -84,7 +84,7 @@ const kernels::Fp8SplitWorkspace& split_workspace(Fp8Scratch& s, cudaStream_t st
     check_not_capturing(stream, "the split-K workspace");
     NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.split.partial), kSplitPartialFloats * sizeof(float)));
     NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.split.counters), kSplitCounters * sizeof(int)));
-    NUCLEUS_CUDA_CHECK(cudaMemset(s.split.counters, 0, kSplitCounters * sizeof(int)));
+    NUCLEUS_CUDA_CHECK(cudaMemsetAsync(s.split.counters, 0, kSplitCounters * sizeof(int), stream));
     s.split.partial_floats = kSplitPartialFloats;
     s.split.num_counters = kSplitCounters;
   }

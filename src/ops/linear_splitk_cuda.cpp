@@ -41,7 +41,7 @@ const kernels::SplitKWorkspace& deterministic_workspace(cudaStream_t stream) {
                   "eager step first");
     NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ws.partial), kPartialFloats * sizeof(float)));
     NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ws.counters), kCounters * sizeof(int)));
-    NUCLEUS_CUDA_CHECK(cudaMemset(ws.counters, 0, kCounters * sizeof(int)));
+    NUCLEUS_CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, kCounters * sizeof(int), stream));
     ws.partial_floats = kPartialFloats;
     ws.num_counters = kCounters;
   }

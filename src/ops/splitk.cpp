@@ -17,7 +17,12 @@ constexpr int64_t kMaxRows = 64;  // kernels::kSplitKMaxRows (the kernel header 
 int parse_switch() {
   static const int v = [] {
     auto s = env_string("NUCLEUS_SPLITK");
-    if (!s) return static_cast<int>(SplitKSwitch::kOff);  // off until measured on the H200 (docs/perf.md)
+    // Unset: the measured rule when the prezero pass is on (split-K GEMMs are
+    // its only consumers on CUDA; with it, auto is 1-5% faster per decode step
+    // at batch 1-8 on V2-Lite), else off (split-K with its zeroing memsets is
+    // 0-2% slower than cuBLASLt there). docs/perf.md, "Split-K decode GEMMs".
+    if (!s)
+      return static_cast<int>(env_flag("NUCLEUS_ENABLE_PREZERO") ? SplitKSwitch::kAuto : SplitKSwitch::kOff);
     std::string t = *s;
     std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
     if (t == "auto" || t.empty()) return static_cast<int>(SplitKSwitch::kAuto);
@@ -49,7 +54,11 @@ int64_t splitk_max_rows(int64_t n, int64_t k) {
     case SplitKSwitch::kOn: return kMaxRows;
     case SplitKSwitch::kAuto: break;
   }
-  return n * k * 2 <= kSplitKAutoMaxWeightBytes ? kMaxRows : 0;
+  const int64_t bytes = n * k * 2;
+  if (n <= 256) return kMaxRows;
+  if (n <= 1024 && bytes <= kSplitKSmallWeightBytes) return 32;
+  if (n <= 2048) return bytes <= kSplitKMediumWeightBytes ? 16 : 8;
+  return 0;
 }
 
 bool splitk_deterministic() {

@@ -3,8 +3,10 @@
 // build and tests see the same choice.
 //
 // NUCLEUS_SPLITK (read once):
-//   auto (default)  the shapes splitk_max_rows() takes;
-//   0               never (every linear as before: cuBLASLt, bf16 outputs);
+//   auto            the shapes splitk_max_rows() takes (measured rule;
+//                   the default under NUCLEUS_ENABLE_PREZERO=1);
+//   0               never (every linear as before: cuBLASLt, bf16 outputs;
+//                   the default otherwise);
 //   1               every bf16 decode GEMM, m <= 64.
 // NUCLEUS_SPLITK_DETERMINISTIC=1: the deterministic reduction (split
 // partials in a workspace, added in split order) instead of f32 atomics, so
@@ -17,20 +19,27 @@
 
 namespace nucleus {
 
-// NUCLEUS_SPLITK: unset or 0 = off (the default until the split-K choice is
-// measured on the H200), auto = the rule below, 1 = every eligible decode GEMM.
+// NUCLEUS_SPLITK: 0 = off, auto = the rule below, 1 = every eligible decode
+// GEMM; unset = auto when NUCLEUS_ENABLE_PREZERO=1, else off (measured on the
+// H200: split-K pays off only with prezero removing its zeroing memsets).
 enum class SplitKSwitch { kAuto, kOff, kOn };
 SplitKSwitch splitk_switch();
 // OK, or invalid_argument naming a malformed NUCLEUS_SPLITK (which then
 // counts as off).
 Status splitk_env_status();
 
-// Under kAuto: split-K serves weights of at most this many bytes, where
-// cuBLASLt's decode GEMMs are latency-bound (~5.5-6.4 us whatever the size,
-// 10-45% of 4.58 TB/s on V2-Lite shapes, docs/perf.md); larger weights stream
-// near bandwidth in cuBLASLt. A pre-measurement rule: bench/splitk_bench.cpp
-// gives the per-shape answer on the H200, which replaces it.
-constexpr int64_t kSplitKAutoMaxWeightBytes = int64_t{16} << 20;
+// Under kAuto, the measured rule (bench/splitk_bench.cpp on the H200,
+// docs/perf.md "Split-K decode GEMMs and prezero"): split-K beats cuBLASLt
+// (whose decode GEMMs take ~5.5-10 us whatever their size) on narrow outputs
+// at few rows, and loses on wide ones, where cuBLASLt streams the weight near
+// bandwidth:
+//   n <= 256 (MoE gates)                           m <= 64
+//   n <= 1024 and weight <= 4 MiB (V2-Lite kv_a)   m <= 32
+//   n <= 2048 and weight <= 16 MiB (V2-Lite o_proj, V3 kv_a)  m <= 16
+//   n <= 2048 (V3 q_a, 22 MiB)                      m <= 8
+//   wider (q_b / q_proj, shared experts, V3 o_proj) never.
+constexpr int64_t kSplitKSmallWeightBytes = int64_t{4} << 20;
+constexpr int64_t kSplitKMediumWeightBytes = int64_t{16} << 20;
 
 // The largest row count m at which a bf16 decode GEMM with weight [n, k]
 // runs split-K (0: never; at most 64). Rows above it run cuBLASLt.

@@ -30,12 +30,10 @@
 
 #include "core/device.h"
 #include "model/deepseek/deepseek_model.h"
+#include "ops/kv_cache_dtype.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
-// The FP8 cache on CUDA is refused outside tests until the whole-model test
-// below passes (deepseek_model.cpp, resolve_k_scales).
-static const bool kAllowFp8KvForTests = [] { return setenv("NUCLEUS_UNVALIDATED_FP8_KV", "1", 1) == 0; }();
 
 namespace nucleus {
 namespace {
@@ -147,6 +145,43 @@ std::vector<std::vector<float>> teacher_forced(DeepseekModel* m, const std::vect
   std::vector<std::vector<float>> out = {r.step(prompt)};
   for (size_t i = 0; i + 1 < seq.size(); ++i) out.push_back(r.step({seq[i]}));
   return out;
+}
+
+// Each GPU model against the CPU reference with the same cache dtype, after
+// the prompt: the cached rows of every layer and the logits (relative L2).
+// Runs right after PoolHoldsTwiceTheBlocks, whose freed engines leave their
+// memory to the models loaded here: a kernel that reads memory nothing wrote
+// shows up as a layer whose rows or logits drift from the reference.
+TEST_F(GpuKvCacheFp8, PromptRowsAndLogitsFollowTheCpuReferencePerLayer) {
+  const std::vector<int32_t> prompt = ref_prompts()[3];
+  const auto n = static_cast<int64_t>(prompt.size());
+  for (KvCacheDtype d : {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3}) {
+    auto gpu = load(Device::kCuda, d);
+    auto cpu = load(Device::kCpu, d);
+    SeqRunner g(gpu.get(), n), c(cpu.get(), n);
+    const std::vector<float> gl = g.step(prompt), cl = c.step(prompt);
+    const int64_t w = gpu->config().kv_cache_width();
+    for (int64_t l = 0; l < gpu->config().num_hidden_layers; ++l) {
+      double num = 0, den = 0;
+      std::vector<float> a(w), b(w);
+      for (int64_t t = 0; t < n; ++t) {
+        const std::vector<uint8_t> ga = g.row_bytes(l, t), cb = c.row_bytes(l, t);
+        decode_kv_row(ga.data(), w, d, 1.0f, a.data());
+        decode_kv_row(cb.data(), w, d, 1.0f, b.data());
+        for (int64_t i = 0; i < w; ++i) {
+          num += sq(a[i] - b[i]);
+          den += sq(b[i]);
+        }
+      }
+      const double rel = std::sqrt(num / std::max(den, 1e-30));
+      std::printf("%s cache, layer %lld: prompt rows GPU vs CPU rel L2 %.4f\n", kv_cache_dtype_name(d),
+                  static_cast<long long>(l), rel);
+      EXPECT_LE(rel, 0.1) << kv_cache_dtype_name(d) << " layer " << l;
+    }
+    const double rel = rms_diff(gl, cl) / rms(cl);
+    std::printf("%s cache: last prompt token's logits GPU vs CPU rel RMS %.4f\n", kv_cache_dtype_name(d), rel);
+    EXPECT_LE(rel, 0.1) << kv_cache_dtype_name(d);
+  }
 }
 
 TEST_F(GpuKvCacheFp8, LongGenerationAgreesPerWindowWithoutDegrading) {

@@ -66,12 +66,18 @@ TEST(RedirectTest, ReadersUpToTheNextWriterInPlaceReaderBecomesOutOfPlace) {
   EXPECT_EQ(readers_of_output(g, 4, a).size(), 1u);
 }
 
-TEST(SplitKChoiceTest, AutoTakesWeightsUpToTheThreshold) {
+TEST(SplitKChoiceTest, AutoFollowsTheMeasuredShapeTable) {
   if (splitk_switch() != SplitKSwitch::kAuto) GTEST_SKIP() << "NUCLEUS_SPLITK is set";
-  EXPECT_EQ(splitk_max_rows(576, 2048), 64);                     // V2-Lite kv_a, 2.4 MB
-  EXPECT_EQ(splitk_max_rows(4096, 2048), 64);                    // 16 MiB exactly
-  EXPECT_EQ(splitk_max_rows(4097, 2048), 0);
-  EXPECT_EQ(splitk_max_rows(102400, 2048), 0);                   // V2-Lite lm_head
+  EXPECT_EQ(splitk_max_rows(64, 2048), 64);      // V2-Lite MoE gate
+  EXPECT_EQ(splitk_max_rows(256, 7168), 64);     // V3 MoE gate
+  EXPECT_EQ(splitk_max_rows(576, 2048), 32);     // V2-Lite kv_a, 2.3 MB
+  EXPECT_EQ(splitk_max_rows(576, 7168), 16);     // V3 kv_a, 8.3 MB
+  EXPECT_EQ(splitk_max_rows(2048, 2048), 16);    // V2-Lite o_proj, 8 MiB
+  EXPECT_EQ(splitk_max_rows(1536, 7168), 8);     // V3 q_a, 22 MB
+  EXPECT_EQ(splitk_max_rows(3072, 2048), 0);     // V2-Lite q_proj
+  EXPECT_EQ(splitk_max_rows(5632, 2048), 0);     // V2-Lite shared experts' gate_up
+  EXPECT_EQ(splitk_max_rows(7168, 16384), 0);    // V3 o_proj
+  EXPECT_EQ(splitk_max_rows(102400, 2048), 0);   // V2-Lite lm_head
   EXPECT_TRUE(splitk_env_status().ok());
 }
 

@@ -2,9 +2,11 @@
 #include "core/cuda/context.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 
 #include "core/cuda/cuda_check.h"
+#include "core/env.h"
 #include "core/logging.h"
 #include "core/tensor.h"
 
@@ -17,6 +19,25 @@ Status g_init_status[kMaxDevices];
 std::once_flag g_once[kMaxDevices];
 std::once_flag g_allocator_once;
 thread_local int t_device = 0;
+
+// NUCLEUS_CUDA_POISON_ALLOCS: -1 (unset: off), else the byte every new device
+// allocation is filled with. "1" means 0xff (NaN in bf16, f32 and e4m3), so
+// a kernel that reads memory nothing wrote gives NaN at once instead of
+// whatever an earlier, freed allocation left there (or zeros in a fresh
+// process, which hide the read). A debugging switch: slow.
+int poison_byte() {
+  static const int v = [] {
+    auto s = env_string("NUCLEUS_CUDA_POISON_ALLOCS");
+    if (!s || s->empty() || *s == "0") return -1;
+    if (*s == "1") return 0xff;
+    char* end = nullptr;
+    const long b = std::strtol(s->c_str(), &end, 0);
+    NUCLEUS_CHECK(end && *end == 0 && b >= 0 && b <= 255,
+                  "NUCLEUS_CUDA_POISON_ALLOCS='{}' is not 0, 1 or a byte value (e.g. 0x7e)", *s);
+    return static_cast<int>(b);
+  }();
+  return v;
+}
 
 // Device memory for Tensor::empty on the calling thread's current device.
 // The release may run on any thread: it frees on the allocation's device.
@@ -32,6 +53,18 @@ void register_allocator() {
       NUCLEUS_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes on device {} failed: {} ({} bytes held by tensors)",
                     bytes, device, cudaGetErrorString(e), g_allocated.load());
       g_allocated += bytes;
+      if (const int b = poison_byte(); b >= 0) {
+        // Not while the device's engine stream captures a graph (an
+        // allocation there is a bug the graph tests catch; a memset would
+        // break the capture). Waits for this device only.
+        const Context* c = device >= 0 && device < kMaxDevices ? g_contexts[device] : nullptr;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaStreamIsCapturing(c ? c->stream : nullptr, &cs);
+        if (cs == cudaStreamCaptureStatusNone) {
+          NUCLEUS_CUDA_CHECK(cudaMemset(st->data, b, bytes));
+          NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+        }
+      }
       st->release = [bytes, device](void* p) {
         int current = 0;
         cudaGetDevice(&current);
