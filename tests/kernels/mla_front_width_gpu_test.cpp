@@ -181,12 +181,15 @@ void expect_matches(const Case& c, const Reference& ref, const DeviceCase& dc, c
   const float atol = 3e-2f, rtol = 3e-2f;  // a bf16 ulp is 2^-8 relative; one flip upstream moves a few
   EXPECT_TRUE(all_close(from_bf16(host_copy<uint16_t>(dc.q_full)), ref.q_full, atol, rtol, kLatent));
   EXPECT_TRUE(all_close(from_bf16(host_copy<uint16_t>(dc.q)), ref.q, atol, rtol, kQkHead));
-  std::vector<float> cache = from_bf16(host_copy<uint16_t>(dc.cache));
+  const std::vector<uint16_t> cache_bits = host_copy<uint16_t>(dc.cache);
+  const std::vector<float> cache = from_bf16(cache_bits);
   for (int s = 0; s < c.num_slots; ++s) {
     std::vector<float> got(cache.begin() + s * kLatent, cache.begin() + (s + 1) * kLatent);
     std::vector<float> want(ref.cache.begin() + s * kLatent, ref.cache.begin() + (s + 1) * kLatent);
-    if (std::isnan(want[0])) {
-      EXPECT_TRUE(std::isnan(got[0]) && std::isnan(got[kLatent - 1])) << "slot " << s << " written";
+    if (std::isnan(want[0])) {  // no row maps here (or a pad row's): the poison bytes stay
+      int written = 0;
+      for (int i = 0; i < kLatent; ++i) written += cache_bits[size_t(s) * kLatent + i] != 0x7f7f;
+      EXPECT_EQ(written, 0) << "cache slot " << s << " written";
     } else {
       EXPECT_TRUE(all_close(got, want, atol, rtol)) << "cache slot " << s;
     }
@@ -248,18 +251,18 @@ bool run(const Case& c, DeviceCase& dc, WidthBuilder& builder, BuildVariant vari
   return true;
 }
 
-TEST_F(MlaFrontWidthTest, EveryWidthFusedLeanAndPlainMatchTheReference) {
-  MlaFrontBuildOptions o = options();
-  MlaFrontBuilder builder(o);
+// Every default decode-graph width in [lo, hi]: fused (where accepted), lean
+// and plain against the reference.
+void check_widths(MlaFrontBuilder& builder, int sms, int64_t lo, int64_t hi) {
   const Dims dims{1024, 384, 16};
-  std::vector<std::string> served;
   for (int64_t w : default_cuda_graph_sizes(512)) {
+    if (w < lo || w > hi) continue;
     const Case c(dims, static_cast<int>(w), 100 + w);
     const Reference ref = reference(c);
     for (BuildVariant v : {BuildVariant::kFused, BuildVariant::kLean, BuildVariant::kPlain}) {
       DeviceCase dc(c);
-      if (!run(c, dc, builder, v, o.sm_count)) {
-        served.push_back("w" + std::to_string(w) + " " + variant_name(v) + " refused");
+      if (!run(c, dc, builder, v, sms)) {
+        std::printf("width %ld: %s build refused\n", static_cast<long>(w), variant_name(v));
         EXPECT_NE(v, BuildVariant::kLean) << "the lean build is refused at width " << w;
         EXPECT_GE(w, 160) << "the fused build is refused at width " << w;  // ptxas: spills from 224
         continue;
@@ -267,7 +270,21 @@ TEST_F(MlaFrontWidthTest, EveryWidthFusedLeanAndPlainMatchTheReference) {
       expect_matches(c, ref, dc, std::string(variant_name(v)) + " width " + std::to_string(w));
     }
   }
-  for (const std::string& s : served) std::printf("%s\n", s.c_str());
+}
+
+TEST_F(MlaFrontWidthTest, WidthsUpTo192FusedLeanAndPlainMatchTheReference) {
+  MlaFrontBuildOptions o = options();
+  MlaFrontBuilder builder(o);
+  check_widths(builder, o.sm_count, 1, 192);
+}
+
+// The wide widths: their fused builds spill (refused) and take NVRTC tens of
+// seconds each to compile (W = 512: ~2 min on one core here), so this test
+// is separate and slow on a cold cache.
+TEST_F(MlaFrontWidthTest, WidthsFrom224FusedLeanAndPlainMatchTheReference) {
+  MlaFrontBuildOptions o = options();
+  MlaFrontBuilder builder(o);
+  check_widths(builder, o.sm_count, 224, 512);
 }
 
 TEST_F(MlaFrontWidthTest, DeepSeekV3ShapesAtOneWidth) {
@@ -328,12 +345,12 @@ TEST_F(MlaFrontWidthTest, StrictModeStopsStartUp) {
 
 TEST_F(MlaFrontWidthTest, ARestartLoadsFromTheCache) {
   MlaFrontBuildOptions o = options();
-  const std::vector<int64_t> widths = {1, 8, 256};
+  const std::vector<int64_t> widths = {1, 8, 32};
   {
     MlaFrontBuilder first(o);
     auto plan = MlaFrontWidthBuilds::create(widths, first, WidthPlanOptions{}, o.sm_count);
     ASSERT_TRUE(plan.ok());
-    EXPECT_GE(first.compiles(), 3);
+    EXPECT_EQ(first.compiles(), 3);
   }
   MlaFrontBuilder second(o);
   auto plan = MlaFrontWidthBuilds::create(widths, second, WidthPlanOptions{}, o.sm_count);
