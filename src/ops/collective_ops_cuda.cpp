@@ -8,11 +8,12 @@
 #include "core/cuda/cuda_check.h"
 #include "core/env.h"
 #include "kernels/allreduce/allreduce_rmsnorm.cuh"
+#include "ops/allreduce_choice.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
 
-int64_t fused_allreduce_max_bytes(int world_size) {
+int64_t fused_allreduce_max_bytes_override() {
   static const int64_t override_bytes = [] {
     auto v = env_string("NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES");
     if (!v) return int64_t{-1};
@@ -22,8 +23,7 @@ int64_t fused_allreduce_max_bytes(int world_size) {
                   "NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES='{}' is not a non-negative integer", *v);
     return static_cast<int64_t>(n);
   }();
-  if (override_bytes >= 0) return override_bytes;
-  return world_size <= 2 ? int64_t{1} << 20 : world_size <= 4 ? int64_t{512} << 10 : int64_t{256} << 10;
+  return override_bytes;
 }
 
 size_t fused_allreduce_signal_bytes() { return kernels::allreduce_signal_bytes(); }
@@ -50,7 +50,7 @@ void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorL
   const bool delta_f32 = in[1].dtype() == DType::kF32;
   const int64_t delta_bytes = rows * width * static_cast<int64_t>(dtype_size(in[1].dtype()));
   // Large steps: NCCL's ring, then add+norm (which runs the prezero fill too).
-  if (delta_bytes > fused_allreduce_max_bytes(ar.comm->world_size())) {
+  if (!fused_allreduce_chosen(ar.comm->world_size(), rows, width, delta_bytes, fused_allreduce_max_bytes_override())) {
     add_rmsnorm(op, ctx, in, out);
     return;
   }

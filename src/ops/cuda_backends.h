@@ -35,17 +35,15 @@ void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const T
 // buffers (ops/collective_ops_cuda.cpp). Supports ops with an all-reduce, the
 // fusion allowed, every rank's signal buffer and hidden a multiple of 8 up to
 // 8192; takes a bf16 or f32 (split-K) delta, and a prezero donor's fill runs
-// on extra CTAs of the same launch. Steps whose delta is larger than
-// fused_allreduce_max_bytes(world_size) run the unfused path instead (the
-// choice depends only on the step's shape, so every rank makes the same).
+// on extra CTAs of the same launch. Steps that fused_allreduce_chosen()
+// (ops/allreduce_choice.h, measured on the H200) does not take run the
+// unfused path instead (the choice depends only on the step's shape, so
+// every rank makes the same).
 Status add_rmsnorm_allreduce_fused_supports(const AddRmsNormOp& op);
 void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
-// Largest delta (rows * hidden * 2 bytes, 4 when f32, per rank) the fused kernel takes:
-// its one-shot reads move world_size times the delta per rank, a ring
-// all-reduce about twice, so large steps go to NCCL. 1 MiB at 2 ranks,
-// 512 KiB at 3-4, 256 KiB at 5-8 (vLLM's one-shot limits); the environment
-// variable NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES overrides (for tuning).
-int64_t fused_allreduce_max_bytes(int world_size);
+// NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES (read once), or -1 when unset: a byte
+// limit that replaces the measured rule (for tuning).
+int64_t fused_allreduce_max_bytes_override();
 // Bytes of a rank's signal buffer for the fused kernel.
 size_t fused_allreduce_signal_bytes();
 
