@@ -26,17 +26,27 @@ void EngineArgs::add_to(CLI::App& app) {
   app.add_option("--attention-mode", attention_mode, "MLA form: auto, expanded or absorbed")
       ->check(CLI::IsMember({"auto", "expanded", "absorbed"}))
       ->capture_default_str();
-  app.add_option("--block-size", engine.block_size, "Tokens per KV-cache block")->capture_default_str();
+  // Range checks here make a bad value a usage error (exit 2) before any
+  // model is loaded; EngineConfig::validate checks the same for the C++ API.
+  app.add_option("--block-size", engine.block_size, "Tokens per KV-cache block")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--num-kv-blocks", engine.num_kv_blocks, "KV-cache blocks (0: derived from memory)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--gpu-memory-utilization", engine.gpu_memory_utilization,
                  "Fraction of GPU memory for weights, activations and the KV cache")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber & CLI::Range(0.0, 1.0));
   app.add_option("--max-num-batched-tokens", engine.max_num_batched_tokens, "Token budget per step")
-      ->capture_default_str();
-  app.add_option("--max-num-seqs", engine.max_num_seqs, "Sequences per step at most")->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-num-seqs", engine.max_num_seqs, "Sequences per step at most")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-model-len", engine.max_model_len, "Prompt + output length limit (0: the model's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", engine.enable_prefix_caching,
                "Reuse cached KV blocks of shared prompt prefixes (default on)");
   app.add_option("--cuda-graph-sizes", cuda_graph_sizes,

@@ -82,8 +82,11 @@ StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<Op
 
 // The backend NUCLEUS_FORCE_KERNEL names for `family`, or "" (parsed once).
 std::string forced_backend(const char* family);
-// The error for a malformed NUCLEUS_FORCE_KERNEL, or "".
+// The error for a malformed NUCLEUS_FORCE_KERNEL (an item that is not
+// family=backend, or a family no op dispatches), or "".
 std::string forced_backend_error();
+// Whether `family` is an op family NUCLEUS_FORCE_KERNEL can name.
+bool is_kernel_family(const std::string& family);
 
 template <typename OpT>
 StatusOr<size_t> choose_backend(const char* family, const std::vector<Backend<OpT>>& list, Device device,

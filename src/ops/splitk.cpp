@@ -44,7 +44,7 @@ SplitKSwitch splitk_switch() {
 
 Status splitk_env_status() {
   if (parse_switch() < 0)
-    return invalid_argument("NUCLEUS_SPLITK='" + *env_string("NUCLEUS_SPLITK") + "' is not auto, 0 or 1 (it counts as 0)");
+    return invalid_argument("NUCLEUS_SPLITK='" + *env_string("NUCLEUS_SPLITK") + "' is not auto, 0 or 1");
   return ok_status();
 }
 

@@ -24,8 +24,8 @@ namespace nucleus {
 // H200: split-K pays off only with prezero removing its zeroing memsets).
 enum class SplitKSwitch { kAuto, kOff, kOn };
 SplitKSwitch splitk_switch();
-// OK, or invalid_argument naming a malformed NUCLEUS_SPLITK (which then
-// counts as off).
+// OK, or invalid_argument naming a malformed NUCLEUS_SPLITK (checked when a
+// model is built, which then fails; splitk_switch() reads it as off).
 Status splitk_env_status();
 
 // Under kAuto, the measured rule (bench/splitk_bench.cpp on the H200,

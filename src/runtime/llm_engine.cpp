@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <random>
+#include <string>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -13,6 +16,22 @@ namespace nucleus {
 namespace {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
+int64_t host_memory_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / double(1ull << 30));
+  return buf;
 }
 }  // namespace
 
@@ -64,8 +83,24 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
         return resource_exhausted("--gpu-memory-utilization " + std::to_string(config.gpu_memory_utilization) +
                                   " leaves no room for the KV cache after the weights and activations");
     }
-  } else if (config.num_kv_blocks == 0) {
-    config.num_kv_blocks = 16 * ((config.max_model_len + config.block_size - 1) / config.block_size);
+  } else {
+    // The CPU pool lives in host memory: a default of 16 full-length
+    // sequences, capped at half of the memory available now; a pool that
+    // does not fit is refused here rather than failing the allocation.
+    const int64_t available = host_memory_available_bytes();
+    if (config.num_kv_blocks == 0) {
+      const int64_t blocks = 16 * ((config.max_model_len + config.block_size - 1) / config.block_size);
+      config.num_kv_blocks = available > 0 ? std::min(blocks, available / 2 / block_bytes) : blocks;
+      if (config.num_kv_blocks < 1)
+        return resource_exhausted("a KV-cache block of " + std::to_string(config.block_size) + " tokens takes " +
+                                  gib(block_bytes) + " GiB; half of the host's available memory (" +
+                                  gib(available) + " GiB) holds none: lower --block-size");
+    } else if (available > 0 && config.num_kv_blocks > available / block_bytes) {
+      return resource_exhausted("--num-kv-blocks " + std::to_string(config.num_kv_blocks) + " of " +
+                                std::to_string(config.block_size) + " tokens needs " +
+                                gib(config.num_kv_blocks * block_bytes) + " GiB of host memory; " +
+                                gib(available) + " GiB is available");
+    }
   }
   std::unique_ptr<LLMEngine> e(new LLMEngine());
   e->config_ = config;

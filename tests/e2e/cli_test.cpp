@@ -24,8 +24,10 @@ std::string binary() {
 }
 
 // Runs the binary; stdout only, or stdout and stderr together.
-RunResult run(const std::string& args, bool with_stderr = false) {
-  std::string cmd = binary() + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+// `env`: VAR=VALUE assignments for the command (e.g. "NUCLEUS_FORCE_KERNEL=...").
+RunResult run(const std::string& args, bool with_stderr = false, const std::string& env = "") {
+  std::string cmd = (env.empty() ? "" : "env " + env + " ") + binary() + " " + args +
+                    (with_stderr ? " 2>&1" : " 2>/dev/null");
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -124,12 +126,22 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"bogus", 2, "unknown command 'bogus'"},
       {"generate --device cpu --prompts " + dir + "/bad.jsonl", 2, "bad.jsonl:1"},
       {"generate --device cpu --prompts " + dir + "/missing.jsonl", 2, "missing.jsonl"},
+      {"generate --device cpu --block-size 0", 2, "--block-size"},
+      {"generate --device cpu --max-num-seqs 0", 2, "--max-num-seqs"},
+      {"generate --device cpu --max-num-batched-tokens 0", 2, "--max-num-batched-tokens"},
+      {"generate --device cpu --num-kv-blocks -1", 2, "--num-kv-blocks"},
+      {"generate --device cpu --gpu-memory-utilization 2", 2, "--gpu-memory-utilization"},
+      {"generate --device cpu --num-kv-blocks 2000000000", 1, "GiB of host memory"},
   };
   for (const auto& c : cases) {
     RunResult r = run(c.args, true);
     EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
   }
+  // A family no op has is an error, not silently ignored.
+  RunResult r = run("generate --device cpu --max-tokens 2", true, "NUCLEUS_FORCE_KERNEL=linearr=cpu_ref");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("no kernel family 'linearr'"), std::string::npos) << r.out;
 }
 
 }  // namespace
