@@ -66,14 +66,17 @@ void EngineArgs::add_to(CLI::App& app) {
   app.add_option("--prefill-context-chunk", prefill_context_chunk,
                  "Cached rows expanded at a time in prefill attention (longer contexts are merged by log-sum-exp)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--kv-cache-dtype", kv_cache_dtype,
                  "Latent KV-cache storage: auto (bf16 on CUDA, f32 on the CPU), bf16, or fp8 / fp8_e4m3 (e4m3 with a "
                  "per-layer k_scale: half the bytes of bf16)")
       ->capture_default_str()
       ->check([](const std::string& v) {  // one parser for every spelling: a usage error (exit 2) otherwise
         auto r = parse_kv_cache_dtype(v);
-        return r.ok() ? std::string() : r.status().message();
+        if (r.ok()) return std::string();
+        // CLI11 prefixes the option's name: drop parse_kv_cache_dtype's own.
+        const std::string m = r.status().message(), own = "--kv-cache-dtype ";
+        return m.compare(0, own.size(), own) == 0 ? m.substr(own.size()) : m;
       });
   app.add_option_function<double>(
          "--kv-scale", [this](double v) { kv_scale = v; },

@@ -278,7 +278,12 @@ StatusOr<ModelConfig> load_model_config(const std::string& path, const std::vect
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
   auto c = parse_model_config(j, overrides);
-  if (!c.ok()) return c.status().with_context(path);
+  if (!c.ok()) {  // "PATH: ..." in place of parse_model_config's "config.json: ..."
+    const std::string m = c.status().message();
+    const std::string prefix = "config.json: ";
+    const std::string rest = m.compare(0, prefix.size(), prefix) == 0 ? m.substr(prefix.size()) : m;
+    return Status(c.status().code(), rest).with_context(path);
+  }
   return c;
 }
 
