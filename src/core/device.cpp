@@ -71,10 +71,7 @@ Tensor to_device(const Tensor& t) {
 Tensor to_host(const Tensor& t) {
   if (t.device() == Device::kCpu) return t;
   Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::kCpu);
-#ifdef NUCLEUS_HAVE_CUDA
-  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));
-#endif
-  copy_to_host(h.raw(), t.raw(), t.nbytes());
+  copy_to_host(h.raw(), t.raw(), t.nbytes());  // waits for the engine stream itself
   return h;
 }
 

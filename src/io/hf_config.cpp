@@ -43,24 +43,24 @@ class Reader {
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
 
   Status int_field(const char* key, int64_t* out, bool required, int64_t min_value = 0) const {
-    if (!has(key)) return required ? invalid_argument(std::string("config.json: missing field '") + key + "'")
+    if (!has(key)) return required ? invalid_argument(std::string("missing field '") + key + "'")
                                    : ok_status();
     const json& v = j_[key];
     if (!v.is_number_integer())
-      return invalid_argument(std::string("config.json: field '") + key + "' must be an integer, got " + v.dump());
+      return invalid_argument(std::string("field '") + key + "' must be an integer, got " + v.dump());
     if (v.get<int64_t>() < min_value)
-      return invalid_argument(std::string("config.json: field '") + key + "' must be >= " +
+      return invalid_argument(std::string("field '") + key + "' must be >= " +
                               std::to_string(min_value) + ", got " + v.dump());
     *out = v.get<int64_t>();
     return ok_status();
   }
 
   Status double_field(const char* key, double* out, bool required) const {
-    if (!has(key)) return required ? invalid_argument(std::string("config.json: missing field '") + key + "'")
+    if (!has(key)) return required ? invalid_argument(std::string("missing field '") + key + "'")
                                    : ok_status();
     const json& v = j_[key];
     if (!v.is_number())
-      return invalid_argument(std::string("config.json: field '") + key + "' must be a number, got " + v.dump());
+      return invalid_argument(std::string("field '") + key + "' must be a number, got " + v.dump());
     *out = v.get<double>();
     return ok_status();
   }
@@ -69,17 +69,17 @@ class Reader {
     if (!has(key)) return ok_status();
     const json& v = j_[key];
     if (!v.is_boolean())
-      return invalid_argument(std::string("config.json: field '") + key + "' must be true or false, got " + v.dump());
+      return invalid_argument(std::string("field '") + key + "' must be true or false, got " + v.dump());
     *out = v.get<bool>();
     return ok_status();
   }
 
   Status string_field(const char* key, std::string* out, bool required) const {
-    if (!has(key)) return required ? invalid_argument(std::string("config.json: missing field '") + key + "'")
+    if (!has(key)) return required ? invalid_argument(std::string("missing field '") + key + "'")
                                    : ok_status();
     const json& v = j_[key];
     if (!v.is_string())
-      return invalid_argument(std::string("config.json: field '") + key + "' must be a string, got " + v.dump());
+      return invalid_argument(std::string("field '") + key + "' must be a string, got " + v.dump());
     *out = v.get<std::string>();
     return ok_status();
   }
@@ -91,7 +91,7 @@ class Reader {
 Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return ok_status();
   const json& r = j["rope_scaling"];
-  if (!r.is_object()) return invalid_argument("config.json: field 'rope_scaling' must be an object or null");
+  if (!r.is_object()) return invalid_argument("field 'rope_scaling' must be an object or null");
   std::string type;
   Reader rr(r);
   if (rr.has("type")) {
@@ -99,11 +99,11 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   } else if (rr.has("rope_type")) {
     NUCLEUS_RETURN_IF_ERROR(rr.string_field("rope_type", &type, true));
   } else {
-    return invalid_argument("config.json: rope_scaling has neither 'type' nor 'rope_type'");
+    return invalid_argument("rope_scaling has neither 'type' nor 'rope_type'");
   }
   if (type == "default") return ok_status();
   if (type != "yarn")
-    return unsupported("config.json: rope_scaling type '" + type + "' is not supported (supported: yarn, default)");
+    return unsupported("rope_scaling type '" + type + "' is not supported (supported: yarn, default)");
   rs->yarn = true;
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("factor", &rs->factor, true));
   NUCLEUS_RETURN_IF_ERROR(
@@ -112,7 +112,7 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("beta_slow", &rs->beta_slow, false));
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("mscale", &rs->mscale, false));
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("mscale_all_dim", &rs->mscale_all_dim, false));
-  if (rs->factor <= 0) return invalid_argument("config.json: rope_scaling.factor must be > 0");
+  if (rs->factor <= 0) return invalid_argument("rope_scaling.factor must be > 0");
   return ok_status();
 }
 
@@ -148,20 +148,20 @@ Status apply_overrides(json* j, const std::vector<std::string>& overrides) {
 }  // namespace
 
 StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vector<std::string>& overrides) {
-  if (!config_in.is_object()) return invalid_argument("config.json: not a JSON object");
+  if (!config_in.is_object()) return invalid_argument("not a JSON object");
   json config = config_in;
   NUCLEUS_RETURN_IF_ERROR(apply_overrides(&config, overrides));
   Reader r(config);
   ModelConfig c;
   NUCLEUS_RETURN_IF_ERROR(r.string_field("model_type", &c.model_type, true));
   if (c.model_type != "deepseek_v2" && c.model_type != "deepseek_v3")
-    return unsupported("config.json: model_type '" + c.model_type +
+    return unsupported("model_type '" + c.model_type +
                        "' is not supported (supported: deepseek_v2, deepseek_v3)");
   if (config.contains("architectures") && config["architectures"].is_array()) {
     for (const auto& a : config["architectures"]) {
       std::string arch = a.is_string() ? a.get<std::string>() : a.dump();
       if (arch != "DeepseekV2ForCausalLM" && arch != "DeepseekV3ForCausalLM")
-        return unsupported("config.json: architecture '" + arch +
+        return unsupported("architecture '" + arch +
                            "' is not supported (supported: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
     }
   }
@@ -180,7 +180,7 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
   NUCLEUS_RETURN_IF_ERROR(r.double_field("rms_norm_eps", &c.rms_norm_eps, false));
   NUCLEUS_RETURN_IF_ERROR(r.double_field("rope_theta", &c.rope_theta, false));
   if (c.qk_rope_head_dim % 2 != 0)
-    return invalid_argument("config.json: qk_rope_head_dim must be even, got " + std::to_string(c.qk_rope_head_dim));
+    return invalid_argument("qk_rope_head_dim must be even, got " + std::to_string(c.qk_rope_head_dim));
   NUCLEUS_RETURN_IF_ERROR(parse_rope_scaling(config, &c.rope_scaling));
 
   NUCLEUS_RETURN_IF_ERROR(r.int_field("n_routed_experts", &c.n_routed_experts, false, 0));
@@ -198,34 +198,34 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
     NUCLEUS_RETURN_IF_ERROR(r.string_field("scoring_func", &scoring, false));
     if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
     else if (scoring == "sigmoid") c.scoring_func = ScoringFunc::kSigmoid;
-    else return unsupported("config.json: scoring_func '" + scoring + "' is not supported (supported: softmax, sigmoid)");
+    else return unsupported("scoring_func '" + scoring + "' is not supported (supported: softmax, sigmoid)");
     std::string method = v3 ? "noaux_tc" : "greedy";
     NUCLEUS_RETURN_IF_ERROR(r.string_field("topk_method", &method, false));
     if (method == "greedy") c.topk_method = TopkMethod::kGreedy;
     else if (method == "group_limited_greedy") c.topk_method = TopkMethod::kGroupLimitedGreedy;
     else if (method == "noaux_tc") c.topk_method = TopkMethod::kNoauxTc;
     else
-      return unsupported("config.json: topk_method '" + method +
+      return unsupported("topk_method '" + method +
                          "' is not supported (supported: greedy, group_limited_greedy, noaux_tc)");
     if (c.topk_method == TopkMethod::kNoauxTc && c.scoring_func != ScoringFunc::kSigmoid)
-      return unsupported("config.json: topk_method noaux_tc needs scoring_func sigmoid, got " + scoring);
+      return unsupported("topk_method noaux_tc needs scoring_func sigmoid, got " + scoring);
     if (c.n_routed_experts % c.n_group != 0)
-      return invalid_argument("config.json: n_routed_experts " + std::to_string(c.n_routed_experts) +
+      return invalid_argument("n_routed_experts " + std::to_string(c.n_routed_experts) +
                               " is not a multiple of n_group " + std::to_string(c.n_group));
     if (c.topk_group > c.n_group)
-      return invalid_argument("config.json: topk_group " + std::to_string(c.topk_group) + " > n_group " +
+      return invalid_argument("topk_group " + std::to_string(c.topk_group) + " > n_group " +
                               std::to_string(c.n_group));
     if (c.num_experts_per_tok > c.n_routed_experts)
-      return invalid_argument("config.json: num_experts_per_tok > n_routed_experts");
+      return invalid_argument("num_experts_per_tok > n_routed_experts");
     if (c.topk_method != TopkMethod::kGreedy &&
         c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group))
-      return invalid_argument("config.json: num_experts_per_tok exceeds the experts in topk_group groups");
+      return invalid_argument("num_experts_per_tok exceeds the experts in topk_group groups");
   }
 
   if (config.contains("hidden_act") && config["hidden_act"] != "silu")
-    return unsupported("config.json: hidden_act " + config["hidden_act"].dump() + " is not supported (supported: silu)");
+    return unsupported("hidden_act " + config["hidden_act"].dump() + " is not supported (supported: silu)");
   if (config.contains("attention_bias") && config["attention_bias"] == true)
-    return unsupported("config.json: attention_bias true is not supported");
+    return unsupported("attention_bias true is not supported");
   NUCLEUS_RETURN_IF_ERROR(r.bool_field("tie_word_embeddings", &c.tie_word_embeddings));
   NUCLEUS_RETURN_IF_ERROR(r.int_field("bos_token_id", &c.bos_token_id, false, 0));
   if (r.has("eos_token_id")) {
@@ -233,41 +233,41 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
     if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
     else if (e.is_array()) {
       for (const auto& x : e) {
-        if (!x.is_number_integer()) return invalid_argument("config.json: eos_token_id list holds a non-integer");
+        if (!x.is_number_integer()) return invalid_argument("eos_token_id list holds a non-integer");
         c.eos_token_ids.push_back(x.get<int64_t>());
       }
     } else {
-      return invalid_argument("config.json: eos_token_id must be an integer or a list of integers");
+      return invalid_argument("eos_token_id must be an integer or a list of integers");
     }
   }
 
   if (r.has("quantization_config")) {
     const json& q = config["quantization_config"];
-    if (!q.is_object()) return invalid_argument("config.json: quantization_config must be an object");
+    if (!q.is_object()) return invalid_argument("quantization_config must be an object");
     Reader qr(q);
     std::string method;
     NUCLEUS_RETURN_IF_ERROR(qr.string_field("quant_method", &method, true));
     if (method != "fp8")
-      return unsupported("config.json: quantization_config.quant_method '" + method +
+      return unsupported("quantization_config.quant_method '" + method +
                          "' is not supported (supported: fp8)");
     std::string fmt = "e4m3";
     NUCLEUS_RETURN_IF_ERROR(qr.string_field("fmt", &fmt, false));
     if (fmt != "e4m3")
-      return unsupported("config.json: quantization_config.fmt '" + fmt + "' is not supported (supported: e4m3)");
+      return unsupported("quantization_config.fmt '" + fmt + "' is not supported (supported: e4m3)");
     std::string scheme = "dynamic";
     NUCLEUS_RETURN_IF_ERROR(qr.string_field("activation_scheme", &scheme, false));
     if (scheme != "dynamic")
-      return unsupported("config.json: quantization_config.activation_scheme '" + scheme +
+      return unsupported("quantization_config.activation_scheme '" + scheme +
                          "' is not supported (supported: dynamic)");
     if (!q.contains("weight_block_size") || !q["weight_block_size"].is_array() ||
         q["weight_block_size"].size() != 2 || !q["weight_block_size"][0].is_number_integer() ||
         !q["weight_block_size"][1].is_number_integer())
-      return unsupported("config.json: quantization_config.weight_block_size must be [n, k] (per-tensor FP8 is not supported)");
+      return unsupported("quantization_config.weight_block_size must be [n, k] (per-tensor FP8 is not supported)");
     c.fp8 = true;
     c.weight_block_n = q["weight_block_size"][0].get<int64_t>();
     c.weight_block_k = q["weight_block_size"][1].get<int64_t>();
     if (c.weight_block_n <= 0 || c.weight_block_k <= 0)
-      return invalid_argument("config.json: quantization_config.weight_block_size must be positive");
+      return invalid_argument("quantization_config.weight_block_size must be positive");
   }
   return c;
 }
@@ -278,12 +278,7 @@ StatusOr<ModelConfig> load_model_config(const std::string& path, const std::vect
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
   auto c = parse_model_config(j, overrides);
-  if (!c.ok()) {  // "PATH: ..." in place of parse_model_config's "config.json: ..."
-    const std::string m = c.status().message();
-    const std::string prefix = "config.json: ";
-    const std::string rest = m.compare(0, prefix.size(), prefix) == 0 ? m.substr(prefix.size()) : m;
-    return Status(c.status().code(), rest).with_context(path);
-  }
+  if (!c.ok()) return c.status().with_context(path);
   return c;
 }
 

@@ -88,9 +88,10 @@ double yarn_get_mscale(double scale, double mscale);
 
 // Parses a config.json object. `overrides` are "key=value" strings applied to
 // the top-level JSON first (values parsed as JSON, else taken as strings).
+// Errors name the field, not the file: the caller adds that context.
 StatusOr<ModelConfig> parse_model_config(const nlohmann::json& config,
                                          const std::vector<std::string>& overrides = {});
-// Reads and parses `path` (a config.json file).
+// Reads and parses `path` (a config.json file); errors begin with `path`.
 StatusOr<ModelConfig> load_model_config(const std::string& path,
                                         const std::vector<std::string>& overrides = {});
 

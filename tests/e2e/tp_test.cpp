@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/deepseek/deepseek_model.h"
+#include "ops/op.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -285,6 +286,18 @@ TEST(TpCliTest, GenerateWithTensorParallelSizeTwoMatchesOne) {
   EXPECT_EQ(two, one);
   EXPECT_EQ(two_long, one);
   EXPECT_NE(one.find(','), std::string::npos) << one;  // a list of 24 ids
+}
+
+// NUCLEUS_FORCE_KERNEL's family list (ops/op.cpp) names every op of the
+// graphs, a rank's included (its collectives), so no family is refused as
+// unknown.
+TEST(TpTest, EveryGraphNodeIsAForceableKernelFamily) {
+  auto m = load(2);
+  for (StepKind k : {StepKind::kPrefill, StepKind::kDecode})
+    for (const auto& n : m->rank_model(0).graph(k).nodes())
+      EXPECT_TRUE(is_kernel_family(n.op->kind())) << n.name << ": " << n.op->kind();
+  EXPECT_TRUE(is_kernel_family("gather_kv_b_proj"));
+  EXPECT_FALSE(is_kernel_family("linearr"));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Adapter from nucleus' paged latent cache to FlashInfer's Hopper MLA kernel
 // (see flashinfer_mla.cuh). Compiled with the FlashInfer include paths only
-// when cmake/flashinfer.cmake found the headers; otherwise a stub.
+// when cmake/flashinfer.cmake found the headers; otherwise
+// flashinfer_mla_available() is false and the decode dispatch never picks it.
 #include "kernels/mla/flashinfer_mla.cuh"
 
 #ifdef NUCLEUS_HAVE_FLASHINFER
