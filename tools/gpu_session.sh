@@ -12,6 +12,7 @@
 #   generate   nucleus generate, 256 prompts x 512 tokens -> 256, and prefill with a 90% prefix hit vs none
 #   serve      nucleus serve (dummy V2-Lite, --skip-tokenizer-init) + bench serve at concurrency 1, 8, 32, 64
 #   fp8kv      FP8 KV cache: GPU tests, decode attention bf16 vs fp8, bench serve at concurrency 64 with each
+#   widths     width builds: decode step per width, MLA front end plain / fused / lean, V2-Lite and V3 (4 layers)
 # Full logs go to $OUT; a short summary is printed per step.
 set -uo pipefail
 B=${1:?usage: tools/gpu_session.sh BUILD STEP...}
@@ -131,6 +132,29 @@ step_fp8kv() {
   CTEST_FILTER="fp8" step_ctest_some
   timeout 150 "$B/bin/mla_decode_bench" --kv-cache-dtype both > "$out/mla_decode_fp8.txt" 2>&1; tail -20 "$out/mla_decode_fp8.txt"
   for d in bf16 fp8; do SERVE_TAG=_$d SERVE_CONC=64 SERVE_ARGS="--kv-cache-dtype $d" step_serve; done
+}
+
+# Width builds (NUCLEUS_WIDTH_BUILDS): decode step time per width with the MLA
+# front end plain (0), fused where it fits (1) and lean (lean), dummy V2-Lite
+# and 4-layer V3 (bf16: the builds read bf16 weights), graph sizes = the
+# batch sizes; the first run starts from an empty kernel cache (cold), the
+# others load it (warm). WIDTH_BATCHES overrides the batch sizes, WIDTH_MODELS
+# the models (default "v2lite v3_4l").
+step_widths() {
+  local bs=${WIDTH_BATCHES:-1,2,4,8,16,32,64,128}
+  local cache; cache=$(mktemp -d)
+  for cfg in ${WIDTH_MODELS:-v2lite v3_4l}; do
+    local args=(bench latency --load-format dummy --device cuda --batch-sizes $bs --cuda-graph-sizes $bs
+                --max-num-seqs 128 --input-len 512 --output-len 32 --num-iters 1)
+    if [ $cfg = v2lite ]; then args+=(--config $V2); else args+=(--config $V3 --override num_hidden_layers=4
+                                                                   --override quantization_config=null); fi
+    for mode in 0 1 lean; do
+      NUCLEUS_KERNEL_CACHE_DIR=$cache NUCLEUS_WIDTH_BUILDS=$mode NUCLEUS_LOG_LEVEL=info timeout 240 "$N" "${args[@]}" \
+        > "$out/widths_${cfg}_$mode.txt" 2>&1
+      echo "-- $cfg NUCLEUS_WIDTH_BUILDS=$mode"; grep -E "width builds:|^ +[0-9]+ +[0-9]+ " "$out/widths_${cfg}_$mode.txt"
+    done
+  done
+  rm -rf "$cache"
 }
 
 rc=0

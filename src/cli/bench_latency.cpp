@@ -223,6 +223,8 @@ int run_bench_latency(int argc, char** argv) {
   std::printf("passes: split-K %s%s, prezero %s (NUCLEUS_SPLITK, NUCLEUS_SPLITK_DETERMINISTIC, NUCLEUS_ENABLE_PREZERO)\n",
               splitk_switch() == SplitKSwitch::kOff ? "off" : splitk_switch() == SplitKSwitch::kOn ? "on" : "auto",
               splitk_deterministic() ? " deterministic" : "", e.model().options().enable_prezero ? "on" : "off");
+  std::printf("width builds: %s (NUCLEUS_WIDTH_BUILDS)\n",
+              width::width_builds_mode_name(e.model().options().width_builds));
   std::printf("weights: dense %.2f GB, one routed expert %.2f MB; KV %lld bytes/token\n", wb.dense / 1e9,
               wb.per_expert / 1e6, static_cast<long long>(e.model().kv_bytes_per_token()));
   std::printf("%6s %6s %11s %13s %11s %12s %9s %11s %9s %9s\n", "input", "batch", "prefill_ms", "prefill_tok/s",

@@ -15,4 +15,5 @@ int run_generate(int argc, char** argv);
 int run_serve(int argc, char** argv);        // nucleus serve
 int run_bench_serve(int argc, char** argv);  // nucleus bench serve
 int run_bench_latency(int argc, char** argv);  // nucleus bench latency
+int run_prebuild_kernels(int argc, char** argv);  // nucleus prebuild-kernels
 }  // namespace nucleus::cli

@@ -101,6 +101,7 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
   mo.tensor_parallel_size = tensor_parallel_size;
   mo.fuse_allreduce_norm = env_flag("NUCLEUS_FUSE_ALLREDUCE_NORM", true);
+  NUCLEUS_ASSIGN_OR_RETURN(mo.width_builds, width::width_builds_mode_from_env());
   NUCLEUS_ASSIGN_OR_RETURN(mo.kv_cache_dtype, parse_kv_cache_dtype(kv_cache_dtype));
   if (kv_scale) {
     const auto f = static_cast<float>(*kv_scale);

@@ -3,6 +3,7 @@
 //   nucleus serve --model DIR [...]      OpenAI-compatible HTTP server
 //   nucleus bench serve --base-url URL   serving benchmark against a running server
 //   nucleus bench latency --model DIR    prefill/decode latency, % of roofline
+//   nucleus prebuild-kernels             compile the decode width builds into the kernel cache
 // Run `nucleus <command> --help` for a command's flags.
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@ void usage() {
                "  serve         OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)\n"
                "  bench serve   serving benchmark (TTFT, TPOT, ITL, throughput) against a server\n"
                "  bench latency prefill/decode latency and %% of roofline at given batch sizes\n"
+               "  prebuild-kernels  compile the decode width builds into the kernel cache (no GPU needed)\n"
                "run 'nucleus <command> --help' for the command's flags\n");
 }
 
@@ -50,6 +52,7 @@ int main(int argc, char** argv) {
   // The subcommand sees argv without the command word.
   if (cmd == "generate") return nucleus::cli::run_generate(argc - 1, argv + 1);
   if (cmd == "serve") return nucleus::cli::run_serve(argc - 1, argv + 1);
+  if (cmd == "prebuild-kernels") return nucleus::cli::run_prebuild_kernels(argc - 1, argv + 1);
   if (cmd == "bench" && argc >= 3 && !std::strcmp(argv[2], "serve"))
     return nucleus::cli::run_bench_serve(argc - 2, argv + 2);
   if (cmd == "bench" && argc >= 3 && !std::strcmp(argv[2], "latency"))

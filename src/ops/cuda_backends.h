@@ -7,6 +7,7 @@
 #include "ops/basic_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/linear_op.h"
+#include "ops/mla_front_op.h"
 #include "ops/mla_ops.h"
 #include "ops/moe_ops.h"
 
@@ -68,6 +69,11 @@ Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op);
 void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
+// The MLA decode front end (ops/mla_front_op.h): the width build serving the
+// step's rows (kernels/width/mla_front_builds.h), else the plain chain.
+Status mla_front_supports(const MlaFrontOp& op);
+void mla_front(MlaFrontOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 

@@ -5,6 +5,8 @@
 // cuBLASLt batched GEMMs over heads, with a bf16 copy of an FP8 kv_b_proj
 // made once on first use (op.state()[0]).
 //
+// Input: {q}, or {q, q_full} after the mla_front op (width builds), whose
+// absorbed query [T, H, 576] bf16 is then read instead of absorbing q here.
 // Scratch: out[1] (q_lat, f32 [W, H * 512]) holds q_full bf16 [W, H, 576] and
 // q_nope bf16 [W, H, 128]; out[2] (o_lat, f32 [W, H * 512]) holds o_lat bf16
 // [W, H, 512] and the compact output bf16 [W, H * 128]. Rows are processed W
@@ -130,14 +132,23 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
   const __nv_bfloat16* kv_b = kv_b_bf16(op);
   const Scratch s = scratch(out, W, H);
   cudaStream_t st = stream();
+  // The mla_front op (width builds) already wrote every row's absorbed query.
+  const bool absorbed_in = in.size() > 1 && rs.rows == nullptr;
   for (int64_t r0 = 0; r0 < rs.num_rows; r0 += W) {
     const int64_t n = std::min(W, rs.num_rows - r0);
     const kernels::MlaDecodeRows r = rows_of(ctx, rs, r0, n);
-    NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
-                                                           static_cast<int>(H), s.q_nope, s.q_full, st));
-    int e = kernels::mla_decode_gemm_absorb(kv_b, static_cast<int>(H), n, s.q_nope, s.q_full, st);
-    NUCLEUS_CHECK(e == 0, "mla_decode q absorption GEMM failed: cuBLAS status {} (rows {}, heads {})", e, n, H);
-    attend(r, r0, s);
+    int e = 0;
+    if (absorbed_in) {
+      Scratch chunk = s;
+      chunk.q_full = in[1].data<__nv_bfloat16>() + r0 * H * kernels::kMlaDecodeLatent;
+      attend(r, r0, chunk);
+    } else {
+      NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
+                                                             static_cast<int>(H), s.q_nope, s.q_full, st));
+      e = kernels::mla_decode_gemm_absorb(kv_b, static_cast<int>(H), n, s.q_nope, s.q_full, st);
+      NUCLEUS_CHECK(e == 0, "mla_decode q absorption GEMM failed: cuBLAS status {} (rows {}, heads {})", e, n, H);
+      attend(r, r0, s);
+    }
     const int64_t out_stride = out[0].row_numel();
     if (rs.rows) {
       e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat, s.out_c,

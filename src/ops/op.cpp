@@ -15,7 +15,7 @@ std::string g_forced_unknown;    // a family no op has
 // Every family that dispatches through choose_backend: the ops' kind()
 // names and gather_kv_b_proj (ops/gather_kv_b_proj.cpp, kFamily).
 const char* const kFamilies[] = {"add_rmsnorm", "all_gather_vocab", "embedding", "gather_kv_b_proj", "gather_rows",
-                                 "linear", "mla_decode", "mla_prefill", "moe_experts", "moe_route", "rmsnorm",
+                                 "linear", "mla_decode", "mla_front", "mla_prefill", "moe_experts", "moe_route", "rmsnorm",
                                  "rope_kv_cache_write", "silu_mul"};
 }  // namespace
 

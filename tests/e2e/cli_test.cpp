@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -108,6 +109,28 @@ TEST(CliTest, BinaryIsThere) {
   ASSERT_FALSE(binary().empty()) << "NUCLEUS_BIN is not set (run through ctest)";
   RunResult r = run("--help", true);
   EXPECT_NE(r.out.find("generate"), std::string::npos) << r.out;
+}
+
+// `nucleus prebuild-kernels` compiles width builds with NVRTC on a machine
+// without a GPU (this one): two small widths, fused and lean, land in the
+// cache; a second run finds them there. Skipped in a build without CUDA.
+TEST(CliTest, PrebuildKernelsFillsTheCacheWithoutAGpu) {
+  const std::string dir = testing::make_temp_dir("nucleus_prebuild");
+  const std::string args = "prebuild-kernels --cuda-graph-sizes 1,2 -j 2 --cache-dir " + dir + "/kernels";
+  RunResult first = run(args, true);
+  if (first.status == 1 && first.out.find("no CUDA support") != std::string::npos) GTEST_SKIP() << first.out;
+  ASSERT_EQ(first.status, 0) << first.out;
+  EXPECT_NE(first.out.find("4 compiled, 0 already cached, 0 failed"), std::string::npos) << first.out;
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/kernels")) {
+    EXPECT_EQ(e.path().extension(), ".nwb") << e.path();
+    ++entries;
+  }
+  EXPECT_EQ(entries, 4);
+  RunResult second = run(args, true);
+  ASSERT_EQ(second.status, 0) << second.out;
+  EXPECT_NE(second.out.find("0 compiled, 4 already cached, 0 failed"), std::string::npos) << second.out;
+  EXPECT_EQ(run("prebuild-kernels --variants bogus", true).status, 2);
 }
 
 TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {

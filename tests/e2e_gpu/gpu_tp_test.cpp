@@ -2,8 +2,8 @@
 //  - world size 1 (runs on the single H200): tiny-dsv3 as a one-rank group
 //    through NCCL. With the fusion off (NCCL all-reduce, then add+norm) every
 //    collective is a copy, so logits equal the plain model's bit for bit;
-//    with the fused all-reduce + RMSNorm kernel they stay within bf16
-//    rounding, and greedy decoding through the engine (CUDA graphs) gives
+//    the fused all-reduce + RMSNorm kernel runs the plain add+norm's row
+//    code, so its logits are the plain model's bits too, and greedy decoding through the engine (CUDA graphs) gives
 //    the reference's tokens.
 //  - TP = 2 (and 4) when that many GPUs are visible: greedy tokens through
 //    the engine equal TP = 1's up to the first low-margin step, teacher-
@@ -141,6 +141,8 @@ TEST_F(GpuTpTest, OneRankGroupThroughNcclMatchesThePlainModel) {
     Tensor r = teacher_forced(*cpu, tokens), p = teacher_forced(*plain, tokens),
            u = teacher_forced(*unfused, tokens), f = teacher_forced(*fused, tokens);
     EXPECT_EQ(max_diff(p, u), 0.0f) << "NCCL over one rank is a copy: the unfused group must equal the plain model";
+    // The fused kernel at one rank runs the plain add+norm's row code (kernels/rmsnorm/add_rmsnorm_row.cuh).
+    EXPECT_EQ(max_diff(p, f), 0.0f) << "the fused all-reduce + RMSNorm over one rank must equal the plain model";
     worst_plain = std::max(worst_plain, max_diff(r, p));
     worst_fused = std::max(worst_fused, max_diff(r, f));
   }

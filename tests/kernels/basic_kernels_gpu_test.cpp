@@ -82,6 +82,24 @@ TEST_F(GpuKernels, AddRmsNormAndInPlace) {
   }
 }
 
+// Without a delta (the first layer's input norm): the residual is read, not
+// written.
+TEST_F(GpuKernels, AddRmsNormWithoutDelta) {
+  for (int64_t width : {256, 7168, 333}) {
+    const int64_t rows = 3;
+    auto residual = random_bf16_values(rows * width, 2.0f, 7);
+    auto w = random_bf16_values(width, 1.0f, 8);
+    Tensor d_res = device_copy(residual, DType::kF32), d_w = device_copy(w, DType::kF32);
+    Tensor d_out = device_poisoned(rows * width, DType::kBF16);
+    ASSERT_EQ(launch_add_rmsnorm(d_res.data<float>(), nullptr, d_w.data<float>(), rows, width, 1e-6f,
+                                 d_out.data<__nv_bfloat16>(), stream()), cudaSuccess);
+    std::vector<float> out_ref(rows * width);
+    rmsnorm_ref(residual.data(), width, w.data(), rows, width, 1e-6f, out_ref.data(), width);
+    EXPECT_EQ(host_copy<float>(d_res), residual) << width;
+    EXPECT_TRUE(all_close(from_bf16(host_copy<uint16_t>(d_out)), out_ref, 1e-5f, 8e-3f, width)) << width;
+  }
+}
+
 TEST_F(GpuKernels, SiluMulAndGather) {
   for (int64_t rows : {1, 33}) {
     const int64_t width = 1408;

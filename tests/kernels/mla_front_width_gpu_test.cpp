@@ -45,11 +45,15 @@ struct Case {
   Case(Dims dims, int n, uint64_t seed) : d(dims), rows(n), num_slots(2 * n + 4) {
     const int H = d.hidden, Q = d.q_lora, N = d.num_heads;
     x = random_bf16_values(static_cast<size_t>(n) * H, 1.0f, seed);
-    w_qa = random_bf16_values(static_cast<size_t>(Q) * H, 1.0f / std::sqrt(float(H)), seed + 1);
-    w_qb = random_bf16_values(static_cast<size_t>(N) * kQkHead * Q, 1.0f / std::sqrt(float(Q)), seed + 2);
+    // Q = 0: no q LoRA (DeepSeek-V2-Lite), w_qb is q_proj [N * 192, H]; w_qa and qa_norm are never read
+    // (8 elements so their device copies exist).
+    const int k_qb = Q > 0 ? Q : H;
+    w_qa = random_bf16_values(static_cast<size_t>(Q > 0 ? Q : 8) * (Q > 0 ? H : 1), 1.0f / std::sqrt(float(H)),
+                              seed + 1);
+    w_qb = random_bf16_values(static_cast<size_t>(N) * kQkHead * k_qb, 1.0f / std::sqrt(float(k_qb)), seed + 2);
     w_kva = random_bf16_values(static_cast<size_t>(kLatent) * H, 1.0f / std::sqrt(float(H)), seed + 3);
     w_kvb = random_bf16_values(static_cast<size_t>(N) * 256 * kLora, 1.0f / std::sqrt(float(kNope)), seed + 4);
-    qa_norm = random_bf16_values(Q, 1.0f, seed + 5);
+    qa_norm = random_bf16_values(Q > 0 ? Q : 8, 1.0f, seed + 5);
     kva_norm = random_bf16_values(kLora, 1.0f, seed + 6);
     for (auto& v : qa_norm) v += 1.5f;
     for (auto& v : kva_norm) v += 1.5f;
@@ -98,9 +102,13 @@ Reference reference(const Case& c) {
     }
   };
   Reference ref;
-  std::vector<float> q_a = gemm(c.x, H, c.w_qa, Q);
-  norm(q_a, Q, Q, c.qa_norm);
-  ref.q = gemm(q_a, Q, c.w_qb, N * kQkHead);
+  if (Q > 0) {
+    std::vector<float> q_a = gemm(c.x, H, c.w_qa, Q);
+    norm(q_a, Q, Q, c.qa_norm);
+    ref.q = gemm(q_a, Q, c.w_qb, N * kQkHead);
+  } else {  // q_proj
+    ref.q = gemm(c.x, H, c.w_qb, N * kQkHead);
+  }
   std::vector<float> kv_a = gemm(c.x, H, c.w_kva, kLatent);
   norm(kv_a, kLatent, kLora, c.kva_norm);
   ref.cache.assign(size_t(c.num_slots) * kLatent, NAN);
@@ -143,7 +151,7 @@ struct DeviceCase {
     positions = device_copy(c.positions, DType::kI32);
     slots = device_copy(c.slots, DType::kI64);
     cache = testing::device_poisoned(int64_t(c.num_slots) * kLatent, DType::kBF16);
-    q_a = testing::device_poisoned(int64_t(W) * c.d.q_lora, DType::kBF16);
+    q_a = testing::device_poisoned(int64_t(W) * std::max(c.d.q_lora, 8), DType::kBF16);
     kv_a = testing::device_poisoned(int64_t(W) * kLatent, DType::kBF16);
     q = testing::device_poisoned(int64_t(W) * N * kQkHead, DType::kBF16);
     q_full = testing::device_poisoned(int64_t(W) * N * kLatent, DType::kBF16);
@@ -282,6 +290,20 @@ TEST_F(MlaFrontWidthTest, WidthsUpTo192FusedLeanAndPlainMatchTheReference) {
 // seconds each to compile (W = 512: ~2 min on one core here), so this test
 // is separate and slow on a cold cache.
 TEST_F(MlaFrontWidthTest, WidthsFrom224FusedLeanAndPlainMatchTheReference) {
+  // NUCLEUS_TEST_KERNEL_CACHE_SEED=DIR: start from the builds of `nucleus
+  // prebuild-kernels --cache-dir DIR` (compiled on another machine with the
+  // same NVRTC) instead of compiling them here; the figures and the policy
+  // are still the driver's.
+  if (const char* seed = std::getenv("NUCLEUS_TEST_KERNEL_CACHE_SEED")) {
+    std::filesystem::create_directories(cache_dir_);
+    int copied = 0;
+    for (const auto& e : std::filesystem::directory_iterator(seed))
+      if (e.path().extension() == ".nwb") {
+        std::filesystem::copy_file(e.path(), std::filesystem::path(cache_dir_) / e.path().filename());
+        ++copied;
+      }
+    std::printf("seeded the kernel cache with %d builds from %s\n", copied, seed);
+  }
   MlaFrontBuildOptions o = options();
   MlaFrontBuilder builder(o);
   check_widths(builder, o.sm_count, 224, 512);
@@ -296,6 +318,21 @@ TEST_F(MlaFrontWidthTest, DeepSeekV3ShapesAtOneWidth) {
     DeviceCase dc(c);
     ASSERT_TRUE(run(c, dc, builder, v, o.sm_count)) << variant_name(v);
     expect_matches(c, ref, dc, variant_name(v));
+  }
+}
+
+// DeepSeek-V2-Lite's shapes: no q LoRA (q_proj in stage A), 16 heads, hidden 2048.
+TEST_F(MlaFrontWidthTest, DeepSeekV2LiteShapesWithoutQLora) {
+  MlaFrontBuildOptions o = options();
+  MlaFrontBuilder builder(o);
+  for (int rows : {1, 8, 32}) {
+    const Case c(Dims{2048, 0, 16}, rows, 17 + rows);
+    const Reference ref = reference(c);
+    for (BuildVariant v : {BuildVariant::kFused, BuildVariant::kLean, BuildVariant::kPlain}) {
+      DeviceCase dc(c);
+      ASSERT_TRUE(run(c, dc, builder, v, o.sm_count)) << variant_name(v);
+      expect_matches(c, ref, dc, std::string("V2-Lite ") + variant_name(v));
+    }
   }
 }
 

@@ -222,6 +222,26 @@ TEST(WidthPlan, StrictFromEnvironment) {
   ::unsetenv("NUCLEUS_STRICT_WIDTHS");
 }
 
+TEST(WidthPlan, WidthBuildsModeFromEnvironment) {
+  ::unsetenv("NUCLEUS_WIDTH_BUILDS");
+  EXPECT_EQ(*width_builds_mode_from_env(), WidthBuildsMode::kOff);
+  const std::map<std::string, WidthBuildsMode> ok = {
+      {"0", WidthBuildsMode::kOff}, {"1", WidthBuildsMode::kOn}, {"lean", WidthBuildsMode::kLeanOnly}};
+  for (const auto& [value, mode] : ok) {
+    ::setenv("NUCLEUS_WIDTH_BUILDS", value.c_str(), 1);
+    auto m = width_builds_mode_from_env();
+    ASSERT_TRUE(m.ok()) << value;
+    EXPECT_EQ(*m, mode) << value;
+    EXPECT_EQ(width_builds_mode_name(mode), value);
+  }
+  ::setenv("NUCLEUS_WIDTH_BUILDS", "fused", 1);
+  auto bad = width_builds_mode_from_env();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'fused'"), std::string::npos) << bad.status().message();
+  ::unsetenv("NUCLEUS_WIDTH_BUILDS");
+}
+
 BuildKey key(int64_t w, BuildVariant v) {
   BuildKey k;
   k.kernel = "mla_front";

@@ -3,16 +3,15 @@
 #include <cstdio>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/rmsnorm/add_rmsnorm_row.cuh"
 
 namespace nucleus::kernels {
 
 namespace {
 
-using cuda_common::block_sum;
-
-constexpr int kThreads = 256;
-constexpr int kVec = 8;                                          // bf16 per 16-byte load
-constexpr int kMaxVecPerThread = kArMaxWidth / (kThreads * kVec);  // 4
+using add_norm_row::kThreads;
+constexpr int kVec = 8;  // delta elements per 16-byte load
+static_assert(kArMaxWidth == add_norm_row::kMaxWidth);
 
 // One rank's signal buffer. start/end: the flags peers write (slot [cta][peer
 // rank]); counter: this rank's last flag per CTA; data: this rank's delta of
@@ -114,46 +113,29 @@ __global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllRedu
   }
   __syncthreads();
 
+  // Per row: the ranks' deltas summed in rank order (16-byte loads over
+  // NVLink) into shared memory, then the plain add+norm's row code
+  // (rmsnorm/add_rmsnorm_row.cuh) reading the sum from there.
+  __shared__ float sum[kArMaxWidth];
   const int64_t width = p.width;
   for (int64_t row = b; row < p.rows; row += row_blocks) {
-    float* res = p.residual + row * width;
-    float v[kMaxVecPerThread][kVec];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMaxVecPerThread; ++j) {
-      const int64_t c = (static_cast<int64_t>(j) * kThreads + threadIdx.x) * kVec;
-      if (c >= width) continue;
-      float acc[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[k] = 0.0f;
-      for (int q = 0; q < p.world_size; ++q) {
-        float d[kVec];
-        load8_uncached(deltas[q] + row * width + c, d);
+    const int64_t base = row * width;
+    __syncthreads();  // the previous row's sum is no longer read
+    for (int64_t c = static_cast<int64_t>(threadIdx.x) * kVec; c < width; c += kThreads * kVec) {
+      float acc[kVec], d[kVec];
+      load8_uncached(deltas[0] + base + c, acc);
+      for (int q = 1; q < p.world_size; ++q) {
+        load8_uncached(deltas[q] + base + c, d);
 #pragma unroll
         for (int k = 0; k < kVec; ++k) acc[k] += d[k];
       }
-      const float4 r0 = *reinterpret_cast<const float4*>(res + c);
-      const float4 r1 = *reinterpret_cast<const float4*>(res + c + 4);
-      const float rv[kVec] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        v[j][k] = rv[k] + acc[k];
-        ss += v[j][k] * v[j][k];
-      }
+      for (int k = 0; k < kVec; ++k) sum[c + k] = acc[k];
     }
-    ss = block_sum(ss, scratch);
-    const float inv = rsqrtf(ss / static_cast<float>(width) + p.eps);
-#pragma unroll
-    for (int j = 0; j < kMaxVecPerThread; ++j) {
-      const int64_t c = (static_cast<int64_t>(j) * kThreads + threadIdx.x) * kVec;
-      if (c >= width) continue;
-      *reinterpret_cast<float4*>(res + c) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
-      *reinterpret_cast<float4*>(res + c + 4) = make_float4(v[j][4], v[j][5], v[j][6], v[j][7]);
-      __align__(16) __nv_bfloat16 o[kVec];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) o[k] = __float2bfloat16(v[j][k] * inv * p.weight[c + k]);
-      *reinterpret_cast<uint4*>(p.out + row * width + c) = *reinterpret_cast<const uint4*>(o);
-    }
+    __syncthreads();
+    add_norm_row::add_rmsnorm_row(
+        p.residual + base, /*has_delta=*/true, [&](int64_t i) { return sum[i]; }, p.weight, width, p.eps,
+        p.out + base, scratch);
   }
 
   __syncthreads();  // every read of the peers' deltas is done

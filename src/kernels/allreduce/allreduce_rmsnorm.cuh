@@ -8,7 +8,9 @@
 //   zero_fill[0 .. zero_fill_count) = 0   (optional: a prezero donor's fill, ops/prezero.h)
 //
 // The deltas are bf16, or f32 when they are a split-K GEMM's output
-// (graph/passes/splitk_pass.h); every rank's of the same dtype.
+// (graph/passes/splitk_pass.h); every rank's of the same dtype. The add and
+// norm are the plain add+norm kernel's row code (rmsnorm/add_rmsnorm_row.cuh),
+// so at one rank the result is that kernel's, bit for bit.
 //
 // One kernel per rank, all ranks at once ("one-shot": each rank reads every
 // peer's delta over NVLink and reduces all rows itself, which is what small

@@ -1,4 +1,5 @@
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/rmsnorm/add_rmsnorm_row.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
 
 namespace nucleus::kernels {
@@ -11,6 +12,7 @@ constexpr int kThreads = 256;
 // One block per row. The row is read once into registers-by-stride (width <=
 // kThreads * kMaxPerThread), normalised, and written.
 constexpr int kMaxPerThread = 32;  // width up to 8192
+static_assert(kThreads == add_norm_row::kThreads && kMaxPerThread == add_norm_row::kMaxPerThread);
 
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
@@ -41,30 +43,10 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
   }
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
-  float* res = residual + r * width;
-  float v[kMaxPerThread];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxPerThread; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    v[j] = 0.0f;
-    if (i < width) {
-      float x = res[i];
-      if (delta) x += to_f32(delta[r * width + i]);
-      v[j] = x;
-      ss += x * x;
-    }
-  }
-  ss = block_sum(ss, scratch);
-  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
-#pragma unroll
-  for (int j = 0; j < kMaxPerThread; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    if (i < width) {
-      if (delta) res[i] = v[j];
-      out[r * width + i] = __float2bfloat16(v[j] * inv * w[i]);
-    }
-  }
+  // add_rmsnorm_row.cuh: the fused all-reduce kernel's row code too.
+  add_norm_row::add_rmsnorm_row(
+      residual + r * width, delta != nullptr, [&](int64_t i) { return to_f32(delta[r * width + i]); }, w, width, eps,
+      out + r * width, scratch);
 }
 
 // Normalises the first `width` columns of row blockIdx.x of x into out and

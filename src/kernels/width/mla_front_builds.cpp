@@ -2,6 +2,10 @@
 #include "kernels/width/mla_front_builds.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 #include "core/env.h"
 #include "core/logging.h"
@@ -49,11 +53,16 @@ int64_t mla_front_dynamic_smem_bytes(int64_t width, BuildVariant variant) {
   return tile * 128 * 2;
 }
 
-StatusOr<MlaFrontBuildOptions> MlaFrontBuildOptions::from_env() {
+StatusOr<MlaFrontBuildOptions> MlaFrontBuildOptions::compile_options_from_env() {
   MlaFrontBuildOptions o;
   NUCLEUS_ASSIGN_OR_RETURN(o.fused_max_regs, reg_cap_from_env("NUCLEUS_WIDTH_MAXRREGCOUNT"));
   NUCLEUS_ASSIGN_OR_RETURN(o.lean_max_regs, reg_cap_from_env("NUCLEUS_WIDTH_MAXRREGCOUNT_LEAN"));
   o.cache_dir = KernelCache::dir_from_env();
+  return o;
+}
+
+StatusOr<MlaFrontBuildOptions> MlaFrontBuildOptions::from_env() {
+  NUCLEUS_ASSIGN_OR_RETURN(MlaFrontBuildOptions o, compile_options_from_env());
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
@@ -139,6 +148,64 @@ StatusOr<WidthBuild> MlaFrontBuilder::build(int64_t width, BuildVariant variant)
   return b;
 }
 
+StatusOr<bool> MlaFrontBuilder::prebuild(int64_t width, BuildVariant variant) const {
+  if (variant == BuildVariant::kPlain) return invalid_argument("the plain path is not a build");
+  if (width < 1) return invalid_argument("width builds: width " + std::to_string(width) + " < 1");
+  if (!cache_.enabled()) return invalid_argument("prebuilding kernels needs a cache directory");
+  NUCLEUS_RETURN_IF_ERROR(nvrtc_version().status());
+  const BuildKey key = key_for(width, variant);
+  if (cache_.load(key)) return false;
+  NUCLEUS_ASSIGN_OR_RETURN(std::vector<char> cubin,
+                           nvrtc_compile_cubin(embedded::kMlaFrontKernelSource, "mla_front_kernel.cuh",
+                                               {{"mla_front_params.h", embedded::kMlaFrontParamsSource}},
+                                               compile_options(options_, width, variant)));
+  CachedBuild entry;
+  for (const std::string& name : kernel_names(variant)) {
+    KernelFigures k;
+    k.name = name;
+    entry.kernels.push_back(k);
+  }
+  entry.binary = std::move(cubin);
+  NUCLEUS_RETURN_IF_ERROR(cache_.store(key, entry));
+  return true;
+}
+
+std::vector<PrebuildResult> prebuild_widths(const MlaFrontBuilder& builder, const std::vector<int64_t>& widths,
+                                            const std::vector<BuildVariant>& variants, int jobs,
+                                            const std::function<void(const PrebuildResult&)>& on_done) {
+  std::vector<int64_t> sorted = widths;
+  std::sort(sorted.rbegin(), sorted.rend());
+  std::vector<PrebuildResult> todo;
+  for (int64_t w : sorted)
+    for (BuildVariant v : variants) {
+      PrebuildResult r;
+      r.width = w;
+      r.variant = v;
+      todo.push_back(r);
+    }
+  std::atomic<size_t> next{0};
+  std::mutex done;
+  auto work = [&] {
+    for (size_t i = next++; i < todo.size(); i = next++) {
+      PrebuildResult& r = todo[i];
+      const auto t0 = std::chrono::steady_clock::now();
+      StatusOr<bool> b = builder.prebuild(r.width, r.variant);
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r.status = b.status();
+      r.compiled = b.ok() && *b;
+      if (on_done) {
+        std::lock_guard<std::mutex> lock(done);
+        on_done(r);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  const int n = std::max(1, std::min<int>(jobs, static_cast<int>(todo.size())));
+  for (int t = 0; t < n; ++t) threads.emplace_back(work);
+  for (auto& t : threads) t.join();
+  return todo;
+}
+
 StatusOr<std::unique_ptr<MlaFrontWidthBuilds>> MlaFrontWidthBuilds::create(const std::vector<int64_t>& widths,
                                                                            WidthBuilder& builder,
                                                                            const WidthPlanOptions& options,
@@ -166,9 +233,12 @@ Status MlaFrontWidthBuilds::launch(const MlaFrontParams& p, cudaStream_t stream)
   const auto* loaded = static_cast<const Loaded*>(c->build->handle.get());
   if (!loaded) return internal_error("width build of width " + std::to_string(c->width) + " has no binary");
   MlaFrontParams arg = p;
+  // Cooperative unless NUCLEUS_WIDTH_COOPERATIVE=0 (the kernels' grid barriers need every CTA resident).
+  static const bool cooperative = env_flag("NUCLEUS_WIDTH_COOPERATIVE", true);
   for (size_t i = 0; i < loaded->dynamic_smem_bytes.size(); ++i)
     NUCLEUS_RETURN_IF_ERROR(loaded->module->launch(static_cast<int>(i), static_cast<unsigned>(sm_count_),
-                                                   kMlaFrontThreads, loaded->dynamic_smem_bytes[i], &arg, stream));
+                                                   kMlaFrontThreads, loaded->dynamic_smem_bytes[i], &arg, stream,
+                                                   cooperative));
   return ok_status();
 }
 
@@ -195,10 +265,14 @@ Status launch_mla_front_plain(const MlaFrontParams& p, void* q_nope_c, cudaStrea
   auto* kv_a = reinterpret_cast<__nv_bfloat16*>(p.kv_a);
   auto* q = reinterpret_cast<__nv_bfloat16*>(p.q);
   const int64_t q_width = static_cast<int64_t>(p.num_heads) * kQkHead;
-  NUCLEUS_RETURN_IF_ERROR(gemm(p.x, p.x_stride, p.w_qa, q_a, p.q_lora, p.hidden));
-  NUCLEUS_RETURN_IF_ERROR(
-      cuda(kernels::launch_rmsnorm_inplace(q_a, p.q_lora, p.qa_norm_w, p.rows, p.q_lora, p.eps, stream), "q_a norm"));
-  NUCLEUS_RETURN_IF_ERROR(gemm(q_a, p.q_lora, p.w_qb, q, q_width, p.q_lora));
+  if (p.q_lora > 0) {
+    NUCLEUS_RETURN_IF_ERROR(gemm(p.x, p.x_stride, p.w_qa, q_a, p.q_lora, p.hidden));
+    NUCLEUS_RETURN_IF_ERROR(cuda(
+        kernels::launch_rmsnorm_inplace(q_a, p.q_lora, p.qa_norm_w, p.rows, p.q_lora, p.eps, stream), "q_a norm"));
+    NUCLEUS_RETURN_IF_ERROR(gemm(q_a, p.q_lora, p.w_qb, q, q_width, p.q_lora));
+  } else {  // q_proj
+    NUCLEUS_RETURN_IF_ERROR(gemm(p.x, p.x_stride, p.w_qb, q, q_width, p.hidden));
+  }
   NUCLEUS_RETURN_IF_ERROR(gemm(p.x, p.x_stride, p.w_kva, kv_a, kLatent, p.hidden));
   NUCLEUS_RETURN_IF_ERROR(
       cuda(kernels::launch_rmsnorm_inplace(kv_a, kLatent, p.kva_norm_w, p.rows, kLora, p.eps, stream), "kv_a norm"));

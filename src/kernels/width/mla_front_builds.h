@@ -13,7 +13,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +43,8 @@ struct MlaFrontBuildOptions {
   // From the environment and the current device. Errors: a malformed
   // NUCLEUS_WIDTH_MAXRREGCOUNT{,_LEAN} (not an integer in 16..255).
   static StatusOr<MlaFrontBuildOptions> from_env();
+  // The same without asking a device (sm_count 0): for compiling only.
+  static StatusOr<MlaFrontBuildOptions> compile_options_from_env();
 };
 
 // Compiles (or loads from the cache) and loads one build, reading its
@@ -50,13 +54,35 @@ class MlaFrontBuilder : public WidthBuilder {
   explicit MlaFrontBuilder(MlaFrontBuildOptions options);
   StatusOr<WidthBuild> build(int64_t width, BuildVariant variant) override;
   BuildKey key_for(int64_t width, BuildVariant variant) const;  // errors aside, NVRTC's version in it
+  // Compiles the build into the cache without loading it (no GPU needed:
+  // `nucleus prebuild-kernels`); a build already cached is left alone.
+  // Returns true when it compiled. The entry's figures are names only: a
+  // load re-reads them from the driver. Errors: no cache directory, NVRTC
+  // missing, a compile error, an unwritable cache. Thread-safe.
+  StatusOr<bool> prebuild(int64_t width, BuildVariant variant) const;
   int compiles() const { return compiles_; }  // NVRTC compilations run (cache misses)
 
  private:
   MlaFrontBuildOptions options_;
   KernelCache cache_;
-  int compiles_ = 0;
+  std::atomic<int> compiles_{0};
 };
+
+// One prebuild of prebuild_widths().
+struct PrebuildResult {
+  int64_t width = 0;
+  BuildVariant variant = BuildVariant::kFused;
+  Status status;         // OK, or why it could not be built
+  bool compiled = false; // false: it was in the cache already
+  double seconds = 0;    // wall time of this build
+};
+
+// builder.prebuild() of every (width, variant) on `jobs` threads, widest
+// first (the slowest compiles start first); on_done (may be empty) is called
+// for each under a lock as it finishes. Returns the results in that order.
+std::vector<PrebuildResult> prebuild_widths(const MlaFrontBuilder& builder, const std::vector<int64_t>& widths,
+                                            const std::vector<BuildVariant>& variants, int jobs,
+                                            const std::function<void(const PrebuildResult&)>& on_done = {});
 
 // The widths' plan and their loaded builds; launches the serving build.
 class MlaFrontWidthBuilds {

@@ -5,6 +5,7 @@
 // It computes what this chain of plain kernels computes (deepseek_model.cpp,
 // the decode graph's attention block up to the attention itself):
 //   A. q_a  = bf16(x . W_qa^T)            [W, Q]      kv_a = bf16(x . W_kva^T)   [W, 576]
+//      (without a q LoRA, Q = 0 as in DeepSeek-V2-Lite: q = bf16(x . W_q^T), and B's q_a norm and C are skipped)
 //   B. q_a  = bf16(rmsnorm(q_a) * w_qa)   c_kv = bf16(rmsnorm(kv_a[:, :512]) * w_kva)
 //      cache[slot] = [c_kv | rope(k_pe)]  (k_pe = kv_a[:, 512:], rotated in f32, rounded once)
 //   C. q    = bf16(q_a . W_qb^T)          [W, N * 192]
@@ -149,9 +150,12 @@ __device__ void gemv_rows(const unsigned short* x, long long x_stride, int rows,
   }
 }
 
-// Stage A: q_a and kv_a, one GEMM over the concatenated outputs' warps.
+// Stage A: q_a (or, without a q LoRA, q itself: q_proj) and kv_a. One call
+// site for either first GEMM (each inlined GEMM costs registers at wide W).
 __device__ void stage_a(const MlaFrontParams& p) {
-  gemv_rows(p.x, p.x_stride, p.rows, p.w_qa, p.hidden, p.q_lora, p.q_a, p.q_lora);
+  const bool lora = p.q_lora > 0;
+  const int n_q = lora ? p.q_lora : p.num_heads * kQkHead;
+  gemv_rows(p.x, p.x_stride, p.rows, lora ? p.w_qa : p.w_qb, p.hidden, n_q, lora ? p.q_a : p.q, n_q);
   gemv_rows(p.x, p.x_stride, p.rows, p.w_kva, p.hidden, kLatent, p.kv_a, kLatent);
 }
 
@@ -170,7 +174,7 @@ __device__ void rmsnorm_row(unsigned short* x, int width, const float* w, float 
 // Stage B: per row, both norms, then RoPE on k_pe and the cache row.
 __device__ void stage_b(const MlaFrontParams& p, float* scratch) {
   for (int r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    rmsnorm_row(p.q_a + static_cast<long long>(r) * p.q_lora, p.q_lora, p.qa_norm_w, p.eps, scratch);
+    if (p.q_lora > 0) rmsnorm_row(p.q_a + static_cast<long long>(r) * p.q_lora, p.q_lora, p.qa_norm_w, p.eps, scratch);
     unsigned short* kv = p.kv_a + static_cast<long long>(r) * kLatent;
     rmsnorm_row(kv, kLora, p.kva_norm_w, p.eps, scratch);
     __syncthreads();  // the row's normalised c_kv, written by this CTA's threads
@@ -191,8 +195,9 @@ __device__ void stage_b(const MlaFrontParams& p, float* scratch) {
   }
 }
 
-// Stage C: q = bf16(q_a . W_qb^T).
+// Stage C: q = bf16(q_a . W_qb^T) (nothing without a q LoRA: stage A made q).
 __device__ void stage_c(const MlaFrontParams& p) {
+  if (p.q_lora == 0) return;
   gemv_rows(p.q_a, p.q_lora, p.rows, p.w_qb, p.q_lora, p.num_heads * kQkHead, p.q, p.num_heads * kQkHead);
 }
 

@@ -66,6 +66,7 @@ struct Driver {
   CUresult (*occupancy)(int*, CUfunction, int, size_t) = nullptr;
   CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                      void**, void**) = nullptr;
+  CUresult (*launch_ex)(const CUlaunchConfig*, CUfunction, void**, void**) = nullptr;
   CUresult (*error_name)(CUresult, const char**) = nullptr;
 };
 
@@ -95,6 +96,7 @@ const Driver& driver() {
     sym(d.func_set_attribute, "cuFuncSetAttribute");
     sym(d.occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor");
     sym(d.launch, "cuLaunchKernel");
+    sym(d.launch_ex, "cuLaunchKernelEx");
     sym(d.error_name, "cuGetErrorName");
   });
   return d;
@@ -202,12 +204,29 @@ StatusOr<int> LoadedModule::max_active_blocks_per_sm(int i, int threads, int64_t
 }
 
 Status LoadedModule::launch(int i, unsigned grid, unsigned threads, int64_t dynamic_smem_bytes, void* arg,
-                            cudaStream_t stream) const {
+                            cudaStream_t stream, bool cooperative) const {
   void* args[] = {arg};
-  return driver_status(driver().launch(static_cast<CUfunction>(functions_.at(i)), grid, 1, 1, threads, 1, 1,
-                                       static_cast<unsigned>(dynamic_smem_bytes), reinterpret_cast<CUstream>(stream),
-                                       args, nullptr),
-                       "cuLaunchKernel");
+  const auto f = static_cast<CUfunction>(functions_.at(i));
+  if (!cooperative)
+    return driver_status(driver().launch(f, grid, 1, 1, threads, 1, 1, static_cast<unsigned>(dynamic_smem_bytes),
+                                         reinterpret_cast<CUstream>(stream), args, nullptr),
+                         "cuLaunchKernel");
+  // A cooperative launch: the driver guarantees every CTA of the grid is
+  // resident at once (or refuses the launch), as grid barriers need; valid
+  // under stream capture (a cooperative kernel node).
+  CUlaunchAttribute attr{};
+  attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  attr.value.cooperative = 1;
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = grid;
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = threads;
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = static_cast<unsigned>(dynamic_smem_bytes);
+  cfg.hStream = reinterpret_cast<CUstream>(stream);
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return driver_status(driver().launch_ex(&cfg, f, args, nullptr), "cuLaunchKernelEx (cooperative)");
 }
 
 }  // namespace nucleus::width

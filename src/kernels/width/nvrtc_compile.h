@@ -56,10 +56,13 @@ class LoadedModule {
   // cuOccupancyMaxActiveBlocksPerMultiprocessor for that launch shape; 0 when
   // the shared memory cannot be granted.
   StatusOr<int> max_active_blocks_per_sm(int i, int threads, int64_t dynamic_smem_bytes) const;
-  // cuLaunchKernel of kernel i with one argument (a struct passed by value).
-  // Stream-async; capturable in a CUDA graph.
-  Status launch(int i, unsigned grid, unsigned threads, int64_t dynamic_smem_bytes, void* arg,
-                cudaStream_t stream) const;
+  // Launches kernel i with one argument (a struct passed by value):
+  // cuLaunchKernel, or with `cooperative` cuLaunchKernelEx with the
+  // cooperative attribute (the driver refuses a grid that cannot be
+  // co-resident instead of letting a grid barrier hang). Stream-async;
+  // capturable in a CUDA graph.
+  Status launch(int i, unsigned grid, unsigned threads, int64_t dynamic_smem_bytes, void* arg, cudaStream_t stream,
+                bool cooperative = false) const;
 
  private:
   LoadedModule() = default;

@@ -83,6 +83,23 @@ std::string WidthChoice::log_line() const {
 
 bool strict_widths_from_env() { return env_flag("NUCLEUS_STRICT_WIDTHS"); }
 
+const char* width_builds_mode_name(WidthBuildsMode m) {
+  switch (m) {
+    case WidthBuildsMode::kOff: return "0";
+    case WidthBuildsMode::kOn: return "1";
+    case WidthBuildsMode::kLeanOnly: return "lean";
+  }
+  return "?";
+}
+
+StatusOr<WidthBuildsMode> width_builds_mode_from_env() {
+  const auto v = env_string("NUCLEUS_WIDTH_BUILDS");
+  if (!v || v->empty() || *v == "0") return WidthBuildsMode::kOff;
+  if (*v == "1") return WidthBuildsMode::kOn;
+  if (*v == "lean") return WidthBuildsMode::kLeanOnly;
+  return invalid_argument("NUCLEUS_WIDTH_BUILDS='" + *v + "' is not one of 0, 1, lean");
+}
+
 namespace {
 
 // Why `b` is refused (the first refused kernel), or nullopt.

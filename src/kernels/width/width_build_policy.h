@@ -137,6 +137,15 @@ struct WidthPlanOptions {
 // Reads NUCLEUS_STRICT_WIDTHS (a malformed value counts as set, env_flag rules).
 bool strict_widths_from_env();
 
+// Whether the decode graph runs the MLA front end through width builds
+// (NUCLEUS_WIDTH_BUILDS): kOff ("0", unset: the separate ops), kOn ("1":
+// fused, else lean, else the plain chain, per width), kLeanOnly ("lean": lean,
+// else plain, never fused: measures the lean build where fused would serve).
+enum class WidthBuildsMode { kOff, kOn, kLeanOnly };
+const char* width_builds_mode_name(WidthBuildsMode m);  // "0", "1", "lean"
+// Errors: a value other than 0, 1, lean (kInvalidArgument naming it).
+StatusOr<WidthBuildsMode> width_builds_mode_from_env();
+
 // Plans every width (each asked fused, then lean only if fused is refused).
 // Logs one info line per width naming the build that serves it, and a warning
 // for each width left to the plain path. Errors: in strict mode, the first

@@ -1,7 +1,9 @@
 #include "model/deepseek/deepseek_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <sstream>
 
 #include "core/check.h"
@@ -14,11 +16,13 @@
 #include "ops/basic_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/linear_op.h"
+#include "ops/mla_front_op.h"
 #include "ops/moe_ops.h"
 #include "ops/prezero.h"
 #include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
+#include "kernels/width/mla_front_builds.h"
 #include "ops/cuda_backends.h"
 #endif
 
@@ -86,6 +90,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique
   NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
   NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
+  NUCLEUS_RETURN_IF_ERROR(m->prepare_width_builds());
   m->build(m->prefill_graph_, StepKind::kPrefill);
   m->build(m->decode_graph_, StepKind::kDecode);
   // Decode GEMMs may run split-K (ops/splitk.h); prefill GEMMs never do.
@@ -144,6 +149,112 @@ Status DeepseekModel::resolve_k_scales() {
     NUCLEUS_LOG_INFO("kv cache: --kv-scale {} overrides the checkpoint's k_scale of {} layers", *options_.kv_scale,
                      from_checkpoint);
   return ok_status();
+}
+
+namespace {
+
+// A layer's weights as the mla_front op reads them.
+MlaFrontOp::Weights front_weights(const AttentionWeights& aw) {
+  MlaFrontOp::Weights w;
+  if (aw.q_a_proj) {
+    w.q_a = &*aw.q_a_proj;
+    w.q_a_norm = &aw.q_a_layernorm;
+    w.q = &*aw.q_b_proj;
+  } else {
+    w.q = &*aw.q_proj;
+  }
+  w.kv_a = &aw.kv_a_proj;
+  w.kv_a_norm = &aw.kv_a_layernorm;
+  w.kv_b = &aw.kv_b_proj;
+  return w;
+}
+
+#ifdef NUCLEUS_HAVE_CUDA
+// Offers the lean build only (NUCLEUS_WIDTH_BUILDS=lean).
+class LeanOnlyBuilder : public width::WidthBuilder {
+ public:
+  explicit LeanOnlyBuilder(width::WidthBuilder& inner) : inner_(inner) {}
+  StatusOr<width::WidthBuild> build(int64_t w, width::BuildVariant v) override {
+    if (v == width::BuildVariant::kFused) return unsupported("fused builds not asked for (NUCLEUS_WIDTH_BUILDS=lean)");
+    return inner_.build(w, v);
+  }
+
+ private:
+  width::WidthBuilder& inner_;
+};
+#endif
+
+}  // namespace
+
+Status DeepseekModel::prepare_width_builds() {
+  if (options_.width_builds == width::WidthBuildsMode::kOff || options_.device != Device::kCuda) return ok_status();
+#ifdef NUCLEUS_HAVE_CUDA
+  const bool strict = width::strict_widths_from_env();
+  auto off = [&](const std::string& why) -> Status {
+    const std::string msg = "width builds (NUCLEUS_WIDTH_BUILDS=" +
+                            std::string(width::width_builds_mode_name(options_.width_builds)) +
+                            ") cannot serve this model: " + why;
+    if (strict) return failed_precondition(msg + " (NUCLEUS_STRICT_WIDTHS=1)");
+    NUCLEUS_LOG_WARN("{}; the decode graph runs the separate ops", msg);
+    return ok_status();
+  };
+  if (options_.cuda_graph_sizes.empty()) return off("no decode graph sizes to build for (--enforce-eager)");
+  if (options_.attention_mode == AttentionMode::kExpanded) return off("attention mode is expanded");
+  const ModelConfig& c = config_;
+  kernels::MlaDims dims;
+  dims.num_heads = c.num_attention_heads / rank_.shard.world_size;
+  dims.qk_nope = c.qk_nope_head_dim;
+  dims.qk_rope = c.qk_rope_head_dim;
+  dims.v_head = c.v_head_dim;
+  dims.kv_lora = c.kv_lora_rank;
+  for (const LayerWeights& lw : weights_.layers) {
+    Status s = mla_front_supported(front_weights(lw.attn), c.hidden_size, lw.attn.q_a_proj ? c.q_lora_rank : 0, dims,
+                                   kv_cache_dtype_);
+    if (!s.ok()) return off(s.message());
+  }
+  NUCLEUS_ASSIGN_OR_RETURN(width::MlaFrontBuildOptions bo, width::MlaFrontBuildOptions::from_env());
+  width::MlaFrontBuilder builder(bo);
+  LeanOnlyBuilder lean_only(builder);
+  width::WidthPlanOptions po;
+  po.strict = strict;
+  const auto t0 = std::chrono::steady_clock::now();
+  // A cold cache: the first builds the plan asks for, compiled in parallel
+  // into the cache (the plan then loads them; lean rebuilds are small).
+  int prebuilt = 0;
+  if (!bo.cache_dir.empty() && rank_.shard.rank == 0) {
+    const width::BuildVariant first = options_.width_builds == width::WidthBuildsMode::kLeanOnly
+                                          ? width::BuildVariant::kLean
+                                          : width::BuildVariant::kFused;
+    const int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (const width::PrebuildResult& r : width::prebuild_widths(builder, options_.cuda_graph_sizes, {first}, jobs)) {
+      prebuilt += r.compiled ? 1 : 0;
+      if (!r.status.ok())  // the plan compiles it again and records the refusal
+        NUCLEUS_LOG_DEBUG("width {} {} prebuild: {}", r.width, width::variant_name(r.variant), r.status.message());
+    }
+  }
+  NUCLEUS_ASSIGN_OR_RETURN(
+      std::unique_ptr<width::MlaFrontWidthBuilds> builds,
+      width::MlaFrontWidthBuilds::create(options_.cuda_graph_sizes,
+                                         options_.width_builds == width::WidthBuildsMode::kLeanOnly
+                                             ? static_cast<width::WidthBuilder&>(lean_only)
+                                             : static_cast<width::WidthBuilder&>(builder),
+                                         po, bo.sm_count));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int fused = 0, lean = 0, plain = 0;
+  for (const width::WidthChoice& ch : builds->choices())
+    (ch.served == width::BuildVariant::kFused ? fused : ch.served == width::BuildVariant::kLean ? lean : plain)++;
+  if (rank_.shard.rank == 0)
+    NUCLEUS_LOG_INFO("width builds: {} widths ({} fused, {} lean, {} plain) ready in {:.2f} s, {} NVRTC compiles "
+                     "(cache {})",
+                     builds->choices().size(), fused, lean, plain, secs, prebuilt + builder.compiles(),
+                     bo.cache_dir.empty() ? std::string("off") : bo.cache_dir);
+  width_builds_ = std::move(builds);
+  width_barrier_ = Tensor::empty({2}, DType::kI32, Device::kCuda);
+  zero_device(width_barrier_);
+  return ok_status();
+#else
+  return unsupported("width builds need a CUDA build");
+#endif
 }
 
 void DeepseekModel::build(StepGraph& g, StepKind kind) {
@@ -206,32 +317,49 @@ void DeepseekModel::build(StepGraph& g, StepKind kind) {
     std::vector<int> norm_in = {residual};
     if (l > 0) norm_in.push_back(delta);
     g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0), norm_in, {residual, x_norm});
-    if (aw.q_a_proj) {
-      const int q_a = g.buffer("q_a", c.q_lora_rank, act);
-      g.add(p + "self_attn.q_a_proj", std::make_unique<LinearOp>(&*aw.q_a_proj, false), {x_norm}, {q_a});
-      g.add(p + "self_attn.q_a_layernorm", std::make_unique<RmsNormOp>(aw.q_a_layernorm, eps), {q_a}, {q_a});
-      g.add(p + "self_attn.q_b_proj", std::make_unique<LinearOp>(&*aw.q_b_proj, false), {q_a}, {q});
-    } else {
-      g.add(p + "self_attn.q_proj", std::make_unique<LinearOp>(&*aw.q_proj, false), {x_norm}, {q});
-    }
-    g.add(p + "self_attn.kv_a_proj_with_mqa", std::make_unique<LinearOp>(&aw.kv_a_proj, false), {x_norm}, {kv_a});
-    g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
-    g.add(p + "self_attn.rope_kv_cache_write",
-          std::make_unique<RopeKvCacheWriteOp>(
-              l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
-              static_cast<float>(kernels::rope_attention_factor(c)), kv_cache_dtype_),
-          {q, kv_a}, {q});
-    // The decode graph has only single-token sequences: no prefill op
-    // unless expanded attention is forced.
-    if (mode != AttentionMode::kExpanded)
+    if (kind == StepKind::kDecode && width_builds_) {
+      // The whole front end as one op (width builds); attention reads its q_full.
+      const int q_a = g.buffer("q_a", std::max<int64_t>(c.q_lora_rank, 8), act);
+      const int q_full = g.buffer("mla_q_full", nh * c.kv_cache_width(), act);
+      const int q_nope = g.buffer("mla_q_nope", nh * c.qk_nope_head_dim, act);
+      g.add(p + "self_attn.mla_front",
+            std::make_unique<MlaFrontOp>(
+                l, front_weights(aw), H, aw.q_a_proj ? c.q_lora_rank : 0, nh, eps,
+                rope_inv_freq_device_.data<float>(), static_cast<float>(kernels::rope_attention_factor(c)),
+                kv_cache_dtype_, width_builds_.get(), width_barrier_.raw()),
+            {x_norm}, {q, q_full, kv_a, q_a, q_nope});
       g.add(p + "self_attn.attn_decode",
-            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
+            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q, q_full},
             {attn_out, q_lat, o_lat});
-    if (mode == AttentionMode::kExpanded || (mode == AttentionMode::kAuto && kind == StepKind::kPrefill))
-      g.add(p + "self_attn.attn_prefill",
-            std::make_unique<MlaPrefillAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk,
-                                                    kv_cache_dtype_),
-            {q}, {attn_out});
+    } else {
+      if (aw.q_a_proj) {
+        const int q_a = g.buffer("q_a", c.q_lora_rank, act);
+        g.add(p + "self_attn.q_a_proj", std::make_unique<LinearOp>(&*aw.q_a_proj, false), {x_norm}, {q_a});
+        g.add(p + "self_attn.q_a_layernorm", std::make_unique<RmsNormOp>(aw.q_a_layernorm, eps), {q_a}, {q_a});
+        g.add(p + "self_attn.q_b_proj", std::make_unique<LinearOp>(&*aw.q_b_proj, false), {q_a}, {q});
+      } else {
+        g.add(p + "self_attn.q_proj", std::make_unique<LinearOp>(&*aw.q_proj, false), {x_norm}, {q});
+      }
+      g.add(p + "self_attn.kv_a_proj_with_mqa", std::make_unique<LinearOp>(&aw.kv_a_proj, false), {x_norm},
+            {kv_a});
+      g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
+      g.add(p + "self_attn.rope_kv_cache_write",
+            std::make_unique<RopeKvCacheWriteOp>(
+                l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
+                static_cast<float>(kernels::rope_attention_factor(c)), kv_cache_dtype_),
+            {q, kv_a}, {q});
+      // The decode graph has only single-token sequences: no prefill op
+      // unless expanded attention is forced.
+      if (mode != AttentionMode::kExpanded)
+        g.add(p + "self_attn.attn_decode",
+              std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
+              {attn_out, q_lat, o_lat});
+      if (mode == AttentionMode::kExpanded || (mode == AttentionMode::kAuto && kind == StepKind::kPrefill))
+        g.add(p + "self_attn.attn_prefill",
+              std::make_unique<MlaPrefillAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk,
+                                                      kv_cache_dtype_),
+              {q}, {attn_out});
+    }
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.
     g.add(p + "post_attention_layernorm", add_norm(lw.post_attention_layernorm, true), {residual, delta},

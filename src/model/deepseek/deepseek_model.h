@@ -27,11 +27,16 @@
 #include "graph/step_graph.h"
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
+#include "kernels/width/width_build_policy.h"
 #include "model/weights.h"
 #include "ops/mla_ops.h"
 #include "ops/step_inputs.h"
 
 namespace nucleus {
+
+namespace width {
+class MlaFrontWidthBuilds;
+}
 
 struct ModelOptions {
   Device device = Device::kCpu;
@@ -79,6 +84,11 @@ struct ModelOptions {
   // --kv-scale: the k_scale of every layer of an FP8 cache, overriding the
   // checkpoint's k_scale / kv_scale tensors (unset: those, else 1.0).
   std::optional<float> kv_scale;
+  // CUDA decode graph: the MLA front end (q/kv projections, norms, RoPE,
+  // cache write, W_UK absorption) as one mla_front op served per decode-graph
+  // size by an NVRTC width build (NUCLEUS_WIDTH_BUILDS; docs/width_builds.md).
+  // Off by default: the separate ops.
+  width::WidthBuildsMode width_builds = width::WidthBuildsMode::kOff;
 };
 
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
@@ -221,6 +231,11 @@ class DeepseekModel {
   std::vector<std::unique_ptr<DeepseekModel>> ranks_;  // a group: the rank models
   // Fills kv_k_scales_ (after kv_cache_dtype_); errors on a bad --kv-scale.
   Status resolve_k_scales();
+  // options_.width_builds on CUDA: plans (compiles or loads) the width builds
+  // for options_.cuda_graph_sizes, or logs why the model cannot use them.
+  // Errors: strict mode (NUCLEUS_STRICT_WIDTHS=1) with a width or the whole
+  // model left to the plain path; a malformed register-cap knob.
+  Status prepare_width_builds();
 
   ModelConfig config_;
   ModelWeights weights_;
@@ -229,6 +244,8 @@ class DeepseekModel {
   std::vector<float> kv_k_scales_;
   kernels::RopeTable rope_;
   Tensor rope_inv_freq_device_;  // CUDA: [qk_rope / 2] f32
+  std::shared_ptr<width::MlaFrontWidthBuilds> width_builds_;  // CUDA, NUCLEUS_WIDTH_BUILDS: the planned widths
+  Tensor width_barrier_;                                      // their grid barrier: [2] u32, zero
   StepBuffers prefill_buffers_, decode_buffers_;
   std::vector<int> bf16_buffers_prefill_, bf16_buffers_decode_;  // cpu_bf16_emulation
   std::map<int64_t, CudaGraph> decode_graphs_;  // by padded batch size

@@ -1,0 +1,58 @@
+// One row of the residual add + RMSNorm, shared by the plain add+norm kernel
+// (rmsnorm.cu) and the fused all-reduce + add + norm kernel
+// (allreduce/allreduce_rmsnorm.cu):
+//
+//   residual[i] = residual[i] + delta(i)       (delta: the one delta, or the ranks' sum)
+//   out[i]      = bf16(residual[i] * rsqrt(mean(residual^2) + eps) * w[i])
+//
+// Thread t of the 256-thread block handles columns t, t + 256, ... and the
+// sum of squares is reduced over the block in one fixed order, so both
+// kernels run the same arithmetic: a one-rank fused all-reduce gives the
+// plain kernel's bits (gpu_tp_test checks it on the whole model).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/common/cuda_common.cuh"
+
+namespace nucleus::kernels::add_norm_row {
+
+constexpr int kThreads = 256;                             // the block size of both kernels
+constexpr int64_t kMaxWidth = 8192;
+constexpr int kMaxPerThread = kMaxWidth / kThreads;       // 32
+
+// Row `res` [width] f32 (in/out), w [width] f32, out [width] bf16; width <=
+// kMaxWidth. delta_at(i) gives the f32 delta of column i when has_delta;
+// without it the residual is read, not written. scratch: 32 floats of
+// shared memory. Every thread of the block must call this.
+template <typename DeltaAt>
+__device__ __forceinline__ void add_rmsnorm_row(float* res, bool has_delta, DeltaAt delta_at, const float* w,
+                                                int64_t width, float eps, __nv_bfloat16* out, float* scratch) {
+  float v[kMaxPerThread];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPerThread; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    v[j] = 0.0f;
+    if (i < width) {
+      float x = res[i];
+      if (has_delta) x += delta_at(i);
+      v[j] = x;
+      ss += x * x;
+    }
+  }
+  ss = cuda_common::block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxPerThread; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < width) {
+      if (has_delta) res[i] = v[j];
+      out[i] = __float2bfloat16(v[j] * inv * w[i]);
+    }
+  }
+}
+
+}  // namespace nucleus::kernels::add_norm_row
