@@ -12,6 +12,7 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "ops/step_inputs.h"
 
 namespace nucleus::testing {
 
@@ -81,5 +82,33 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got, const
 }
 
 inline bool have_gpu() { return cuda_available(); }
+
+// A decode step of n sequences with `context` cached tokens each (blocks of
+// block_size, `blocks` a sequence): sequence s reads and writes blocks
+// 1 + s * blocks ... (block 0 is what graph pad rows read); token ids vary by
+// sequence.
+inline StepInputs decode_step_after_context(int64_t n, int64_t blocks, int64_t context, int64_t block_size) {
+  StepInputs d;
+  d.query_start = {0};
+  d.max_blocks_per_seq = static_cast<int32_t>(blocks);
+  for (int64_t s = 0; s < n; ++s) {
+    d.token_ids.push_back(static_cast<int32_t>(3 + (s * 7) % 4000));
+    d.positions.push_back(static_cast<int32_t>(context));
+    d.slot_mapping.push_back((1 + s * blocks + context / block_size) * block_size + context % block_size);
+    d.query_start.push_back(static_cast<int32_t>(s + 1));
+    d.context_lens.push_back(static_cast<int32_t>(context));
+    d.logit_indices.push_back(static_cast<int32_t>(s));
+    for (int64_t b = 0; b < blocks; ++b) d.block_tables.push_back(static_cast<int32_t>(1 + s * blocks + b));
+  }
+  return d;
+}
+
+// Fills a bf16 cache with the same small pseudo-random values every time.
+inline void fill_cache_pattern(KvCache& kv) {
+  std::vector<uint16_t> v(kv.data.numel());
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = f32_to_bf16(0.01f * static_cast<float>(static_cast<int64_t>(i * 37 % 101) - 50));
+  copy_to_device(kv.data.raw(), v.data(), v.size() * 2);
+}
 
 }  // namespace nucleus::testing

@@ -223,7 +223,7 @@ int run_bench_latency(int argc, char** argv) {
   std::printf("passes: split-K %s%s, prezero %s (NUCLEUS_SPLITK, NUCLEUS_SPLITK_DETERMINISTIC, NUCLEUS_ENABLE_PREZERO)\n",
               splitk_switch() == SplitKSwitch::kOff ? "off" : splitk_switch() == SplitKSwitch::kOn ? "on" : "auto",
               splitk_deterministic() ? " deterministic" : "", e.model().options().enable_prezero ? "on" : "off");
-  std::printf("width builds: %s (NUCLEUS_WIDTH_BUILDS)\n",
+  std::printf("width builds: %s (NUCLEUS_WIDTH_BUILDS=%s)\n", e.model().width_builds_active() ? "in use" : "not used",
               width::width_builds_mode_name(e.model().options().width_builds));
   std::printf("weights: dense %.2f GB, one routed expert %.2f MB; KV %lld bytes/token\n", wb.dense / 1e9,
               wb.per_expert / 1e6, static_cast<long long>(e.model().kv_bytes_per_token()));

@@ -29,7 +29,7 @@ int run_prebuild_kernels(int argc, char** argv) {
   app.add_option("--cuda-graph-sizes", sizes,
                  "widths to build (default: the decode graph sizes of --max-num-seqs, as nucleus serve uses)")
       ->delimiter(',')
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(CLI::Range(int64_t{1}, int64_t{8192}));
   app.add_option("--max-num-seqs", max_num_seqs, "the engine's --max-num-seqs (default 256)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--cache-dir", cache_dir, "kernel cache directory (default: NUCLEUS_KERNEL_CACHE_DIR's rules)");
@@ -51,16 +51,28 @@ int run_prebuild_kernels(int argc, char** argv) {
     std::fprintf(stderr, "nucleus prebuild-kernels: %s\n", options.status().message().c_str());
     return 2;
   }
-  if (!cache_dir.empty()) options->cache_dir = cache_dir;
+  if (app.count("--cache-dir")) {
+    if (cache_dir.empty()) {
+      std::fprintf(stderr, "nucleus prebuild-kernels: --cache-dir is empty\n");
+      return 2;
+    }
+    options->cache_dir = cache_dir;
+  }
   if (options->cache_dir.empty()) {
     std::fprintf(stderr, "nucleus prebuild-kernels: no cache directory (pass --cache-dir or set NUCLEUS_KERNEL_CACHE_DIR)\n");
+    return 2;
+  }
+  if (Status w = width::KernelCache(options->cache_dir).check_writable(); !w.ok()) {
+    std::fprintf(stderr, "nucleus prebuild-kernels: %s\n", w.message().c_str());
     return 2;
   }
   if (sizes.empty()) sizes = default_cuda_graph_sizes(max_num_seqs);
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
   std::vector<width::BuildVariant> vs;
-  for (const std::string& v : variants) vs.push_back(v == "fused" ? width::BuildVariant::kFused : width::BuildVariant::kLean);
+  for (const char* name : {"fused", "lean"})  // each once, whatever the flag repeats
+    if (std::find(variants.begin(), variants.end(), name) != variants.end())
+      vs.push_back(std::string(name) == "fused" ? width::BuildVariant::kFused : width::BuildVariant::kLean);
   const width::MlaFrontBuilder builder(*options);
   std::printf("nucleus prebuild-kernels: %zu builds of %zu widths into %s, %d jobs\n", sizes.size() * vs.size(),
               sizes.size(), options->cache_dir.c_str(), jobs);

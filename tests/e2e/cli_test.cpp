@@ -131,6 +131,13 @@ TEST(CliTest, PrebuildKernelsFillsTheCacheWithoutAGpu) {
   ASSERT_EQ(second.status, 0) << second.out;
   EXPECT_NE(second.out.find("0 compiled, 4 already cached, 0 failed"), std::string::npos) << second.out;
   EXPECT_EQ(run("prebuild-kernels --variants bogus", true).status, 2);
+  // A cache that cannot be written is refused before anything compiles.
+  std::ofstream(dir + "/a_file") << "x";
+  RunResult bad = run("prebuild-kernels --cuda-graph-sizes 512 --cache-dir " + dir + "/a_file", true);
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find(dir + "/a_file"), std::string::npos) << bad.out;
+  EXPECT_EQ(bad.out.find("compiled"), std::string::npos) << bad.out;
+  EXPECT_EQ(run("prebuild-kernels --cache-dir ''", true).status, 2);
 }
 
 TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {

@@ -98,29 +98,8 @@ std::array<int64_t, 3> sizes_for_outcomes() {
   return s;
 }
 
-// A decode step of n sequences with kContext cached tokens each; sequence s
-// uses blocks 1 + s * blocks ... (block 0 is what pad rows read).
 StepInputs decode_step(int64_t n, int64_t blocks) {
-  StepInputs d;
-  d.query_start = {0};
-  d.max_blocks_per_seq = static_cast<int32_t>(blocks);
-  for (int64_t s = 0; s < n; ++s) {
-    d.token_ids.push_back(static_cast<int32_t>(3 + (s * 7) % 4000));
-    d.positions.push_back(static_cast<int32_t>(kContext));
-    d.slot_mapping.push_back((1 + s * blocks + kContext / kBlockSize) * kBlockSize + kContext % kBlockSize);
-    d.query_start.push_back(static_cast<int32_t>(s + 1));
-    d.context_lens.push_back(static_cast<int32_t>(kContext));
-    d.logit_indices.push_back(static_cast<int32_t>(s));
-    for (int64_t b = 0; b < blocks; ++b) d.block_tables.push_back(static_cast<int32_t>(1 + s * blocks + b));
-  }
-  return d;
-}
-
-// The same pseudo-random bf16 contents in a cache.
-void fill_cache(KvCache& kv) {
-  std::vector<uint16_t> v(kv.data.numel());
-  for (size_t i = 0; i < v.size(); ++i) v[i] = f32_to_bf16(0.01f * static_cast<float>(static_cast<int64_t>(i * 37 % 101) - 50));
-  copy_to_device(kv.data.raw(), v.data(), v.size() * 2);
+  return testing::decode_step_after_context(n, blocks, kContext, kBlockSize);
 }
 
 TEST_F(GpuPrezeroTest, DecodeGraphRewritten) {
@@ -185,7 +164,7 @@ void compare_on_off(bool deterministic) {
       StepInputs d = decode_step(n, blocks);
       std::map<bool, Tensor> logits;
       for (bool prezero : {true, false}) {
-        fill_cache(caches[prezero]);
+        testing::fill_cache_pattern(caches[prezero]);
         StepStats stats;  // forces the eager path
         auto l = models[prezero]->forward(d, caches[prezero], eager ? &stats : nullptr);
         ASSERT_TRUE(l.ok()) << l.status().to_string();
@@ -265,7 +244,7 @@ TEST_F(GpuPrezeroTest, OneRankGroupDonorsAllReduceAndFill) {
       StepInputs d = decode_step(n, blocks);
       std::map<std::string, Tensor> logits;
       for (auto& [name, m] : models) {
-        fill_cache(caches[name]);
+        testing::fill_cache_pattern(caches[name]);
         StepStats stats;  // forces the eager path
         auto l = m->forward(d, caches[name], eager ? &stats : nullptr);
         ASSERT_TRUE(l.ok()) << name << ": " << l.status().to_string();

@@ -319,6 +319,18 @@ TEST_F(KernelCacheTest, RoundTripAndNoTemporaryLeft) {
   EXPECT_EQ(cache.load(k)->binary, other.binary);
 }
 
+TEST_F(KernelCacheTest, CheckWritableBeforeCompiling) {
+  EXPECT_TRUE(KernelCache(dir_ + "/new/sub").check_writable().ok());  // created
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/new/sub"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_ + "/new/sub")) << "the probe file is left behind";
+  std::ofstream(dir_ + "/a_file") << "x";
+  Status s = KernelCache(dir_ + "/a_file").check_writable();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find(dir_ + "/a_file"), std::string::npos) << s.message();
+  EXPECT_FALSE(KernelCache(dir_ + "/a_file/sub").check_writable().ok());
+  EXPECT_FALSE(KernelCache("").check_writable().ok());
+}
+
 TEST_F(KernelCacheTest, CorruptEntriesAreMisses) {
   KernelCache cache(dir_);
   const BuildKey k = key(8, BuildVariant::kFused);

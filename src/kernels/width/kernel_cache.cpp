@@ -141,4 +141,29 @@ Status KernelCache::store(const BuildKey& key, const CachedBuild& build) const {
   return ok_status();
 }
 
+Status KernelCache::check_writable() const {
+  namespace fs = std::filesystem;
+  if (dir_.empty()) return invalid_argument("width build cache: no directory (caching is off)");
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec || !fs::is_directory(dir_))
+    return invalid_argument("width build cache: cannot create the directory " + dir_ +
+                            (ec ? ": " + ec.message() : std::string(": not a directory")));
+  const std::string probe = dir_ + "/.probe." + std::to_string(::getpid());
+  {
+    std::ofstream f(probe, std::ios::binary | std::ios::trunc);
+    f << "probe";
+    if (!f) {
+      fs::remove(probe, ec);
+      return invalid_argument("width build cache: cannot write in " + dir_);
+    }
+  }
+  fs::rename(probe, probe + ".renamed", ec);
+  const bool renamed = !ec;
+  fs::remove(probe, ec);
+  fs::remove(probe + ".renamed", ec);
+  if (!renamed) return invalid_argument("width build cache: cannot rename files in " + dir_);
+  return ok_status();
+}
+
 }  // namespace nucleus::width

@@ -45,6 +45,11 @@ class KernelCache {
   // Writes the entry atomically (creating the directory). Errors: the
   // directory or file cannot be written (the caller may log and go on).
   Status store(const BuildKey& key, const CachedBuild& build) const;
+  // Creates the directory and writes, renames and removes a probe file in
+  // it: whether store() can work, asked before compiling anything. Errors
+  // (kInvalidArgument naming the directory): caching off, or the directory
+  // cannot be created or written.
+  Status check_writable() const;
 
  private:
   std::string dir_;

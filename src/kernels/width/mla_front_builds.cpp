@@ -58,6 +58,10 @@ StatusOr<MlaFrontBuildOptions> MlaFrontBuildOptions::compile_options_from_env() 
   NUCLEUS_ASSIGN_OR_RETURN(o.fused_max_regs, reg_cap_from_env("NUCLEUS_WIDTH_MAXRREGCOUNT"));
   NUCLEUS_ASSIGN_OR_RETURN(o.lean_max_regs, reg_cap_from_env("NUCLEUS_WIDTH_MAXRREGCOUNT_LEAN"));
   o.cache_dir = KernelCache::dir_from_env();
+  if (auto v = env_string("NUCLEUS_WIDTH_COOPERATIVE"); v && *v != "1") {
+    if (*v != "0") return invalid_argument("NUCLEUS_WIDTH_COOPERATIVE='" + *v + "' is not 0 or 1");
+    o.cooperative = false;
+  }
   return o;
 }
 
@@ -209,13 +213,14 @@ std::vector<PrebuildResult> prebuild_widths(const MlaFrontBuilder& builder, cons
 StatusOr<std::unique_ptr<MlaFrontWidthBuilds>> MlaFrontWidthBuilds::create(const std::vector<int64_t>& widths,
                                                                            WidthBuilder& builder,
                                                                            const WidthPlanOptions& options,
-                                                                           int sm_count) {
+                                                                           int sm_count, bool cooperative) {
   NUCLEUS_ASSIGN_OR_RETURN(std::vector<WidthChoice> choices, plan_widths(widths, builder, options));
   auto out = std::unique_ptr<MlaFrontWidthBuilds>(new MlaFrontWidthBuilds());
   out->choices_ = std::move(choices);
   std::sort(out->choices_.begin(), out->choices_.end(),
             [](const WidthChoice& a, const WidthChoice& b) { return a.width < b.width; });
   out->sm_count_ = sm_count;
+  out->cooperative_ = cooperative;
   return out;
 }
 
@@ -234,11 +239,10 @@ Status MlaFrontWidthBuilds::launch(const MlaFrontParams& p, cudaStream_t stream)
   if (!loaded) return internal_error("width build of width " + std::to_string(c->width) + " has no binary");
   MlaFrontParams arg = p;
   // Cooperative unless NUCLEUS_WIDTH_COOPERATIVE=0 (the kernels' grid barriers need every CTA resident).
-  static const bool cooperative = env_flag("NUCLEUS_WIDTH_COOPERATIVE", true);
   for (size_t i = 0; i < loaded->dynamic_smem_bytes.size(); ++i)
     NUCLEUS_RETURN_IF_ERROR(loaded->module->launch(static_cast<int>(i), static_cast<unsigned>(sm_count_),
                                                    kMlaFrontThreads, loaded->dynamic_smem_bytes[i], &arg, stream,
-                                                   cooperative));
+                                                   cooperative_));
   return ok_status();
 }
 

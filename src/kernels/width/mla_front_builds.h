@@ -40,9 +40,13 @@ struct MlaFrontBuildOptions {
   int lean_max_regs = 0;   // > 0: the same for lean builds
   std::string cache_dir;   // empty: no cache
   int sm_count = 0;        // CTAs a persistent launch uses (one per SM)
+  // Cooperative launches of the persistent kernels (NUCLEUS_WIDTH_COOPERATIVE,
+  // default 1): the driver guarantees co-residency or refuses the launch.
+  bool cooperative = true;
   // From the environment and the current device. Errors: a malformed
   // NUCLEUS_WIDTH_MAXRREGCOUNT{,_LEAN} (not an integer in 16..255).
   static StatusOr<MlaFrontBuildOptions> from_env();
+  // Errors also: NUCLEUS_WIDTH_COOPERATIVE other than 0 or 1.
   // The same without asking a device (sm_count 0): for compiling only.
   static StatusOr<MlaFrontBuildOptions> compile_options_from_env();
 };
@@ -61,6 +65,7 @@ class MlaFrontBuilder : public WidthBuilder {
   // missing, a compile error, an unwritable cache. Thread-safe.
   StatusOr<bool> prebuild(int64_t width, BuildVariant variant) const;
   int compiles() const { return compiles_; }  // NVRTC compilations run (cache misses)
+  const KernelCache& cache() const { return cache_; }
 
  private:
   MlaFrontBuildOptions options_;
@@ -89,9 +94,10 @@ class MlaFrontWidthBuilds {
  public:
   // Plans `widths` (ascending) with `builder`. Errors: strict mode with a
   // width left to the plain path (plan_widths).
+  // `cooperative`: launch the builds cooperatively (MlaFrontBuildOptions).
   static StatusOr<std::unique_ptr<MlaFrontWidthBuilds>> create(const std::vector<int64_t>& widths,
                                                                WidthBuilder& builder, const WidthPlanOptions& options,
-                                                               int sm_count);
+                                                               int sm_count, bool cooperative = true);
   const std::vector<WidthChoice>& choices() const { return choices_; }
   // The choice for a step of `rows` rows: the smallest planned width >= rows
   // (null: wider than every width).
@@ -105,6 +111,7 @@ class MlaFrontWidthBuilds {
  private:
   std::vector<WidthChoice> choices_;
   int sm_count_ = 0;
+  bool cooperative_ = true;
 };
 
 // The plain path: the existing kernels in the decode graph's order (cuBLASLt

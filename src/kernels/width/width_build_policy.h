@@ -134,7 +134,7 @@ struct WidthPlanOptions {
   std::function<void(const std::string&)> info;
 };
 
-// Reads NUCLEUS_STRICT_WIDTHS (a malformed value counts as set, env_flag rules).
+// Reads NUCLEUS_STRICT_WIDTHS (1, true, yes, on: set; anything else: not; env_flag rules).
 bool strict_widths_from_env();
 
 // Whether the decode graph runs the MLA front end through width builds

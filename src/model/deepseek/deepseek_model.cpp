@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 #include <sstream>
 
@@ -213,15 +214,26 @@ Status DeepseekModel::prepare_width_builds() {
     if (!s.ok()) return off(s.message());
   }
   NUCLEUS_ASSIGN_OR_RETURN(width::MlaFrontBuildOptions bo, width::MlaFrontBuildOptions::from_env());
+  if (!bo.cache_dir.empty()) {
+    if (Status w = width::KernelCache(bo.cache_dir).check_writable(); !w.ok()) {
+      NUCLEUS_LOG_WARN("{}; width builds are compiled without a cache (set NUCLEUS_KERNEL_CACHE_DIR)", w.message());
+      bo.cache_dir.clear();
+    }
+  }
   width::MlaFrontBuilder builder(bo);
   LeanOnlyBuilder lean_only(builder);
   width::WidthPlanOptions po;
   po.strict = strict;
+  // Tensor-parallel ranks plan one after another: the first compiles (in
+  // parallel, below), the others then load every build from the cache.
+  static std::mutex plan_mutex;
+  std::lock_guard<std::mutex> plan_lock(plan_mutex);
   const auto t0 = std::chrono::steady_clock::now();
   // A cold cache: the first builds the plan asks for, compiled in parallel
-  // into the cache (the plan then loads them; lean rebuilds are small).
+  // (one job per hardware thread) into the cache; the plan then loads them
+  // and compiles lean rebuilds where it must (small).
   int prebuilt = 0;
-  if (!bo.cache_dir.empty() && rank_.shard.rank == 0) {
+  if (!bo.cache_dir.empty()) {
     const width::BuildVariant first = options_.width_builds == width::WidthBuildsMode::kLeanOnly
                                           ? width::BuildVariant::kLean
                                           : width::BuildVariant::kFused;
@@ -238,7 +250,7 @@ Status DeepseekModel::prepare_width_builds() {
                                          options_.width_builds == width::WidthBuildsMode::kLeanOnly
                                              ? static_cast<width::WidthBuilder&>(lean_only)
                                              : static_cast<width::WidthBuilder&>(builder),
-                                         po, bo.sm_count));
+                                         po, bo.sm_count, bo.cooperative));
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int fused = 0, lean = 0, plain = 0;
   for (const width::WidthChoice& ch : builds->choices())

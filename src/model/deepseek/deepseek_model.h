@@ -212,6 +212,9 @@ class DeepseekModel {
   // qk_rope) x the cache element size (an FP8 cache holds twice the tokens
   // of a bf16 one in the same memory).
   int64_t kv_bytes_per_token() const;
+  // Whether the decode graph runs the MLA front end through width builds
+  // (options().width_builds asked for it and the model could use them; rank 0's).
+  bool width_builds_active() const { return ranks_.empty() ? width_builds_ != nullptr : ranks_[0]->width_builds_active(); }
   // Device bytes the step buffers take at the current capacity (rank 0's).
   size_t activation_bytes() const {
     return ranks_.empty() ? prefill_buffers_.bytes() + decode_buffers_.bytes() : ranks_[0]->activation_bytes();
