@@ -23,6 +23,7 @@
 
 #include "core/device.h"
 #include "gpu_test_util.h"
+#include "kernels/width/mla_front_builds.h"
 #include "model/deepseek/deepseek_model.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
@@ -117,7 +118,16 @@ TEST_F(GpuWidthBuildsTest, OnLeanAndOffAgree) {
     caches[name] = m->make_kv_cache(1 + max_seqs * blocks, kBlockSize);
     ASSERT_TRUE(m->capture_decode_graphs(caches[name]).ok()) << name;
   }
-  double worst = 0;
+  // Every graph size is served by the build asked for (none left to the plain chain).
+  for (const auto& [name, variant] :
+       {std::pair<std::string, width::BuildVariant>{"on", width::BuildVariant::kFused}, {"lean", width::BuildVariant::kLean}}) {
+    ASSERT_NE(models[name]->width_builds(), nullptr) << name;
+    for (const width::WidthChoice& ch : models[name]->width_builds()->choices())
+      EXPECT_EQ(ch.served, variant) << name << ": " << ch.log_line();
+  }
+  const int64_t launches_before = models["on"]->width_builds()->launches();
+  double worst = 0, worst_cache = 0;
+  int64_t differing = 0, compared = 0;
   for (bool eager : {false, true}) {
     for (int64_t n : {1, 1, 3, 8, 16, 16, 24, 24}) {
       SCOPED_TRACE(std::string(eager ? "eager" : "graph") + " batch " + std::to_string(n));
@@ -137,12 +147,23 @@ TEST_F(GpuWidthBuildsTest, OnLeanAndOffAgree) {
         // Another summation order than cuBLASLt's moves bf16 roundings by an ulp, which the next layers carry.
         EXPECT_TRUE(testing::all_close(logits[name], logits["off"], 0.05f, 0.02f, 4096));
         EXPECT_TRUE(testing::all_close(cache[name], cache["off"], 0.02f, 0.02f, 576));
-        for (size_t i = 0; i < logits[name].size(); ++i)
-          worst = std::max<double>(worst, std::fabs(logits[name][i] - logits["off"][i]));
+        for (size_t i = 0; i < logits[name].size(); ++i) {
+          const double d = std::fabs(logits[name][i] - logits["off"][i]);
+          worst = std::max(worst, d);
+          differing += d > 0;
+          ++compared;
+        }
+        for (size_t i = 0; i < cache[name].size(); ++i)
+          if (!std::isnan(cache["off"][i])) worst_cache = std::max<double>(worst_cache, std::fabs(cache[name][i] - cache["off"][i]));
       }
     }
   }
-  std::printf("width builds on / lean vs off: max |logit difference| %.3g\n", worst);
+  // The eager steps of up to 16 rows ran a build (graph replays are not counted; 24 rows run the plain chain).
+  EXPECT_GE(models["on"]->width_builds()->launches() - launches_before, 4 * 6);
+  EXPECT_GE(models["lean"]->width_builds()->launches(), 4 * 6);
+  std::printf("width builds on / lean vs off: max |logit difference| %.3g (%lld of %lld logits differ), max |cache "
+              "difference| %.3g\n",
+              worst, static_cast<long long>(differing), static_cast<long long>(compared), worst_cache);
 }
 
 TEST_F(GpuWidthBuildsTest, GreedyThroughTheEngineGivesTheReferenceTokens) {

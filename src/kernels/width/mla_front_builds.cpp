@@ -243,6 +243,7 @@ Status MlaFrontWidthBuilds::launch(const MlaFrontParams& p, cudaStream_t stream)
     NUCLEUS_RETURN_IF_ERROR(loaded->module->launch(static_cast<int>(i), static_cast<unsigned>(sm_count_),
                                                    kMlaFrontThreads, loaded->dynamic_smem_bytes[i], &arg, stream,
                                                    cooperative_));
+  ++launches_;
   return ok_status();
 }
 

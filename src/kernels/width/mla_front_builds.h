@@ -107,11 +107,16 @@ class MlaFrontWidthBuilds {
   // Stream-async and capturable; p.barrier must be zero before the first
   // launch and not be shared with a launch on another stream.
   Status launch(const MlaFrontParams& p, cudaStream_t stream) const;
+  // Launches of a build so far (eager calls of launch() that ran a build;
+  // graph replays are not counted): tests check that a build, not the plain
+  // chain, served a step.
+  int64_t launches() const { return launches_.load(); }
 
  private:
   std::vector<WidthChoice> choices_;
   int sm_count_ = 0;
   bool cooperative_ = true;
+  mutable std::atomic<int64_t> launches_{0};
 };
 
 // The plain path: the existing kernels in the decode graph's order (cuBLASLt

@@ -214,7 +214,11 @@ class DeepseekModel {
   int64_t kv_bytes_per_token() const;
   // Whether the decode graph runs the MLA front end through width builds
   // (options().width_builds asked for it and the model could use them; rank 0's).
-  bool width_builds_active() const { return ranks_.empty() ? width_builds_ != nullptr : ranks_[0]->width_builds_active(); }
+  bool width_builds_active() const { return width_builds() != nullptr; }
+  // The planned width builds (rank 0's), or null.
+  const width::MlaFrontWidthBuilds* width_builds() const {
+    return ranks_.empty() ? width_builds_.get() : ranks_[0]->width_builds();
+  }
   // Device bytes the step buffers take at the current capacity (rank 0's).
   size_t activation_bytes() const {
     return ranks_.empty() ? prefill_buffers_.bytes() + decode_buffers_.bytes() : ranks_[0]->activation_bytes();
