@@ -185,6 +185,24 @@ void HttpServer::routes() {
   http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4; charset=utf-8");
   });
+  // A known route asked with the wrong method: 405 naming the allowed one.
+  auto wrong_method = [](const char* allowed) {
+    return [allowed](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allowed);
+      send_error(res, error_of(405, "invalid_request_error",
+                               "Method not allowed: " + req.method + " " + req.path + " (use " + allowed + ")"));
+    };
+  };
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    http_->Get(path, wrong_method("POST"));
+    http_->Put(path, wrong_method("POST"));
+    http_->Delete(path, wrong_method("POST"));
+  }
+  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
+    http_->Post(path, wrong_method("GET"));
+    http_->Put(path, wrong_method("GET"));
+    http_->Delete(path, wrong_method("GET"));
+  }
   // Routing misses (404) and httplib's own refusals get an OpenAI error body;
   // responses that already carry one are left alone.
   http_->set_error_handler(

@@ -140,6 +140,17 @@ TEST(CliTest, PrebuildKernelsFillsTheCacheWithoutAGpu) {
   EXPECT_EQ(run("prebuild-kernels --cache-dir ''", true).status, 2);
 }
 
+// bench latency on the CPU backend: the table, without the H200 roofline columns.
+TEST(CliTest, BenchLatencyOnTheCpuShowsNoGpuRoofline) {
+  RunResult r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
+                        " --batch-sizes 1 --input-len 8 --output-len 2",
+                    true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("not shown for the cpu backend"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("%\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("width builds: not used"), std::string::npos) << r.out;
+}
+
 TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   struct Case {
     std::string args;

@@ -484,9 +484,17 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
   EXPECT_TRUE(json::parse(res->body).contains("error"));
+  // Known routes with the wrong method: 405 naming the allowed one.
   res = s().client().Get("/v1/completions");
   ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 404);
+  EXPECT_EQ(res->status, 405);
+  EXPECT_EQ(res->get_header_value("Allow"), "POST");
+  EXPECT_NE(json::parse(res->body)["error"]["message"].get<std::string>().find("GET /v1/completions"),
+            std::string::npos);
+  res = s().client().Post("/health", "{}", "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 405);
+  EXPECT_EQ(res->get_header_value("Allow"), "GET");
   // A refused request does not disturb the next one.
   Reply ok = post(s(), c, json{{"prompt", "x = 1"}, {"max_tokens", 2}});
   EXPECT_EQ(ok.status, 200);
