@@ -204,20 +204,6 @@ void expect_matches(const Case& c, const Reference& ref, const DeviceCase& dc, c
   }
 }
 
-// A builder that offers one variant only (the plan then serves exactly it).
-class OnlyVariant : public WidthBuilder {
- public:
-  OnlyVariant(WidthBuilder& inner, BuildVariant v) : inner_(inner), v_(v) {}
-  StatusOr<WidthBuild> build(int64_t w, BuildVariant v) override {
-    if (v != v_) return unsupported("not asked for in this test");
-    return inner_.build(w, v);
-  }
-
- private:
-  WidthBuilder& inner_;
-  BuildVariant v_;
-};
-
 class MlaFrontWidthTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -248,7 +234,7 @@ bool run(const Case& c, DeviceCase& dc, WidthBuilder& builder, BuildVariant vari
     EXPECT_TRUE(s.ok()) << s.to_string();
     return true;
   }
-  OnlyVariant only(builder, variant);
+  OnlyVariantBuilder only(builder, variant, "this test serves one variant");
   WidthPlanOptions po;
   auto plan = MlaFrontWidthBuilds::create({c.rows}, only, po, sms);
   EXPECT_TRUE(plan.ok()) << plan.status().to_string();

@@ -155,6 +155,24 @@ TEST(WidthPlan, FusedWhereItFitsLeanWhereItSpillsNeverLeanOtherwise) {
       << logs.info[6];
 }
 
+// NUCLEUS_WIDTH_BUILDS=lean: only the lean build is offered, so every width
+// is served lean (the fused refusal recorded with its reason), none compiled fused.
+TEST(WidthPlan, LeanOnlyBuilderServesLeanEverywhere) {
+  RecordedBuilder b;
+  OnlyVariantBuilder lean_only(b, BuildVariant::kLean, "NUCLEUS_WIDTH_BUILDS=lean");
+  Logs logs;
+  auto plan = plan_widths({1, 64, 256}, lean_only, logs.options());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  for (const WidthChoice& c : *plan) {
+    EXPECT_EQ(c.served, BuildVariant::kLean) << c.log_line();
+    ASSERT_EQ(c.refusals.size(), 1u);
+    EXPECT_NE(c.refusals[0].find("fused builds not asked for (NUCLEUS_WIDTH_BUILDS=lean)"), std::string::npos)
+        << c.refusals[0];
+  }
+  for (const auto& [w, v] : b.asked) EXPECT_EQ(v, BuildVariant::kLean) << w;
+  EXPECT_TRUE(logs.warn.empty());
+}
+
 TEST(WidthPlan, DebugRegisterCapForcesTheLeanRebuild) {
   RecordedBuilder b;
   b.fused_cap64 = true;

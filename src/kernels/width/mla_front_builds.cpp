@@ -179,19 +179,19 @@ std::vector<PrebuildResult> prebuild_widths(const MlaFrontBuilder& builder, cons
                                             const std::function<void(const PrebuildResult&)>& on_done) {
   std::vector<int64_t> sorted = widths;
   std::sort(sorted.rbegin(), sorted.rend());
-  std::vector<PrebuildResult> todo;
+  std::vector<PrebuildResult> results;  // one a (width, variant), filled in by the threads
   for (int64_t w : sorted)
     for (BuildVariant v : variants) {
       PrebuildResult r;
       r.width = w;
       r.variant = v;
-      todo.push_back(r);
+      results.push_back(r);
     }
   std::atomic<size_t> next{0};
   std::mutex done;
   auto work = [&] {
-    for (size_t i = next++; i < todo.size(); i = next++) {
-      PrebuildResult& r = todo[i];
+    for (size_t i = next++; i < results.size(); i = next++) {
+      PrebuildResult& r = results[i];
       const auto t0 = std::chrono::steady_clock::now();
       StatusOr<bool> b = builder.prebuild(r.width, r.variant);
       r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -204,10 +204,10 @@ std::vector<PrebuildResult> prebuild_widths(const MlaFrontBuilder& builder, cons
     }
   };
   std::vector<std::thread> threads;
-  const int n = std::max(1, std::min<int>(jobs, static_cast<int>(todo.size())));
+  const int n = std::max(1, std::min<int>(jobs, static_cast<int>(results.size())));
   for (int t = 0; t < n; ++t) threads.emplace_back(work);
   for (auto& t : threads) t.join();
-  return todo;
+  return results;
 }
 
 StatusOr<std::unique_ptr<MlaFrontWidthBuilds>> MlaFrontWidthBuilds::create(const std::vector<int64_t>& widths,

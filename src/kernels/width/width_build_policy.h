@@ -117,6 +117,25 @@ class WidthBuilder {
   virtual StatusOr<WidthBuild> build(int64_t width, BuildVariant variant) = 0;
 };
 
+// Offers one variant of `inner` and refuses the other ("<variant> builds not
+// asked for (<why>)"): NUCLEUS_WIDTH_BUILDS=lean (lean only) and tests that
+// need one variant served.
+class OnlyVariantBuilder : public WidthBuilder {
+ public:
+  OnlyVariantBuilder(WidthBuilder& inner, BuildVariant variant, std::string why)
+      : inner_(inner), variant_(variant), why_(std::move(why)) {}
+  StatusOr<WidthBuild> build(int64_t width, BuildVariant variant) override {
+    if (variant != variant_)
+      return unsupported(std::string(variant_name(variant)) + " builds not asked for (" + why_ + ")");
+    return inner_.build(width, variant);
+  }
+
+ private:
+  WidthBuilder& inner_;
+  BuildVariant variant_;
+  std::string why_;
+};
+
 // The decision for one width.
 struct WidthChoice {
   int64_t width = 0;

@@ -170,20 +170,6 @@ MlaFrontOp::Weights front_weights(const AttentionWeights& aw) {
   return w;
 }
 
-#ifdef NUCLEUS_HAVE_CUDA
-// Offers the lean build only (NUCLEUS_WIDTH_BUILDS=lean).
-class LeanOnlyBuilder : public width::WidthBuilder {
- public:
-  explicit LeanOnlyBuilder(width::WidthBuilder& inner) : inner_(inner) {}
-  StatusOr<width::WidthBuild> build(int64_t w, width::BuildVariant v) override {
-    if (v == width::BuildVariant::kFused) return unsupported("fused builds not asked for (NUCLEUS_WIDTH_BUILDS=lean)");
-    return inner_.build(w, v);
-  }
-
- private:
-  width::WidthBuilder& inner_;
-};
-#endif
 
 }  // namespace
 
@@ -221,7 +207,7 @@ Status DeepseekModel::prepare_width_builds() {
     }
   }
   width::MlaFrontBuilder builder(bo);
-  LeanOnlyBuilder lean_only(builder);
+  width::OnlyVariantBuilder lean_only(builder, width::BuildVariant::kLean, "NUCLEUS_WIDTH_BUILDS=lean");
   width::WidthPlanOptions po;
   po.strict = strict;
   // Tensor-parallel ranks plan one after another: the first compiles (in
