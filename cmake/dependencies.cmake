@@ -5,6 +5,10 @@
 
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(Threads REQUIRED)
+# Boost.Beast's HTTP/1.1 parser (header-only) and zlib: the server's transport
+# (src/server/http_transport.h).
+find_package(Boost 1.74 REQUIRED)
+find_package(ZLIB REQUIRED)
 
 find_path(PCRE2_INCLUDE_DIR pcre2.h REQUIRED)
 find_library(PCRE2_STATIC_LIB libpcre2-8.a REQUIRED)
@@ -22,7 +26,7 @@ target_compile_definitions(nucleus_deps INTERFACE
   SPDLOG_HEADER_ONLY FMT_HEADER_ONLY SPDLOG_FMT_EXTERNAL
   XXH_INLINE_ALL)
 target_link_libraries(nucleus_deps INTERFACE
-  nlohmann_json::nlohmann_json ${PCRE2_STATIC_LIB} Threads::Threads
+  nlohmann_json::nlohmann_json ${PCRE2_STATIC_LIB} Threads::Threads Boost::headers ZLIB::ZLIB
   -static-libstdc++ -static-libgcc)
 
 # cpp-httplib (the HTTP server and the benchmark client). Debian ships it in

@@ -3,7 +3,7 @@
 # Used by `make build` / `make run` / `make test` and CI; safe to re-run.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ nlohmann-json3-dev libpcre2-dev libxxhash-dev libspdlog-dev libfmt-dev
-      libcli11-dev libcpp-httplib-dev libssl-dev zlib1g-dev libbrotli-dev pkg-config libgtest-dev ccache
+      libcli11-dev libcpp-httplib-dev libboost-dev libssl-dev zlib1g-dev libbrotli-dev pkg-config libgtest-dev ccache
       python3 python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -44,7 +44,9 @@ StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
     if (j.contains("prompt_token_ids")) {
       if (!j["prompt_token_ids"].is_array()) return invalid_argument(where + ": prompt_token_ids must be a list");
       for (const auto& t : j["prompt_token_ids"]) {
-        if (!t.is_number_integer()) return invalid_argument(where + ": prompt_token_ids holds a non-integer");
+        if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) ||
+            t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX)
+          return invalid_argument(where + ": prompt_token_ids holds " + t.dump() + ", not a token id");
         p.ids.push_back(t.get<int32_t>());
       }
       p.has_ids = true;
@@ -78,7 +80,8 @@ int run_generate(int argc, char** argv) {
   app.add_option("--temperature", sp.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--top-k", sp.top_k, "Sample from the k most likely tokens (0: all)")->capture_default_str();
   app.add_option("--top-p", sp.top_p, "Sample from the smallest set with this mass")->capture_default_str();
-  app.add_option("--seed", seed, "Sampling seed (same seed, same output)");
+  app.add_option("--seed", seed, "Sampling seed (same seed, same output); unseeded when not given")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--ignore-eos", sp.ignore_eos, "Keep generating past EOS");
   app.add_flag("--json", as_json, "One JSON line per prompt");
   try {

@@ -48,9 +48,46 @@ int run_serve(int argc, char** argv) {
   app.add_flag("--skip-tokenizer-init", args.skip_tokenizer_init,
                "Load no tokenizer: prompts must be token ids, responses carry token_ids and empty text "
                "(e.g. dummy weights from --config)");
-  app.add_option("--http-threads", config.http_threads,
-                 "Connections served at once (streams and idle keep-alive connections included)")
-      ->check(CLI::Range(4, 65536))
+  // Connection and request limits (docs/server.md, "Limits").
+  server::HttpLimits& conn = config.http;
+  server::RequestLimits& lim = config.requests;
+  app.add_option("--max-connections,--http-threads", conn.max_connections,
+                 "Open connections at most (streams and idle keep-alive ones included); more are refused with 503")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
+  app.add_option("--max-body-bytes", conn.max_body_bytes,
+                 "Request body size at most, after gzip/deflate is undone; larger is 413")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 34))
+      ->capture_default_str();
+  app.add_option("--max-header-bytes", conn.max_header_bytes, "Request line and headers at most; larger is 431")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--request-timeout", conn.request_timeout_s,
+                 "Seconds from a request's first byte to its last (header and body); slower is 408")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--keep-alive-timeout", conn.keep_alive_timeout_s,
+                 "Seconds an idle connection is kept open between requests")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--write-timeout", conn.write_timeout_s,
+                 "Seconds a response write may make no progress before the connection is dropped")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--max-json-depth", lim.max_json_depth, "Nesting of JSON arrays and objects in a body at most")
+      ->check(CLI::Range(2, 10000))
+      ->capture_default_str();
+  app.add_option("--max-choices", lim.max_choices, "n x prompts (engine requests) per HTTP request at most")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-stop-strings", lim.max_stop_strings, "Entries of 'stop' at most")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--max-stop-bytes", lim.max_stop_bytes, "Bytes of all 'stop' strings together at most")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
+      ->capture_default_str();
+  app.add_option("--max-stop-token-ids", lim.max_stop_token_ids, "Entries of 'stop_token_ids' at most")
+      ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
   app.add_option("--shutdown-timeout", config.shutdown_timeout_s,
                  "On SIGINT/SIGTERM, seconds in-flight requests may take before they are aborted")

@@ -35,8 +35,8 @@ class IncrementalDetokenizer {
                          bool skip_special_tokens = true, bool include_stop_str_in_output = false);
 
   // Feeds one token; returns the newly releasable text (maybe ""). After a
-  // stop string matched, returns "" and ignores the token. `token_id` must
-  // be in [0, tokenizer.vocab_size()) (checked: callers validate first).
+  // stop string matched, returns "" and ignores the token. An id the
+  // tokenizer has no token for adds nothing (Tokenizer::token_bytes).
   std::string add(int32_t token_id);
 
   // At the end of generation: releases everything held back, an incomplete

@@ -688,19 +688,16 @@ bool Tokenizer::is_special(int32_t id) const {
 }
 
 const std::string& Tokenizer::id_to_token(int32_t id) const {
-  NUCLEUS_CHECK(id >= 0 && id < vocab_size(), "token id {} outside [0, {})", id, vocab_size());
-  return tokens_[id];
+  static const std::string kNone;
+  return id >= 0 && id < vocab_size() ? tokens_[id] : kNone;
 }
 
-std::string Tokenizer::token_bytes(int32_t id) const {
-  NUCLEUS_CHECK(id >= 0 && id < vocab_size(), "token id {} outside [0, {})", id, vocab_size());
-  return bytes_[id];
-}
+std::string Tokenizer::token_bytes(int32_t id) const { return id >= 0 && id < vocab_size() ? bytes_[id] : std::string(); }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
   std::string out;
   for (int32_t id : ids) {
-    NUCLEUS_CHECK(id >= 0 && id < vocab_size(), "token id {} outside [0, {})", id, vocab_size());
+    if (id < 0 || id >= vocab_size()) continue;  // no token: nothing, as Hugging Face's decode
     if (skip_special_tokens && is_special(id)) continue;
     out += bytes_[id];
   }

@@ -91,21 +91,22 @@ class Tokenizer {
 
   // Ids -> text: the concatenated token_bytes() of the ids (invalid UTF-8,
   // such as half of a multi-byte character, is kept as is).
-  // skip_special_tokens drops the added tokens marked special.
-  // Every id must be in [0, vocab_size()) (checked: callers validate first).
+  // skip_special_tokens drops the added tokens marked special. An id no
+  // token has (past vocab_size(): a checkpoint's embedding is often padded
+  // past its tokenizer, and such ids can be sampled) gives "", as Hugging
+  // Face's decode skips ids it has no token for.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   // The raw bytes token `id` stands for, for incremental detokenization.
   // As HF's ByteLevel decoder: each character of the token is mapped back to
   // its byte, unless one of them is outside the byte alphabet, in which case
   // the token's own UTF-8 text is used (so "<|end_of_text|>" gives itself).
-  // An id in range that no token has gives "". `id` must be in
-  // [0, vocab_size()) (checked).
+  // An id no token has (a gap, or outside [0, vocab_size())) gives "".
   std::string token_bytes(int32_t id) const;
 
   // The token string of `id` as written in tokenizer.json (byte-level
-  // alphabet, e.g. "Ġthe"); "" for an unused id. `id` must be in
-  // [0, vocab_size()) (checked).
+  // alphabet, e.g. "Ġthe"); "" for an id no token has (in a gap, or outside
+  // [0, vocab_size())).
   const std::string& id_to_token(int32_t id) const;
 
   // True when `id` is an added token marked "special": true. False for ids

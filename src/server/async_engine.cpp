@@ -24,6 +24,14 @@ std::vector<OutputEvent> OutputQueue::pop_all() {
   return out;
 }
 
+std::vector<OutputEvent> OutputQueue::pop_all_for(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); });
+  std::vector<OutputEvent> out(std::make_move_iterator(events_.begin()), std::make_move_iterator(events_.end()));
+  events_.clear();
+  return out;
+}
+
 AsyncEngine::AsyncEngine(std::unique_ptr<LLMEngine> engine)
     : engine_(std::move(engine)),
       config_(engine_->config()),

@@ -46,6 +46,9 @@ class OutputQueue {
   void push(OutputEvent e);
   // Blocks until at least one event is queued, then takes all of them.
   std::vector<OutputEvent> pop_all();
+  // As pop_all(), but returns what is queued (maybe nothing) after at most
+  // `timeout_s` seconds.
+  std::vector<OutputEvent> pop_all_for(double timeout_s);
 
  private:
   std::mutex mu_;

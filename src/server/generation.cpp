@@ -90,12 +90,21 @@ Status Generation::start() {
   return error;
 }
 
-std::vector<ChoiceDelta> Generation::next() {
+std::vector<ChoiceDelta> Generation::next() { return next(-1.0); }
+
+std::vector<ChoiceDelta> Generation::next(double timeout_s) {
   std::vector<ChoiceDelta> out;
+  const double deadline = steady_seconds() + timeout_s;
   while (out.empty() && !done()) {
     std::vector<OutputEvent> events;
     events.swap(early_);
-    if (events.empty()) events = queue_->pop_all();
+    if (events.empty() && timeout_s < 0) {
+      events = queue_->pop_all();
+    } else if (events.empty()) {
+      const double left = deadline - steady_seconds();
+      if (left <= 0) break;
+      events = queue_->pop_all_for(left);
+    }
     for (const auto& e : events) consume(e);
     for (auto& c : choices_) {
       if (c.pending.text.empty() && c.pending.token_ids.empty() && c.pending.finish_reason.empty()) continue;

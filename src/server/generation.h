@@ -54,6 +54,9 @@ class Generation {
   // Blocks until some choice made progress; returns a delta per choice that
   // has new text or finished (in choice order). Call until done().
   std::vector<ChoiceDelta> next();
+  // As next(), but returns after at most about `timeout_s` seconds, maybe
+  // with nothing (so the caller can check on its client meanwhile).
+  std::vector<ChoiceDelta> next(double timeout_s);
   bool done() const { return num_done_ == static_cast<int>(choices_.size()); }
 
   int num_choices() const { return static_cast<int>(choices_.size()); }

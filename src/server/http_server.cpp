@@ -1,8 +1,6 @@
 #include "server/http_server.h"
 
 #include <fmt/format.h>
-#include <httplib.h>
-#include <sys/socket.h>
 
 #include <chrono>
 #include <random>
@@ -21,9 +19,11 @@ int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(dump_json(e.body()), "application/json");
+// How often a handler waiting for tokens checks whether its client went away.
+constexpr double kDisconnectCheckSeconds = 0.1;
+
+void send_error(HttpResponder& res, const ApiError& e, const HttpHeaders& extra = {}) {
+  res.send(e.http_status, "application/json", dump_json(e.body()), extra);
 }
 
 ApiError error_of(int http_status, const std::string& type, const std::string& message) {
@@ -60,19 +60,6 @@ std::string endpoint_label(const std::string& path) {
   return "other";
 }
 
-// cpp-httplib with a deeper listen queue: the packaged library listens with a
-// backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when it was compiled), so a
-// burst of new connections (a benchmark opening one per concurrent request)
-// overflows it, and Linux answers the overflow with dropped handshakes, SYN
-// cookies and, now and then, a reset connection. listen() again on the bound
-// socket raises the backlog (up to net.core.somaxconn).
-class DeepBacklogServer : public httplib::Server {
- public:
-  void deepen_backlog() {
-    if (svr_sock_ != INVALID_SOCKET) ::listen(svr_sock_, 4096);
-  }
-};
-
 }  // namespace
 
 class HttpServer::ActiveGuard {
@@ -84,61 +71,23 @@ class HttpServer::ActiveGuard {
   HttpServer& server_;
 };
 
-// One generation request; for a stream it lives in the content provider until
-// the response is written (or the client is gone). Members are destroyed in
-// reverse order: the Generation (aborting what still runs) before the
-// request it refers to, the guard last.
-struct HttpServer::StreamState {
-  std::shared_ptr<ActiveGuard> guard;
-  GenerationRequest request;
-  std::unique_ptr<Generation> generation;
-  std::unique_ptr<ResponseBuilder> builder;
-  bool opened = false;
-
-  // One call of httplib's chunked content provider: blocks for the next
-  // deltas and writes them as server-sent events. False when the client is
-  // gone (httplib then drops the connection; the destructor aborts).
-  bool pump(httplib::DataSink& sink) {
-    std::string out;
-    auto event = [&](const json& j) { out += "data: " + dump_json(j) + "\n\n"; };
-    bool last = false;
-    if (!opened) {
-      opened = true;
-      for (const auto& c : builder->opening_chunks()) event(c);
-    }
-    if (out.empty()) {  // opening chunks go out at once, before any token
-      for (const auto& d : generation->next()) event(builder->chunk(d));
-      if (generation->done()) {
-        if (request.include_usage)
-          event(builder->usage_chunk(generation->prompt_tokens(), generation->completion_tokens()));
-        out += "data: [DONE]\n\n";
-        last = true;
-      }
-    }
-    if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-    if (last) sink.done();
-    return true;
-  }
-};
-
 HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer* tokenizer,
                        const ChatTemplate* chat_template)
-    : config_(std::move(config)), engine_(engine), tokenizer_(tokenizer), http_(std::make_unique<DeepBacklogServer>()) {
+    : config_(std::move(config)),
+      engine_(engine),
+      tokenizer_(tokenizer),
+      transport_(config_.http, [this](const HttpRequest& req, HttpResponder& res) { handle(req, res); }) {
   model_info_.names = config_.served_model_names;
   model_info_.max_model_len = engine_.config().max_model_len;
   model_info_.vocab_size = engine_.vocab_size();
   model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;
+  model_info_.limits = config_.requests;
   created_ = unix_now();
   id_salt_ = std::random_device{}();
-  const int threads = std::max(config_.http_threads, 4);
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(64u << 20);
-  http_->set_keep_alive_max_count(1000);  // httplib's default of 5 makes busy clients reconnect often
-  routes();
 }
 
-HttpServer::~HttpServer() = default;
+HttpServer::~HttpServer() { transport_.stop(); }
 
 std::shared_ptr<HttpServer::ActiveGuard> HttpServer::enter() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -157,14 +106,24 @@ std::string HttpServer::next_request_id(bool chat) {
   return fmt::format("{}-{:08x}{:08x}", chat ? "chatcmpl" : "cmpl", id_salt_ & 0xffffffffu, next_id_++);
 }
 
-void HttpServer::routes() {
-  http_->Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generation(req.body, /*chat=*/false, res);
-  });
-  http_->Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generation(req.body, /*chat=*/true, res);
-  });
-  http_->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+void HttpServer::handle(const HttpRequest& req, HttpResponder& res) {
+  // Each known route with the one method it takes; another method is 405.
+  static const std::pair<const char*, const char*> kRoutes[] = {
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
+      {"/health", "GET"},          {"/metrics", "GET"}};
+  const char* allowed = nullptr;
+  for (const auto& [path, method] : kRoutes)
+    if (req.path == path) allowed = method;
+  if (!allowed) {
+    send_error(res, error_of(404, "invalid_request_error", "Not found: " + req.method + " " + req.path));
+  } else if (req.method != allowed) {
+    send_error(res,
+               error_of(405, "invalid_request_error",
+                        "Method not allowed: " + req.method + " " + req.path + " (use " + allowed + ")"),
+               {{"Allow", allowed}});
+  } else if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
+    handle_generation(req.body, req.path == "/v1/chat/completions", res);
+  } else if (req.path == "/v1/models") {
     json model = {{"id", model_info_.names[0]},
                   {"object", "model"},
                   {"created", created_},
@@ -173,111 +132,70 @@ void HttpServer::routes() {
                   {"parent", nullptr},
                   {"max_model_len", model_info_.max_model_len},
                   {"vocab_size", model_info_.vocab_size}};
-    res.set_content(dump_json({{"object", "list"}, {"data", json::array({model})}}), "application/json");
-  });
-  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (draining_)
+    res.send(200, "application/json", dump_json({{"object", "list"}, {"data", json::array({model})}}));
+  } else if (req.path == "/health") {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool draining = draining_;
+    lock.unlock();
+    if (draining)
       send_error(res, shutting_down());
     else
-      res.status = 200;
-  });
-  http_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.render(engine_.stats()), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  // A known route asked with the wrong method: 405 naming the allowed one.
-  auto wrong_method = [](const char* allowed) {
-    return [allowed](const httplib::Request& req, httplib::Response& res) {
-      res.set_header("Allow", allowed);
-      send_error(res, error_of(405, "invalid_request_error",
-                               "Method not allowed: " + req.method + " " + req.path + " (use " + allowed + ")"));
-    };
-  };
-  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
-    http_->Get(path, wrong_method("POST"));
-    http_->Put(path, wrong_method("POST"));
-    http_->Delete(path, wrong_method("POST"));
+      res.send(200, "", "");
+  } else {
+    res.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(engine_.stats()));
   }
-  for (const char* path : {"/v1/models", "/health", "/metrics"}) {
-    http_->Post(path, wrong_method("GET"));
-    http_->Put(path, wrong_method("GET"));
-    http_->Delete(path, wrong_method("GET"));
-  }
-  // Routing misses (404) and httplib's own refusals get an OpenAI error body;
-  // responses that already carry one are left alone.
-  http_->set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        const std::string msg = res.status == 404
-                                    ? "Not found: " + req.method + " " + req.path
-                                    : "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path;
-        send_error(res, error_of(res.status, "invalid_request_error", msg));
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-  http_->set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    NUCLEUS_LOG_ERROR("{} {}: {}", req.method, req.path, what);
-    send_error(res, error_of(500, "internal_error", "Internal error: " + what));
-  });
-  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    metrics_.record_http(endpoint_label(req.path), res.status);
-    NUCLEUS_LOG_DEBUG("{} {} -> {}", req.method, req.path, res.status);
-  });
+  metrics_.record_http(endpoint_label(req.path), res.status());
+  NUCLEUS_LOG_DEBUG("{} {} -> {}", req.method, req.path, res.status());
 }
 
-void HttpServer::handle_generation(const std::string& body, bool chat, httplib::Response& res) {
+void HttpServer::handle_generation(const std::string& body, bool chat, HttpResponder& res) {
   const double arrival = steady_seconds();
-  auto state = std::make_shared<StreamState>();
-  state->guard = enter();
-  if (!state->guard) return send_error(res, shutting_down());
+  // Destroyed in reverse order: the Generation (aborting what still runs, so
+  // a client that went away frees its KV blocks) before the request it
+  // refers to, the guard last.
+  auto guard = enter();
+  if (!guard) return send_error(res, shutting_down());
   auto parsed = chat ? parse_chat_request(body, model_info_) : parse_completion_request(body, model_info_);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
-  state->request = std::move(std::get<GenerationRequest>(parsed));
+  const GenerationRequest request = std::move(std::get<GenerationRequest>(parsed));
+  parsed = ApiError{};  // the parsed copy's memory goes now, not at the end of the request
   const std::string id = next_request_id(chat);
-  state->generation = std::make_unique<Generation>(engine_, tokenizer_, metrics_, id, state->request, arrival);
-  if (Status s = state->generation->start(); !s.ok()) return send_error(res, engine_error(s));
-  state->builder = std::make_unique<ResponseBuilder>(ResponseHeader{id, unix_now(), model_info_.names[0]},
-                                                     state->request, tokenizer_, state->generation->num_choices());
-  Generation& gen = *state->generation;
-  if (!state->request.stream) {
-    while (!gen.done())
-      for (const auto& d : gen.next()) state->builder->add(d);
-    res.set_content(dump_json(state->builder->whole(gen.prompt_tokens(), gen.completion_tokens())), "application/json");
+  Generation gen(engine_, tokenizer_, metrics_, id, request, arrival);
+  if (Status s = gen.start(); !s.ok()) return send_error(res, engine_error(s));
+  ResponseBuilder builder(ResponseHeader{id, unix_now(), model_info_.names[0]}, request, tokenizer_,
+                          gen.num_choices());
+  auto event = [](const json& j) { return "data: " + dump_json(j) + "\n\n"; };
+  if (request.stream) {
+    res.start_chunked(200, "text/event-stream", {{"Cache-Control", "no-cache"}});
+    std::string out;
+    for (const auto& c : builder.opening_chunks()) out += event(c);
+    if (!res.write_chunk(out)) return;
+  }
+  while (!gen.done()) {
+    if (res.client_gone()) return;  // ~Generation aborts the choices still running
+    std::string out;
+    for (const auto& d : gen.next(kDisconnectCheckSeconds)) {
+      if (request.stream)
+        out += event(builder.chunk(d));
+      else
+        builder.add(d);
+    }
+    if (!out.empty() && !res.write_chunk(out)) return;
+  }
+  if (!request.stream) {
+    res.send(200, "application/json", dump_json(builder.whole(gen.prompt_tokens(), gen.completion_tokens())));
     return;
   }
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream",
-                                   [state](size_t, httplib::DataSink& sink) { return state->pump(sink); });
+  std::string out;
+  if (request.include_usage) out += event(builder.usage_chunk(gen.prompt_tokens(), gen.completion_tokens()));
+  out += "data: [DONE]\n\n";
+  if (res.write_chunk(out)) res.finish_chunked();
 }
 
-Status HttpServer::bind() {
-  // SO_REUSEADDR only: the library's default also sets SO_REUSEPORT, which
-  // would let a second server bind the same port and split the requests.
-  http_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
-  if (config_.port == 0) {
-    port_ = http_->bind_to_any_port(config_.host);
-    if (port_ < 0) return invalid_argument("--host " + config_.host + ": cannot bind a port");
-  } else {
-    if (!http_->bind_to_port(config_.host, config_.port))
-      return invalid_argument("cannot listen on " + config_.host + ":" + std::to_string(config_.port) +
-                              " (address in use or not local; pick --host / --port)");
-    port_ = config_.port;
-  }
-  static_cast<DeepBacklogServer*>(http_.get())->deepen_backlog();
-  return ok_status();
-}
+Status HttpServer::bind() { return transport_.bind(config_.host, config_.port); }
 
 bool HttpServer::serve() {
-  const bool ok = http_->listen_after_bind();
+  const bool ok = transport_.serve();
   std::lock_guard<std::mutex> lock(mu_);
   return ok || draining_;
 }
@@ -303,7 +221,7 @@ void HttpServer::shutdown() {
     cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return active_ == 0; });
   }
   lock.unlock();
-  http_->stop();
+  transport_.stop();
 }
 
 }  // namespace nucleus::server

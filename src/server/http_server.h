@@ -4,9 +4,11 @@
 //   POST /v1/completions       POST /v1/chat/completions
 //   GET  /v1/models            GET  /health            GET /metrics
 //
-// Each connection is served by a thread of a pool (http_threads); a request
-// thread blocks on its OutputQueue while the AsyncEngine loop generates.
-// docs/server.md describes the fields, errors and metrics.
+// HTTP/1.1 itself (connections, limits, timeouts, pipelining) is
+// HttpTransport's; each connection's thread blocks on its request's
+// OutputQueue while the AsyncEngine loop generates, checking now and then
+// whether the client went away (then its requests are aborted and their KV
+// blocks freed). docs/server.md describes the fields, errors and metrics.
 #pragma once
 
 #include <atomic>
@@ -19,13 +21,9 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "server/async_engine.h"
+#include "server/http_transport.h"
 #include "server/metrics.h"
 #include "server/protocol.h"
-
-namespace httplib {
-class Server;
-struct Response;
-}  // namespace httplib
 
 namespace nucleus::server {
 
@@ -35,7 +33,8 @@ struct ServerConfig {
   // Accepted "model" values; names[0] is the one reported.
   std::vector<std::string> served_model_names;
   std::string model_dir;   // reported as "root" in /v1/models
-  int http_threads = 256;  // concurrent connections served (idle keep-alive ones included)
+  HttpLimits http;          // connections, timeouts, body and header sizes
+  RequestLimits requests;   // JSON depth, choices, stop lists
   // On shutdown: how long in-flight requests may run before they are aborted.
   double shutdown_timeout_s = 30.0;
 };
@@ -50,7 +49,7 @@ class HttpServer {
 
   // Binds the listening socket. Errors: the address cannot be bound.
   Status bind();
-  int bound_port() const { return port_; }
+  int bound_port() const { return transport_.port(); }
 
   // Serves until shutdown() has drained the requests; then returns true.
   // False: the listening socket failed.
@@ -66,14 +65,14 @@ class HttpServer {
 
  private:
   class ActiveGuard;
-  struct StreamState;
 
   // Counts a generation request in flight; null when draining.
   std::shared_ptr<ActiveGuard> enter();
   void leave();
 
-  void routes();
-  void handle_generation(const std::string& body, bool chat, httplib::Response& res);
+  // Routes one request (404 / 405 for unknown routes and methods).
+  void handle(const HttpRequest& req, HttpResponder& res);
+  void handle_generation(const std::string& body, bool chat, HttpResponder& res);
   std::string next_request_id(bool chat);
 
   ServerConfig config_;
@@ -81,8 +80,7 @@ class HttpServer {
   const Tokenizer* tokenizer_;
   ModelInfo model_info_;
   ServerMetrics metrics_;
-  std::unique_ptr<httplib::Server> http_;
-  int port_ = 0;
+  HttpTransport transport_;
   int64_t created_ = 0;  // unix seconds at start, for /v1/models
 
   std::mutex mu_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -70,7 +71,7 @@ int64_t get_int_in(const json& body, const char* name, int64_t lo, int64_t hi, i
   return *v;
 }
 
-std::vector<std::string> get_stop(const json& body) {
+std::vector<std::string> get_stop(const json& body, const RequestLimits& limits) {
   const json* f = field(body, "stop");
   std::vector<std::string> out;
   if (!f) return out;
@@ -84,11 +85,17 @@ std::vector<std::string> get_stop(const json& body) {
   } else {
     refuse("stop", "'stop' must be a string or a list of strings, got " + f->dump());
   }
-  if (static_cast<int>(out.size()) > kMaxStopStrings)
+  if (static_cast<int64_t>(out.size()) > limits.max_stop_strings)
     refuse("stop", "'stop' holds " + std::to_string(out.size()) + " strings; at most " +
-                       std::to_string(kMaxStopStrings) + " are allowed");
-  for (const auto& s : out)
+                       std::to_string(limits.max_stop_strings) + " are allowed (--max-stop-strings)");
+  int64_t bytes = 0;
+  for (const auto& s : out) {
     if (s.empty()) refuse("stop", "'stop' strings must not be empty");
+    bytes += static_cast<int64_t>(s.size());
+  }
+  if (bytes > limits.max_stop_bytes)
+    refuse("stop", "'stop' strings hold " + std::to_string(bytes) + " bytes together; at most " +
+                       std::to_string(limits.max_stop_bytes) + " are allowed (--max-stop-bytes)");
   return out;
 }
 
@@ -110,8 +117,8 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   }
   SamplingParams& p = r.params;
   if (auto t = get_number(body, "temperature")) {
-    if (!(*t >= 0.0) || !(*t <= std::numeric_limits<float>::max()))
-      refuse("temperature", "'temperature' must be a finite number >= 0, got " + fmt::format("{}", *t));
+    if (!(*t >= 0.0) || !(*t <= kMaxTemperature))
+      refuse("temperature", fmt::format("'temperature' must be in [0, {}], got {}", kMaxTemperature, *t));
     p.temperature = static_cast<float>(*t);
   }
   if (auto t = get_number(body, "top_p")) {
@@ -124,9 +131,13 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
     if (!s->is_number_integer()) refuse("seed", "'seed' must be an integer, got " + s->dump());
     p.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
   }
-  p.stop = get_stop(body);
+  p.stop = get_stop(body, model.limits);
   if (const json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) refuse("stop_token_ids", "'stop_token_ids' must be a list of token ids");
+    if (static_cast<int64_t>(ids->size()) > model.limits.max_stop_token_ids)
+      refuse("stop_token_ids", "'stop_token_ids' holds " + std::to_string(ids->size()) + " ids; at most " +
+                                   std::to_string(model.limits.max_stop_token_ids) +
+                                   " are allowed (--max-stop-token-ids)");
     for (const auto& t : *ids) {
       if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= model.vocab_size)
         refuse("stop_token_ids", "'stop_token_ids' holds " + t.dump() + ", not a token id in [0, " +
@@ -135,7 +146,7 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
     }
   }
   p.ignore_eos = get_bool(body, "ignore_eos", false);
-  r.n = static_cast<int>(get_int_in(body, "n", 1, kMaxN, 1));
+  r.n = static_cast<int>(get_int_in(body, "n", 1, model.limits.max_choices, 1));
   r.stream = get_bool(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) refuse("stream_options", "'stream_options' must be an object");
@@ -162,6 +173,14 @@ void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const 
     if (ids[i] < 0 || ids[i] >= vocab_size)
       refuse("prompt", where + " token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
                            " is outside the vocabulary [0, " + std::to_string(vocab_size) + ")");
+}
+
+// Prompt ids must have a row in the embedding (vocab_size) and, with a
+// tokenizer, a token: published configs pad vocab_size past the tokenizer
+// (DeepSeek-V3: 129,280 rows, 128,815 tokens), and ids in that gap are
+// refused as out of vocabulary, as vLLM does.
+int64_t prompt_vocab_size(const ModelInfo& model) {
+  return model.tokenizer ? std::min(model.vocab_size, model.tokenizer->vocab_size()) : model.vocab_size;
 }
 
 std::vector<int32_t> token_list(const json& a, int64_t vocab_size, const std::string& where) {
@@ -198,7 +217,7 @@ std::vector<Prompt> parse_prompts(const json& body, const ModelInfo& model, bool
     if (f->empty()) refuse("prompt", "'prompt' is empty");
     const json& first = (*f)[0];
     if (first.is_number_integer()) {
-      from_ids(token_list(*f, model.vocab_size, "'prompt'"));
+      from_ids(token_list(*f, prompt_vocab_size(model), "'prompt'"));
     } else {
       for (size_t i = 0; i < f->size(); ++i) {
         const json& e = (*f)[i];
@@ -206,7 +225,7 @@ std::vector<Prompt> parse_prompts(const json& body, const ModelInfo& model, bool
         if (first.is_string() && e.is_string())
           from_text(e.get<std::string>());
         else if (first.is_array() && e.is_array())
-          from_ids(token_list(e, model.vocab_size, where));
+          from_ids(token_list(e, prompt_vocab_size(model), where));
         else
           refuse("prompt", kShapes);
       }
@@ -248,7 +267,10 @@ void set_max_tokens(const json& body, std::initializer_list<const char*> fields,
   r.params.max_tokens = static_cast<int32_t>(m);
 }
 
-json parse_body(const std::string& body) {
+json parse_body(const std::string& body, const RequestLimits& limits) {
+  if (json_depth(body, limits.max_json_depth) > limits.max_json_depth)
+    refuse("", "The request body nests arrays and objects more than " + std::to_string(limits.max_json_depth) +
+                   " deep (--max-json-depth)");
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) refuse("", "The request body is not valid JSON");
   if (!j.is_object()) refuse("", "The request body must be a JSON object");
@@ -291,7 +313,7 @@ json normalize_messages(const json& body) {
 
 std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& text, const ModelInfo& model) {
   try {
-    const json body = parse_body(text);
+    const json body = parse_body(text, model.limits);
     GenerationRequest r;
     parse_common(body, model, r);
     if (auto best_of = get_int(body, "best_of"); best_of && *best_of != r.n)
@@ -310,9 +332,9 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
     if (!model.tokenizer && !r.params.stop.empty())
       refuse("stop", "stop strings need a tokenizer and this server runs with --skip-tokenizer-init");
     r.prompts = parse_prompts(body, model, r.skip_special_tokens);
-    if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)
+    if (static_cast<int64_t>(r.prompts.size()) * r.n > model.limits.max_choices)
       refuse("prompt", "prompts x n = " + std::to_string(r.prompts.size() * r.n) + " exceeds the limit of " +
-                           std::to_string(kMaxChoices) + " completions per request");
+                           std::to_string(model.limits.max_choices) + " completions per request (--max-choices)");
     set_max_tokens(body, {"max_tokens"}, 16, model, r);
     return r;
   } catch (const Refusal& e) {
@@ -322,7 +344,7 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
 
 std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& text, const ModelInfo& model) {
   try {
-    const json body = parse_body(text);
+    const json body = parse_body(text, model.limits);
     GenerationRequest r;
     r.chat = true;
     parse_common(body, model, r);
@@ -357,6 +379,28 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
   } catch (const Refusal& e) {
     return e.error;
   }
+}
+
+int json_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;  // the escaped character, whatever it is
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
 }
 
 }  // namespace nucleus::server

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -17,11 +18,20 @@
 
 namespace nucleus::server {
 
-// Choices per prompt (n) at most, and engine requests per HTTP request.
-inline constexpr int kMaxN = 16;
-inline constexpr int kMaxChoices = 1024;
-// Stop strings per request at most (as OpenAI's 4, but lenient).
-inline constexpr int kMaxStopStrings = 16;
+// What one request may ask for; each is a `nucleus serve` flag. They bound
+// the memory and time a single request can cost (every choice holds its own
+// copy of the stop lists), and a body's JSON is refused past max_json_depth
+// before it is parsed (nesting is otherwise limited only by the stack).
+struct RequestLimits {
+  int max_json_depth = 64;           // nested arrays / objects in the body
+  int max_choices = 256;             // n x prompts: engine requests per HTTP request
+  int max_stop_strings = 64;         // entries of 'stop'
+  int64_t max_stop_bytes = 16384;    // UTF-8 bytes of all of 'stop' together
+  int max_stop_token_ids = 1024;     // entries of 'stop_token_ids'
+};
+// Largest accepted temperature; logits / 1e4 is already uniform to float
+// precision for any model, so larger values only hide a client's bug.
+inline constexpr double kMaxTemperature = 1e4;
 
 struct ApiError {
   int http_status = 400;
@@ -42,6 +52,7 @@ struct ModelInfo {
   // (stop strings, logprobs, chat) is refused.
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none
+  RequestLimits limits;                         // the server's per-request limits
 };
 
 struct Prompt {
@@ -64,8 +75,13 @@ struct GenerationRequest {
 };
 
 // Returns the parsed request, or the error to send. `body` is the raw HTTP
-// body (malformed JSON is a 400 too).
+// body (malformed JSON, and JSON nested deeper than model.limits, are 400s too).
 std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& body, const ModelInfo& model);
 std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& body, const ModelInfo& model);
+
+// The deepest nesting of arrays and objects in `text` read as JSON, stopping
+// early once it passes `limit` (then some value > limit). Strings are skipped
+// (brackets inside them do not count); no recursion, O(size).
+int json_depth(std::string_view text, int limit);
 
 }  // namespace nucleus::server

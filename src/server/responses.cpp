@@ -74,7 +74,8 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
     out["token_logprobs"].push_back(e.logprob);
     out["top_logprobs"].push_back(top);
     out["text_offset"].push_back(c.text_offset);
-    c.text_offset += static_cast<int64_t>(t.size());
+    // A special token the text skips takes no room in it.
+    if (!(request_.skip_special_tokens && tokenizer_->is_special(e.token))) c.text_offset += static_cast<int64_t>(t.size());
   }
   return out;
 }

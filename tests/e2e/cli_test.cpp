@@ -159,6 +159,8 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   };
   const std::string dir = testing::make_temp_dir("nucleus_cli");
   std::ofstream(dir + "/bad.jsonl") << "{not json\n";
+  std::ofstream(dir + "/wide_id.jsonl") << "{\"prompt_token_ids\": [1, 4294967301]}\n";  // 2^32 + 5
+  std::ofstream(dir + "/negative_id.jsonl") << "{\"prompt_token_ids\": [1, -4294967291]}\n";
   std::vector<Case> cases = {
       {"generate --device cpu --temperature -1", 2, "temperature"},
       {"generate --device cpu --top-p 1.5", 2, "top_p"},
@@ -167,6 +169,9 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"bogus", 2, "unknown command 'bogus'"},
       {"generate --device cpu --prompts " + dir + "/bad.jsonl", 2, "bad.jsonl:1"},
       {"generate --device cpu --prompts " + dir + "/missing.jsonl", 2, "missing.jsonl"},
+      {"generate --device cpu --prompts " + dir + "/wide_id.jsonl", 2, "4294967301, not a token id"},
+      {"generate --device cpu --prompts " + dir + "/negative_id.jsonl", 2, "-4294967291, not a token id"},
+      {"generate --device cpu --seed -1", 2, "--seed"},
       {"generate --device cpu --block-size 0", 2, "--block-size"},
       {"generate --device cpu --max-num-seqs 0", 2, "--max-num-seqs"},
       {"generate --device cpu --max-num-batched-tokens 0", 2, "--max-num-batched-tokens"},
