@@ -166,6 +166,13 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   if (get_int_in(body, "min_tokens", 0, INT32_MAX, 0) != 0)
     refuse("min_tokens", "'min_tokens' is not supported (only 0)");
   if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
+  // Served by vLLM but not (yet) here: refused by name rather than ignored.
+  if (auto v = get_number(body, "min_p"); v && *v != 0.0) refuse("min_p", "'min_p' is not supported (only 0)");
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || rf->value("type", "") != "text")
+      refuse("response_format", "'response_format' is not supported (only {\"type\": \"text\"}): no "
+                                "structured-output sampler yet");
+  }
 }
 
 void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& where) {
@@ -349,6 +356,13 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     r.chat = true;
     parse_common(body, model, r);
     r.logprobs = get_bool(body, "logprobs", false);
+    if (get_bool(body, "echo", false)) refuse("echo", "'echo' is not supported for chat completions");
+    if (get_bool(body, "continue_final_message", false))
+      refuse("continue_final_message", "'continue_final_message' is not supported");
+    if (field(body, "reasoning_effort")) refuse("reasoning_effort", "'reasoning_effort' is not supported");
+    if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
+      refuse("tool_choice", "'tool_choice' may only be \"auto\" or \"none\": no tool-call parser yet, so a "
+                            "required or named tool call cannot be enforced");
     r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
     if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
     json messages = normalize_messages(body);

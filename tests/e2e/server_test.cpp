@@ -316,6 +316,16 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400,
        "max_completion_tokens", ">= 1"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 2})", 400, "top_p", "top_p"},
+      // Served by vLLM, not here: refused by name, never silently ignored.
+      {c, R"({"prompt": "x", "min_p": 0.1})", 400, "min_p", "min_p"},
+      {c, R"({"prompt": "x", "response_format": {"type": "json_object"}})", 400, "response_format", "structured"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})", 400, "echo", "echo"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true})", 400,
+       "continue_final_message", "continue_final_message"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low"})", 400,
+       "reasoning_effort", "reasoning_effort"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"})", 400, "tool_choice",
+       "tool_choice"},
   };
   for (const auto& k : cases) {
     Reply r = post(s(), k.path, k.body);
