@@ -403,7 +403,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const json& tokenizer,
 
     // Decoded bytes of every token, once, so decode() is a table lookup.
     t->bytes_.resize(t->tokens_.size());
-    for (size_t id = 0; id < t->tokens_.size(); ++id) t->bytes_[id] = byte_level_decode(t->tokens_[id]);
+    for (size_t id = 0; id < t->tokens_.size(); ++id) {
+      t->bytes_[id] = byte_level_decode(t->tokens_[id]);
+      t->max_token_bytes_ = std::max(t->max_token_bytes_, static_cast<int64_t>(t->bytes_[id].size()));
+    }
 
     NUCLEUS_RETURN_IF_ERROR(t->parse_config(config));
   } catch (const json::exception& e) {

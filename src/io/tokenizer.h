@@ -118,6 +118,10 @@ class Tokenizer {
 
   // Max id + 1 over model.vocab and added_tokens (ids may have gaps).
   int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+  // The most bytes one token stands for (token_bytes(), added tokens
+  // included): a text of B bytes encodes to at least B / max_token_bytes()
+  // tokens, before any normalizer.
+  int64_t max_token_bytes() const { return max_token_bytes_; }
 
   // BOS / EOS ids from tokenizer_config.json's bos_token / eos_token, if set.
   std::optional<int32_t> bos_id() const { return bos_id_; }
@@ -192,6 +196,7 @@ class Tokenizer {
   StringMap added_ids_;              // added token content -> id
   std::vector<std::string> tokens_;  // id -> token string ("" when unused)
   std::vector<std::string> bytes_;   // id -> decoded bytes
+  int64_t max_token_bytes_ = 1;      // the longest bytes_ entry
   std::vector<uint8_t> special_;     // id -> added token marked special
   std::vector<AddedToken> added_;
   // For [normalized * 256 + first byte], indexes into added_ of the tokens

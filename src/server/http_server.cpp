@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -83,6 +84,7 @@ HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer
   model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;
   model_info_.limits = config_.requests;
+  model_info_.limits.max_elements = std::max<int64_t>(model_info_.max_model_len, 4096);
   created_ = unix_now();
   id_salt_ = std::random_device{}();
 }

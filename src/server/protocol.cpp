@@ -203,6 +203,18 @@ std::vector<int32_t> token_list(const json& a, int64_t vocab_size, const std::st
   return ids;
 }
 
+// A text so long that it cannot fit the context whatever it encodes to is
+// refused before it is encoded (encoding megabytes costs seconds and
+// gigabytes): every token stands for at most max_token_bytes() bytes, and 4x
+// leaves room for a normalizer that shortens the text.
+void refuse_text_past_context(const std::string& text, const ModelInfo& model, const char* param) {
+  const int64_t most = 4 * model.max_model_len * model.tokenizer->max_token_bytes();
+  if (static_cast<int64_t>(text.size()) > most)
+    refuse(param, "This model's maximum context length is " + std::to_string(model.max_model_len) +
+                      " tokens, and the prompt's " + std::to_string(text.size()) +
+                      " bytes encode to more than that. Please shorten the prompt.");
+}
+
 std::vector<Prompt> parse_prompts(const json& body, const ModelInfo& model, bool skip_special) {
   const json* f = field(body, "prompt");
   const char* kShapes = "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists";
@@ -212,6 +224,7 @@ std::vector<Prompt> parse_prompts(const json& body, const ModelInfo& model, bool
     if (text.empty()) refuse("prompt", "'prompt' is empty");
     if (!model.tokenizer)
       refuse("prompt", "text prompts need a tokenizer and this server runs with --skip-tokenizer-init; send token ids");
+    refuse_text_past_context(text, model, "prompt");
     out.push_back({model.tokenizer->encode(text, /*add_special_tokens=*/true), text});
   };
   auto from_ids = [&](std::vector<int32_t> ids) {
@@ -278,7 +291,24 @@ json parse_body(const std::string& body, const RequestLimits& limits) {
   if (json_depth(body, limits.max_json_depth) > limits.max_json_depth)
     refuse("", "The request body nests arrays and objects more than " + std::to_string(limits.max_json_depth) +
                    " deep (--max-json-depth)");
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  // Arrays and objects are counted as they are parsed, and one past
+  // max_elements stops the parse: no prompt, stop list or message list can be
+  // longer, and a body of millions of numbers would otherwise become a DOM of
+  // ~16 bytes a number before anything looked at it.
+  std::vector<std::pair<bool, int64_t>> open;  // per open container: is an array, elements so far
+  auto count = [&](int, json::parse_event_t event, json&) {
+    using E = json::parse_event_t;
+    const bool element = event == E::value || event == E::key || event == E::array_start || event == E::object_start;
+    // An array counts its elements; an object, its keys.
+    if (element && !open.empty() && (open.back().first ? event != E::key : event == E::key) &&
+        ++open.back().second > limits.max_elements)
+      refuse("", "The request body holds an array or object of more than " + std::to_string(limits.max_elements) +
+                     " elements");
+    if (event == E::array_start || event == E::object_start) open.emplace_back(event == E::array_start, 0);
+    if (event == E::array_end || event == E::object_end) open.pop_back();
+    return true;
+  };
+  json j = json::parse(body, count, /*allow_exceptions=*/false);
   if (j.is_discarded()) refuse("", "The request body is not valid JSON");
   if (!j.is_object()) refuse("", "The request body must be a JSON object");
   return j;
@@ -384,6 +414,7 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     }
     auto rendered = model.chat_template->render(context);
     if (!rendered.ok()) refuse("messages", "The chat template refused the messages: " + rendered.status().message());
+    refuse_text_past_context(*rendered, model, "messages");
     const bool add_special = get_bool(body, "add_special_tokens", false);
     Prompt p{model.tokenizer->encode(*rendered, add_special), *rendered};
     if (p.token_ids.empty()) refuse("messages", "The rendered chat prompt is empty");

@@ -28,6 +28,10 @@ struct RequestLimits {
   int max_stop_strings = 64;         // entries of 'stop'
   int64_t max_stop_bytes = 16384;    // UTF-8 bytes of all of 'stop' together
   int max_stop_token_ids = 1024;     // entries of 'stop_token_ids'
+  // Elements of any one JSON array or object in the body, counted while it is
+  // parsed. The server sets it to max(max_model_len, 4096): no prompt, list of
+  // prompts, stop list or message list that could be served is longer.
+  int64_t max_elements = 4096;
 };
 // Largest accepted temperature; logits / 1e4 is already uniform to float
 // precision for any model, so larger values only hide a client's bug.

@@ -378,14 +378,48 @@ TEST_F(ReliabilityTest, RequestLimitsAre400NamingTheField) {
   expect_serving();
 }
 
+// Bodies that could never be served are refused while they are read, before
+// they become a JSON tree or a token list: an array longer than any servable
+// one (max(max_model_len, 4096) elements), a text longer than the context can
+// hold whatever it encodes to.
+TEST_F(ReliabilityTest, HugeArraysAndTextsAreRefusedBeforeTheyCostMemory) {
+  std::string ids = "[";
+  for (int i = 0; i < 5000; ++i) ids += i ? ",5" : "5";
+  ids += "]";
+  Reply r = post(s(), "/v1/completions", R"({"prompt": )" + ids + "}");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.dump().find("more than 4096 elements"), std::string::npos) << r.body;
+  std::string members = "{";
+  for (int i = 0; i < 5000; ++i) members += (i ? ",\"k" : "\"k") + std::to_string(i) + "\": 1";
+  r = post(s(), "/v1/completions", R"({"prompt": "x", "logit_bias": )" + members + "}}");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.dump().find("more than 4096 elements"), std::string::npos) << r.body;
+  const auto t0 = Clock::now();
+  r = post(s(), "/v1/completions", json{{"prompt", std::string(900000, 'a')}, {"max_tokens", 1}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "prompt");
+  EXPECT_NE(r.body.dump().find("encode to more than"), std::string::npos) << r.body;
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(1));  // refused without encoding 900 kB
+  r = post(s(), "/v1/chat/completions",
+           json{{"messages", {{{"role", "user"}, {"content", std::string(900000, 'a')}}}}, {"max_tokens", 1}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "messages");
+  expect_serving();
+}
+
 TEST_F(ReliabilityTest, MemoryIsReturnedAfterLargeRequests) {
   expect_serving();
   const int64_t before = rss_bytes(s().pid());
   ASSERT_GT(before, 0);
-  // ~1 MiB bodies of 200k token ids (refused: longer than the context) and
-  // of one long string, each parsed into JSON values several times its size.
+  // ~1 MiB bodies of 256 prompts of 1,000 token ids (refused: one too many
+  // choices) and of one long string, each parsed into JSON values several
+  // times its size.
   std::string ids = "[";
-  for (int i = 0; i < 200000; ++i) ids += i ? ",5" : "5";
+  for (int p = 0; p < 257; ++p) {
+    ids += p ? ",[" : "[";
+    for (int i = 0; i < 1000; ++i) ids += i ? ",5" : "5";
+    ids += "]";
+  }
   ids += "]";
   ASSERT_LT(ids.size(), 1u << 20);
   for (int i = 0; i < 5; ++i) {
