@@ -153,7 +153,9 @@ inline void drop(std::vector<StTensor>& ts, const std::string& name) {
 }
 
 // load_weights on `dir` with the config at `config_path` (default: dir's own).
-inline StatusOr<ModelWeights> load_dir(const std::string& dir, const std::string& config_path = "") {
+// check_values: LoadOptions::check_values.
+inline StatusOr<ModelWeights> load_dir(const std::string& dir, const std::string& config_path = "",
+                                       bool check_values = true) {
   auto config = load_model_config(config_path.empty() ? dir + "/config.json" : config_path);
   if (!config.ok()) return config.status();
   auto ckpt = Checkpoint::open(dir);
@@ -161,6 +163,7 @@ inline StatusOr<ModelWeights> load_dir(const std::string& dir, const std::string
   auto backend = make_cpu_weight_backend();
   LoadOptions options;
   options.show_progress = false;
+  options.check_values = check_values;
   return load_weights(*ckpt, *config, *backend, options);
 }
 

@@ -823,6 +823,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& 
   return build_deepseek_model(config, options, [&](WeightBackend& backend, const TpShard& shard) {
     LoadOptions lo;
     lo.show_progress = show_progress && shard.rank == 0;
+    lo.check_values = options.check_weights;
     return load_weights(ckpt, config, backend, lo, shard);
   });
 }
