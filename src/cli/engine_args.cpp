@@ -78,6 +78,9 @@ void EngineArgs::add_to(CLI::App& app) {
         const std::string m = r.status().message(), own = "--kv-cache-dtype ";
         return m.compare(0, own.size(), own) == 0 ? m.substr(own.size()) : m;
       });
+  app.add_flag("--skip-weight-check", skip_weight_check,
+               "Load the checkpoint without scanning its values (by default a NaN or Inf weight, an FP8 NaN byte "
+               "or a block scale not finite and > 0 is refused at load, naming the tensor)");
   app.add_option_function<double>(
          "--kv-scale", [this](double v) { kv_scale = v; },
          "k_scale of every layer of an FP8 KV cache (stored = e4m3(value / k_scale)), overriding the checkpoint's "
@@ -100,6 +103,7 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.token_graph_eager_pad = env_flag("NUCLEUS_TOKEN_GRAPH_EAGER_PAD");
   mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
   mo.tensor_parallel_size = tensor_parallel_size;
+  mo.check_weights = !skip_weight_check;
   mo.fuse_allreduce_norm = env_flag("NUCLEUS_FUSE_ALLREDUCE_NORM", true);
   NUCLEUS_ASSIGN_OR_RETURN(mo.width_builds, width::width_builds_mode_from_env());
   NUCLEUS_ASSIGN_OR_RETURN(mo.kv_cache_dtype, parse_kv_cache_dtype(kv_cache_dtype));

@@ -29,6 +29,7 @@ struct EngineArgs {
   int64_t tensor_parallel_size = 1;  // --tensor-parallel-size / -tp
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 | fp8_e4m3 (parse_kv_cache_dtype)
   std::optional<double> kv_scale;       // --kv-scale (FP8 cache only)
+  bool skip_weight_check = false;       // --skip-weight-check: load without scanning for NaN / Inf
 
   // The model options these flags give for `device`. kInvalidArgument for a
   // --kv-cache-dtype spelling other than auto, bf16, fp8, fp8_e4m3 (naming

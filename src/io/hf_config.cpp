@@ -1,8 +1,10 @@
 #include "io/hf_config.h"
 
 #include <cmath>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+
+#include "io/regular_file.h"
 
 namespace nucleus {
 
@@ -35,32 +37,66 @@ double ModelConfig::softmax_scale() const {
 
 namespace {
 
+// Bounds of config values. Each keeps the buffers sized from a field (RoPE
+// tables, block tables, weights) and their int64 products sane; real
+// DeepSeek models sit far inside them (V3: 163840 positions, hidden 7168,
+// 61 layers, 256 experts).
+constexpr int64_t kMaxField = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxPositions = int64_t{1} << 24;  // 16,777,216 tokens of context
+constexpr int64_t kMaxVocab = int64_t{1} << 24;      // token ids fit int32 with room
+constexpr int64_t kMaxWidth = int64_t{1} << 20;      // hidden, intermediate, LoRA ranks, head dims
+constexpr int64_t kMaxCount = int64_t{1} << 12;      // layers, heads
+constexpr int64_t kMaxExperts = int64_t{1} << 16;
+constexpr double kMaxScaling = 1e6;                  // routed_scaling_factor, rope_scaling.factor
+
+// A value for a message: JSON, but "inf" / "nan" where dump() would write null.
+std::string value_text(const json& v) {
+  if (v.is_number_float() && !std::isfinite(v.get<double>()))
+    return std::isnan(v.get<double>()) ? "nan" : v.get<double>() > 0 ? "inf" : "-inf";
+  return v.dump();
+}
+
+// "field 'key' must be <what>, got <v>" unless ok.
+Status require(bool ok, const std::string& key, const std::string& what, double v) {
+  if (ok) return ok_status();
+  return invalid_argument("field '" + key + "' must be " + what + ", got " + value_text(v));
+}
+
 // Field readers: each names the field when its type or value is wrong.
 class Reader {
  public:
-  explicit Reader(const json& j) : j_(j) {}
+  // `prefix` names the enclosing object in messages ("rope_scaling.").
+  explicit Reader(const json& j, std::string prefix = "") : j_(j), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
 
-  Status int_field(const char* key, int64_t* out, bool required, int64_t min_value = 0) const {
-    if (!has(key)) return required ? invalid_argument(std::string("missing field '") + key + "'")
+  // An integer in [min_value, max_value] (the bounds are in the error).
+  Status int_field(const char* key, int64_t* out, bool required, int64_t min_value = 0,
+                   int64_t max_value = kMaxField) const {
+    if (!has(key)) return required ? invalid_argument("missing field '" + prefix_ + key + "'")
                                    : ok_status();
     const json& v = j_[key];
     if (!v.is_number_integer())
-      return invalid_argument(std::string("field '") + key + "' must be an integer, got " + v.dump());
-    if (v.get<int64_t>() < min_value)
-      return invalid_argument(std::string("field '") + key + "' must be >= " +
-                              std::to_string(min_value) + ", got " + v.dump());
+      return invalid_argument("field '" + prefix_ + key + "' must be an integer, got " + v.dump());
+    // Non-negative literals parse as uint64: one past int64 must not wrap.
+    const bool unsigned_big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(max_value);
+    if (unsigned_big || v.get<int64_t>() < min_value || v.get<int64_t>() > max_value)
+      return invalid_argument("field '" + prefix_ + key + "' must be " +
+                              (max_value == kMaxField ? ">= " + std::to_string(min_value)
+                                                      : "in [" + std::to_string(min_value) + ", " +
+                                                            std::to_string(max_value) + "]") +
+                              ", got " + v.dump());
     *out = v.get<int64_t>();
     return ok_status();
   }
 
+  // A finite number (JSON has no NaN, but 1e999 parses as infinity).
   Status double_field(const char* key, double* out, bool required) const {
-    if (!has(key)) return required ? invalid_argument(std::string("missing field '") + key + "'")
+    if (!has(key)) return required ? invalid_argument("missing field '" + prefix_ + key + "'")
                                    : ok_status();
     const json& v = j_[key];
-    if (!v.is_number())
-      return invalid_argument(std::string("field '") + key + "' must be a number, got " + v.dump());
+    if (!v.is_number() || !std::isfinite(v.get<double>()))
+      return invalid_argument("field '" + prefix_ + key + "' must be a finite number, got " + value_text(v));
     *out = v.get<double>();
     return ok_status();
   }
@@ -69,23 +105,24 @@ class Reader {
     if (!has(key)) return ok_status();
     const json& v = j_[key];
     if (!v.is_boolean())
-      return invalid_argument(std::string("field '") + key + "' must be true or false, got " + v.dump());
+      return invalid_argument("field '" + prefix_ + key + "' must be true or false, got " + v.dump());
     *out = v.get<bool>();
     return ok_status();
   }
 
   Status string_field(const char* key, std::string* out, bool required) const {
-    if (!has(key)) return required ? invalid_argument(std::string("missing field '") + key + "'")
+    if (!has(key)) return required ? invalid_argument("missing field '" + prefix_ + key + "'")
                                    : ok_status();
     const json& v = j_[key];
     if (!v.is_string())
-      return invalid_argument(std::string("field '") + key + "' must be a string, got " + v.dump());
+      return invalid_argument("field '" + prefix_ + key + "' must be a string, got " + v.dump());
     *out = v.get<std::string>();
     return ok_status();
   }
 
  private:
   const json& j_;
+  std::string prefix_;
 };
 
 Status parse_rope_scaling(const json& j, RopeScaling* rs) {
@@ -93,7 +130,7 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   const json& r = j["rope_scaling"];
   if (!r.is_object()) return invalid_argument("field 'rope_scaling' must be an object or null");
   std::string type;
-  Reader rr(r);
+  Reader rr(r, "rope_scaling.");
   if (rr.has("type")) {
     NUCLEUS_RETURN_IF_ERROR(rr.string_field("type", &type, true));
   } else if (rr.has("rope_type")) {
@@ -106,13 +143,41 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
     return unsupported("rope_scaling type '" + type + "' is not supported (supported: yarn, default)");
   rs->yarn = true;
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("factor", &rs->factor, true));
-  NUCLEUS_RETURN_IF_ERROR(
-      rr.int_field("original_max_position_embeddings", &rs->original_max_position_embeddings, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(rr.int_field("original_max_position_embeddings", &rs->original_max_position_embeddings,
+                                       true, 1, kMaxPositions));
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("beta_fast", &rs->beta_fast, false));
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("beta_slow", &rs->beta_slow, false));
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("mscale", &rs->mscale, false));
   NUCLEUS_RETURN_IF_ERROR(rr.double_field("mscale_all_dim", &rs->mscale_all_dim, false));
-  if (rs->factor <= 0) return invalid_argument("rope_scaling.factor must be > 0");
+  NUCLEUS_RETURN_IF_ERROR(require(rs->factor > 0 && rs->factor <= kMaxScaling, "rope_scaling.factor",
+                                  "in (0, 1e6]", rs->factor));
+  // YaRN's ramp runs from the dimension of beta_fast rotations to that of
+  // beta_slow ones (ln(L0 / (2 pi beta)) needs beta > 0): equal or swapped
+  // betas make it empty or reversed, a typo rather than a trained model.
+  NUCLEUS_RETURN_IF_ERROR(require(rs->beta_slow > 0, "rope_scaling.beta_slow", "> 0", rs->beta_slow));
+  if (!(rs->beta_fast > rs->beta_slow))
+    return invalid_argument("field 'rope_scaling.beta_fast' must be > rope_scaling.beta_slow " +
+                            value_text(rs->beta_slow) + ", got " + value_text(rs->beta_fast));
+  // mscale >= 0 keeps yarn_get_mscale >= 1, a divisor of the attention factor.
+  NUCLEUS_RETURN_IF_ERROR(require(rs->mscale >= 0, "rope_scaling.mscale", ">= 0", rs->mscale));
+  NUCLEUS_RETURN_IF_ERROR(
+      require(rs->mscale_all_dim >= 0, "rope_scaling.mscale_all_dim", ">= 0", rs->mscale_all_dim));
+  return ok_status();
+}
+
+// torch_dtype (or its newer spelling dtype): the float dtype of the
+// checkpoint's tensors, which load_weights holds them to.
+Status parse_torch_dtype(const Reader& r, std::optional<DType>* out) {
+  const char* key = r.has("torch_dtype") ? "torch_dtype" : "dtype";
+  std::string name;
+  NUCLEUS_RETURN_IF_ERROR(r.string_field(key, &name, false));
+  if (name.empty()) return ok_status();
+  if (name == "bfloat16") *out = DType::kBF16;
+  else if (name == "float16") *out = DType::kF16;
+  else if (name == "float32") *out = DType::kF32;
+  else
+    return unsupported(std::string("field '") + key + "' '" + name +
+                       "' is not supported (supported: bfloat16, float16, float32)");
   return ok_status();
 }
 
@@ -126,7 +191,7 @@ const char* const kKnownFields[] = {
     "moe_intermediate_size", "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group",
     "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
     "topk_method", "hidden_act", "attention_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id",
-    "quantization_config"};
+    "quantization_config", "torch_dtype", "dtype"};
 
 Status apply_overrides(json* j, const std::vector<std::string>& overrides) {
   for (const auto& o : overrides) {
@@ -166,34 +231,42 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
     }
   }
   bool v3 = c.model_type == "deepseek_v3";
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("vocab_size", &c.vocab_size, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("hidden_size", &c.hidden_size, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("intermediate_size", &c.intermediate_size, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_hidden_layers", &c.num_hidden_layers, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_attention_heads", &c.num_attention_heads, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("q_lora_rank", &c.q_lora_rank, false, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("kv_lora_rank", &c.kv_lora_rank, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("qk_nope_head_dim", &c.qk_nope_head_dim, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("qk_rope_head_dim", &c.qk_rope_head_dim, true, 2));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("v_head_dim", &c.v_head_dim, true, 1));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("max_position_embeddings", &c.max_position_embeddings, true, 1));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("vocab_size", &c.vocab_size, true, 1, kMaxVocab));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("hidden_size", &c.hidden_size, true, 1, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("intermediate_size", &c.intermediate_size, true, 1, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_hidden_layers", &c.num_hidden_layers, true, 1, kMaxCount));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_attention_heads", &c.num_attention_heads, true, 1, kMaxCount));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("q_lora_rank", &c.q_lora_rank, false, 1, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("kv_lora_rank", &c.kv_lora_rank, true, 1, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("qk_nope_head_dim", &c.qk_nope_head_dim, true, 1, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("qk_rope_head_dim", &c.qk_rope_head_dim, true, 2, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("v_head_dim", &c.v_head_dim, true, 1, kMaxWidth));
+  NUCLEUS_RETURN_IF_ERROR(
+      r.int_field("max_position_embeddings", &c.max_position_embeddings, true, 1, kMaxPositions));
   NUCLEUS_RETURN_IF_ERROR(r.double_field("rms_norm_eps", &c.rms_norm_eps, false));
+  NUCLEUS_RETURN_IF_ERROR(require(c.rms_norm_eps > 0 && c.rms_norm_eps < 1, "rms_norm_eps", "in (0, 1)",
+                                  c.rms_norm_eps));
   NUCLEUS_RETURN_IF_ERROR(r.double_field("rope_theta", &c.rope_theta, false));
+  // The RoPE base: frequencies are theta^(-2i/d), and YaRN divides by ln(theta).
+  NUCLEUS_RETURN_IF_ERROR(require(c.rope_theta > 1, "rope_theta", "> 1 (DeepSeek uses 10000)", c.rope_theta));
+  NUCLEUS_RETURN_IF_ERROR(parse_torch_dtype(r, &c.torch_dtype));
   if (c.qk_rope_head_dim % 2 != 0)
     return invalid_argument("qk_rope_head_dim must be even, got " + std::to_string(c.qk_rope_head_dim));
   NUCLEUS_RETURN_IF_ERROR(parse_rope_scaling(config, &c.rope_scaling));
 
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("n_routed_experts", &c.n_routed_experts, false, 0));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("n_routed_experts", &c.n_routed_experts, false, 0, kMaxExperts));
   if (c.n_routed_experts > 0) {
-    NUCLEUS_RETURN_IF_ERROR(r.int_field("moe_intermediate_size", &c.moe_intermediate_size, true, 1));
-    NUCLEUS_RETURN_IF_ERROR(r.int_field("num_experts_per_tok", &c.num_experts_per_tok, true, 1));
-    NUCLEUS_RETURN_IF_ERROR(r.int_field("n_shared_experts", &c.n_shared_experts, false, 0));
-    NUCLEUS_RETURN_IF_ERROR(r.int_field("n_group", &c.n_group, false, 1));
-    NUCLEUS_RETURN_IF_ERROR(r.int_field("topk_group", &c.topk_group, false, 1));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("moe_intermediate_size", &c.moe_intermediate_size, true, 1, kMaxWidth));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("num_experts_per_tok", &c.num_experts_per_tok, true, 1, kMaxExperts));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("n_shared_experts", &c.n_shared_experts, false, 0, kMaxCount));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("n_group", &c.n_group, false, 1, kMaxExperts));
+    NUCLEUS_RETURN_IF_ERROR(r.int_field("topk_group", &c.topk_group, false, 1, kMaxExperts));
     NUCLEUS_RETURN_IF_ERROR(r.int_field("first_k_dense_replace", &c.first_k_dense_replace, false, 0));
     NUCLEUS_RETURN_IF_ERROR(r.int_field("moe_layer_freq", &c.moe_layer_freq, false, 1));
     NUCLEUS_RETURN_IF_ERROR(r.bool_field("norm_topk_prob", &c.norm_topk_prob));
     NUCLEUS_RETURN_IF_ERROR(r.double_field("routed_scaling_factor", &c.routed_scaling_factor, false));
+    NUCLEUS_RETURN_IF_ERROR(require(c.routed_scaling_factor > 0 && c.routed_scaling_factor <= kMaxScaling,
+                                    "routed_scaling_factor", "in (0, 1e6]", c.routed_scaling_factor));
     std::string scoring = v3 ? "sigmoid" : "softmax";
     NUCLEUS_RETURN_IF_ERROR(r.string_field("scoring_func", &scoring, false));
     if (scoring == "softmax") c.scoring_func = ScoringFunc::kSoftmax;
@@ -216,7 +289,8 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
       return invalid_argument("topk_group " + std::to_string(c.topk_group) + " > n_group " +
                               std::to_string(c.n_group));
     if (c.num_experts_per_tok > c.n_routed_experts)
-      return invalid_argument("num_experts_per_tok > n_routed_experts");
+      return invalid_argument("num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " > n_routed_experts " +
+                              std::to_string(c.n_routed_experts));
     if (c.topk_method != TopkMethod::kGreedy &&
         c.num_experts_per_tok > c.topk_group * (c.n_routed_experts / c.n_group))
       return invalid_argument("num_experts_per_tok exceeds the experts in topk_group groups");
@@ -227,7 +301,7 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
   if (config.contains("attention_bias") && config["attention_bias"] == true)
     return unsupported("attention_bias true is not supported");
   NUCLEUS_RETURN_IF_ERROR(r.bool_field("tie_word_embeddings", &c.tie_word_embeddings));
-  NUCLEUS_RETURN_IF_ERROR(r.int_field("bos_token_id", &c.bos_token_id, false, 0));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("bos_token_id", &c.bos_token_id, false, 0, c.vocab_size - 1));
   if (r.has("eos_token_id")) {
     const json& e = config["eos_token_id"];
     if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
@@ -239,12 +313,16 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
     } else {
       return invalid_argument("eos_token_id must be an integer or a list of integers");
     }
+    for (int64_t id : c.eos_token_ids)
+      if (id < 0 || id >= c.vocab_size)
+        return invalid_argument("field 'eos_token_id' must be in [0, vocab_size " + std::to_string(c.vocab_size) +
+                                "), got " + std::to_string(id));
   }
 
   if (r.has("quantization_config")) {
     const json& q = config["quantization_config"];
     if (!q.is_object()) return invalid_argument("quantization_config must be an object");
-    Reader qr(q);
+    Reader qr(q, "quantization_config.");
     std::string method;
     NUCLEUS_RETURN_IF_ERROR(qr.string_field("quant_method", &method, true));
     if (method != "fp8")
@@ -266,16 +344,16 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
     c.fp8 = true;
     c.weight_block_n = q["weight_block_size"][0].get<int64_t>();
     c.weight_block_k = q["weight_block_size"][1].get<int64_t>();
-    if (c.weight_block_n <= 0 || c.weight_block_k <= 0)
-      return invalid_argument("quantization_config.weight_block_size must be positive");
+    if (c.weight_block_n <= 0 || c.weight_block_k <= 0 || c.weight_block_n > kMaxWidth || c.weight_block_k > kMaxWidth)
+      return invalid_argument("quantization_config.weight_block_size must be in [1, " + std::to_string(kMaxWidth) +
+                              "], got " + q["weight_block_size"].dump());
   }
   return c;
 }
 
 StatusOr<ModelConfig> load_model_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path);
-  if (!in) return not_found("cannot open config file '" + path + "'");
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  NUCLEUS_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));  // a FIFO is refused, never read
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
   auto c = parse_model_config(j, overrides);
   if (!c.ok()) return c.status().with_context(path);

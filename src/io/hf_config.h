@@ -5,11 +5,13 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/dtype.h"
 #include "core/status.h"
 
 namespace nucleus {
@@ -64,6 +66,9 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   bool tie_word_embeddings = false;
+  // config.json torch_dtype (or dtype): bfloat16, float16 or float32; unset
+  // when absent. load_weights accepts float tensors of this dtype or F32.
+  std::optional<DType> torch_dtype;
 
   // FP8 block-scaled weights (quantization_config.quant_method == "fp8").
   bool fp8 = false;

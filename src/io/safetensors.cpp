@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+
+#include "io/regular_file.h"
 
 namespace nucleus {
 
@@ -64,11 +66,30 @@ Status parse_entry(const std::string& path, const std::string& name, const json&
   return ok_status();
 }
 
+// Two tensors whose byte ranges overlap would alias each other's data (an
+// edit of one, or a writer bug, shows up as garbage in the other).
+Status check_no_overlap(const std::string& path, const std::map<std::string, TensorEntry>& tensors) {
+  std::vector<const TensorEntry*> by_offset;
+  for (const auto& [name, e] : tensors)
+    if (e.nbytes > 0) by_offset.push_back(&e);
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const TensorEntry* a, const TensorEntry* b) { return a->data < b->data; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const TensorEntry& prev = *by_offset[i - 1];
+    const TensorEntry& cur = *by_offset[i];
+    if (prev.data + prev.nbytes > cur.data)
+      return data_loss(path + ": tensors '" + prev.name + "' and '" + cur.name +
+                       "' overlap: their data_offsets share " +
+                       std::to_string(std::min(prev.data + prev.nbytes, cur.data + cur.nbytes) - cur.data) +
+                       " bytes");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return not_found(path + ": cannot open: " + std::strerror(errno));
+  NUCLEUS_ASSIGN_OR_RETURN(int fd, open_regular_file(path));
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
@@ -104,6 +125,7 @@ StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::open(const std::stri
     NUCLEUS_RETURN_IF_ERROR(parse_entry(path, name, v, data, data_bytes, &e));
     f->tensors_.emplace(name, std::move(e));
   }
+  NUCLEUS_RETURN_IF_ERROR(check_no_overlap(path, f->tensors_));
   return f;
 }
 
@@ -125,8 +147,8 @@ StatusOr<Checkpoint> Checkpoint::open(const std::string& dir) {
     return f;
   };
   if (fs::exists(index_path)) {
-    std::ifstream in(index_path);
-    json index = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    NUCLEUS_ASSIGN_OR_RETURN(std::string index_text, read_regular_file(index_path.string()));
+    json index = json::parse(index_text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object() || !index.contains("weight_map") ||
         !index["weight_map"].is_object())
       return data_loss(index_path.string() + ": not a JSON object with a 'weight_map' object");
@@ -143,11 +165,17 @@ StatusOr<Checkpoint> Checkpoint::open(const std::string& dir) {
         return data_loss(file + ": tensor '" + name + "' is listed in the index but not in this shard");
       ck.entries_[name] = t->second;
     }
-    // A tensor present in a shard but not in the index is unexpected.
+    // A tensor present in a shard but not in the index is unexpected; one in
+    // two shards is ambiguous (which copy the writer meant is unknowable).
     for (const auto& f : ck.files_)
-      for (const auto& [name, e] : f->tensors())
-        if (!ck.entries_.count(name))
+      for (const auto& [name, e] : f->tensors()) {
+        auto listed = ck.entries_.find(name);
+        if (listed == ck.entries_.end())
           return data_loss(f->path() + ": tensor '" + name + "' is not listed in " + index_path.string());
+        if (listed->second.file != f->path())
+          return data_loss("tensor '" + name + "' is in two shards, '" + listed->second.file + "' and '" +
+                           f->path() + "' (" + index_path.string() + " lists the first)");
+      }
   } else {
     std::vector<std::string> files;
     for (const auto& de : fs::directory_iterator(dir))

@@ -9,9 +9,12 @@
 // after the header.
 //
 // Every defect is reported at open time with the file and tensor it concerns:
-// a file shorter than its header, a header that is not JSON, an unknown dtype,
-// offsets past the end of the data, a byte size that disagrees with
-// dtype x shape, an index naming a missing file or a tensor its shard lacks.
+// a path that is not a regular file (a FIFO, device or directory: refused
+// before any read, never blocking), a file shorter than its header, a header
+// that is not JSON, an unknown dtype, offsets past the end of the data, a
+// byte size that disagrees with dtype x shape, two tensors whose bytes
+// overlap, an index naming a missing file or a tensor its shard lacks, a
+// tensor in two shards (naming both).
 #pragma once
 
 #include <map>

@@ -6,14 +6,13 @@
 #include <algorithm>
 #include <array>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 
 #include "core/check.h"
 #include "core/logging.h"
+#include "io/regular_file.h"
 
 namespace nucleus {
 
@@ -170,12 +169,7 @@ std::string type_of(const json& component) {
 }
 
 Status read_file(const fs::path& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found(path.string() + ": cannot open (file missing or unreadable)");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return data_loss(path.string() + ": read error");
-  *out = std::move(ss).str();
+  NUCLEUS_ASSIGN_OR_RETURN(*out, read_regular_file(path.string()));  // a FIFO is refused, never read
   return ok_status();
 }
 

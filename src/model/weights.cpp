@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -9,7 +11,9 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/logging.h"
 #include "core/parallel.h"
+#include "model/weight_check.h"
 #include "ops/kv_cache_dtype.h"
 
 namespace nucleus {
@@ -49,7 +53,8 @@ bool is_float_dtype(DType d) { return d == DType::kF32 || d == DType::kBF16 || d
 
 class CheckpointSource : public TensorSource {
  public:
-  CheckpointSource(const Checkpoint& ckpt, const ModelConfig& config) : ckpt_(ckpt), config_(config) {}
+  CheckpointSource(const Checkpoint& ckpt, const ModelConfig& config, bool check_values)
+      : ckpt_(ckpt), config_(config), check_values_(check_values) {}
 
   StatusOr<Tensor> get(const std::string& name, const std::vector<int64_t>& shape, bool linear,
                        const SliceSpec& slice) override {
@@ -65,7 +70,15 @@ class CheckpointSource : public TensorSource {
     if (e.dtype == DType::kF8E4M3 && !config_.fp8)
       return unsupported(e.file + ": tensor '" + name +
                          "' is F8_E4M3 but config.json has no fp8 quantization_config");
-    return slice_host(ckpt_.view(e), slice.split, slice.begin, slice.end);
+    // F16 bytes in a bf16 checkpoint (or the reverse) are converted by their
+    // header dtype, but mean the checkpoint is not what config.json says.
+    if (is_float_dtype(e.dtype) && config_.torch_dtype && e.dtype != *config_.torch_dtype && e.dtype != DType::kF32)
+      return invalid_argument(e.file + ": tensor '" + name + "' has dtype " + dtype_name(e.dtype) +
+                              " but config.json torch_dtype says " + dtype_name(*config_.torch_dtype) +
+                              " (F32 is also accepted)");
+    Tensor t = slice_host(ckpt_.view(e), slice.split, slice.begin, slice.end);
+    NUCLEUS_RETURN_IF_ERROR(check(e.file, name, t, ValueCheck::kFinite, shape, slice));
+    return t;
   }
 
   StatusOr<Tensor> scale_for(const std::string& weight_name, DType weight_dtype,
@@ -92,7 +105,9 @@ class CheckpointSource : public TensorSource {
                               " but a " + shape_to_string(weight_shape) + " weight with " +
                               std::to_string(config_.weight_block_n) + "x" + std::to_string(config_.weight_block_k) +
                               " blocks needs " + shape_to_string(scale_shape));
-    return ckpt_.view(*e);
+    Tensor t = ckpt_.view(*e);
+    NUCLEUS_RETURN_IF_ERROR(check(e->file, scale_name, t, ValueCheck::kBlockScale, scale_shape, {}));
+    return t;
   }
 
   StatusOr<std::optional<float>> optional_scalar(const std::string& name) override {
@@ -125,11 +140,27 @@ class CheckpointSource : public TensorSource {
 
   int64_t progress_total() const override { return static_cast<int64_t>(ckpt_.entries().size()); }
   int64_t progress_done() const override { return static_cast<int64_t>(used_.size()); }
+  // Bytes the value checks read, and the seconds they took.
+  int64_t checked_bytes() const { return checked_bytes_; }
+  double check_seconds() const { return check_seconds_; }
 
  private:
+  Status check(const std::string& file, const std::string& name, const Tensor& t, ValueCheck what,
+               const std::vector<int64_t>& full_shape, const SliceSpec& slice) {
+    if (!check_values_) return ok_status();
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = check_tensor_values(file, name, t, what, full_shape, slice.split, slice.begin);
+    check_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    checked_bytes_ += static_cast<int64_t>(t.nbytes());
+    return s;
+  }
+
   const Checkpoint& ckpt_;
   const ModelConfig& config_;
+  const bool check_values_;
   std::set<std::string> used_;
+  int64_t checked_bytes_ = 0;
+  double check_seconds_ = 0.0;
 };
 
 // Dummy weights: uniform values with the standard deviation of N(0, 0.02)
@@ -380,11 +411,16 @@ std::unique_ptr<WeightBackend> make_weight_backend(Device device) {
 StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& config, WeightBackend& backend,
                                     const LoadOptions& options, const TpShard& shard) {
   NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, shard.world_size));
-  CheckpointSource src(ckpt, config);
+  CheckpointSource src(ckpt, config, options.check_values);
   Loader loader(config, src, backend, shard);
   Progress progress(src, options.show_progress);
   NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, loader.all(&progress));
   NUCLEUS_RETURN_IF_ERROR(src.check_unused());
+  if (options.check_values)
+    NUCLEUS_LOG_INFO("weight check{}: {:.1f} MiB in {:.1f} ms ({:.2f} GB/s; --skip-weight-check skips it)",
+                     shard.world_size > 1 ? " (rank " + std::to_string(shard.rank) + ")" : std::string(),
+                     src.checked_bytes() / double(1 << 20), 1e3 * src.check_seconds(),
+                     src.checked_bytes() / 1e9 / std::max(src.check_seconds(), 1e-9));
   return w;
 }
 

@@ -95,6 +95,10 @@ std::unique_ptr<WeightBackend> make_weight_backend(Device device);
 
 struct LoadOptions {
   bool show_progress = true;  // a progress line on stderr when it is a terminal
+  // Scan every tensor the model loads for values no weight may hold
+  // (model/weight_check.h): NaN or Inf in F32/BF16/F16, the F8_E4M3 NaN
+  // bytes, a weight_scale_inv not finite and > 0. Off: --skip-weight-check.
+  bool check_values = true;
 };
 
 // Loads and converts every tensor a DeepSeek-V2/V3 model with `config` needs,
@@ -102,7 +106,9 @@ struct LoadOptions {
 // each (model/tp_shard.h: heads, intermediate widths and the vocabulary
 // split, the rest replicated; FP8 scales sliced with their weights).
 // Errors (each names the tensor and its file): a missing tensor, a shape
-// other than the config implies, an unsupported dtype, an FP8 weight
+// other than the config implies, an unsupported dtype, a float dtype other
+// than config.json's torch_dtype (F32 is always accepted), a bad value
+// (options.check_values; kDataLoss with the element's index), an FP8 weight
 // without weight_scale_inv or with a scale of the wrong shape, FP8 weights
 // while config.json has no fp8 quantization_config, and tensors the model
 // does not use (layers past num_hidden_layers, such as DeepSeek-V3's

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint_files.h"
 #include "test_util.h"
 
 namespace nucleus {
@@ -103,6 +104,32 @@ TEST(CliTest, RefusedPromptGetsErrorLineOthersFinish) {
   EXPECT_EQ(lines[0]["token_ids"].size(), 4u);
   ASSERT_TRUE(lines[1].contains("error"));
   EXPECT_NE(lines[1]["error"].get<std::string>().find("vocabulary"), std::string::npos);
+}
+
+// A NaN weight fails the load (exit 1, the tensor named) unless
+// --skip-weight-check: then the model loads and runs.
+TEST(CliTest, NanWeightFailsTheLoadUnlessTheCheckIsSkipped) {
+  testing::ModelCopy m("tiny-dsv3");
+  const std::string name = "model.embed_tokens.weight";  // [4096, 256]: a short prompt never reads row 4095
+  m.edit_shard_of(name, [&](std::vector<testing::StTensor>& ts) {
+    testing::StTensor* t = testing::find(ts, name);
+    ASSERT_NE(t, nullptr);
+    t->bytes[(4095 * 256 + 9) * 2] = '\xc0';  // bf16 0x7fc0, little-endian
+    t->bytes[(4095 * 256 + 9) * 2 + 1] = '\x7f';
+  });
+  const std::string args = "generate --device cpu --model " + m.dir() + " --prompt 'def f' --max-tokens 2";
+  RunResult refused = run(args, true);
+  EXPECT_EQ(refused.status, 1) << refused.out;
+  EXPECT_NE(refused.out.find("tensor '" + name + "' holds nan at element [4095, 9]"), std::string::npos)
+      << refused.out;
+  RunResult skipped = run(args + " --skip-weight-check", true);
+  EXPECT_EQ(skipped.status, 0) << skipped.out;
+  EXPECT_EQ(skipped.out.find("weight check"), std::string::npos) << skipped.out;
+  RunResult clean = run("generate --device cpu --model " + testing::model_path("tiny-dsv3") +
+                            " --prompt 'def f' --max-tokens 2",
+                        true);
+  EXPECT_EQ(clean.status, 0) << clean.out;
+  EXPECT_NE(clean.out.find("weight check: "), std::string::npos) << clean.out;  // the log line with its time
 }
 
 TEST(CliTest, BinaryIsThere) {

@@ -1,10 +1,15 @@
 // config.json parsing and the derived MLA softmax scale.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "io/hf_config.h"
+#include "kernels/rope/rope_ref.h"
 #include "test_util.h"
 
 namespace nucleus {
@@ -93,6 +98,103 @@ TEST(ConfigTest, Overrides) {
   EXPECT_EQ(c->num_hidden_layers, 2);
   auto bad = parse_model_config(tiny_config(), {"novalue"});
   EXPECT_FALSE(bad.ok());
+}
+
+
+// Values that load today but hang, crash or compute garbage later are refused
+// at parse time, naming the field and the accepted range.
+TEST(ConfigTest, ValuesOutOfRangeNameTheField) {
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    std::function<void(json&)> edit;
+    std::string expect;  // the field, and the bound the message gives
+  };
+  auto set = [](const char* key, json v) { return [key, v](json& j) { j[key] = v; }; };
+  auto rope = [](const char* key, json v) { return [key, v](json& j) { j["rope_scaling"][key] = v; }; };
+  const std::vector<Case> cases = {
+      {set("rope_theta", 0), "field 'rope_theta' must be > 1"},
+      {set("rope_theta", -10000), "field 'rope_theta' must be > 1"},
+      {set("rope_theta", 1), "field 'rope_theta' must be > 1"},
+      {set("rope_theta", inf), "field 'rope_theta' must be a finite number, got inf"},
+      {set("rms_norm_eps", 0), "field 'rms_norm_eps' must be in (0, 1)"},
+      {set("rms_norm_eps", -1e-6), "field 'rms_norm_eps' must be in (0, 1)"},
+      {set("rms_norm_eps", 1e30), "field 'rms_norm_eps' must be in (0, 1), got 1e+30"},
+      {set("routed_scaling_factor", 0), "field 'routed_scaling_factor' must be in (0, 1e6]"},
+      {set("routed_scaling_factor", -2.5), "field 'routed_scaling_factor' must be in (0, 1e6]"},
+      {set("routed_scaling_factor", 1e308), "field 'routed_scaling_factor' must be in (0, 1e6], got 1e+308"},
+      {set("routed_scaling_factor", inf), "field 'routed_scaling_factor' must be a finite number"},
+      {rope("beta_fast", 1), "field 'rope_scaling.beta_fast' must be > rope_scaling.beta_slow 1"},
+      {rope("beta_fast", 0.5), "field 'rope_scaling.beta_fast' must be > rope_scaling.beta_slow"},
+      {rope("beta_slow", 0), "field 'rope_scaling.beta_slow' must be > 0"},
+      {rope("factor", 0), "field 'rope_scaling.factor' must be in (0, 1e6]"},
+      {rope("factor", -4), "field 'rope_scaling.factor' must be in (0, 1e6]"},
+      {rope("mscale", inf), "field 'rope_scaling.mscale' must be a finite number, got inf"},
+      {rope("mscale", -1), "field 'rope_scaling.mscale' must be >= 0"},
+      {rope("mscale_all_dim", -0.5), "field 'rope_scaling.mscale_all_dim' must be >= 0"},
+      {rope("original_max_position_embeddings", int64_t{1} << 40),
+       "field 'rope_scaling.original_max_position_embeddings' must be in [1, 16777216]"},
+      {set("max_position_embeddings", int64_t{1} << 62), "field 'max_position_embeddings' must be in [1, 16777216]"},
+      {set("max_position_embeddings", int64_t{1} << 40), "field 'max_position_embeddings' must be in [1, 16777216]"},
+      {set("max_position_embeddings", uint64_t{1} << 63), "field 'max_position_embeddings' must be in [1, 16777216]"},
+      {set("max_position_embeddings", 0), "field 'max_position_embeddings' must be in [1, 16777216]"},
+      {set("max_position_embeddings", 1e30), "field 'max_position_embeddings' must be an integer"},
+      {set("hidden_size", 0), "field 'hidden_size' must be in [1, 1048576]"},
+      {set("hidden_size", int64_t{1} << 40), "field 'hidden_size' must be in [1, 1048576]"},
+      {set("num_hidden_layers", 0), "field 'num_hidden_layers' must be in [1, 4096]"},
+      {set("num_attention_heads", -4), "field 'num_attention_heads' must be in [1, 4096]"},
+      {set("vocab_size", 0), "field 'vocab_size' must be in [1, 16777216]"},
+      {set("kv_lora_rank", 0), "field 'kv_lora_rank' must be in [1, 1048576]"},
+      {set("moe_intermediate_size", 0), "field 'moe_intermediate_size' must be in [1, 1048576]"},
+      {set("n_routed_experts", int64_t{1} << 20), "field 'n_routed_experts' must be in [0, 65536]"},
+      {set("num_experts_per_tok", 0), "field 'num_experts_per_tok' must be in [1, 65536]"},
+      {set("num_experts_per_tok", 9), "num_experts_per_tok 9 > n_routed_experts 8"},
+      {set("topk_group", 5), "topk_group 5 > n_group 4"},
+      {set("n_group", 3), "n_routed_experts 8 is not a multiple of n_group 3"},
+      {set("bos_token_id", 4096), "field 'bos_token_id' must be in [0, 4095]"},
+      {set("eos_token_id", 4096), "field 'eos_token_id' must be in [0, vocab_size 4096), got 4096"},
+      {set("eos_token_id", json::array({1, -1})), "field 'eos_token_id' must be in [0, vocab_size 4096), got -1"},
+      {set("torch_dtype", "int8"), "field 'torch_dtype' 'int8' is not supported (supported: bfloat16"},
+  };
+  for (const auto& c : cases) {
+    json j = tiny_config();
+    c.edit(j);
+    auto r = parse_model_config(j);
+    ASSERT_FALSE(r.ok()) << c.expect;
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << r.status().message();
+    EXPECT_TRUE(r.status().code() == StatusCode::kInvalidArgument || r.status().code() == StatusCode::kUnsupported)
+        << r.status().to_string();
+  }
+  // Bounds are inclusive where they say so: 2^24 positions load.
+  json j = tiny_config();
+  j["max_position_embeddings"] = int64_t{1} << 24;
+  auto c = parse_model_config(j);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->max_position_embeddings, int64_t{1} << 24);
+  EXPECT_EQ(c->torch_dtype, DType::kBF16);
+  // The newer spelling of torch_dtype, and none at all.
+  j = tiny_config();
+  j.erase("torch_dtype");
+  j["dtype"] = "float16";
+  EXPECT_EQ(parse_model_config(j)->torch_dtype, DType::kF16);
+  j.erase("dtype");
+  EXPECT_FALSE(parse_model_config(j)->torch_dtype.has_value());
+}
+
+// The CPU reference keeps a bounded cos/sin table (2^16 positions in the
+// model); a position past the table is computed to the same f32 values.
+TEST(ConfigTest, RopePastTheTableEqualsTheTable) {
+  auto config = parse_model_config(tiny_config());
+  ASSERT_TRUE(config.ok());
+  const kernels::RopeTable small = kernels::make_rope_table(*config, 16);
+  const kernels::RopeTable large = kernels::make_rope_table(*config, 1024);
+  for (int64_t pos : {int64_t{15}, int64_t{16}, int64_t{17}, int64_t{300}, int64_t{1023}}) {
+    std::vector<float> a(64), b(64);
+    for (int i = 0; i < 64; ++i) a[i] = b[i] = 0.25f * static_cast<float>(i % 7) - 0.6f;
+    kernels::apply_rope_interleaved_ref(small, pos, a.data());
+    kernels::apply_rope_interleaved_ref(large, pos, b.data());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), 64 * sizeof(float)), 0) << "position " << pos;
+    EXPECT_NE(a[3], 0.25f * 3 - 0.6f) << "position " << pos;  // rotated
+  }
 }
 
 }  // namespace

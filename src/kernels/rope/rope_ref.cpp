@@ -54,6 +54,7 @@ RopeTable make_rope_table(const ModelConfig& c, int64_t max_positions) {
   t.max_positions = max_positions;
   t.inv_freq = rope_inv_freq(c);
   const auto factor = static_cast<float>(rope_attention_factor(c));
+  t.attention_factor = factor;
   const int64_t half = t.rope_dim / 2;
   t.cos.resize(max_positions * half);
   t.sin.resize(max_positions * half);
@@ -68,9 +69,19 @@ RopeTable make_rope_table(const ModelConfig& c, int64_t max_positions) {
 }
 
 void apply_rope_interleaved_ref(const RopeTable& table, int64_t pos, float* x) {
-  NUCLEUS_CHECK(pos >= 0 && pos < table.max_positions, "rope position {} outside [0, {})", pos,
-                table.max_positions);
+  NUCLEUS_CHECK(pos >= 0, "rope position {} is negative", pos);
   const int64_t half = table.rope_dim / 2;
+  if (pos >= table.max_positions) {  // past the table: make_rope_table's expressions
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(pos) * table.inv_freq[i];
+      const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * table.attention_factor;
+      const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * table.attention_factor;
+      const float a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * c - b * s;
+      x[2 * i + 1] = b * c + a * s;
+    }
+    return;
+  }
   const float* c = table.cos.data() + pos * half;
   const float* s = table.sin.data() + pos * half;
   for (int64_t i = 0; i < half; ++i) {

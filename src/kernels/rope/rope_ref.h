@@ -20,11 +20,15 @@
 
 namespace nucleus::kernels {
 
-// Per-position cos/sin table for one model: [max_positions, rope_dim / 2] each.
+// Per-position cos/sin table for one model: [max_positions, rope_dim / 2]
+// each. Later positions are computed when asked, to the same f32 values, so
+// a model with a long context (max_position_embeddings up to 2^24) keeps a
+// bounded table.
 struct RopeTable {
   int64_t rope_dim = 0;
-  int64_t max_positions = 0;
+  int64_t max_positions = 0;    // positions held in cos / sin
   std::vector<float> inv_freq;  // [rope_dim / 2]
+  float attention_factor = 1.0f;
   std::vector<float> cos;       // [max_positions, rope_dim / 2], attention factor applied
   std::vector<float> sin;
 };
@@ -36,7 +40,8 @@ double rope_attention_factor(const ModelConfig& config);
 // Builds the table for positions [0, max_positions).
 RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions);
 
-// Rotates x[0:rope_dim] in place at position `pos` (pos < table.max_positions).
+// Rotates x[0:rope_dim] in place at position `pos` (>= 0; from the table when
+// pos < table.max_positions, else computed).
 void apply_rope_interleaved_ref(const RopeTable& table, int64_t pos, float* x);
 
 }  // namespace nucleus::kernels

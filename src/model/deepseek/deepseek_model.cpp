@@ -31,7 +31,9 @@ namespace nucleus {
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, const ModelOptions& options)
     : config_(config), weights_(std::move(weights)), options_(options) {
-  rope_ = kernels::make_rope_table(config_, config_.max_position_embeddings);
+  // The CPU reference's cos/sin cache: 2^16 positions at most (16 MiB at
+  // qk_rope_head_dim 64); later positions are computed (rope_ref.h).
+  rope_ = kernels::make_rope_table(config_, std::min<int64_t>(config_.max_position_embeddings, int64_t{1} << 16));
   if (options_.device == Device::kCuda) {
     rope_inv_freq_device_ = to_device(Tensor::from_f32({static_cast<int64_t>(rope_.inv_freq.size())}, rope_.inv_freq));
     uploader_ = std::make_unique<DeviceInputUploader>();
@@ -821,6 +823,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> load_deepseek_model(const std::string& 
   return build_deepseek_model(config, options, [&](WeightBackend& backend, const TpShard& shard) {
     LoadOptions lo;
     lo.show_progress = show_progress && shard.rank == 0;
+    lo.check_values = options.check_weights;
     return load_weights(ckpt, config, backend, lo, shard);
   });
 }

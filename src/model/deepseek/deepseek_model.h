@@ -89,6 +89,10 @@ struct ModelOptions {
   // size by an NVRTC width build (NUCLEUS_WIDTH_BUILDS; docs/width_builds.md).
   // Off by default: the separate ops.
   width::WidthBuildsMode width_builds = width::WidthBuildsMode::kOff;
+  // load_deepseek_model scans the checkpoint's values (LoadOptions::
+  // check_values: NaN / Inf, FP8 NaN bytes, bad block scales); false:
+  // --skip-weight-check.
+  bool check_weights = true;
 };
 
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
