@@ -107,7 +107,10 @@ struct HttpServer::StreamState {
       for (const auto& c : builder->opening_chunks()) event(c);
     }
     if (out.empty()) {  // opening chunks go out at once, before any token
-      for (const auto& d : generation->next()) event(builder->chunk(d));
+      for (const auto& d : generation->next()) {
+        event(builder->chunk(d));
+        if (!d.error.ok()) event(generation_error(d.error).body());  // a failed step: an OpenAI error event
+      }
       if (generation->done()) {
         if (request.include_usage)
           event(builder->usage_chunk(generation->prompt_tokens(), generation->completion_tokens()));
@@ -179,6 +182,8 @@ void HttpServer::routes() {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_)
       send_error(res, shutting_down());
+    else if (Status f = engine_.failure(); !f.ok())
+      send_error(res, error_of(503, "service_unavailable", f.message()));
     else
       res.status = 200;
   });
@@ -248,6 +253,7 @@ void HttpServer::handle_generation(const std::string& body, bool chat, httplib::
   if (!state->request.stream) {
     while (!gen.done())
       for (const auto& d : gen.next()) state->builder->add(d);
+    if (!gen.error().ok()) return send_error(res, generation_error(gen.error()));
     res.set_content(dump_json(state->builder->whole(gen.prompt_tokens(), gen.completion_tokens())), "application/json");
     return;
   }
