@@ -20,8 +20,9 @@ namespace {
 
 std::vector<std::vector<int32_t>> prompts() {
   std::ifstream in(testing::model_path("ref/cases.json"));
+  const nlohmann::json cases = nlohmann::json::parse(in);
   std::vector<std::vector<int32_t>> out;
-  for (const auto& c : nlohmann::json::parse(in)["tiny-dsv3"])
+  for (const auto& c : cases["tiny-dsv3"])
     out.push_back(c["prompt_token_ids"].get<std::vector<int32_t>>());
   return out;
 }
@@ -51,14 +52,14 @@ SamplingParams greedy(int n) {
   return p;
 }
 
-struct Run {
+struct Recorded {
   std::map<std::string, std::vector<int32_t>> tokens;
   std::map<std::string, RequestOutput> last;  // each request's finishing output
   std::vector<std::vector<std::string>> steps;  // the requests each step reported
 };
 
 // Steps `e` until idle, recording what every request produced.
-void drain(LLMEngine& e, Run& run) {
+void drain(LLMEngine& e, Recorded& run) {
   while (e.has_unfinished()) {
     run.steps.emplace_back();
     for (auto& o : e.step()) {
@@ -77,7 +78,7 @@ TEST(StepErrorTest, FailedStepFinishesItsRequestsOthersGoOnUnchanged) {
   // then d.
   auto clean = engine("");
   ASSERT_TRUE(clean.ok()) << clean.status().to_string();
-  Run want;
+  Recorded want;
   for (const char* id : {"a", "b", "c"}) ASSERT_TRUE((*clean)->add_request(id, p[id[0] - 'a'], greedy(8)).ok());
   drain(**clean, want);
   ASSERT_TRUE((*clean)->add_request("d", p[3], greedy(8)).ok());
@@ -88,7 +89,7 @@ TEST(StepErrorTest, FailedStepFinishesItsRequestsOthersGoOnUnchanged) {
   ASSERT_TRUE(faulty.ok()) << faulty.status().to_string();
   LLMEngine& e = **faulty;
   for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(e.add_request(id, p[id[0] - 'a'], greedy(8)).ok());
-  Run got;
+  Recorded got;
   for (int s = 0; s < 3; ++s) {
     got.steps.emplace_back();
     for (auto& o : e.step()) {
@@ -134,7 +135,7 @@ TEST(StepErrorTest, FatalFaultFailsTheEngineAndEveryRequest) {
   ASSERT_TRUE(made.ok()) << made.status().to_string();
   LLMEngine& e = **made;
   for (const char* id : {"a", "b", "c"}) ASSERT_TRUE(e.add_request(id, p[id[0] - 'a'], greedy(8)).ok());
-  Run got;
+  Recorded got;
   drain(e, got);
   ASSERT_EQ(got.steps.size(), 2u);  // the second step failed the engine
   EXPECT_EQ(got.steps[1].size(), 3u);  // c, waiting, failed too
