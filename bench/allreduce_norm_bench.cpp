@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
         NUCLEUS_CUDA_CHECK(cudaEventCreate(&start));
         NUCLEUS_CUDA_CHECK(cudaEventCreate(&stop));
         for (int v = 0; v < kVariants; ++v) {
-          NUCLEUS_ASSIGN_OR_RETURN(CudaGraph g, CudaGraph::capture([&] { body(v); }));
+          NUCLEUS_ASSIGN_OR_RETURN(CudaGraph g, CudaGraph::capture([&] { body(v); return ok_status(); }));
           g.replay();  // warm-up
           std::vector<double> times;
           for (int rep = 0; rep < reps; ++rep) {

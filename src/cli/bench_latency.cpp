@@ -172,9 +172,22 @@ int run_bench_latency(int argc, char** argv) {
         }
         const double t0 = now();
         int64_t first_tokens = 0, decode_steps = 0;
+        // A failed step finishes its requests with an error: the run cannot go on.
+        auto step = [&]() -> StatusOr<std::vector<RequestOutput>> {
+          std::vector<RequestOutput> outs = e.step();
+          for (const auto& o : outs)
+            if (o.finish_reason == FinishReason::kError) return o.error;
+          return outs;
+        };
         // Prefill: until every request has its first token.
         while (first_tokens < batch) {
-          for (const auto& o : e.step()) first_tokens += o.num_output_tokens == 1;
+          auto outs = step();
+          if (!outs.ok()) {
+            std::fprintf(stderr, "error: input %lld batch %lld: %s\n", static_cast<long long>(input_len),
+                         static_cast<long long>(batch), outs.status().message().c_str());
+            return 1;
+          }
+          for (const auto& o : *outs) first_tokens += o.num_output_tokens == 1;
           if (tty && timed)
             std::fprintf(stderr, "\rinput %lld batch %lld run %lld: prefill %lld/%lld   ",
                          static_cast<long long>(input_len), static_cast<long long>(batch), static_cast<long long>(run),
@@ -185,10 +198,15 @@ int run_bench_latency(int argc, char** argv) {
         // sequences; then one more step with its routing recorded.
         while (decode_steps < output_len - 1) {
           const double ts = now();
-          auto outs = e.step();
+          auto outs = step();
           if (timed) decode_total_s += now() - ts;
-          NUCLEUS_CHECK(static_cast<int64_t>(outs.size()) == batch, "decode step served {} of {} sequences",
-                        outs.size(), batch);
+          if (!outs.ok()) {
+            std::fprintf(stderr, "error: input %lld batch %lld: %s\n", static_cast<long long>(input_len),
+                         static_cast<long long>(batch), outs.status().message().c_str());
+            return 1;
+          }
+          NUCLEUS_CHECK(static_cast<int64_t>(outs->size()) == batch, "decode step served {} of {} sequences",
+                        outs->size(), batch);
           ++decode_steps;
           if (tty && timed)
             std::fprintf(stderr, "\rinput %lld batch %lld run %lld: decode %lld/%lld   ",

@@ -155,6 +155,7 @@ int run_generate(int argc, char** argv) {
       r.output_ids.insert(r.output_ids.end(), o.new_token_ids.begin(), o.new_token_ids.end());
       total_out += o.new_token_ids.size();
       if (o.finished) r.reason = o.finish_reason;
+      if (o.finish_reason == FinishReason::kError) r.error = o.error.message();  // a failed step
     }
   }
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

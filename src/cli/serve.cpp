@@ -3,7 +3,8 @@
 //                 [--served-model-name NAME] [engine flags]
 // SIGINT / SIGTERM: stop taking requests, finish those in flight (at most
 // --shutdown-timeout seconds, then abort them), exit 0. A second signal
-// aborts at once.
+// aborts at once. An engine that fails (a step it cannot recover from:
+// LLMEngine::failure) drains the same way, logs why and exits 1.
 #include <pthread.h>
 
 #include <atomic>
@@ -162,6 +163,12 @@ int run_serve(int argc, char** argv) {
         http.force();
     }
   });
+  // The engine failing: the same drain as a signal (its requests have
+  // already finished with an error; new ones get 503), then exit 1.
+  engine.on_failure([&](const Status& why) {
+    NUCLEUS_LOG_ERROR("the engine failed, shutting the server down: {}", why.message());
+    pthread_kill(waiter.native_handle(), SIGTERM);
+  });
   const bool served = http.serve();
   exiting = true;
   pthread_kill(waiter.native_handle(), SIGUSR1);
@@ -170,6 +177,10 @@ int run_serve(int argc, char** argv) {
   engine.shutdown();
   if (!served) {
     NUCLEUS_LOG_ERROR("the listening socket failed");
+    return 1;
+  }
+  if (Status f = engine.failure(); !f.ok()) {
+    NUCLEUS_LOG_ERROR("server stopped: the engine failed: {}", f.message());
     return 1;
   }
   NUCLEUS_LOG_INFO("server stopped");

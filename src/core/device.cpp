@@ -111,4 +111,21 @@ void synchronize_device() {
 #endif
 }
 
+Status device_health() {
+#ifdef NUCLEUS_HAVE_CUDA
+  if (!cuda_available()) return ok_status();
+  cudaStream_t stream = cuda::context().stream;
+  cudaError_t e = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess) e = cudaGetLastError();  // a launch error nothing checked: not sticky
+  if (e == cudaSuccess) return ok_status();
+  cudaGetLastError();  // clears the error unless it is sticky
+  const cudaError_t again = cudaStreamSynchronize(stream);
+  if (again == cudaSuccess && cudaPeekAtLastError() == cudaSuccess) return ok_status();
+  return aborted(std::string("the CUDA device is in a sticky error state: ") + cudaGetErrorName(e) + ": " +
+                 cudaGetErrorString(e));
+#else
+  return ok_status();
+#endif
+}
+
 }  // namespace nucleus

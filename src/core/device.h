@@ -32,5 +32,11 @@ void zero_device(Tensor& t);
 void zero_rows_async(const Tensor& t, int64_t begin, int64_t count);
 // Waits for the engine stream's work (no-op on the CPU).
 void synchronize_device();
+// Whether the calling thread's device can still run work: waits for the
+// engine stream; an error there that a second query still returns is
+// sticky (cudaErrorIllegalAddress, a launch failure, ...: the CUDA context is
+// unusable until the process exits) and comes back as kAborted naming it; an
+// error that clears is cleared and OK is returned. OK on the CPU.
+Status device_health();
 
 }  // namespace nucleus

@@ -28,13 +28,18 @@ void CudaGraph::reset() {
   exec_ = graph_ = nullptr;
 }
 
-StatusOr<CudaGraph> CudaGraph::capture(const std::function<void()>& work) {
+StatusOr<CudaGraph> CudaGraph::capture(const std::function<Status()>& work) {
   cudaStream_t stream = cuda::context().stream;
   NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
   NUCLEUS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  work();
+  const Status worked = work();
   cudaGraph_t graph = nullptr;
   cudaError_t err = cudaStreamEndCapture(stream, &graph);
+  if (!worked.ok()) {  // end the capture either way, so the stream leaves capture mode
+    if (err == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return worked.with_context("during CUDA graph capture");
+  }
   if (err != cudaSuccess) {
     cudaGetLastError();
     return internal_error(std::string("CUDA graph capture failed: ") + cudaGetErrorString(err));
@@ -63,7 +68,7 @@ CudaGraph::~CudaGraph() = default;
 CudaGraph::CudaGraph(CudaGraph&&) noexcept = default;
 CudaGraph& CudaGraph::operator=(CudaGraph&&) noexcept = default;
 void CudaGraph::reset() {}
-StatusOr<CudaGraph> CudaGraph::capture(const std::function<void()>&) {
+StatusOr<CudaGraph> CudaGraph::capture(const std::function<Status()>&) {
   return unsupported("CUDA graphs need a CUDA build");
 }
 void CudaGraph::replay() const {}

@@ -21,8 +21,10 @@ class CudaGraph {
   CudaGraph& operator=(const CudaGraph&) = delete;
 
   // Captures what `work` enqueues on the engine stream (work must not
-  // synchronise or allocate) and instantiates it.
-  static StatusOr<CudaGraph> capture(const std::function<void()>& work);
+  // synchronise or allocate) and instantiates it. When `work` returns an
+  // error, the capture is ended and discarded (the stream is usable again)
+  // and that error is returned.
+  static StatusOr<CudaGraph> capture(const std::function<Status()>& work);
   // Enqueues a replay on the engine stream.
   void replay() const;
   bool valid() const { return exec_ != nullptr; }

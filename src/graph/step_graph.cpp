@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "graph/fault_injection.h"
 #include "graph/op_profiler.h"
 
 namespace nucleus {
@@ -125,7 +126,7 @@ const std::vector<Tensor>& StepBuffers::for_step(const StepGraph& graph, int64_t
   return views_;
 }
 
-void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end) {
+Status run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end) {
   std::vector<Tensor> in, out;
   for (size_t i = begin; i < end; ++i) {
     Node& n = graph.nodes()[i];
@@ -133,14 +134,22 @@ void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buff
     out.clear();
     for (int id : n.inputs) in.push_back(buffers[id]);
     for (int id : n.outputs) out.push_back(buffers[id]);
-    if (op_profiling_enabled()) {
+    if (ctx.faults) ctx.fail(ctx.faults->before_run(n.op->kind(), n.name));
+    if (ctx.failed()) {
+    } else if (op_profiling_enabled()) {
       op_profile_begin();
       n.op->run(ctx, in, out);
       op_profile_end(op_profile_label(n.name, n.op->kind(), n.op->backend()));
     } else {
       n.op->run(ctx, in, out);
     }
+    if (ctx.failed()) {
+      Status s = ctx.error.with_context(fmt::format("node {} ({}, backend {})", n.name, n.op->kind(), n.op->backend()));
+      ctx.error = ok_status();
+      return s;
+    }
   }
+  return ok_status();
 }
 
 }  // namespace nucleus

@@ -91,7 +91,10 @@ class StepBuffers {
   size_t bytes_ = 0;
 };
 
-// Runs nodes [begin, end) in order.
-void run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end);
+// Runs nodes [begin, end) in order. Stops after the first op that reports an
+// error (OpContext::fail) and returns it, with the node's name, op kind and
+// backend as context (ctx.error is left clear). Applies ctx.faults
+// (NUCLEUS_FAULT_INJECT) before each op.
+Status run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end);
 
 }  // namespace nucleus

@@ -35,7 +35,7 @@ const std::vector<Backend<EmbeddingOp>>& EmbeddingOp::backends() {
                                       op.table().dim(1), ids.data(), static_cast<int64_t>(ids.size()),
                                       out[0].data<float>());
          Status s = op.shard().comm->all_reduce_sum(out[0].raw(), out[0].raw(), out[0].numel(), DType::kF32, nullptr);
-         NUCLEUS_CHECK(s.ok(), "embedding all-reduce: {}", s.to_string());
+         if (!s.ok()) ctx.fail(s.with_context("embedding all-reduce"));
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda", Device::kCuda, nullptr, cuda_ops::embedding},
@@ -81,11 +81,11 @@ std::string AddRmsNormOp::attrs() const {
 const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
   static const std::vector<Backend<AddRmsNormOp>> list = {
       {"cpu_ref", Device::kCpu, nullptr,
-       [](AddRmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+       [](AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
          if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
            Status s = op.all_reduce().comm->all_reduce_sum(in[1].raw(), in[1].raw(), in[1].numel(), DType::kF32,
                                                            nullptr);
-           NUCLEUS_CHECK(s.ok(), "add_rmsnorm all-reduce: {}", s.to_string());
+           if (!s.ok()) return ctx.fail(s.with_context("add_rmsnorm all-reduce"));
          }
          const Tensor& residual = in[0];
          const float* delta = op.has_delta() ? in[1].data<float>() : nullptr;

@@ -31,7 +31,7 @@ void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList&, const TensorL
                                                      op.table().dim(1), ctx.dev->token_ids, out[0].dim(0),
                                                      out[0].data<float>(), stream()));
   Status s = op.shard().comm->all_reduce_sum(out[0].raw(), out[0].raw(), out[0].numel(), DType::kF32, stream());
-  NUCLEUS_CHECK(s.ok(), "embedding all-reduce: {}", s.to_string());
+  if (!s.ok()) ctx.fail(s.with_context("embedding all-reduce"));
 }
 
 void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
@@ -48,11 +48,11 @@ void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& 
                                                      op.width(), op.eps(), stream()));
 }
 
-void add_rmsnorm(AddRmsNormOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
     // bf16, or f32 when a split-K GEMM wrote the delta (graph/passes/splitk_pass.h).
     Status s = op.all_reduce().comm->all_reduce_sum(in[1].raw(), in[1].raw(), in[1].numel(), in[1].dtype(), stream());
-    NUCLEUS_CHECK(s.ok(), "add_rmsnorm all-reduce: {}", s.to_string());
+    if (!s.ok()) return ctx.fail(s.with_context("add_rmsnorm all-reduce"));
   }
   const Tensor& residual = in[0];
   kernels::AddRmsNormParams p;

@@ -15,13 +15,13 @@ std::string AllGatherVocabOp::attrs() const {
 const std::vector<Backend<AllGatherVocabOp>>& AllGatherVocabOp::backends() {
   static const std::vector<Backend<AllGatherVocabOp>> list = {
       {"cpu_ref", Device::kCpu, nullptr,
-       [](AllGatherVocabOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+       [](AllGatherVocabOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
          const Tensor& local = in[0];
          const int64_t rows = local.dim(0), part = local.dim(1), world = op.comm().world_size();
          if (rows == 0) return;
          float* gathered = out[1].data<float>();
          Status s = op.comm().all_gather(local.raw(), gathered, rows * part, DType::kF32, nullptr);
-         NUCLEUS_CHECK(s.ok(), "logits all-gather: {}", s.to_string());
+         if (!s.ok()) return ctx.fail(s.with_context("logits all-gather"));
          float* logits = out[0].data<float>();
          for (int64_t r = 0; r < world; ++r)
            for (int64_t l = 0; l < rows; ++l)

@@ -84,14 +84,14 @@ void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorL
   NUCLEUS_CUDA_CHECK(kernels::launch_allreduce_add_rmsnorm(p, cuda::context().stream));
 }
 
-void all_gather_vocab(AllGatherVocabOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+void all_gather_vocab(AllGatherVocabOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const Tensor& local = in[0];
   const int64_t rows = local.dim(0), part = local.dim(1), world = op.comm().world_size();
   if (rows == 0) return;
   cudaStream_t stream = cuda::context().stream;
   float* gathered = out[1].data<float>();
   Status s = op.comm().all_gather(local.raw(), gathered, rows * part, DType::kF32, stream);
-  NUCLEUS_CHECK(s.ok(), "logits all-gather: {}", s.to_string());
+  if (!s.ok()) return ctx.fail(s.with_context("logits all-gather"));
   const size_t row_bytes = static_cast<size_t>(part) * sizeof(float);
   for (int64_t r = 0; r < world; ++r)  // [world, rows, part] -> [rows, world * part]
     NUCLEUS_CUDA_CHECK(cudaMemcpy2DAsync(out[0].data<float>() + r * part, world * row_bytes,

@@ -18,7 +18,8 @@ kernels::WeightView weight_view(const LinearWeight& w);
 
 // out[m, n] (+)= x W^T on the engine stream with the best backend for the
 // weight: cuBLASLt for bf16, the plain kernel otherwise. x: [m, k] bf16.
-void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
+// Errors: the FP8 path's scratch allocation or plan failing.
+Status linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
                     int64_t out_stride, bool accumulate);
 
 // Blocks a prezero donor gives its zero-fill of `bytes` bytes beside the

@@ -66,29 +66,50 @@ void check_not_capturing(cudaStream_t stream, const char* what) {
                 what);
 }
 
-void* grow(Fp8Scratch& s, void*& buf, size_t& cap, size_t need, cudaStream_t stream, const char* what) {
+// `buf` of at least `need` bytes (grown, the old one retired); null when
+// cudaMalloc fails (*error then says why; the old buffer is kept).
+void* grow(Fp8Scratch& s, void*& buf, size_t& cap, size_t need, cudaStream_t stream, const char* what,
+           Status* error) {
   if (need <= cap) return buf;
   check_not_capturing(stream, what);
   size_t bytes = std::max(need, cap * 2);
   bytes = (bytes + 255) / 256 * 256;
   void* p = nullptr;
-  NUCLEUS_CUDA_CHECK(cudaMalloc(&p, bytes));
+  if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    *error = resource_exhausted(std::string("FP8 linear: cudaMalloc of ") + std::to_string(bytes) + " bytes for " +
+                                what + " failed: " + cudaGetErrorString(e));
+    return nullptr;
+  }
   if (buf) s.retired.push_back(buf);
   buf = p;
   cap = bytes;
   return buf;
 }
 
-const kernels::Fp8SplitWorkspace& split_workspace(Fp8Scratch& s, cudaStream_t stream) {
+// The split-K workspace, allocated on first use; null when that fails
+// (*error then says why).
+const kernels::Fp8SplitWorkspace* split_workspace(Fp8Scratch& s, cudaStream_t stream, Status* error) {
   if (s.split.partial == nullptr) {
     check_not_capturing(stream, "the split-K workspace");
-    NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.split.partial), kSplitPartialFloats * sizeof(float)));
-    NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&s.split.counters), kSplitCounters * sizeof(int)));
+    float* partial = nullptr;
+    int* counters = nullptr;
+    cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&partial), kSplitPartialFloats * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&counters), kSplitCounters * sizeof(int));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky
+      if (partial) cudaFree(partial);
+      *error = resource_exhausted(std::string("FP8 linear: cudaMalloc of the split-K workspace failed: ") +
+                                  cudaGetErrorString(e));
+      return nullptr;
+    }
+    s.split.partial = partial;
+    s.split.counters = counters;
     NUCLEUS_CUDA_CHECK(cudaMemsetAsync(s.split.counters, 0, kSplitCounters * sizeof(int), stream));
     s.split.partial_floats = kSplitPartialFloats;
     s.split.num_counters = kSplitCounters;
   }
-  return s.split;
+  return &s.split;
 }
 
 kernels::Fp8GemmArgs gemm_args(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out,
@@ -108,10 +129,14 @@ kernels::Fp8GemmArgs gemm_args(const LinearWeight& w, const void* x, int64_t x_s
   return a;
 }
 
-void run_own(const kernels::Fp8GemmArgs& a, cudaStream_t stream) {
+Status run_own(const kernels::Fp8GemmArgs& a, cudaStream_t stream) {
   Fp8Scratch& s = scratch();
   std::lock_guard<std::mutex> lock(s.mu);
-  NUCLEUS_CUDA_CHECK(kernels::launch_fp8_gemm(a, split_workspace(s, stream), stream));
+  Status error;
+  const kernels::Fp8SplitWorkspace* ws = split_workspace(s, stream, &error);
+  if (!ws) return error;
+  NUCLEUS_CUDA_CHECK(kernels::launch_fp8_gemm(a, *ws, stream));
+  return ok_status();
 }
 
 // cuBLASLt on rows [0, a.m): quantize, then GEMM. With a.m % 4 != 0 the
@@ -123,13 +148,17 @@ Status run_cublas(const kernels::Fp8GemmArgs& a, cudaStream_t stream) {
   const int64_t m_pad = (a.m + kFp8CublasRowMultiple - 1) / kFp8CublasRowMultiple * kFp8CublasRowMultiple;
   const bool padded = m_pad != a.m;
   const int64_t groups = (a.k + kernels::kFp8Block - 1) / kernels::kFp8Block;
+  Status error;
   auto* xq = static_cast<uint8_t*>(grow(s, s.xq, s.xq_bytes, static_cast<size_t>(m_pad * a.k), stream,
-                                        "the activation buffer"));
+                                        "the activation buffer", &error));
+  if (!xq) return error;
   auto* xs = static_cast<float*>(grow(s, s.xs, s.xs_bytes, static_cast<size_t>(m_pad * groups) * sizeof(float),
-                                      stream, "the activation scales"));
+                                      stream, "the activation scales", &error));
+  if (!xs) return error;
   float* y = padded ? static_cast<float*>(grow(s, s.y, s.y_bytes, static_cast<size_t>(m_pad * a.n) * sizeof(float),
-                                               stream, "the padded output"))
+                                               stream, "the padded output", &error))
                     : nullptr;
+  if (padded && !y) return error;
   NUCLEUS_CUDA_CHECK(kernels::launch_fp8_act_quant(a.x, a.x_stride, a.m, a.k, xq, a.k, xs, 1, m_pad, stream, m_pad));
   kernels::Fp8CublasArgs c;
   c.xq = xq;
@@ -204,7 +233,7 @@ Status fp8_linear_forward(const LinearWeight& w, const void* x, int64_t x_stride
         tail.m = m - rows;
         tail.x = a.x + rows * a.x_stride;
         tail.out = static_cast<char*>(a.out) + rows * a.out_stride * static_cast<int64_t>(dtype_size(out_dtype));
-        run_own(tail, stream);
+        return run_own(tail, stream);
       }
       return ok_status();
     }
@@ -213,8 +242,7 @@ Status fp8_linear_forward(const LinearWeight& w, const void* x, int64_t x_stride
     std::call_once(warned, [&] { NUCLEUS_LOG_WARN("{}: FP8 cuBLASLt refused, using the own kernels: {}", w.name,
                                                   s.message()); });
   }
-  run_own(a, stream);
-  return ok_status();
+  return run_own(a, stream);
 }
 
 Status linear_cuda_fp8_supports(const LinearOp& op) { return fp8_linear_supported(op.weight()); }
@@ -225,22 +253,22 @@ Status linear_cublaslt_fp8_supports(const LinearOp& op) {
 }
 
 namespace {
-void run_linear(LinearOp& op, const TensorList& in, const TensorList& out, Fp8Path path) {
+void run_linear(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out, Fp8Path path) {
   const LinearWeight& w = op.weight();
   NUCLEUS_CHECK(in[0].dtype() == DType::kBF16, "{}: FP8 linear input dtype {} (needs BF16)", w.name,
                 dtype_name(in[0].dtype()));
   Status s = fp8_linear_forward(w, in[0].raw(), in[0].row_numel(), in[0].dim(0), out[0].raw(), out[0].dtype(),
                                 out[0].row_numel(), op.accumulate(), path);
-  NUCLEUS_CHECK(s.ok(), "{}: {}", w.name, s.to_string());
+  if (!s.ok()) ctx.fail(s.with_context(w.name));  // a scratch allocation or cuBLASLt plan failing
 }
 }  // namespace
 
-void linear_cuda_fp8(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
-  run_linear(op, in, out, Fp8Path::kOwn);
+void linear_cuda_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  run_linear(op, ctx, in, out, Fp8Path::kOwn);
 }
 
-void linear_cublaslt_fp8(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
-  run_linear(op, in, out, Fp8Path::kAuto);
+void linear_cublaslt_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  run_linear(op, ctx, in, out, Fp8Path::kAuto);
 }
 
 }  // namespace nucleus::cuda_ops

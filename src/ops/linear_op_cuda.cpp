@@ -18,8 +18,8 @@ kernels::WeightView weight_view(const LinearWeight& w) {
   return v;
 }
 
-void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
-                    int64_t out_stride, bool accumulate) {
+Status linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
+                      int64_t out_stride, bool accumulate) {
   cudaStream_t stream = cuda::context().stream;
   if (!w.fp8()) {
     kernels::GemmArgs a;
@@ -33,15 +33,13 @@ void linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int6
     a.n = w.out_features;
     a.k = w.in_features;
     a.accumulate = accumulate;
-    if (kernels::gemm_bf16_cublaslt(a, stream).ok()) return;
+    if (kernels::gemm_bf16_cublaslt(a, stream).ok()) return ok_status();
   }
-  if (fp8_linear_supported(w).ok()) {
-    Status s = fp8_linear_forward(w, x, x_stride, m, out, out_dtype, out_stride, accumulate);
-    NUCLEUS_CHECK(s.ok(), "{}: {}", w.name, s.to_string());
-    return;
-  }
+  if (fp8_linear_supported(w).ok())
+    return fp8_linear_forward(w, x, x_stride, m, out, out_dtype, out_stride, accumulate).with_context(w.name);
   NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(static_cast<const __nv_bfloat16*>(x), x_stride, weight_view(w), m, out,
                                                 out_dtype, out_stride, accumulate, stream));
+  return ok_status();
 }
 
 Status linear_cublaslt_supports(const LinearOp& op) {
@@ -52,7 +50,7 @@ Status linear_cublaslt_supports(const LinearOp& op) {
   return ok_status();
 }
 
-void linear_cublaslt(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const LinearWeight& w = op.weight();
   kernels::GemmArgs a;
   a.x = in[0].raw();
@@ -66,7 +64,7 @@ void linear_cublaslt(LinearOp& op, OpContext&, const TensorList& in, const Tenso
   a.k = w.in_features;
   a.accumulate = op.accumulate();
   Status s = kernels::gemm_bf16_cublaslt(a, cuda::context().stream);
-  NUCLEUS_CHECK(s.ok(), "{}: {}", w.name, s.to_string());
+  if (!s.ok()) ctx.fail(s.with_context(w.name));  // cuBLASLt refused this shape at run time (its plan, its workspace)
 }
 
 void linear_naive(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {

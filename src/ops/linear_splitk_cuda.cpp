@@ -28,7 +28,8 @@ constexpr int64_t kCounters = 4096;                   // row tiles: n up to 1310
 // step, before any graph capture) and never freed: graphs keep its address.
 // One per device (one thread per GPU under tensor parallelism: its partials
 // and counters must be on the rank's own GPU and not shared between ranks).
-const kernels::SplitKWorkspace& deterministic_workspace(cudaStream_t stream) {
+// Null when its allocation fails (*error says why; a later step retries).
+const kernels::SplitKWorkspace* deterministic_workspace(cudaStream_t stream, Status* error) {
   static std::mutex mu;
   static kernels::SplitKWorkspace workspaces[cuda::kMaxDevices];
   std::lock_guard<std::mutex> lock(mu);
@@ -39,13 +40,24 @@ const kernels::SplitKWorkspace& deterministic_workspace(cudaStream_t stream) {
     NUCLEUS_CHECK(st == cudaStreamCaptureStatusNone,
                   "split-K: the deterministic workspace must be allocated outside CUDA-graph capture; run one "
                   "eager step first");
-    NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ws.partial), kPartialFloats * sizeof(float)));
-    NUCLEUS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ws.counters), kCounters * sizeof(int)));
+    float* partial = nullptr;
+    int* counters = nullptr;
+    cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&partial), kPartialFloats * sizeof(float));
+    if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&counters), kCounters * sizeof(int));
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky
+      if (partial) cudaFree(partial);
+      *error = resource_exhausted(std::string("split-K: cudaMalloc of the deterministic workspace failed: ") +
+                                  cudaGetErrorString(e));
+      return nullptr;
+    }
+    ws.partial = partial;
+    ws.counters = counters;
     NUCLEUS_CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, kCounters * sizeof(int), stream));
     ws.partial_floats = kPartialFloats;
     ws.num_counters = kCounters;
   }
-  return ws;
+  return &ws;
 }
 
 }  // namespace
@@ -65,7 +77,7 @@ Status linear_splitk_supports(const LinearOp& op) {
   return ok_status();
 }
 
-void linear_splitk(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const LinearWeight& w = op.weight();
   cudaStream_t stream = cuda::context().stream;
   const int64_t m = in[0].dim(0);
@@ -83,9 +95,11 @@ void linear_splitk(LinearOp& op, OpContext&, const TensorList& in, const TensorL
     a.zero_init = !op.accumulate_for(m);
     a.mode = splitk_deterministic() ? kernels::SplitKMode::kDeterministic : kernels::SplitKMode::kAtomic;
     static const kernels::SplitKWorkspace kNone;
-    const kernels::SplitKWorkspace& ws =
-        a.mode == kernels::SplitKMode::kDeterministic ? deterministic_workspace(stream) : kNone;
-    NUCLEUS_CUDA_CHECK(kernels::launch_splitk_gemm(a, ws, stream));
+    Status error;
+    const kernels::SplitKWorkspace* ws =
+        a.mode == kernels::SplitKMode::kDeterministic ? deterministic_workspace(stream, &error) : &kNone;
+    if (!ws) return ctx.fail(error.with_context(w.name));
+    NUCLEUS_CUDA_CHECK(kernels::launch_splitk_gemm(a, *ws, stream));
     return;
   }
   kernels::GemmArgs g;

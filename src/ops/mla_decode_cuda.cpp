@@ -146,35 +146,42 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
       NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
                                                              static_cast<int>(H), s.q_nope, s.q_full, st));
       e = kernels::mla_decode_gemm_absorb(kv_b, static_cast<int>(H), n, s.q_nope, s.q_full, st);
-      NUCLEUS_CHECK(e == 0, "mla_decode q absorption GEMM failed: cuBLAS status {} (rows {}, heads {})", e, n, H);
+      if (e != 0)
+        return ctx.fail(internal_error("mla_decode q absorption GEMM failed: cuBLAS status " + std::to_string(e) +
+                                       " (rows " + std::to_string(n) + ", heads " + std::to_string(H) + ")"));
       attend(r, r0, s);
     }
+    if (ctx.failed()) return;
     const int64_t out_stride = out[0].row_numel();
     if (rs.rows) {
       e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat, s.out_c,
                                           H * kernels::kMlaDecodeVHead, st);
-      NUCLEUS_CHECK(e == 0, "mla_decode output GEMM failed: cuBLAS status {}", e);
+      if (e != 0) return ctx.fail(internal_error("mla_decode output GEMM failed: cuBLAS status " + std::to_string(e)));
       NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_scatter_out(r, s.out_c, H * kernels::kMlaDecodeVHead,
                                                                 out[0].data<__nv_bfloat16>(), out_stride, st));
     } else {
       e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat,
                                           out[0].data<__nv_bfloat16>() + r0 * out_stride, out_stride, st);
-      NUCLEUS_CHECK(e == 0, "mla_decode output GEMM failed: cuBLAS status {}", e);
+      if (e != 0) return ctx.fail(internal_error("mla_decode output GEMM failed: cuBLAS status " + std::to_string(e)));
     }
   }
 }
 
-// The split-partial buffer shared by the decode ops, at least `floats` long.
-Tensor shared_partials(int64_t floats) {
+// The split-partial buffer shared by the decode ops, at least `floats` long;
+// kResourceExhausted when it cannot grow (the old one is kept).
+StatusOr<Tensor> shared_partials(int64_t floats) {
   static Tensor bufs[cuda::kMaxDevices];  // per device: one thread per GPU under tensor parallelism
   Tensor& buf = bufs[cuda::thread_device()];
-  if (!buf.defined() || buf.numel() < floats) buf = Tensor::empty({floats}, DType::kF32, Device::kCuda);
+  if (!buf.defined() || buf.numel() < floats) {
+    NUCLEUS_ASSIGN_OR_RETURN(buf, try_empty({floats}, DType::kF32, Device::kCuda, "mla_decode split partials"));
+  }
   return buf;
 }
 
 // The nucleus attention step (split-KV kernel + combine) for one chunk of rows.
-void nucleus_attend(MlaDecodeAttentionOp& op, const LayerCache& cache, int64_t W, const kernels::MlaDecodeRows& r,
-                    const Scratch& s) {
+// A failed scratch allocation is reported on ctx.
+void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache, int64_t W,
+                    const kernels::MlaDecodeRows& r, const Scratch& s) {
   const int H = static_cast<int>(op.dims().num_heads);
   const int hpc = kernels::mla_decode_heads_per_cta(H);
   const int sms = cuda::context().num_sms;
@@ -187,7 +194,9 @@ void nucleus_attend(MlaDecodeAttentionOp& op, const LayerCache& cache, int64_t W
       const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms);
       if (splits > 1) most = std::max(most, n * splits);
     }
-    st[1] = shared_partials(std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1)));
+    auto partials = shared_partials(std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1)));
+    if (!partials.ok()) return ctx.fail(partials.status());
+    st[1] = std::move(*partials);
   }
   kernels::MlaDecodeAttnParams p;
   p.r = r;
@@ -220,7 +229,7 @@ void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorLi
   const LayerCache cache = layer_cache(op, ctx);
   const int64_t W = out[1].dim(0);
   run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t, const Scratch& s) {
-    nucleus_attend(op, cache, W, r, s);
+    nucleus_attend(op, ctx, cache, W, r, s);
   });
 }
 
@@ -266,7 +275,7 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
     p.o_lat = s.o_lat;
     const cudaError_t e = kernels::flashinfer_mla_decode(p, stream());
     if (e == cudaErrorStreamCaptureUnsupported) {  // FlashInfer's host plan cannot be replayed: own kernel
-      nucleus_attend(op, cache, W, r, s);
+      nucleus_attend(op, ctx, cache, W, r, s);
       return;
     }
     NUCLEUS_CUDA_CHECK(e);

@@ -55,7 +55,9 @@ void mla_front(MlaFrontOp& op, OpContext& ctx, const TensorList& in, const Tenso
   cudaStream_t stream = cuda::context().stream;
   Status s = op.builds()->launch(p, stream);
   if (s.code() == StatusCode::kUnsupported) s = width::launch_mla_front_plain(p, out[4].raw(), stream);
-  NUCLEUS_CHECK(s.ok(), "mla_front (layer {}, {} rows): {}", op.layer(), rows, s.to_string());
+  // A width build or the plain kernel refusing this call (its plan, a launch
+  // configuration) fails the step, not the process.
+  if (!s.ok()) ctx.fail(s.with_context("mla_front (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)"));
 }
 
 }  // namespace nucleus::cuda_ops

@@ -153,7 +153,10 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
         NUCLEUS_CUDA_CHECK(kernels::launch_gather_dequant_latent(cache, cache_dtype, s.latent(), k_scale, table,
                                                                  static_cast<int>(kv.block_size), k0, nk,
                                                                  st[0].data<__nv_bfloat16>(), stream()));
-        linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width, false);
+        if (Status ls = linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width,
+                                       false);
+            !ls.ok())
+          return ctx.fail(ls.with_context("mla_prefill kv_b expansion"));
         kernels::MlaExpandedPieceParams p;
         p.s = s;
         p.q = q.data<__nv_bfloat16>() + (q_begin + i0) * q.row_numel();

@@ -2,9 +2,14 @@
 
 #include <map>
 #include <mutex>
+#include <cstdlib>
 #include <sstream>
 
 #include "core/env.h"
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include "core/cuda/try_alloc.h"
+#endif
 
 namespace nucleus {
 
@@ -59,6 +64,25 @@ std::string forced_backend(const char* family) {
   });
   auto it = forced.find(family);
   return it == forced.end() ? std::string() : it->second;
+}
+
+StatusOr<Tensor> try_empty(std::vector<int64_t> shape, DType dtype, Device device, const std::string& what) {
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  if (device == Device::kCpu) {
+    const size_t alloc_bytes = (bytes + 63) / 64 * 64;
+    void* p = alloc_bytes ? std::aligned_alloc(64, alloc_bytes) : nullptr;
+    if (alloc_bytes && !p)
+      return resource_exhausted(what + ": out of host memory allocating " + std::to_string(bytes) + " bytes");
+    return Tensor::wrap(p, std::move(shape), dtype, device, std::shared_ptr<void>(p, [](void* q) { std::free(q); }));
+  }
+#ifdef NUCLEUS_HAVE_CUDA
+  auto st = cuda::try_allocate(bytes);
+  if (!st.ok()) return st.status().with_context(what);
+  void* data = (*st)->data;
+  return Tensor::wrap(data, std::move(shape), dtype, device, std::move(*st));
+#else
+  return unsupported(what + ": a " + device_name(device) + " allocation needs a CUDA build");
+#endif
 }
 
 }  // namespace nucleus

@@ -27,7 +27,18 @@ struct StepStats {
   int64_t experts_activated = 0;  // unique experts summed over MoE layers
 };
 
-// Everything an op may read besides its buffers.
+class FaultInjector;
+
+// Everything an op may read besides its buffers, and where it reports an
+// error.
+//
+// Errors: an op's run cannot return a value (its backends are plain function
+// pointers), so a failure that input or resources can cause inside a step (a
+// scratch allocation, a communicator, a kernel plan refusing a shape) is
+// reported with fail() and the op returns at once; the executor
+// (run_nodes) stops the step after that op and returns the error up to the
+// engine, which fails the step's requests and goes on. A broken invariant (a
+// bug) still stops the process with NUCLEUS_CHECK.
 struct OpContext {
   Device device = Device::kCpu;
   void* stream = nullptr;  // cudaStream_t on CUDA
@@ -35,7 +46,24 @@ struct OpContext {
   const DeviceStepInputs* dev = nullptr;  // device copies (CUDA only)
   KvCache* kv_cache = nullptr;
   StepStats* stats = nullptr;  // non-null: ops record what the step touched (benchmarks; syncs)
+  FaultInjector* faults = nullptr;  // NUCLEUS_FAULT_INJECT (graph/fault_injection.h); null: none
+  // The first error an op reported since the executor last took it.
+  Status error;
+
+  // Records `s` (not OK) as the step's error unless one is recorded already;
+  // the caller returns right after. Safe under CUDA graph capture (the
+  // capture then ends with the error).
+  void fail(Status s) {
+    if (error.ok()) error = std::move(s);
+  }
+  bool failed() const { return !error.ok(); }
 };
+
+// A device tensor of `shape` and `dtype` for an op's scratch or workspace, or
+// kResourceExhausted naming `what` and the bytes when the allocation fails
+// (instead of stopping the process as Tensor::empty does). On the CPU, host
+// memory. Not under CUDA graph capture (allocating there is a bug).
+StatusOr<Tensor> try_empty(std::vector<int64_t> shape, DType dtype, Device device, const std::string& what);
 
 class Op {
  public:

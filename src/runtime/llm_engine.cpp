@@ -130,6 +130,7 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
 
 Status LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> prompt,
                               const SamplingParams& params) {
+  if (!failure_.ok()) return failure_;
   if (requests_.count(request_id)) return invalid_argument("request id '" + request_id + "' is already in use");
   if (prompt.empty()) return invalid_argument("the prompt is empty");
   const int64_t vocab = model_->config().vocab_size;
@@ -178,7 +179,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   if (plan.empty()) return outputs;
   ++steps_;
   auto samples = runner_->execute_and_sample(plan);
-  NUCLEUS_CHECK(samples.ok(), "forward failed: {}", samples.status().to_string());
+  if (!samples.ok()) return fail_step(plan, samples.status());
   scheduler_->on_step_done(plan);
   size_t row = 0;
   std::vector<Sequence*> done;
@@ -211,6 +212,37 @@ std::vector<RequestOutput> LLMEngine::step() {
     outputs.push_back(std::move(o));
   }
   for (Sequence* seq : done) requests_.erase(seq->request_id);
+  return outputs;
+}
+
+std::vector<RequestOutput> LLMEngine::fail_step(const SchedulerOutput& plan, const Status& error) {
+  if (Status health = model_->health(); !health.ok())
+    return fail_engine(aborted("the engine failed and takes no more requests: step " + std::to_string(steps_) +
+                               " failed (" + error.to_string() + ") and the model cannot run further steps (" +
+                               health.message() + ")"));
+  NUCLEUS_LOG_ERROR("step {} failed; its {} request(s) finish with an error, the others go on: {}", steps_,
+                    plan.scheduled.size(), error.to_string());
+  std::vector<RequestOutput> outputs;
+  for (const auto& s : plan.scheduled) {
+    Sequence& seq = *s.seq;
+    seq.error = error;
+    scheduler_->finish(&seq, FinishReason::kError);  // frees its blocks (their rows of this step were not cached)
+    outputs.push_back(make_output(seq));
+    requests_.erase(seq.request_id);
+  }
+  return outputs;
+}
+
+std::vector<RequestOutput> LLMEngine::fail_engine(const Status& why) {
+  NUCLEUS_LOG_ERROR("{}; finishing all {} request(s) with an error", why.message(), requests_.size());
+  failure_ = why;
+  std::vector<RequestOutput> outputs;
+  for (auto& [id, seq] : requests_) {
+    seq->error = why;
+    scheduler_->finish(seq.get(), FinishReason::kError);
+    outputs.push_back(make_output(*seq));
+  }
+  requests_.clear();
   return outputs;
 }
 

@@ -69,13 +69,24 @@ class LLMEngine {
   // Queues a request. Errors (kInvalidArgument): a duplicate id, an empty
   // prompt, a token id outside the vocabulary, bad sampling parameters,
   // prompt + max_tokens past max_model_len, or more KV blocks than the
-  // whole pool holds (kResourceExhausted).
+  // whole pool holds (kResourceExhausted); an engine that failed (failure(),
+  // kAborted).
   Status add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
                      const SamplingParams& params);
 
   // Runs one step; returns an entry for every request that produced a token
   // or finished in it. Returns nothing when idle.
+  //
+  // A step whose forward or sampling fails finishes each request of that
+  // step with FinishReason::kError (RequestOutput::error says why, naming
+  // the op), frees their KV blocks, and leaves the other requests running:
+  // the next step goes on. When the model cannot run more steps after the
+  // failure (DeepseekModel::health: a sticky CUDA error, an aborted
+  // tensor-parallel group), the engine fails instead: every request
+  // finishes with kError and failure() is set.
   std::vector<RequestOutput> step();
+  // OK, or why the engine failed (kAborted): it then refuses every request.
+  const Status& failure() const { return failure_; }
 
   // Finishes a request with reason "abort"; false if it is unknown or done.
   bool abort(const std::string& request_id);
@@ -90,6 +101,11 @@ class LLMEngine {
  private:
   LLMEngine() = default;
   RequestOutput make_output(const Sequence& seq) const;
+  // A failed step: finishes its requests with `error` (or fails the engine
+  // when the model is no longer usable); returns their outputs.
+  std::vector<RequestOutput> fail_step(const SchedulerOutput& plan, const Status& error);
+  // Finishes every request with kError and `why`; sets failure_.
+  std::vector<RequestOutput> fail_engine(const Status& why);
 
   EngineConfig config_;
   std::unique_ptr<DeepseekModel> model_;
@@ -100,6 +116,7 @@ class LLMEngine {
   int64_t next_seq_id_ = 0;
   int64_t steps_ = 0;
   int64_t preemptions_ = 0;
+  Status failure_;
 };
 
 }  // namespace nucleus

@@ -84,6 +84,24 @@ EngineStats AsyncEngine::stats() const {
   return stats_;
 }
 
+Status AsyncEngine::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void AsyncEngine::on_failure(std::function<void(const Status&)> fn) {
+  Status failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_.ok()) {
+      on_failure_ = std::move(fn);
+      return;
+    }
+    failed = failure_;
+  }
+  fn(failed);
+}
+
 void AsyncEngine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -190,13 +208,19 @@ void AsyncEngine::loop() {
     }
     std::vector<RequestOutput> outputs;
     if (!stop && engine_->has_unfinished()) outputs = engine_->step();
+    std::function<void(const Status&)> failed;
     {
       // Stats first: a client that got its last token and then reads
       // /metrics sees the engine as of that step (its blocks freed).
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = engine_->stats();
+      if (failure_.ok() && !engine_->failure().ok()) {
+        failure_ = engine_->failure();
+        failed = std::move(on_failure_);
+      }
     }
     route(outputs);
+    if (failed) failed(engine_->failure());
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (num_live_ == 0) idle_.notify_all();

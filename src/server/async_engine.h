@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,6 +89,13 @@ class AsyncEngine {
 
   // The engine's counters after the loop's latest pass.
   EngineStats stats() const;
+  // OK, or why the engine failed (LLMEngine::failure(); it then refuses
+  // every request with that kAborted status).
+  Status failure() const;
+  // Calls `fn` once, on the loop thread, when the engine fails (at once, on
+  // the caller's thread, when it has failed already): `nucleus serve` shuts
+  // down then.
+  void on_failure(std::function<void(const Status&)> fn);
   // Set at construction; constant afterwards, so readable from any thread.
   const EngineConfig& config() const { return config_; }
   int64_t vocab_size() const { return vocab_size_; }
@@ -124,6 +132,8 @@ class AsyncEngine {
   bool stop_ = false;
   int64_t num_live_ = 0;  // submitted and not yet finished or rejected
   EngineStats stats_;
+  Status failure_;
+  std::function<void(const Status&)> on_failure_;
 
   std::unordered_map<std::string, Live> live_;  // loop thread only
   std::thread thread_;

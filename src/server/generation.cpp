@@ -2,6 +2,15 @@
 
 namespace nucleus::server {
 
+ApiError generation_error(const Status& error) {
+  ApiError e;
+  const bool unavailable = error.code() == StatusCode::kAborted;
+  e.http_status = unavailable ? 503 : 500;
+  e.type = unavailable ? "service_unavailable" : "internal_error";
+  e.message = "The engine failed this request: " + error.to_string();
+  return e;
+}
+
 std::string finish_reason_string(FinishReason r) {
   switch (r) {
     case FinishReason::kStop:
@@ -149,6 +158,10 @@ void Generation::consume(const OutputEvent& e) {
     }
   }
   if (o.finished) {
+    if (o.finish_reason == FinishReason::kError) {
+      c.pending.error = o.error.ok() ? internal_error("the engine failed the request") : o.error;
+      if (error_.ok()) error_ = c.pending.error;
+    }
     if (c.detok) c.pending.text += c.detok->finish();
     finish(c, finish_reason_string(o.finish_reason), e.time);
   }

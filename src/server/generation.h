@@ -33,6 +33,7 @@ struct ChoiceDelta {
   std::vector<int32_t> token_ids;      // the new tokens; filled only without a tokenizer (--skip-tokenizer-init)
   std::vector<TokenLogprob> logprobs;  // the tokens consumed for `text` (when requested)
   std::string finish_reason;           // set in the choice's last delta: "stop", "length", "abort", "error"
+  Status error;                        // with finish_reason "error": why the engine failed the choice
 };
 
 class Generation {
@@ -64,6 +65,9 @@ class Generation {
   // (tokens the detokenizer consumed, up to the one completing a stop string).
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t completion_tokens() const;
+  // OK, or the error of the first choice the engine finished with "error"
+  // (a failed step: RequestOutput::error).
+  const Status& error() const { return error_; }
 
  private:
   struct Choice {
@@ -93,9 +97,17 @@ class Generation {
   std::vector<OutputEvent> early_;  // outputs that came while start() waited
   int num_done_ = 0;
   int64_t prompt_tokens_ = 0;
+  Status error_;
 };
 
 // "stop", "length", "abort", "error".
 std::string finish_reason_string(FinishReason r);
+
+// The client's error for a choice the engine failed (Generation::error()):
+// 503 service_unavailable when the engine failed as a whole (kAborted: it
+// serves nothing more), else 500 internal_error; the message is the
+// engine's, naming the op that failed. The body of a non-streaming
+// response, and an error event of a stream.
+ApiError generation_error(const Status& error);
 
 }  // namespace nucleus::server

@@ -141,6 +141,8 @@ void HttpServer::handle(const HttpRequest& req, HttpResponder& res) {
     lock.unlock();
     if (draining)
       send_error(res, shutting_down());
+    else if (Status f = engine_.failure(); !f.ok())
+      send_error(res, error_of(503, "service_unavailable", f.message()));
     else
       res.send(200, "", "");
   } else {
@@ -177,14 +179,17 @@ void HttpServer::handle_generation(const std::string& body, bool chat, HttpRespo
     if (res.client_gone()) return;  // ~Generation aborts the choices still running
     std::string out;
     for (const auto& d : gen.next(kDisconnectCheckSeconds)) {
-      if (request.stream)
-        out += event(builder.chunk(d));
-      else
+      if (!request.stream) {
         builder.add(d);
+        continue;
+      }
+      out += event(builder.chunk(d));
+      if (!d.error.ok()) out += event(generation_error(d.error).body());  // a failed step: an OpenAI error event
     }
     if (!out.empty() && !res.write_chunk(out)) return;
   }
   if (!request.stream) {
+    if (!gen.error().ok()) return send_error(res, generation_error(gen.error()));
     res.send(200, "application/json", dump_json(builder.whole(gen.prompt_tokens(), gen.completion_tokens())));
     return;
   }

@@ -90,16 +90,19 @@ inline int wait_exit(pid_t pid, double timeout_s) {
 }
 
 // `nucleus serve` on the tiny model; killed at the end unless already gone.
+// `env`: NAME=VALUE settings for the child only.
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& extra_args = {}) {
+  explicit ServerProcess(const std::vector<std::string>& extra_args = {}, const std::vector<std::string>& env = {}) {
     port_ = free_port();
     log_ = testing::make_temp_dir("nucleus_srv") + "/server.log";
     std::vector<std::string> args = {
         binary(),    "serve",  "--device",           "cpu", "--model", testing::model_path("tiny-dsv3"), "--host",
         "127.0.0.1", "--port", std::to_string(port_)};
     args.insert(args.end(), extra_args.begin(), extra_args.end());
+    for (const auto& e : env) putenv(const_cast<char*>(e.c_str()));  // copied by the spawn below
     pid_ = spawn(args, log_);
+    for (const auto& e : env) unsetenv(e.substr(0, e.find('=')).c_str());
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (pid_ > 0 && std::chrono::steady_clock::now() < deadline) {
       auto res = client().Get("/health");
@@ -134,6 +137,11 @@ class ServerProcess {
   // SIGTERM, then the exit status (-1: did not exit within timeout_s).
   int terminate(double timeout_s = 20.0) {
     kill(pid_, SIGTERM);
+    return exit_status(timeout_s);
+  }
+  // The exit status once the server exits by itself (-1: still running
+  // after timeout_s, then killed).
+  int exit_status(double timeout_s) {
     const int st = wait_exit(pid_, timeout_s);
     pid_ = -1;
     return st;
@@ -149,12 +157,13 @@ class ServerProcess {
 struct Reply {
   int status = 0;
   json body;
+  std::string raw;
 };
 
 inline Reply post(const ServerProcess& s, const std::string& path, const std::string& body) {
   auto res = s.client().Post(path.c_str(), body, "application/json");
   if (!res) return {};
-  return {res->status, json::parse(res->body, nullptr, false)};
+  return {res->status, json::parse(res->body, nullptr, false), res->body};
 }
 inline Reply post(const ServerProcess& s, const std::string& path, const json& body) { return post(s, path, body.dump()); }
 

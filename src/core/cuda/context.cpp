@@ -1,5 +1,6 @@
 #ifdef NUCLEUS_HAVE_CUDA
 #include "core/cuda/context.h"
+#include "core/cuda/try_alloc.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -39,42 +40,58 @@ int poison_byte() {
   return v;
 }
 
-// Device memory for Tensor::empty on the calling thread's current device.
-// The release may run on any thread: it frees on the allocation's device.
+}  // namespace
+
+StatusOr<std::shared_ptr<Storage>> try_allocate(size_t bytes) {
+  auto st = std::make_shared<Storage>();
+  st->device = Device::kCuda;
+  st->bytes = bytes;
+  if (!bytes) return st;
+  int device = 0;
+  NUCLEUS_CUDA_CHECK(cudaGetDevice(&device));
+  cudaError_t e = cudaMalloc(&st->data, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // an allocation failure is not sticky: clear it
+    st->data = nullptr;
+    return resource_exhausted("cudaMalloc of " + std::to_string(bytes) + " bytes on device " + std::to_string(device) +
+                              " failed: " + cudaGetErrorString(e) + " (" + std::to_string(g_allocated.load()) +
+                              " bytes held by tensors)");
+  }
+  g_allocated += bytes;
+  if (const int b = poison_byte(); b >= 0) {
+    // Not while the device's engine stream captures a graph (an
+    // allocation there is a bug the graph tests catch; a memset would
+    // break the capture). Waits for this device only.
+    const Context* c = device >= 0 && device < kMaxDevices ? g_contexts[device] : nullptr;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(c ? c->stream : nullptr, &cs);
+    if (cs == cudaStreamCaptureStatusNone) {
+      NUCLEUS_CUDA_CHECK(cudaMemset(st->data, b, bytes));
+      NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+  }
+  st->release = [bytes, device](void* p) {
+    int current = 0;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
+    cudaFree(p);
+    if (current != device) cudaSetDevice(current);
+    g_allocated -= bytes;
+  };
+  return st;
+}
+
+namespace {
+
+// Device memory for Tensor::empty on the calling thread's current device:
+// a failed allocation stops the process (set-up: weights, KV pool, step
+// buffers are sized before they are allocated); ops' scratch in a step uses
+// try_allocate (via try_empty, ops/op.h) instead.
 void register_allocator() {
   register_device_allocator(Device::kCuda, [](size_t bytes) {
-    auto st = std::make_shared<Storage>();
-    st->device = Device::kCuda;
-    st->bytes = bytes;
-    if (bytes) {
-      int device = 0;
-      NUCLEUS_CUDA_CHECK(cudaGetDevice(&device));
-      cudaError_t e = cudaMalloc(&st->data, bytes);
-      NUCLEUS_CHECK(e == cudaSuccess, "cudaMalloc of {} bytes on device {} failed: {} ({} bytes held by tensors)",
-                    bytes, device, cudaGetErrorString(e), g_allocated.load());
-      g_allocated += bytes;
-      if (const int b = poison_byte(); b >= 0) {
-        // Not while the device's engine stream captures a graph (an
-        // allocation there is a bug the graph tests catch; a memset would
-        // break the capture). Waits for this device only.
-        const Context* c = device >= 0 && device < kMaxDevices ? g_contexts[device] : nullptr;
-        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-        cudaStreamIsCapturing(c ? c->stream : nullptr, &cs);
-        if (cs == cudaStreamCaptureStatusNone) {
-          NUCLEUS_CUDA_CHECK(cudaMemset(st->data, b, bytes));
-          NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
-        }
-      }
-      st->release = [bytes, device](void* p) {
-        int current = 0;
-        cudaGetDevice(&current);
-        if (current != device) cudaSetDevice(device);
-        cudaFree(p);
-        if (current != device) cudaSetDevice(current);
-        g_allocated -= bytes;
-      };
-    }
-    return st;
+    auto st = try_allocate(bytes);
+    NUCLEUS_CHECK(st.ok(), "{}", st.status().message());
+    return std::move(*st);
   });
 }
 

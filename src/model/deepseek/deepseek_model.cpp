@@ -125,6 +125,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique
       NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
   }
   if (dump) std::fputs(m->decode_graph_.dump("decode (after passes)").c_str(), stderr);
+  NUCLEUS_RETURN_IF_ERROR(m->init_fault_injection());
   return m;
 }
 
@@ -503,6 +504,38 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
   return logits.device() == Device::kCuda ? to_host(logits) : logits;
 }
 
+Status DeepseekModel::init_fault_injection() {
+  auto plan = parse_fault_plan(env_string("NUCLEUS_FAULT_INJECT").value_or(""));
+  if (!plan.ok()) return plan.status();
+  if (!plan->has_value()) return ok_status();
+  std::string kinds;
+  for (StepGraph* g : {&prefill_graph_, &decode_graph_})
+    for (const Node& n : g->nodes())
+      if (kinds.find(std::string(" ") + n.op->kind() + ",") == std::string::npos) kinds += std::string(" ") + n.op->kind() + ",";
+  if (kinds.find(" " + (*plan)->kind + ",") == std::string::npos)
+    return invalid_argument("NUCLEUS_FAULT_INJECT names op kind '" + (*plan)->kind + "', which no node of the model has" +
+                            " (kinds:" + kinds.substr(0, kinds.size() - 1) + ")");
+  if (rank_.shard.rank == 0)
+    NUCLEUS_LOG_WARN("NUCLEUS_FAULT_INJECT: run {} of op {} will fail{} (a test switch)", (*plan)->nth, (*plan)->kind,
+                     (*plan)->fatal ? ", fatally" : "");
+  faults_ = std::make_unique<FaultInjector>(**plan);
+  return ok_status();
+}
+
+Status DeepseekModel::health() {
+  if (group_) {
+    if (!broken_.ok()) return broken_;
+    for (auto& r : ranks_)
+      if (r->faults_ && r->faults_->fatal_fired()) return aborted("a fatal fault was injected (NUCLEUS_FAULT_INJECT)");
+    return ok_status();
+  }
+  if (faults_ && faults_->fatal_fired())
+    return aborted("a fatal fault was injected (NUCLEUS_FAULT_INJECT=" + faults_->plan().kind + ":" +
+                   std::to_string(faults_->plan().nth) + ":fatal)");
+  if (options_.device == Device::kCuda) return device_health();
+  return ok_status();
+}
+
 StatusOr<Tensor> DeepseekModel::forward_group(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
   NUCLEUS_CHECK(kv_cache.ranks.size() == ranks_.size(), "a KV cache of {} ranks for a model of {}",
                 kv_cache.ranks.size(), ranks_.size());
@@ -512,11 +545,18 @@ StatusOr<Tensor> DeepseekModel::forward_group(const StepInputs& inputs, KvCache&
   // are reported (routing is the same on every rank).
   std::vector<Tensor> logits(ranks_.size());
   std::vector<StepStats> rank_stats(ranks_.size());
-  NUCLEUS_RETURN_IF_ERROR(group_->run([&](int r) -> Status {
+  if (!broken_.ok()) return broken_;
+  Status s = group_->run([&](int r) -> Status {
     NUCLEUS_ASSIGN_OR_RETURN(logits[r], ranks_[r]->forward_logits(inputs, kv_cache.ranks[r],
                                                                    stats ? &rank_stats[r] : nullptr));
     return ok_status();
-  }));
+  });
+  if (!s.ok()) {
+    // A failed rank aborted every communicator of the group (TpGroup::run):
+    // no further step can run its collectives.
+    broken_ = aborted("the tensor-parallel group's communicators were aborted by a failed step (" + s.message() + ")");
+    return s;
+  }
   if (stats) {
     stats->moe_layers += rank_stats[0].moe_layers;
     stats->experts_activated += rank_stats[0].experts_activated;
@@ -543,15 +583,16 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
   ctx.device = options_.device;
   ctx.kv_cache = &kv_cache;
   ctx.stats = stats;
+  ctx.faults = faults_.get();
   if (options_.device != Device::kCuda) {
     const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
     ctx.inputs = &inputs;
     if (!options_.cpu_bf16_emulation) {
-      run_nodes(g, ctx, buffers, 0, g.nodes().size());
+      NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, 0, g.nodes().size()));
     } else {
       const auto& rounded = decode ? bf16_buffers_decode_ : bf16_buffers_prefill_;
       for (size_t i = 0; i < g.nodes().size(); ++i) {
-        run_nodes(g, ctx, buffers, i, i + 1);
+        NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, i, i + 1));
         for (int id : g.nodes()[i].outputs) {
           if (std::find(rounded.begin(), rounded.end(), id) == rounded.end()) continue;
           float* p = buffers[id].data<float>();
@@ -576,7 +617,7 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
     if (options_.graph_eager_pad) {
       ctx.inputs = &p;
       ctx.dev = &dev;
-      run_nodes(g, ctx, buffers, 0, g.nodes().size());
+      NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, 0, g.nodes().size()));
     } else {
       decode_graphs_.at(padded).replay();
       ++graph_replays_;
@@ -593,7 +634,7 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
   DeviceStepInputs dev = uploader_->upload(inputs);
   ctx.inputs = &inputs;
   ctx.dev = &dev;
-  run_nodes(g, ctx, buffers, 0, g.nodes().size());
+  NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, 0, g.nodes().size()));
   return buffers[g.find_buffer("logits")];
 }
 
@@ -616,7 +657,8 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
     ectx.kv_cache = &kv_cache;
     ectx.inputs = &inputs;
     ectx.dev = &eager_dev;
-    run_nodes(g, ectx, buffers, 0, g.nodes().size());
+    ectx.faults = faults_.get();
+    NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ectx, buffers, 0, g.nodes().size()));
     return buffers[g.find_buffer("logits")];
   }
   // The eager regions see the real rows only: the pad sequence (the last
@@ -628,6 +670,7 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
   OpContext ctx;
   ctx.device = options_.device;
   ctx.kv_cache = &kv_cache;
+  ctx.faults = faults_.get();
   const int attn_out = g.find_buffer("attn_out");
   size_t graph_index = 0;
   for (const Segment& seg : prefill_segments_) {
@@ -635,7 +678,7 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
       if (options_.token_graph_eager_pad) {
         ctx.inputs = &padded;
         ctx.dev = &dev;
-        run_nodes(g, ctx, full_copy, seg.begin, seg.end);
+        NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, full_copy, seg.begin, seg.end));
       } else {
         token_graphs_.at(bucket)[graph_index].replay();
       }
@@ -645,7 +688,7 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
     // Eager region on the real rows; attention hands back zero pad rows.
     ctx.inputs = &inputs;
     ctx.dev = &dev_real;
-    run_nodes(g, ctx, real, seg.begin, seg.end);
+    NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, real, seg.begin, seg.end));
     const std::string kind = g.nodes()[seg.begin].op->kind();
     if (kind == "mla_decode" || kind == "mla_prefill") zero_rows_async(full_copy[attn_out], T, bucket - T);
   }
@@ -776,8 +819,10 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
     ctx.kv_cache = &kv_cache;
     ctx.inputs = &dummy;
     ctx.dev = &dev;
-    run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size());  // warm-up: plans, lazy state
-    auto g = CudaGraph::capture([&] { run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size()); });
+    // Warm-up (plans, lazy state), then the capture; neither counts toward NUCLEUS_FAULT_INJECT.
+    NUCLEUS_RETURN_IF_ERROR(run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size())
+                                .with_context("decode graph warm-up of batch " + std::to_string(size)));
+    auto g = CudaGraph::capture([&] { return run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size()); });
     if (!g.ok()) return g.status().with_context("decode graph of batch " + std::to_string(size));
     decode_graphs_.emplace(size, std::move(*g));
   }
@@ -799,8 +844,9 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
     std::vector<CudaGraph> graphs;
     for (const Segment& seg : prefill_segments_) {
       if (!seg.graph) continue;
-      run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end);  // warm-up
-      auto cg = CudaGraph::capture([&] { run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end); });
+      NUCLEUS_RETURN_IF_ERROR(run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end)  // warm-up
+                                  .with_context("token graph warm-up of bucket " + std::to_string(bucket)));
+      auto cg = CudaGraph::capture([&] { return run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end); });
       if (!cg.ok()) return cg.status().with_context("token graph of bucket " + std::to_string(bucket));
       graphs.push_back(std::move(*cg));
     }

@@ -24,6 +24,7 @@
 
 #include "graph/cuda_graph.h"
 #include "graph/device_inputs.h"
+#include "graph/fault_injection.h"
 #include "graph/step_graph.h"
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
@@ -163,11 +164,21 @@ class DeepseekModel {
 
   // Runs one step: writes the step's latent rows into `kv_cache` (slots from
   // inputs.slot_mapping) and returns logits [num_logits, vocab_size] f32 on
-  // the host, one row per inputs.logit_indices entry.
+  // the host, one row per inputs.logit_indices entry. Errors: what an op
+  // reported (OpContext::fail: a scratch allocation, a communicator, a plan
+  // refusal, an injected fault), naming the node; the step's KV rows are then
+  // partly written. Call health() to learn whether the model can run more
+  // steps after a failure.
   StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
   // The same, leaving the logits where they were computed: on CUDA a view of
   // the step buffers (valid until the next step), on the CPU a host tensor.
   StatusOr<Tensor> forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
+
+  // Whether the model can run further steps: OK, or why not (a fatal
+  // injected fault, a tensor-parallel group whose communicators were
+  // aborted by a failed step, a sticky CUDA error on the device: kAborted).
+  // Synchronises the device on CUDA. Call after a failed forward.
+  Status health();
 
   // Bytes of weights by kind, for roofline accounting: everything but the
   // routed experts (read once per step), and one routed expert (incl. scales).
@@ -240,6 +251,9 @@ class DeepseekModel {
   RankContext rank_;                                 // this model's place in a group
   std::unique_ptr<TpGroup> group_;                   // a group: its ranks' threads and communicators
   std::vector<std::unique_ptr<DeepseekModel>> ranks_;  // a group: the rank models
+  // NUCLEUS_FAULT_INJECT: faults_ for a well-formed value naming an op kind
+  // of the graphs; kInvalidArgument otherwise.
+  Status init_fault_injection();
   // Fills kv_k_scales_ (after kv_cache_dtype_); errors on a bad --kv-scale.
   Status resolve_k_scales();
   // options_.width_builds on CUDA: plans (compiles or loads) the width builds
@@ -270,6 +284,8 @@ class DeepseekModel {
   std::map<int64_t, std::vector<CudaGraph>> token_graphs_;  // by bucket: one per graph segment
   int64_t token_graph_replays_ = 0;
   StatusOr<Tensor> forward_token_graph(const StepInputs& inputs, KvCache& kv_cache, int64_t bucket);
+  std::unique_ptr<FaultInjector> faults_;  // NUCLEUS_FAULT_INJECT; null: none
+  Status broken_;                          // why the model cannot run more steps (a group whose step failed)
   int64_t graphs_generation_ = -1;             // uploader generation the graphs were captured with
   int64_t graph_replays_ = 0;
   std::unique_ptr<DeviceInputUploader> uploader_;
