@@ -84,6 +84,8 @@ int run_generate(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--ignore-eos", sp.ignore_eos, "Keep generating past EOS");
   app.add_flag("--json", as_json, "One JSON line per prompt");
+  app.add_flag("--skip-tokenizer-init", args.skip_tokenizer_init,
+               "Load no tokenizer: prompts must be {\"prompt_token_ids\": [...]} lines, output is token ids");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -122,7 +124,7 @@ int run_generate(int argc, char** argv) {
   if (!tok)
     for (const auto& p : prompts)
       if (!p.has_ids) {
-        std::cerr << "error: the model has no tokenizer files (dummy weights from --config): give prompts as "
+        std::cerr << "error: no tokenizer (--skip-tokenizer-init, or dummy weights from --config): give prompts as "
                      "{\"prompt_token_ids\": [...]} lines\n";
         return 2;
       }

@@ -152,11 +152,13 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   NUCLEUS_RETURN_IF_ERROR(require(rs->factor > 0 && rs->factor <= kMaxScaling, "rope_scaling.factor",
                                   "in (0, 1e6]", rs->factor));
   // YaRN's ramp runs from the dimension of beta_fast rotations to that of
-  // beta_slow ones (ln(L0 / (2 pi beta)) needs beta > 0): equal or swapped
-  // betas make it empty or reversed, a typo rather than a trained model.
+  // beta_slow ones (ln(L0 / (2 pi beta)) needs beta > 0). Equal betas are a
+  // step, as Hugging Face's ramp makes them (Kimi-K2 ships beta_fast ==
+  // beta_slow == 1); swapped ones would reverse it, a typo rather than a
+  // trained model.
   NUCLEUS_RETURN_IF_ERROR(require(rs->beta_slow > 0, "rope_scaling.beta_slow", "> 0", rs->beta_slow));
-  if (!(rs->beta_fast > rs->beta_slow))
-    return invalid_argument("field 'rope_scaling.beta_fast' must be > rope_scaling.beta_slow " +
+  if (!(rs->beta_fast >= rs->beta_slow))
+    return invalid_argument("field 'rope_scaling.beta_fast' must be >= rope_scaling.beta_slow " +
                             value_text(rs->beta_slow) + ", got " + value_text(rs->beta_fast));
   // mscale >= 0 keeps yarn_get_mscale >= 1, a divisor of the attention factor.
   NUCLEUS_RETURN_IF_ERROR(require(rs->mscale >= 0, "rope_scaling.mscale", ">= 0", rs->mscale));
@@ -219,9 +221,11 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
   Reader r(config);
   ModelConfig c;
   NUCLEUS_RETURN_IF_ERROR(r.string_field("model_type", &c.model_type, true));
-  if (c.model_type != "deepseek_v2" && c.model_type != "deepseek_v3")
+  // Kimi-K2 is DeepSeek-V3's architecture (DeepseekV3ForCausalLM) with its
+  // own model_type; its config fields are V3's.
+  if (c.model_type != "deepseek_v2" && c.model_type != "deepseek_v3" && c.model_type != "kimi_k2")
     return unsupported("model_type '" + c.model_type +
-                       "' is not supported (supported: deepseek_v2, deepseek_v3)");
+                       "' is not supported (supported: deepseek_v2, deepseek_v3, kimi_k2)");
   if (config.contains("architectures") && config["architectures"].is_array()) {
     for (const auto& a : config["architectures"]) {
       std::string arch = a.is_string() ? a.get<std::string>() : a.dump();
@@ -230,7 +234,7 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
                            "' is not supported (supported: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
     }
   }
-  bool v3 = c.model_type == "deepseek_v3";
+  bool v3 = c.model_type == "deepseek_v3" || c.model_type == "kimi_k2";
   NUCLEUS_RETURN_IF_ERROR(r.int_field("vocab_size", &c.vocab_size, true, 1, kMaxVocab));
   NUCLEUS_RETURN_IF_ERROR(r.int_field("hidden_size", &c.hidden_size, true, 1, kMaxWidth));
   NUCLEUS_RETURN_IF_ERROR(r.int_field("intermediate_size", &c.intermediate_size, true, 1, kMaxWidth));

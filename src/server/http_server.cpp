@@ -56,7 +56,8 @@ ApiError shutting_down() { return error_of(503, "service_unavailable", "The serv
 
 // The label of a path in nucleus_http_requests_total (bounded cardinality).
 std::string endpoint_label(const std::string& path) {
-  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+  for (const char* p :
+       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/tokenize", "/detokenize"})
     if (path == p) return p;
   return "other";
 }
@@ -112,7 +113,8 @@ void HttpServer::handle(const HttpRequest& req, HttpResponder& res) {
   // Each known route with the one method it takes; another method is 405.
   static const std::pair<const char*, const char*> kRoutes[] = {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
-      {"/health", "GET"},          {"/metrics", "GET"}};
+      {"/health", "GET"},          {"/metrics", "GET"},              {"/tokenize", "POST"},
+      {"/detokenize", "POST"}};
   const char* allowed = nullptr;
   for (const auto& [path, method] : kRoutes)
     if (req.path == path) allowed = method;
@@ -125,6 +127,12 @@ void HttpServer::handle(const HttpRequest& req, HttpResponder& res) {
                {{"Allow", allowed}});
   } else if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") {
     handle_generation(req.body, req.path == "/v1/chat/completions", res);
+  } else if (req.path == "/tokenize" || req.path == "/detokenize") {
+    auto r = req.path == "/tokenize" ? tokenize_request(req.body, model_info_) : detokenize_request(req.body, model_info_);
+    if (const ApiError* e = std::get_if<ApiError>(&r))
+      send_error(res, *e);
+    else
+      res.send(200, "application/json", dump_json(std::get<json>(r)));
   } else if (req.path == "/v1/models") {
     json model = {{"id", model_info_.names[0]},
                   {"object", "model"},

@@ -346,6 +346,43 @@ json normalize_messages(const json& body) {
   return out;
 }
 
+// The messages rendered with the chat template and encoded (chat requests
+// and /tokenize with "messages").
+Prompt render_chat(const json& body, const ModelInfo& model) {
+  json messages = normalize_messages(body);
+  if (!model.tokenizer)
+    refuse("messages", "chat needs a tokenizer and this server runs with --skip-tokenizer-init; use /v1/completions "
+                       "with token ids");
+  if (!model.chat_template)
+    refuse("messages",
+           "This model has no chat template (tokenizer_config.json 'chat_template'); use "
+           "/v1/completions");
+  json context = {{"messages", std::move(messages)},
+                  {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
+                  {"bos_token", model.tokenizer->bos_token()},
+                  {"eos_token", model.tokenizer->eos_token()}};
+  if (const json* tools = field(body, "tools")) context["tools"] = *tools;
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) refuse("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (const auto& [k, v] : kw->items()) context[k] = v;
+  }
+  auto rendered = model.chat_template->render(context);
+  if (!rendered.ok()) refuse("messages", "The chat template refused the messages: " + rendered.status().message());
+  refuse_text_past_context(*rendered, model, "messages");
+  const bool add_special = get_bool(body, "add_special_tokens", false);
+  Prompt p{model.tokenizer->encode(*rendered, add_special), *rendered};
+  if (p.token_ids.empty()) refuse("messages", "The rendered chat prompt is empty");
+  return p;
+}
+
+void check_model(const json& body, const ModelInfo& model) {
+  GenerationRequest unused;
+  if (const json* m = field(body, "model"); m) {
+    json only = {{"model", *m}};
+    parse_common(only, model, unused);
+  }
+}
+
 }  // namespace
 
 std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& text, const ModelInfo& model) {
@@ -395,32 +432,50 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
                             "required or named tool call cannot be enforced");
     r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
     if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
-    json messages = normalize_messages(body);
-    if (!model.tokenizer)
-      refuse("messages", "chat needs a tokenizer and this server runs with --skip-tokenizer-init; use /v1/completions "
-                         "with token ids");
-    if (!model.chat_template)
-      refuse("messages",
-             "This model has no chat template (tokenizer_config.json 'chat_template'); use "
-             "/v1/completions");
-    json context = {{"messages", std::move(messages)},
-                    {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
-                    {"bos_token", model.tokenizer->bos_token()},
-                    {"eos_token", model.tokenizer->eos_token()}};
-    if (const json* tools = field(body, "tools")) context["tools"] = *tools;
-    if (const json* kw = field(body, "chat_template_kwargs")) {
-      if (!kw->is_object()) refuse("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-      for (const auto& [k, v] : kw->items()) context[k] = v;
-    }
-    auto rendered = model.chat_template->render(context);
-    if (!rendered.ok()) refuse("messages", "The chat template refused the messages: " + rendered.status().message());
-    refuse_text_past_context(*rendered, model, "messages");
-    const bool add_special = get_bool(body, "add_special_tokens", false);
-    Prompt p{model.tokenizer->encode(*rendered, add_special), *rendered};
-    if (p.token_ids.empty()) refuse("messages", "The rendered chat prompt is empty");
+    Prompt p = render_chat(body, model);
     r.prompts.push_back(std::move(p));
     set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
     return r;
+  } catch (const Refusal& e) {
+    return e.error;
+  }
+}
+
+std::variant<nlohmann::json, ApiError> tokenize_request(const std::string& text, const ModelInfo& model) {
+  try {
+    const json body = parse_body(text, model.limits);
+    check_model(body, model);
+    if (!model.tokenizer) refuse("", "/tokenize needs a tokenizer and this server runs with --skip-tokenizer-init");
+    std::vector<int32_t> ids;
+    if (field(body, "messages")) {
+      ids = render_chat(body, model).token_ids;
+    } else {
+      const json* p = field(body, "prompt");
+      if (!p || !p->is_string()) refuse("prompt", "'prompt' (a string) or 'messages' is required");
+      refuse_text_past_context(p->get<std::string>(), model, "prompt");
+      ids = model.tokenizer->encode(p->get<std::string>(), get_bool(body, "add_special_tokens", true));
+    }
+    return json{{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
+  } catch (const Refusal& e) {
+    return e.error;
+  }
+}
+
+std::variant<nlohmann::json, ApiError> detokenize_request(const std::string& text, const ModelInfo& model) {
+  try {
+    const json body = parse_body(text, model.limits);
+    check_model(body, model);
+    if (!model.tokenizer) refuse("", "/detokenize needs a tokenizer and this server runs with --skip-tokenizer-init");
+    const json* t = field(body, "tokens");
+    if (!t || !t->is_array()) refuse("tokens", "'tokens' (a list of token ids) is required");
+    std::vector<int32_t> ids;
+    for (const auto& id : *t) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= prompt_vocab_size(model))
+        refuse("tokens", "'tokens' holds " + id.dump() + ", not a token id in [0, " +
+                             std::to_string(prompt_vocab_size(model)) + ")");
+      ids.push_back(id.get<int32_t>());
+    }
+    return json{{"prompt", model.tokenizer->decode(ids, /*skip_special_tokens=*/false)}};
   } catch (const Refusal& e) {
     return e.error;
   }

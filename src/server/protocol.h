@@ -83,6 +83,13 @@ struct GenerationRequest {
 std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& body, const ModelInfo& model);
 std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& body, const ModelInfo& model);
 
+// vLLM's POST /tokenize: {"prompt": TEXT, "add_special_tokens": true} or
+// {"messages": [...], chat fields} -> {"count", "max_model_len", "tokens",
+// "token_strs": null}; and POST /detokenize: {"tokens": [ids]} -> {"prompt":
+// TEXT} (special tokens kept). Errors as the completion endpoints'.
+std::variant<nlohmann::json, ApiError> tokenize_request(const std::string& body, const ModelInfo& model);
+std::variant<nlohmann::json, ApiError> detokenize_request(const std::string& body, const ModelInfo& model);
+
 // The deepest nesting of arrays and objects in `text` read as JSON, stopping
 // early once it passes `limit` (then some value > limit). Strings are skipped
 // (brackets inside them do not count); no recursion, O(size).

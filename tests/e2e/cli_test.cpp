@@ -89,6 +89,27 @@ TEST(CliTest, SeededSamplingIsRepeatable) {
   EXPECT_EQ(json_lines(a.out)[0]["token_ids"].size(), 16u);
 }
 
+// --skip-tokenizer-init: token ids in, token ids out, the same ids as with
+// the tokenizer.
+TEST(CliTest, SkipTokenizerInitTakesAndGivesTokenIds) {
+  const std::string dir = testing::make_temp_dir("nucleus_cli_ids");
+  std::ofstream(dir + "/ids.jsonl") << "{\"prompt_token_ids\": [0, 1263, 2521]}\n";
+  const std::string base = "generate --device cpu --model " + testing::model_path("tiny-dsv3") + " --prompts " + dir +
+                           "/ids.jsonl --max-tokens 6 --json";
+  RunResult with = run(base), without = run(base + " --skip-tokenizer-init");
+  ASSERT_EQ(with.status, 0) << with.out;
+  ASSERT_EQ(without.status, 0) << without.out;
+  const json a = json_lines(with.out)[0], b = json_lines(without.out)[0];
+  EXPECT_EQ(a["token_ids"], b["token_ids"]);
+  EXPECT_TRUE(a.contains("text"));
+  EXPECT_FALSE(b.contains("text"));
+  RunResult text = run("generate --device cpu --model " + testing::model_path("tiny-dsv3") +
+                           " --prompt hi --skip-tokenizer-init",
+                       true);
+  EXPECT_EQ(text.status, 2) << text.out;
+  EXPECT_NE(text.out.find("prompt_token_ids"), std::string::npos) << text.out;
+}
+
 TEST(CliTest, RefusedPromptGetsErrorLineOthersFinish) {
   const std::string dir = testing::make_temp_dir("nucleus_cli");
   const std::string file = dir + "/prompts.jsonl";

@@ -185,6 +185,31 @@ TEST_F(ServerTest, ModelsAndHealth) {
   EXPECT_EQ(res->status, 200);
 }
 
+// vLLM's /tokenize and /detokenize: the tokenizer's ids for a text or the
+// rendered chat, and the text of ids.
+TEST_F(ServerTest, TokenizeAndDetokenize) {
+  Reply r = post(s(), "/tokenize", json{{"prompt", "def fibonacci(n):"}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const std::vector<int32_t> ids = tokenizer_->encode("def fibonacci(n):", true);
+  EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(r.body["count"], ids.size());
+  EXPECT_EQ(r.body["max_model_len"], 1024);
+  r = post(s(), "/tokenize", json{{"prompt", "def"}, {"add_special_tokens", false}});
+  EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), tokenizer_->encode("def", false));
+  const json messages = {{{"role", "user"}, {"content", "hi"}}};
+  r = post(s(), "/tokenize", json{{"messages", messages}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  Reply chat = post(s(), "/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 1}});
+  EXPECT_EQ(r.body["count"], chat.body["usage"]["prompt_tokens"]);
+  r = post(s(), "/detokenize", json{{"tokens", ids}});
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["prompt"], tokenizer_->decode(ids));
+  EXPECT_EQ(post(s(), "/detokenize", json{{"tokens", {1, 99999}}}).status, 400);
+  EXPECT_EQ(post(s(), "/tokenize", json{{"prompt", 5}}).status, 400);
+  EXPECT_EQ(post(s(), "/tokenize", json{{"prompt", "x"}, {"model", "gpt-4"}}).status, 404);
+  EXPECT_EQ(s().client().Get("/tokenize")->status, 405);
+}
+
 TEST_F(ServerTest, ChatCompletionUsesTheTemplate) {
   const json messages = {{{"role", "system"}, {"content", "You write Python."}},
                          {{"role", "user"}, {"content", "def add(a, b):"}}};

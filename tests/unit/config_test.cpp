@@ -46,6 +46,55 @@ TEST(ConfigTest, RealConfigFields) {
   EXPECT_EQ(v2->kv_cache_width(), 576);
 }
 
+// Kimi-K2 (moonshotai/Kimi-K2-Instruct-0905's config.json, the fields nucleus
+// reads): DeepSeek-V3's architecture under model_type kimi_k2, 384 experts,
+// 64 heads, YaRN with beta_fast == beta_slow == 1.
+TEST(ConfigTest, KimiK2IsDeepSeekV3) {
+  auto v3 = load_model_config(testing::model_path("configs/deepseek-v3.config.json"));
+  ASSERT_TRUE(v3.ok());
+  std::ifstream in(testing::model_path("configs/deepseek-v3.config.json"));
+  json k = json::parse(in);
+  k["model_type"] = "kimi_k2";
+  k["n_routed_experts"] = 384;
+  k["num_attention_heads"] = 64;
+  k["num_key_value_heads"] = 64;
+  k["n_group"] = 1;
+  k["topk_group"] = 1;
+  k["first_k_dense_replace"] = 1;
+  k["routed_scaling_factor"] = 2.827;
+  k["vocab_size"] = 163840;
+  k["bos_token_id"] = 163584;
+  k["eos_token_id"] = 163585;
+  k["rope_theta"] = 50000.0;
+  k["max_position_embeddings"] = 262144;
+  k["num_nextn_predict_layers"] = 0;
+  k["rope_scaling"] = {{"beta_fast", 1.0}, {"beta_slow", 1.0}, {"factor", 64.0}, {"mscale", 1.0},
+                       {"mscale_all_dim", 1.0}, {"original_max_position_embeddings", 4096}, {"type", "yarn"}};
+  auto c = parse_model_config(k);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->n_routed_experts, 384);
+  EXPECT_EQ(c->topk_method, TopkMethod::kNoauxTc);
+  EXPECT_EQ(c->scoring_func, ScoringFunc::kSigmoid);
+  EXPECT_TRUE(c->fp8);
+  EXPECT_FALSE(c->is_moe_layer(0));
+  EXPECT_TRUE(c->is_moe_layer(1));
+  // Equal betas: Hugging Face's ramp, a step at the correction dimension
+  // (low == high gets high += 0.001): every frequency is either the
+  // extrapolated or the interpolated one.
+  const std::vector<float> inv = kernels::rope_inv_freq(*c);
+  const int64_t d = c->qk_rope_head_dim;
+  int extrapolated = 0, interpolated = 0;
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double extra = 1.0 / std::pow(50000.0, 2.0 * i / d), inter = extra / 64.0;
+    ASSERT_TRUE(std::isfinite(inv[i]));
+    if (std::abs(inv[i] - extra) <= 1e-6 * extra) ++extrapolated;
+    if (std::abs(inv[i] - inter) <= 1e-6 * inter) ++interpolated;
+  }
+  EXPECT_EQ(extrapolated + interpolated, d / 2);
+  EXPECT_GT(extrapolated, 0);
+  EXPECT_GT(interpolated, 0);
+}
+
 json tiny_config() {
   std::ifstream in(testing::model_path("tiny-dsv3/config.json"));
   return json::parse(in);
@@ -123,8 +172,7 @@ TEST(ConfigTest, ValuesOutOfRangeNameTheField) {
       {set("routed_scaling_factor", -2.5), "field 'routed_scaling_factor' must be in (0, 1e6]"},
       {set("routed_scaling_factor", 1e308), "field 'routed_scaling_factor' must be in (0, 1e6], got 1e+308"},
       {set("routed_scaling_factor", inf), "field 'routed_scaling_factor' must be a finite number"},
-      {rope("beta_fast", 1), "field 'rope_scaling.beta_fast' must be > rope_scaling.beta_slow 1"},
-      {rope("beta_fast", 0.5), "field 'rope_scaling.beta_fast' must be > rope_scaling.beta_slow"},
+      {rope("beta_fast", 0.5), "field 'rope_scaling.beta_fast' must be >= rope_scaling.beta_slow 1"},
       {rope("beta_slow", 0), "field 'rope_scaling.beta_slow' must be > 0"},
       {rope("factor", 0), "field 'rope_scaling.factor' must be in (0, 1e6]"},
       {rope("factor", -4), "field 'rope_scaling.factor' must be in (0, 1e6]"},
