@@ -347,8 +347,12 @@ json normalize_messages(const json& body) {
 }
 
 // The messages rendered with the chat template and encoded (chat requests
-// and /tokenize with "messages").
-Prompt render_chat(const json& body, const ModelInfo& model) {
+// and /tokenize with "messages"). `text` is the body as sent: 'tools' and
+// 'chat_template_kwargs' are taken from it with their keys in the order the
+// client wrote them (as Python dicts keep them), so `tools | tojson` renders
+// as in Hugging Face and vLLM; `body` (parsed already, so `text` is known to
+// be valid and within the limits) orders keys alphabetically.
+Prompt render_chat(const json& body, const std::string& text, const ModelInfo& model) {
   json messages = normalize_messages(body);
   if (!model.tokenizer)
     refuse("messages", "chat needs a tokenizer and this server runs with --skip-tokenizer-init; use /v1/completions "
@@ -357,14 +361,16 @@ Prompt render_chat(const json& body, const ModelInfo& model) {
     refuse("messages",
            "This model has no chat template (tokenizer_config.json 'chat_template'); use "
            "/v1/completions");
-  json context = {{"messages", std::move(messages)},
-                  {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
-                  {"bos_token", model.tokenizer->bos_token()},
-                  {"eos_token", model.tokenizer->eos_token()}};
-  if (const json* tools = field(body, "tools")) context["tools"] = *tools;
+  using ordered_json = nlohmann::ordered_json;
+  const ordered_json ordered = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  ordered_json context = {{"messages", ordered_json(messages)},
+                          {"add_generation_prompt", get_bool(body, "add_generation_prompt", true)},
+                          {"bos_token", model.tokenizer->bos_token()},
+                          {"eos_token", model.tokenizer->eos_token()}};
+  if (field(body, "tools")) context["tools"] = ordered.at("tools");
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) refuse("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    for (const auto& [k, v] : kw->items()) context[k] = v;
+    for (const auto& [k, v] : ordered.at("chat_template_kwargs").items()) context[k] = v;
   }
   auto rendered = model.chat_template->render(context);
   if (!rendered.ok()) refuse("messages", "The chat template refused the messages: " + rendered.status().message());
@@ -432,7 +438,7 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
                             "required or named tool call cannot be enforced");
     r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
     if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
-    Prompt p = render_chat(body, model);
+    Prompt p = render_chat(body, text, model);
     r.prompts.push_back(std::move(p));
     set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
     return r;
@@ -448,7 +454,7 @@ std::variant<nlohmann::json, ApiError> tokenize_request(const std::string& text,
     if (!model.tokenizer) refuse("", "/tokenize needs a tokenizer and this server runs with --skip-tokenizer-init");
     std::vector<int32_t> ids;
     if (field(body, "messages")) {
-      ids = render_chat(body, model).token_ids;
+      ids = render_chat(body, text, model).token_ids;
     } else {
       const json* p = field(body, "prompt");
       if (!p || !p->is_string()) refuse("prompt", "'prompt' (a string) or 'messages' is required");

@@ -2,7 +2,8 @@
 """The official OpenAI Python client against `nucleus serve` (tiny model, CPU).
 
 Run by ctest (env NUCLEUS_BIN, NUCLEUS_MODELS_DIR, NUCLEUS_PY_VENV):
-  openai_client_test.py --setup   creates the venv NUCLEUS_PY_VENV and installs `openai` into it
+  openai_client_test.py --setup   creates the venv NUCLEUS_PY_VENV and installs `openai` and `jinja2`
+                                  (the reference renderer of chat templates) into it
   openai_client_test.py           runs the tests (with the venv's interpreter when `openai`
                                   is not importable here; sets the venv up first if needed)
 """
@@ -22,14 +23,14 @@ VENV_PYTHON = os.path.join(VENV, "bin", "python")
 
 
 def have_openai(python):
-    return subprocess.run([python, "-c", "import openai"], capture_output=True).returncode == 0
+    return subprocess.run([python, "-c", "import openai, jinja2"], capture_output=True).returncode == 0
 
 
 def setup_venv():
     if os.path.exists(VENV_PYTHON) and have_openai(VENV_PYTHON):
         return 0
     subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    r = subprocess.run([VENV_PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai"])
+    r = subprocess.run([VENV_PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai", "jinja2"])
     return r.returncode
 
 
@@ -42,10 +43,10 @@ def free_port():
 class Server:
     """`nucleus serve` on a free loopback port, logging to a temporary file."""
 
-    def __init__(self):
+    def __init__(self, model=None):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="nucleus_serve_", suffix=".log", delete=False)
-        model = os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "tiny-dsv3")
+        model = model or os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "tiny-dsv3")
         self.proc = subprocess.Popen(
             [os.environ["NUCLEUS_BIN"], "serve", "--device", "cpu", "--model", model, "--port", str(self.port)],
             stdout=self.log, stderr=subprocess.STDOUT)
@@ -162,10 +163,63 @@ class OpenAIClientTest(unittest.TestCase):
             self.client.chat.completions.create(model="tiny-dsv3", messages=[], max_tokens=4)
 
 
+# A template that prints `tools | tojson` the way the Kimi-K2 and DeepSeek-V3.2 templates do.
+TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
+                  "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                  "{% if flag %}{{ flag | tojson }}{% endif %}")
+
+
+class ChatTemplateToolsTest(unittest.TestCase):
+    """Chat templates see the request's objects with their keys in the client's order: the
+    rendered prompt equals Python jinja2 with transformers' tojson (json.dumps, keys unsorted)."""
+
+    @classmethod
+    def setUpClass(cls):
+        src = os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "tiny-dsv3")
+        cls.dir = tempfile.mkdtemp(prefix="nucleus_tools_model_")
+        for name in os.listdir(src):
+            if name != "tokenizer_config.json":
+                os.symlink(os.path.join(src, name), os.path.join(cls.dir, name))
+        with open(os.path.join(src, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        config["chat_template"] = TOOLS_TEMPLATE
+        with open(os.path.join(cls.dir, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        cls.server = Server(cls.dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.terminate()
+
+    def post(self, path, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.server.port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    def test_tools_tojson_keeps_the_clients_key_order(self):
+        import jinja2
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather — for a city (°C)",
+            "parameters": {"type": "object", "required": ["zip", "city"],
+                           "properties": {"zip": {"type": "string"}, "city": {"type": "string"}}}}}]
+        messages = [{"role": "user", "content": "Weather in Zürich?"}]
+        kwargs = {"flag": {"z": 1, "a": [2, {"y": None, "b": True}]}}
+        env = jinja2.Environment()
+        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        expected = env.from_string(TOOLS_TEMPLATE).render(tools=tools, messages=messages, add_generation_prompt=True,
+                                                         **kwargs)
+        self.assertIn('{"type": "function", "function": {"name"', expected)
+        ids = self.post("/tokenize", {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs})["tokens"]
+        text = self.post("/detokenize", {"tokens": ids})["prompt"]
+        self.assertEqual(text, expected)
+
+
 def main():
     if "--setup" in sys.argv:
         return setup_venv()
     try:
+        import jinja2  # noqa: F401
         import openai  # noqa: F401
     except ImportError:
         if os.path.realpath(sys.prefix) != os.path.realpath(VENV):  # not yet running in the venv
