@@ -35,6 +35,12 @@ constexpr int kMaxCallDepth = 64;
 // `*` repetition may build.
 constexpr int64_t kMaxRange = 100000;
 constexpr size_t kMaxRepeatBytes = size_t{64} << 20;
+// A render's budget: statements and expressions evaluated, and the bytes of
+// any string it builds (the output included). A template from a checkpoint
+// is code the server runs on every chat request; without a budget, nested
+// loops or doubling a string in a loop would hang or exhaust the server.
+constexpr int64_t kMaxRenderSteps = 5'000'000;
+constexpr size_t kMaxStringBytes = kMaxRepeatBytes;
 
 // "line L, column C" for a byte offset of the (normalized) source; columns
 // count characters.
@@ -1645,7 +1651,21 @@ class Renderer {
     return ok_status();
   }
 
+  // Counts one step of the render against kMaxRenderSteps.
+  Status step(size_t pos) {
+    if (++steps_ > kMaxRenderSteps)
+      return err(pos, "the template ran more than " + std::to_string(kMaxRenderSteps) + " steps (a runaway loop?)");
+    return ok_status();
+  }
+  Status check_size(size_t bytes, size_t pos) const {
+    if (bytes > kMaxStringBytes)
+      return err(pos, "the template built a string of more than " + std::to_string(kMaxStringBytes) + " bytes");
+    return ok_status();
+  }
+
   Status exec_node(const Node& node, Scope& scope, std::string& out) {
+    NUCLEUS_RETURN_IF_ERROR(step(node.pos));
+    NUCLEUS_RETURN_IF_ERROR(check_size(out.size(), node.pos));
     switch (node.kind) {
       case Node::Kind::kText: out += node.text; return ok_status();
       case Node::Kind::kOutput: {
@@ -1742,7 +1762,9 @@ class Renderer {
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < n; ++k) {
       // Each iteration starts from the enclosing scope: what the body sets
-      // is gone at the next one (Jinja2 semantics).
+      // is gone at the next one (Jinja2 semantics). An iteration is a step,
+      // even of an empty body.
+      NUCLEUS_RETURN_IF_ERROR(step(node.pos));
       Scope s{&scope, {}};
       NUCLEUS_RETURN_IF_ERROR(bind(node.targets, items[k], s, node.pos));
       auto loop = std::make_shared<Namespace>();
@@ -1789,6 +1811,7 @@ class Renderer {
   }
 
   StatusOr<Value> eval(const Expr& e, Scope& scope) {
+    NUCLEUS_RETURN_IF_ERROR(step(e.pos));
     switch (e.kind) {
       case Expr::Kind::kLiteral: return Value::ref(e.literal);
       case Expr::Kind::kName: return lookup(e.name, scope);
@@ -1876,6 +1899,7 @@ class Renderer {
         for (const auto& part : e.args) {
           NUCLEUS_ASSIGN_OR_RETURN(Value v, eval(*part, scope));
           append_str(v, s);
+          NUCLEUS_RETURN_IF_ERROR(check_size(s.size(), e.pos));
         }
         return Value::of(std::move(s));
       }
@@ -2304,8 +2328,12 @@ class Renderer {
       return Value::of(r);
     }
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return Value::of(a.str() + b.str());
+      if (a.is_string() && b.is_string()) {
+        NUCLEUS_RETURN_IF_ERROR(check_size(a.str().size() + b.str().size(), pos));
+        return Value::of(a.str() + b.str());
+      }
       if (a.is_array() && b.is_array()) {
+        NUCLEUS_RETURN_IF_ERROR(check_size(a.j->size() + b.j->size(), pos));
         json out = *a.j;
         for (const json& item : *b.j) out.push_back(item);
         return Value::of(std::move(out));
@@ -2718,6 +2746,7 @@ class Renderer {
   const json& ctx_;
   Scope top_;  // the template's top-level variables
   int depth_ = 0;
+  int64_t steps_ = 0;  // statements and expressions evaluated so far
   enum class Flow { kNormal, kBreak, kContinue } flow_ = Flow::kNormal;
 };
 

@@ -24,9 +24,13 @@ kernels::MlaShape shape_of(const kernels::MlaDims& d) {
   return s;
 }
 
-void ensure(Tensor& t, std::vector<int64_t> shape, DType dtype) {
-  if (t.defined() && t.numel() >= shape_numel(shape)) return;
-  t = Tensor::empty(std::move(shape), dtype, Device::kCuda);
+// Grows `t` to `shape`; kResourceExhausted when the device has no room (the
+// step fails, the process goes on).
+Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype) {
+  if (t.defined() && t.numel() >= shape_numel(shape)) return ok_status();
+  t = Tensor();  // the old buffer goes first, so its memory counts toward the new one
+  NUCLEUS_ASSIGN_OR_RETURN(t, try_empty(std::move(shape), dtype, Device::kCuda, "mla_prefill cuda_naive scratch"));
+  return ok_status();
 }
 
 constexpr int64_t kQueryGroup = 512;           // query rows per expanded launch
@@ -140,10 +144,10 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
     if (num_q == 0 || !serves_sequence(op.mode(), false, num_q)) continue;
     const int64_t q_begin = si.query_start[seq], ctx_len = si.context_lens[seq];
     const int32_t* table = dev.block_tables + seq * si.max_blocks_per_seq;
-    ensure(st[0], {chunk, s.latent()}, DType::kBF16);
-    ensure(st[1], {chunk, kv_width}, DType::kBF16);
-    ensure(st[2], {kQueryGroup, s.num_heads, s.v_head}, DType::kF32);
-    ensure(st[3], {kQueryGroup, s.num_heads}, DType::kF32);
+    for (Status e : {ensure(st[0], {chunk, s.latent()}, DType::kBF16), ensure(st[1], {chunk, kv_width}, DType::kBF16),
+                     ensure(st[2], {kQueryGroup, s.num_heads, s.v_head}, DType::kF32),
+                     ensure(st[3], {kQueryGroup, s.num_heads}, DType::kF32)})
+      if (!e.ok()) return ctx.fail(std::move(e));
     for (int64_t i0 = 0; i0 < num_q; i0 += kQueryGroup) {
       const int64_t nq = std::min<int64_t>(kQueryGroup, num_q - i0);
       const int64_t keys = ctx_len + i0 + nq;  // causal: the group's last query sees these

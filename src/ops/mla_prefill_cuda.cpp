@@ -43,9 +43,13 @@ bool use_wgmma() {
   return on;
 }
 
-void ensure_bytes(Tensor& t, int64_t bytes) {
-  if (t.defined() && static_cast<int64_t>(t.nbytes()) >= bytes) return;
-  t = Tensor::empty({std::max<int64_t>(bytes, 16)}, DType::kU8, Device::kCuda);
+// Grows `t` to `bytes`; kResourceExhausted naming `what` when the device has
+// no room (the step fails, the process goes on).
+Status ensure_bytes(Tensor& t, int64_t bytes, const char* what) {
+  if (t.defined() && static_cast<int64_t>(t.nbytes()) >= bytes) return ok_status();
+  t = Tensor();  // the old buffer goes first, so its memory counts toward the new one
+  NUCLEUS_ASSIGN_OR_RETURN(t, try_empty({std::max<int64_t>(bytes, 16)}, DType::kU8, Device::kCuda, what));
+  return ok_status();
 }
 
 GatherKvBProjSpec expansion_spec(const MlaPrefillAttentionOp& op) {
@@ -233,10 +237,11 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
   // Scratch and one upload of every launch's descriptors.
   int64_t need_keys = 0;
   for (const auto& l : launches) need_keys = std::max(need_keys, l.keys);
-  ensure_bytes(fs.k, need_keys * d.num_heads * d.qk_head() * 2);
-  ensure_bytes(fs.v, need_keys * d.num_heads * d.v_head * 2);
-  if (longest_q > 0) ensure_bytes(fs.lse, longest_q * d.num_heads * 4);
-  ensure_bytes(fs.meta, static_cast<int64_t>(fs.host.size()));
+  for (Status e : {ensure_bytes(fs.k, need_keys * d.num_heads * d.qk_head() * 2, "mla_prefill expanded keys"),
+                   ensure_bytes(fs.v, need_keys * d.num_heads * d.v_head * 2, "mla_prefill expanded values"),
+                   longest_q > 0 ? ensure_bytes(fs.lse, longest_q * d.num_heads * 4, "mla_prefill LSE") : ok_status(),
+                   ensure_bytes(fs.meta, static_cast<int64_t>(fs.host.size()), "mla_prefill descriptors")})
+    if (!e.ok()) return ctx.fail(std::move(e));
   cudaStream_t stream = engine_stream();
   NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(fs.meta.raw(), fs.host.data(), fs.host.size(), cudaMemcpyHostToDevice, stream));
 

@@ -657,3 +657,32 @@ TEST(ChatTemplateTest, RendersConcurrently) {
 
 }  // namespace
 }  // namespace nucleus
+
+namespace nucleus {
+namespace {
+
+// A template is code from the checkpoint run on every chat request: a
+// runaway loop or a string doubled in a loop ends with an error, in bounded
+// time and memory, never a hang or an exhausted server.
+TEST(ChatTemplateTest, RunawayTemplatesStopWithAnError) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string loop = render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}hi");
+  EXPECT_NE(loop.find("RENDER ERROR"), std::string::npos) << loop;
+  EXPECT_NE(loop.find("steps"), std::string::npos) << loop;
+  const std::string doubling = render(
+      "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+      "{% endfor %}{{ ns.s|length }}");
+  EXPECT_NE(doubling.find("string of more than"), std::string::npos) << doubling;
+  const std::string plus = render(
+      "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+      "{% endfor %}{{ ns.s|length }}");
+  EXPECT_NE(plus.find("string of more than"), std::string::npos) << plus;
+  const std::string output = render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}");
+  EXPECT_NE(output.find("string of more than"), std::string::npos) << output.substr(0, 200);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+  // Ordinary loops are far inside the budget.
+  EXPECT_EQ(render("{% for i in range(1000) %}{% endfor %}{{ range(3)|list|length }}"), "3");
+}
+
+}  // namespace
+}  // namespace nucleus
