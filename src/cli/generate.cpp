@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/engine_args.h"
 #include "core/logging.h"
+#include "io/regular_file.h"
 
 namespace nucleus::cli {
 
@@ -28,9 +30,10 @@ struct PromptInput {
 };
 
 StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) return invalid_argument("--prompts: '" + path + "' is a directory");
-  std::ifstream in(path);
-  if (!in) return not_found("--prompts: cannot open '" + path + "'");
+  // A regular file only (a FIFO or /dev/zero would be read forever).
+  auto text = read_regular_file(path);
+  if (!text.ok()) return Status(text.status().code(), "--prompts: " + text.status().message());
+  std::istringstream in(std::move(*text));
   std::vector<PromptInput> out;
   std::string line;
   int line_no = 0;
@@ -137,6 +140,16 @@ int run_generate(int argc, char** argv) {
   std::vector<Result> results(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     Result& r = results[i];
+    // A text that cannot fit the context whatever it encodes to is refused
+    // before it is encoded (as the server does): every token stands for at
+    // most max_token_bytes() bytes, 4x for a normalizer that shortens it.
+    const int64_t max_len = engine.config().max_model_len;
+    if (!prompts[i].has_ids &&
+        static_cast<int64_t>(prompts[i].text.size()) > 4 * max_len * tok->max_token_bytes()) {
+      r.error = "the prompt's " + std::to_string(prompts[i].text.size()) + " bytes encode to more than the " +
+                std::to_string(max_len) + " tokens of the context";
+      continue;
+    }
     r.prompt_ids = prompts[i].has_ids ? prompts[i].ids : tok->encode(prompts[i].text);
     Status s = engine.add_request(std::to_string(i), r.prompt_ids, sp);
     if (!s.ok()) r.error = s.message();

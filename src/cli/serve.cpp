@@ -78,6 +78,10 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-json-depth", lim.max_json_depth, "Nesting of JSON arrays and objects in a body at most")
       ->check(CLI::Range(2, 10000))
       ->capture_default_str();
+  app.add_option("--max-json-values", lim.max_json_values,
+                 "JSON values (numbers, strings, arrays, objects, ...) in a body at most")
+      ->check(CLI::Range(int64_t{16}, int64_t{1} << 34))
+      ->capture_default_str();
   app.add_option("--max-choices", lim.max_choices, "n x prompts (engine requests) per HTTP request at most")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -156,7 +156,8 @@ void HttpServer::handle(const HttpRequest& req, HttpResponder& res) {
   } else {
     res.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(engine_.stats()));
   }
-  metrics_.record_http(endpoint_label(req.path), res.status());
+  // 499 (nginx's "client closed request"): the client went away before any answer.
+  metrics_.record_http(endpoint_label(req.path), res.responded() ? res.status() : 499);
   NUCLEUS_LOG_DEBUG("{} {} -> {}", req.method, req.path, res.status());
 }
 

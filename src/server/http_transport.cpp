@@ -193,10 +193,16 @@ class Connection {
   int read_request(HttpRequest& req, bool& keep_alive, std::string& why) {
     if (buf_.empty() && fill(after(limits_.keep_alive_timeout_s), /*idle=*/true) != Fill::kOk) return -1;
     const auto deadline = after(limits_.request_timeout_s);
+    // Empty lines before a request line are skipped (RFC 9112, 2.2).
+    while (!buf_.empty() && (buf_[0] == '\r' || buf_[0] == '\n')) {
+      buf_.erase(0, 1);
+      if (buf_.empty() && fill(deadline, /*idle=*/false) != Fill::kOk) return -1;
+    }
     http::request_parser<http::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(std::min<size_t>(limits_.max_header_bytes, UINT32_MAX)));
     parser.body_limit(limits_.max_body_bytes);
-    parser.eager(true);
+    parser.eager(false);  // stop after the header: its size is what put() consumed until then
+    size_t header_bytes = 0;
     bool header_seen = false;
     for (;;) {
       boost::system::error_code ec;
@@ -204,6 +210,7 @@ class Connection {
       if (!buf_.empty()) {
         used = parser.put(boost::asio::buffer(buf_.data(), buf_.size()), ec);
         buf_.erase(0, used);
+        if (!header_seen) header_bytes += used;
       }
       if (ec && ec != http::error::need_more) {
         why = ec.message();
@@ -213,6 +220,17 @@ class Connection {
       }
       if (parser.is_header_done() && !header_seen) {
         header_seen = true;
+        parser.eager(true);
+        if (header_bytes > limits_.max_header_bytes) {
+          why = fmt::format("the request line and headers take {} bytes, more than {}", header_bytes,
+                            limits_.max_header_bytes);
+          return 431;
+        }
+        const std::string te(parser.get()[http::field::transfer_encoding]);
+        if (!te.empty() && !iequals(te, "chunked")) {
+          why = "Transfer-Encoding '" + te + "' is not supported (only chunked)";
+          return 501;
+        }
         if (iequals(std::string(parser.get()[http::field::expect]), "100-continue") && !parser.is_done() &&
             !send_raw("HTTP/1.1 100 Continue\r\n\r\n"))
           return -1;
@@ -404,12 +422,15 @@ void HttpTransport::serve_connection(int fd) {
       NUCLEUS_LOG_ERROR("{} {}: {}", req.method, req.path, e.what());
       if (!res.responded()) res.send(500, "application/json", error_body(std::string("Internal error: ") + e.what()));
     }
-    if (!res.responded()) res.send(500, "application/json", error_body("the handler sent no response"));
+    // A handler that answered nothing gave up on a client that went away:
+    // the connection just closes.
+    if (!res.responded() && !res.client_gone())
+      res.send(500, "application/json", error_body("the handler sent no response"));
     if (req.body.capacity() >= kTrimAfterBytes) {
       req = HttpRequest{};
       ::malloc_trim(0);  // give a large request's memory back to the system, not just to malloc
     }
-    if (!res.reusable()) break;
+    if (!res.responded() || !res.reusable()) break;
   }
   ::shutdown(fd, SHUT_RDWR);
   ::close(fd);

@@ -122,7 +122,9 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
     p.temperature = static_cast<float>(*t);
   }
   if (auto t = get_number(body, "top_p")) {
-    if (!(*t > 0.0 && *t <= 1.0)) refuse("top_p", "'top_p' must be in (0, 1], got " + fmt::format("{}", *t));
+    // Checked as the float the sampler uses: 1e-300 is > 0 but not as a float.
+    if (!(static_cast<float>(*t) > 0.0f && *t <= 1.0))
+      refuse("top_p", "'top_p' must be in (0, 1] (as a 32-bit float), got " + fmt::format("{}", *t));
     p.top_p = static_cast<float>(*t);
   }
   p.top_k = static_cast<int32_t>(get_int_in(body, "top_k", -1, std::numeric_limits<int32_t>::max(), 0));
@@ -194,7 +196,8 @@ std::vector<int32_t> token_list(const json& a, int64_t vocab_size, const std::st
   std::vector<int32_t> ids;
   ids.reserve(a.size());
   for (const auto& t : a) {
-    if (!t.is_number_integer() || t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX)
+    if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > INT32_MAX) ||
+        t.get<int64_t>() < INT32_MIN || t.get<int64_t>() > INT32_MAX)
       refuse("prompt", where + " holds " + t.dump() + ", not a token id");
     ids.push_back(t.get<int32_t>());
   }
@@ -273,7 +276,7 @@ void set_max_tokens(const json& body, std::initializer_list<const char*> fields,
   for (const auto& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.token_ids.size()));
   const int64_t limit = model.max_model_len;
   if (longest >= limit)
-    refuse("prompt", "This model's maximum context length is " + std::to_string(limit) +
+    refuse(r.chat ? "messages" : "prompt", "This model's maximum context length is " + std::to_string(limit) +
                          " tokens, but the prompt has " + std::to_string(longest) +
                          " tokens (at least one token must be left to generate). Please shorten the prompt.");
   const int64_t m = max_tokens ? *max_tokens : fallback ? *fallback : limit - longest;
@@ -295,10 +298,16 @@ json parse_body(const std::string& body, const RequestLimits& limits) {
   // max_elements stops the parse: no prompt, stop list or message list can be
   // longer, and a body of millions of numbers would otherwise become a DOM of
   // ~16 bytes a number before anything looked at it.
+  // The values of the whole body are counted too: many small arrays are
+  // each under max_elements, but not together.
   std::vector<std::pair<bool, int64_t>> open;  // per open container: is an array, elements so far
+  int64_t values = 0;
   auto count = [&](int, json::parse_event_t event, json&) {
     using E = json::parse_event_t;
     const bool element = event == E::value || event == E::key || event == E::array_start || event == E::object_start;
+    if (element && event != E::key && ++values > limits.max_json_values)
+      refuse("", "The request body holds more than " + std::to_string(limits.max_json_values) +
+                     " JSON values (--max-json-values)");
     // An array counts its elements; an object, its keys.
     if (element && !open.empty() && (open.back().first ? event != E::key : event == E::key) &&
         ++open.back().second > limits.max_elements)

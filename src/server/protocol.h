@@ -24,6 +24,7 @@ namespace nucleus::server {
 // before it is parsed (nesting is otherwise limited only by the stack).
 struct RequestLimits {
   int max_json_depth = 64;           // nested arrays / objects in the body
+  int64_t max_json_values = int64_t{1} << 21;  // values in the body (numbers, strings, arrays, ...)
   int max_choices = 256;             // n x prompts: engine requests per HTTP request
   int max_stop_strings = 64;         // entries of 'stop'
   int64_t max_stop_bytes = 16384;    // UTF-8 bytes of all of 'stop' together

@@ -1,5 +1,6 @@
 // `nucleus generate` end to end: the binary on the shipped tiny model.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -209,6 +210,8 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   std::ofstream(dir + "/bad.jsonl") << "{not json\n";
   std::ofstream(dir + "/wide_id.jsonl") << "{\"prompt_token_ids\": [1, 4294967301]}\n";  // 2^32 + 5
   std::ofstream(dir + "/negative_id.jsonl") << "{\"prompt_token_ids\": [1, -4294967291]}\n";
+  std::ofstream(dir + "/huge.jsonl") << "{\"prompt\": \"" << std::string(5 << 20, 'a') << "\"}\n";
+  ASSERT_EQ(mkfifo((dir + "/fifo.jsonl").c_str(), 0600), 0);
   std::vector<Case> cases = {
       {"generate --device cpu --temperature -1", 2, "temperature"},
       {"generate --device cpu --top-p 1.5", 2, "top_p"},
@@ -220,6 +223,8 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"generate --device cpu --prompts " + dir + "/wide_id.jsonl", 2, "4294967301, not a token id"},
       {"generate --device cpu --prompts " + dir + "/negative_id.jsonl", 2, "-4294967291, not a token id"},
       {"generate --device cpu --seed -1", 2, "--seed"},
+      {"generate --device cpu --prompts " + dir + "/fifo.jsonl", 2, "FIFO"},  // refused, never read forever
+      {"generate --device cpu --prompts " + dir + "/huge.jsonl", 1, "encode to more than"},  // before encoding
       {"generate --device cpu --block-size 0", 2, "--block-size"},
       {"generate --device cpu --max-num-seqs 0", 2, "--max-num-seqs"},
       {"generate --device cpu --max-num-batched-tokens 0", 2, "--max-num-batched-tokens"},

@@ -28,6 +28,7 @@ class RawConn {
   }
   ~RawConn() { close(); }
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -404,6 +405,59 @@ TEST_F(ReliabilityTest, HugeArraysAndTextsAreRefusedBeforeTheyCostMemory) {
            json{{"messages", {{{"role", "user"}, {"content", std::string(900000, 'a')}}}}, {"max_tokens", 1}});
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.body["error"]["param"], "messages");
+  expect_serving();
+}
+
+// Found by a review as a user would: each a real request that went wrong.
+TEST_F(ReliabilityTest, ReviewFindings) {
+  // 4096 arrays of 4096 empty arrays: each array under the element limit,
+  // together 16 M values (a 48 MiB body that grew the server by ~1 GB).
+  std::string many = R"({"prompt": "a", "max_tokens": 1, "x": [)";
+  for (int i = 0; i < 700; ++i) {
+    many += i ? ",[" : "[";
+    for (int j = 0; j < 4000; ++j) many += j ? ",[]" : "[]";
+    many += "]";
+  }
+  many += "]}";
+  ASSERT_LT(many.size(), 1u << 24);
+  ServerProcess big;  // default limits: the suite's server takes 1 MiB bodies
+  ASSERT_TRUE(big.ready()) << big.log();
+  Reply r = post(big, "/v1/completions", many);
+  EXPECT_EQ(r.status, 400) << r.raw.substr(0, 300);
+  EXPECT_NE(r.raw.find("--max-json-values"), std::string::npos) << r.raw.substr(0, 300);
+  // Headers over --max-header-bytes (8192 here) in many small lines.
+  std::string headers;
+  for (int i = 0; i < 200; ++i) headers += "X-H" + std::to_string(i) + ": " + std::string(40, 'v') + "\r\n";
+  EXPECT_EQ(raw(request("GET", "/health", "", headers)).status, 431);
+  // Empty lines before a request line are skipped.
+  EXPECT_EQ(raw("\r\n\r\n" + request("GET", "/health", "")).status, 200);
+  // A transfer coding other than chunked is refused, not ignored.
+  EXPECT_EQ(raw("POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n")
+                .status,
+            501);
+  // A client that half-closes after its request gets no made-up 500.
+  {
+    RawConn c(s().port());
+    ASSERT_TRUE(c.send(request("POST", "/v1/completions",
+                               json{{"prompt", "x"}, {"max_tokens", 200}, {"ignore_eos", true}}.dump())));
+    ::shutdown(c.fd(), SHUT_WR);
+    auto resp = c.read_response(5);
+    EXPECT_NE(resp.status, 500) << resp.body;
+  }
+  // top_p that is > 0 as a double but 0 as the sampler's float.
+  r = post(s(), "/v1/completions", json{{"prompt", "x"}, {"top_p", 1e-300}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "top_p");
+  // An id past 2^63 is named as sent.
+  r = post(s(), "/v1/completions", std::string(R"({"prompt": [18446744073709551615]})"));
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.raw.find("18446744073709551615"), std::string::npos) << r.raw;
+  // A chat prompt past the context names 'messages', the field it came from.
+  std::string words;
+  for (int i = 0; i < 1100; ++i) words += " hello";
+  r = post(s(), "/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", words}}}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.body["error"]["param"], "messages") << r.raw;
   expect_serving();
 }
 
