@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/op_cuda_error.h"
 #include "graph/fault_injection.h"
 #include "graph/op_profiler.h"
 
@@ -135,13 +136,18 @@ Status run_nodes(StepGraph& graph, OpContext& ctx, const std::vector<Tensor>& bu
     for (int id : n.inputs) in.push_back(buffers[id]);
     for (int id : n.outputs) out.push_back(buffers[id]);
     if (ctx.faults) ctx.fail(ctx.faults->before_run(n.op->kind(), n.name));
-    if (ctx.failed()) {
-    } else if (op_profiling_enabled()) {
-      op_profile_begin();
-      n.op->run(ctx, in, out);
-      op_profile_end(op_profile_label(n.name, n.op->kind(), n.op->backend()));
-    } else {
-      n.op->run(ctx, in, out);
+    if (!ctx.failed()) {
+      try {
+        if (op_profiling_enabled()) {
+          op_profile_begin();
+          n.op->run(ctx, in, out);
+          op_profile_end(op_profile_label(n.name, n.op->kind(), n.op->backend()));
+        } else {
+          n.op->run(ctx, in, out);
+        }
+      } catch (const OpCudaError& e) {  // a failed CUDA call in the op (core/cuda/cuda_check.h)
+        ctx.fail(internal_error(e.what()));
+      }
     }
     if (ctx.failed()) {
       Status s = ctx.error.with_context(fmt::format("node {} ({}, backend {})", n.name, n.op->kind(), n.op->backend()));

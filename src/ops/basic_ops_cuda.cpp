@@ -7,6 +7,7 @@
 #include "kernels/embedding/embedding.cuh"
 #include "kernels/gather/gather_rows.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -23,11 +24,11 @@ __nv_bfloat16* bf16(const Tensor& t) { return t.data<__nv_bfloat16>(); }
 
 void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList&, const TensorList& out) {
   if (!op.shard().comm) {
-    NUCLEUS_CUDA_CHECK(kernels::launch_embedding(bf16(op.table()), op.table().dim(1), ctx.dev->token_ids,
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_embedding(bf16(op.table()), op.table().dim(1), ctx.dev->token_ids,
                                                  out[0].dim(0), out[0].data<float>(), stream()));
     return;
   }
-  NUCLEUS_CUDA_CHECK(kernels::launch_embedding_shard(bf16(op.table()), op.shard().vocab_start, op.table().dim(0),
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_embedding_shard(bf16(op.table()), op.shard().vocab_start, op.table().dim(0),
                                                      op.table().dim(1), ctx.dev->token_ids, out[0].dim(0),
                                                      out[0].data<float>(), stream()));
   Status s = op.shard().comm->all_reduce_sum(out[0].raw(), out[0].raw(), out[0].numel(), DType::kF32, stream());
@@ -38,13 +39,13 @@ void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& 
   const Tensor& x = in[0];
   const Tensor& y = out[0];
   if (x.dtype() == DType::kF32) {  // a split-K GEMM's output, normalised into the declared bf16 buffer
-    NUCLEUS_CUDA_CHECK(kernels::launch_rmsnorm_f32_to_bf16(x.data<float>(), x.row_numel(), op.weight().data<float>(),
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_rmsnorm_f32_to_bf16(x.data<float>(), x.row_numel(), op.weight().data<float>(),
                                                            x.dim(0), op.width(), x.dim(1), op.eps(), bf16(y),
                                                            y.row_numel(), stream()));
     return;
   }
   NUCLEUS_CHECK(x.raw() == y.raw(), "rmsnorm: a bf16 input is normalised in place");
-  NUCLEUS_CUDA_CHECK(kernels::launch_rmsnorm_inplace(bf16(x), x.row_numel(), op.weight().data<float>(), x.dim(0),
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_rmsnorm_inplace(bf16(x), x.row_numel(), op.weight().data<float>(), x.dim(0),
                                                      op.width(), op.eps(), stream()));
 }
 
@@ -76,19 +77,19 @@ void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const T
       p.fill_blocks = prezero_fill_blocks(m, p.zero_fill_count * static_cast<int64_t>(sizeof(float)));
     }
   }
-  NUCLEUS_CUDA_CHECK(kernels::launch_add_rmsnorm(p, stream()));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_add_rmsnorm(p, stream()));
 }
 
 void silu_mul(SiluMulOp&, OpContext&, const TensorList& in, const TensorList& out) {
   if (in[0].dtype() == DType::kF32)
-    NUCLEUS_CUDA_CHECK(kernels::launch_silu_mul(in[0].data<float>(), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_silu_mul(in[0].data<float>(), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
   else
-    NUCLEUS_CUDA_CHECK(kernels::launch_silu_mul(bf16(in[0]), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_silu_mul(bf16(in[0]), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
 }
 
 void gather_logit_rows(GatherLogitRowsOp&, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const int64_t row_bytes = in[0].row_numel() * static_cast<int64_t>(dtype_size(in[0].dtype()));
-  NUCLEUS_CUDA_CHECK(kernels::launch_gather_rows(in[0].raw(), ctx.dev->logit_indices, out[0].dim(0), row_bytes,
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_rows(in[0].raw(), ctx.dev->logit_indices, out[0].dim(0), row_bytes,
                                                  out[0].raw(), stream()));
 }
 

@@ -8,6 +8,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/env.h"
 #include "kernels/allreduce/allreduce_rmsnorm.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/allreduce_choice.h"
 #include "ops/cuda_backends.h"
 
@@ -81,7 +82,7 @@ void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorL
   }
   const char* why = kernels::allreduce_add_rmsnorm_unsupported(p);
   NUCLEUS_CHECK(why == nullptr, "fused all-reduce + RMSNorm refused a supported call: {}", why ? why : "");
-  NUCLEUS_CUDA_CHECK(kernels::launch_allreduce_add_rmsnorm(p, cuda::context().stream));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_allreduce_add_rmsnorm(p, cuda::context().stream));
 }
 
 void all_gather_vocab(AllGatherVocabOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
@@ -94,7 +95,7 @@ void all_gather_vocab(AllGatherVocabOp& op, OpContext& ctx, const TensorList& in
   if (!s.ok()) return ctx.fail(s.with_context("logits all-gather"));
   const size_t row_bytes = static_cast<size_t>(part) * sizeof(float);
   for (int64_t r = 0; r < world; ++r)  // [world, rows, part] -> [rows, world * part]
-    NUCLEUS_CUDA_CHECK(cudaMemcpy2DAsync(out[0].data<float>() + r * part, world * row_bytes,
+    NUCLEUS_OP_CUDA_CHECK(cudaMemcpy2DAsync(out[0].data<float>() + r * part, world * row_bytes,
                                          gathered + r * rows * part, row_bytes, row_bytes, rows,
                                          cudaMemcpyDeviceToDevice, stream));
 }

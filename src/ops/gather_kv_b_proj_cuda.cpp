@@ -12,6 +12,7 @@
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
 #include "kernels/mla/gather_kv_b_proj.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/gather_kv_b_proj.h"
 
 namespace nucleus::gather_kv_b_proj_impl {
@@ -73,7 +74,7 @@ class GatherKvBProjFused final : public GatherKvBProj {
     p.weight = weight_.raw();
     p.scale = scale_.defined() ? scale_.raw() : nullptr;
     p.format = format_;
-    NUCLEUS_CUDA_CHECK(kernels::launch_gather_kv_b_proj_fused(p, num_sms_, static_cast<cudaStream_t>(a.stream)));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_kv_b_proj_fused(p, num_sms_, static_cast<cudaStream_t>(a.stream)));
   }
 
  private:
@@ -110,7 +111,7 @@ class GatherKvBProjUnfused final : public GatherKvBProj {
       auto* latent = latent_.data<__nv_bfloat16>();
       auto* kv = kv_.data<__nv_bfloat16>();
       // 1. gather + dequantize (FP8 x k_scale) to bf16.
-      NUCLEUS_CUDA_CHECK(kernels::launch_gather_dequant_latent(a.cache, dtype_of(spec_.cache_dtype),
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_dequant_latent(a.cache, dtype_of(spec_.cache_dtype),
                                                                static_cast<int>(width_), a.k_scale, a.block_table,
                                                                static_cast<int>(a.block_size), a.key_begin + j0, rows,
                                                                latent, stream));
@@ -127,12 +128,12 @@ class GatherKvBProjUnfused final : public GatherKvBProj {
       g.k = spec_.kv_lora;
       if (!kernels::gemm_bf16_cublaslt(g, stream).ok()) {
         kernels::WeightView wv{weight_.raw(), nullptr, n_, spec_.kv_lora, 0, 0};
-        NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(latent, width_, wv, rows, kv, DType::kBF16, n_, false, stream));
+        NUCLEUS_OP_CUDA_CHECK(kernels::launch_gemm_naive(latent, width_, wv, rows, kv, DType::kBF16, n_, false, stream));
       }
       // 3. split into k_nope / v, append k_pe.
       auto* k = static_cast<__nv_bfloat16*>(a.k) + j0 * spec_.num_heads * k_row;
       auto* v = static_cast<__nv_bfloat16*>(a.v) + j0 * spec_.num_heads * spec_.v_head;
-      NUCLEUS_CUDA_CHECK(kernels::launch_split_kv(kv, latent, static_cast<int>(spec_.num_heads),
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_split_kv(kv, latent, static_cast<int>(spec_.num_heads),
                                                   static_cast<int>(spec_.qk_nope), static_cast<int>(spec_.qk_rope),
                                                   static_cast<int>(spec_.v_head), static_cast<int>(spec_.kv_lora),
                                                   rows, k, v, stream));
@@ -168,7 +169,7 @@ Status fused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, c
         f.block_n, f.block_k));
   NUCLEUS_RETURN_IF_ERROR(need_device());
   int optin = 0;
-  NUCLEUS_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda::context().device));
+  NUCLEUS_OP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cuda::context().device));
   const int64_t smem =
       kernels::gather_kv_b_proj_fused_smem_bytes(static_cast<int>(spec.kv_lora), f.weight_dtype == DType::kF8E4M3);
   if (smem > optin)
@@ -179,7 +180,7 @@ Status fused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, c
 
 StatusOr<std::unique_ptr<GatherKvBProj>> fused_make(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
                                                     const kernels::KvBWeightFormat& format) {
-  NUCLEUS_CUDA_CHECK(kernels::gather_kv_b_proj_fused_prepare());
+  NUCLEUS_OP_CUDA_CHECK(kernels::gather_kv_b_proj_fused_prepare());
   return std::unique_ptr<GatherKvBProj>(
       new GatherKvBProjFused(on_device(kv_b.weight), on_device(kv_b.scale_inv), format, spec));
 }
@@ -196,10 +197,10 @@ StatusOr<std::unique_ptr<GatherKvBProj>> unfused_make(const LinearWeight& kv_b, 
     const Tensor scale = on_device(kv_b.scale_inv);
     Tensor bf16 = Tensor::empty({kv_b.out_features, kv_b.in_features}, DType::kBF16, Device::kCuda);
     cudaStream_t stream = cuda::context().stream;
-    NUCLEUS_CUDA_CHECK(kernels::launch_dequantize_kv_b_weight(weight.raw(), scale.defined() ? scale.raw() : nullptr,
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_dequantize_kv_b_weight(weight.raw(), scale.defined() ? scale.raw() : nullptr,
                                                               format, kv_b.out_features, kv_b.in_features,
                                                               bf16.data<__nv_bfloat16>(), stream));
-    NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+    NUCLEUS_OP_CUDA_CHECK(cudaStreamSynchronize(stream));
     weight = bf16;
   }
   return std::unique_ptr<GatherKvBProj>(new GatherKvBProjUnfused(std::move(weight), spec));

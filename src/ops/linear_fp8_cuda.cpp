@@ -23,6 +23,7 @@
 #include "core/logging.h"
 #include "kernels/gemm/fp8_gemm.cuh"
 #include "kernels/gemm/fp8_gemm_cublaslt.h"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -60,7 +61,7 @@ Fp8Scratch& scratch() {
 
 void check_not_capturing(cudaStream_t stream, const char* what) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  NUCLEUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+  NUCLEUS_OP_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
   NUCLEUS_CHECK(st == cudaStreamCaptureStatusNone,
                 "FP8 linear: {} must be allocated during CUDA-graph capture; run this shape eagerly once first",
                 what);
@@ -105,7 +106,7 @@ const kernels::Fp8SplitWorkspace* split_workspace(Fp8Scratch& s, cudaStream_t st
     }
     s.split.partial = partial;
     s.split.counters = counters;
-    NUCLEUS_CUDA_CHECK(cudaMemsetAsync(s.split.counters, 0, kSplitCounters * sizeof(int), stream));
+    NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(s.split.counters, 0, kSplitCounters * sizeof(int), stream));
     s.split.partial_floats = kSplitPartialFloats;
     s.split.num_counters = kSplitCounters;
   }
@@ -135,7 +136,7 @@ Status run_own(const kernels::Fp8GemmArgs& a, cudaStream_t stream) {
   Status error;
   const kernels::Fp8SplitWorkspace* ws = split_workspace(s, stream, &error);
   if (!ws) return error;
-  NUCLEUS_CUDA_CHECK(kernels::launch_fp8_gemm(a, *ws, stream));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_fp8_gemm(a, *ws, stream));
   return ok_status();
 }
 
@@ -159,7 +160,7 @@ Status run_cublas(const kernels::Fp8GemmArgs& a, cudaStream_t stream) {
                                                stream, "the padded output", &error))
                     : nullptr;
   if (padded && !y) return error;
-  NUCLEUS_CUDA_CHECK(kernels::launch_fp8_act_quant(a.x, a.x_stride, a.m, a.k, xq, a.k, xs, 1, m_pad, stream, m_pad));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_fp8_act_quant(a.x, a.x_stride, a.m, a.k, xq, a.k, xs, 1, m_pad, stream, m_pad));
   kernels::Fp8CublasArgs c;
   c.xq = xq;
   c.x_scale = xs;
@@ -174,7 +175,7 @@ Status run_cublas(const kernels::Fp8GemmArgs& a, cudaStream_t stream) {
   c.accumulate = padded ? false : a.accumulate;
   NUCLEUS_RETURN_IF_ERROR(kernels::gemm_fp8_cublaslt(c, stream));
   if (padded)
-    NUCLEUS_CUDA_CHECK(kernels::launch_fp8_store_rows(y, a.m, a.n, a.out, a.out_dtype, a.out_stride, a.accumulate,
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_fp8_store_rows(y, a.m, a.n, a.out, a.out_dtype, a.out_stride, a.accumulate,
                                                       stream));
   return ok_status();
 }

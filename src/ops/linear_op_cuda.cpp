@@ -3,6 +3,7 @@
 #include "core/cuda/cuda_check.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -37,7 +38,7 @@ Status linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, in
   }
   if (fp8_linear_supported(w).ok())
     return fp8_linear_forward(w, x, x_stride, m, out, out_dtype, out_stride, accumulate).with_context(w.name);
-  NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(static_cast<const __nv_bfloat16*>(x), x_stride, weight_view(w), m, out,
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_gemm_naive(static_cast<const __nv_bfloat16*>(x), x_stride, weight_view(w), m, out,
                                                 out_dtype, out_stride, accumulate, stream));
   return ok_status();
 }
@@ -68,7 +69,7 @@ void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const T
 }
 
 void linear_naive(LinearOp& op, OpContext&, const TensorList& in, const TensorList& out) {
-  NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(in[0].data<__nv_bfloat16>(), in[0].row_numel(),
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_gemm_naive(in[0].data<__nv_bfloat16>(), in[0].row_numel(),
                                                 weight_view(op.weight()), in[0].dim(0), out[0].raw(),
                                                 out[0].dtype(), out[0].row_numel(), op.accumulate(),
                                                 cuda::context().stream));

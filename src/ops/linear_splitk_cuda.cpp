@@ -14,6 +14,7 @@
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
 #include "kernels/gemm/splitk_gemm.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 #include "ops/splitk.h"
 
@@ -36,7 +37,7 @@ const kernels::SplitKWorkspace* deterministic_workspace(cudaStream_t stream, Sta
   kernels::SplitKWorkspace& ws = workspaces[cuda::thread_device()];
   if (ws.partial == nullptr) {
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    NUCLEUS_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+    NUCLEUS_OP_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
     NUCLEUS_CHECK(st == cudaStreamCaptureStatusNone,
                   "split-K: the deterministic workspace must be allocated outside CUDA-graph capture; run one "
                   "eager step first");
@@ -53,7 +54,7 @@ const kernels::SplitKWorkspace* deterministic_workspace(cudaStream_t stream, Sta
     }
     ws.partial = partial;
     ws.counters = counters;
-    NUCLEUS_CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, kCounters * sizeof(int), stream));
+    NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, kCounters * sizeof(int), stream));
     ws.partial_floats = kPartialFloats;
     ws.num_counters = kCounters;
   }
@@ -99,7 +100,7 @@ void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
     const kernels::SplitKWorkspace* ws =
         a.mode == kernels::SplitKMode::kDeterministic ? deterministic_workspace(stream, &error) : &kNone;
     if (!ws) return ctx.fail(error.with_context(w.name));
-    NUCLEUS_CUDA_CHECK(kernels::launch_splitk_gemm(a, *ws, stream));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_splitk_gemm(a, *ws, stream));
     return;
   }
   kernels::GemmArgs g;
@@ -114,7 +115,7 @@ void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
   g.k = a.k;
   g.accumulate = op.accumulate();
   if (kernels::gemm_bf16_cublaslt(g, stream).ok()) return;
-  NUCLEUS_CUDA_CHECK(kernels::launch_gemm_naive(a.x, a.x_stride, weight_view(w), m, out[0].raw(), out[0].dtype(),
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_gemm_naive(a.x, a.x_stride, weight_view(w), m, out[0].raw(), out[0].dtype(),
                                                 a.out_stride, op.accumulate(), stream));
 }
 

@@ -26,6 +26,7 @@
 #include "core/cuda/cuda_check.h"
 #include "kernels/mla/flashinfer_mla.cuh"
 #include "kernels/mla/mla_decode.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -59,7 +60,7 @@ const __nv_bfloat16* kv_b_bf16(MlaDecodeAttentionOp& op) {
   if (st.empty()) st.resize(1);
   if (!st[0].defined()) {
     st[0] = Tensor::empty({w.out_features, w.in_features}, DType::kBF16, Device::kCuda);
-    NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_dequant_weight(weight_view(w), st[0].data<__nv_bfloat16>(),
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_dequant_weight(weight_view(w), st[0].data<__nv_bfloat16>(),
                                                                  stream()));
   }
   return st[0].data<__nv_bfloat16>();
@@ -143,7 +144,7 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
       chunk.q_full = in[1].data<__nv_bfloat16>() + r0 * H * kernels::kMlaDecodeLatent;
       attend(r, r0, chunk);
     } else {
-      NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
                                                              static_cast<int>(H), s.q_nope, s.q_full, st));
       e = kernels::mla_decode_gemm_absorb(kv_b, static_cast<int>(H), n, s.q_nope, s.q_full, st);
       if (e != 0)
@@ -157,7 +158,7 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
       e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat, s.out_c,
                                           H * kernels::kMlaDecodeVHead, st);
       if (e != 0) return ctx.fail(internal_error("mla_decode output GEMM failed: cuBLAS status " + std::to_string(e)));
-      NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_scatter_out(r, s.out_c, H * kernels::kMlaDecodeVHead,
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_scatter_out(r, s.out_c, H * kernels::kMlaDecodeVHead,
                                                                 out[0].data<__nv_bfloat16>(), out_stride, st));
     } else {
       e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat,
@@ -215,7 +216,7 @@ void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& 
     p.part_o = st[1].data<float>();
     p.part_lse = p.part_o + r.num_rows * p.num_splits * H * kernels::kMlaDecodeLora;
   }
-  NUCLEUS_CUDA_CHECK(kernels::launch_mla_decode_attention(p, stream()));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_attention(p, stream()));
 }
 
 }  // namespace
@@ -278,7 +279,7 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
       nucleus_attend(op, ctx, cache, W, r, s);
       return;
     }
-    NUCLEUS_CUDA_CHECK(e);
+    NUCLEUS_OP_CUDA_CHECK(e);
   });
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/mla/gather_kv_b_proj.cuh"
 #include "kernels/mla/mla_attention_naive.cuh"
 #include "kernels/rope/rope_kv_cache.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -72,7 +73,7 @@ void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorLis
   p.qk_nope = static_cast<int>(d.qk_nope);
   p.qk_rope = static_cast<int>(d.qk_rope);
   p.kv_lora = static_cast<int>(d.kv_lora);
-  NUCLEUS_CUDA_CHECK(kernels::launch_rope_kv_cache_write(p, stream()));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_rope_kv_cache_write(p, stream()));
 }
 
 Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
@@ -114,7 +115,7 @@ void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList
     p.o_lat = out[2].data<float>();
     p.out = out[0].data<__nv_bfloat16>();
     p.out_stride = out[0].row_numel();
-    NUCLEUS_CUDA_CHECK(kernels::launch_mla_absorbed_naive(p, stream()));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_absorbed_naive(p, stream()));
   }
 }
 
@@ -154,7 +155,7 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
       for (int64_t k0 = 0; k0 < keys; k0 += chunk) {
         const int64_t nk = std::min(chunk, keys - k0);
         // Latent rows as bf16 (an FP8 row times k_scale, rounded once).
-        NUCLEUS_CUDA_CHECK(kernels::launch_gather_dequant_latent(cache, cache_dtype, s.latent(), k_scale, table,
+        NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_dequant_latent(cache, cache_dtype, s.latent(), k_scale, table,
                                                                  static_cast<int>(kv.block_size), k0, nk,
                                                                  st[0].data<__nv_bfloat16>(), stream()));
         if (Status ls = linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width,
@@ -174,9 +175,9 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
         p.acc = st[2].data<float>();
         p.lse = st[3].data<float>();
         p.first = k0 == 0;
-        NUCLEUS_CUDA_CHECK(kernels::launch_mla_expanded_piece_naive(p, stream()));
+        NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_expanded_piece_naive(p, stream()));
       }
-      NUCLEUS_CUDA_CHECK(kernels::launch_mla_store_output(st[2].data<float>(), nq, s.num_heads, s.v_head,
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_store_output(st[2].data<float>(), nq, s.num_heads, s.v_head,
                                                           o.data<__nv_bfloat16>() + (q_begin + i0) * o.row_numel(),
                                                           o.row_numel(), stream()));
     }

@@ -24,6 +24,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/env.h"
 #include "kernels/mla/mla_prefill.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 #include "ops/gather_kv_b_proj.h"
 
@@ -243,7 +244,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
                    ensure_bytes(fs.meta, static_cast<int64_t>(fs.host.size()), "mla_prefill descriptors")})
     if (!e.ok()) return ctx.fail(std::move(e));
   cudaStream_t stream = engine_stream();
-  NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(fs.meta.raw(), fs.host.data(), fs.host.size(), cudaMemcpyHostToDevice, stream));
+  NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(fs.meta.raw(), fs.host.data(), fs.host.size(), cudaMemcpyHostToDevice, stream));
 
   const void* cache = kv.layer_data(op.layer());
   const float k_scale = kv.layer_k_scale(op.layer());
@@ -280,7 +281,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
     p.scale = d.scale;
     p.block_m = l.block_m;
     p.use_wgmma = use_wgmma();
-    NUCLEUS_CUDA_CHECK(kernels::launch_mla_prefill(p, stream));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_prefill(p, stream));
   }
 }
 

@@ -22,6 +22,7 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "kernels/moe/moe_grouped.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -138,7 +139,7 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext&, const TensorList& in, con
   NUCLEUS_CHECK(hidden == st.shape.hidden, "moe_experts x width {} vs hidden {}", hidden, st.shape.hidden);
   for (int64_t t0 = 0; t0 < T; t0 += st.chunk_tokens) {
     const int64_t n = std::min(st.chunk_tokens, T - t0);
-    NUCLEUS_CUDA_CHECK(kernels::launch_moe_grouped(
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_grouped(
         x.data<__nv_bfloat16>() + t0 * hidden, n, in[1].data<int32_t>() + t0 * top_k,
         in[2].data<float>() + t0 * top_k, st.shape, st.views.data<kernels::ExpertView>(), st.gate_up_fp8,
         st.down_fp8, st.workspace->ptrs, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream));

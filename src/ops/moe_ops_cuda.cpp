@@ -6,12 +6,13 @@
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "kernels/moe/moe_naive.cuh"
+#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
 
 void moe_route(MoeRouteOp& op, OpContext&, const TensorList& in, const TensorList& out) {
-  NUCLEUS_CUDA_CHECK(kernels::launch_moe_route(op.params(), in[0].data<float>(),
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_route(op.params(), in[0].data<float>(),
                                                op.bias().defined() ? op.bias().data<float>() : nullptr, in[0].dim(0),
                                                out[0].data<int32_t>(), out[1].data<float>(),
                                                cuda::context().stream));
@@ -30,7 +31,7 @@ void moe_experts_naive(MoeExpertsOp& op, OpContext&, const TensorList& in, const
   const int64_t T = x.dim(0), hidden = x.dim(1), chunk = out[1].dim(0);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t n = std::min(chunk, T - t0);
-    NUCLEUS_CUDA_CHECK(kernels::launch_moe_experts_naive(
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_experts_naive(
         x.data<__nv_bfloat16>() + t0 * hidden, n, hidden, op.inter(), in[1].data<int32_t>() + t0 * op.top_k(),
         in[2].data<float>() + t0 * op.top_k(), op.top_k(), views.data<kernels::ExpertView>(), out[1].data<float>(),
         out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream));

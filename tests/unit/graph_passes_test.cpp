@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 
+#include "core/op_cuda_error.h"
 #include "graph/passes/prezero_pass.h"
 #include "graph/passes/redirect.h"
 #include "graph/passes/splitk_pass.h"
@@ -231,6 +232,59 @@ TEST(CudaGraphPassesTest, PrezeroSlicesTheSplitKOutputs) {
   EXPECT_NE(dump.find("prezero.0.attn.o_proj[T,256,F32]=slice(prezero.0.attn,1472)"), std::string::npos);
 }
 #endif  // NUCLEUS_HAVE_CUDA
+
+}  // namespace
+}  // namespace nucleus
+
+namespace nucleus {
+namespace {
+
+// An op whose CUDA call failed (NUCLEUS_OP_CUDA_CHECK throws OpCudaError):
+// the step graph's runner reports it as the step's error naming the node,
+// and runs nothing after it.
+class FailingCudaOp : public Op {
+ public:
+  explicit FailingCudaOp(int* runs) : runs_(runs) {}
+  const char* kind() const override { return "failing"; }
+  Status select_backend(Device) override {
+    backend_ = "cuda_test";
+    return ok_status();
+  }
+  void run(OpContext&, const TensorList&, const TensorList&) override {
+    ++*runs_;
+    throw OpCudaError("op.cpp:1: cudaErrorIllegalAddress: an illegal memory access was encountered");
+  }
+
+ private:
+  int* runs_;
+};
+
+class CountingOp : public NamedOp {
+ public:
+  explicit CountingOp(int* runs) : runs_(runs) {}
+  void run(OpContext&, const TensorList&, const TensorList&) override { ++*runs_; }
+
+ private:
+  int* runs_;
+};
+
+TEST(RunNodesTest, AFailedCudaCallInAnOpIsTheStepsError) {
+  int failing_runs = 0, later_runs = 0;
+  StepGraph g;
+  const int a = g.buffer("a", 4, DType::kF32);
+  g.add("boom", std::make_unique<FailingCudaOp>(&failing_runs), {a}, {a});
+  g.add("after", std::make_unique<CountingOp>(&later_runs), {a}, {a});
+  for (auto& n : g.nodes()) ASSERT_TRUE(n.op->select_backend(Device::kCpu).ok());
+  OpContext ctx;
+  std::vector<Tensor> buffers = {Tensor::empty({1, 4}, DType::kF32, Device::kCpu)};
+  Status s = run_nodes(g, ctx, buffers, 0, g.nodes().size());
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  EXPECT_NE(s.message().find("cudaErrorIllegalAddress"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.to_string().find("node boom (failing, backend cuda_test)"), std::string::npos) << s.to_string();
+  EXPECT_EQ(failing_runs, 1);
+  EXPECT_EQ(later_runs, 0);
+  EXPECT_FALSE(ctx.failed()) << "the runner hands the error over and clears it";
+}
 
 }  // namespace
 }  // namespace nucleus
