@@ -5,6 +5,7 @@
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus {
 
@@ -58,7 +59,7 @@ StatusOr<CudaGraph> CudaGraph::capture(const std::function<Status()>& work) {
 }
 
 void CudaGraph::replay() const {
-  NUCLEUS_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cuda::context().stream));
+  NUCLEUS_OP_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cuda::context().stream));
 }
 
 }  // namespace nucleus

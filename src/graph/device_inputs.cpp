@@ -7,6 +7,7 @@
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus {
 
@@ -95,14 +96,14 @@ DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in) {
   cudaStream_t stream = cuda::context().stream;
   char* host = static_cast<char*>(host_[next_]);
   cudaEvent_t copied = static_cast<cudaEvent_t>(copied_[next_]);
-  NUCLEUS_CUDA_CHECK(cudaEventSynchronize(copied));
+  NUCLEUS_OP_CUDA_CHECK(cudaEventSynchronize(copied));  // the step's uploads: a failure is the step's error
   for (int i = 0; i < 9; ++i) {
     if (!len[i]) continue;
     std::memcpy(host + offsets_[i], src[i], len[i]);
-    NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets_[i], host + offsets_[i], len[i],
-                                       cudaMemcpyHostToDevice, stream));
+    NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets_[i], host + offsets_[i], len[i],
+                                          cudaMemcpyHostToDevice, stream));
   }
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(copied, stream));
+  NUCLEUS_OP_CUDA_CHECK(cudaEventRecord(copied, stream));
   next_ ^= 1;
   auto at = [&](int i) { return static_cast<char*>(dev_) + offsets_[i]; };
   DeviceStepInputs d;

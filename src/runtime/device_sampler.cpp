@@ -11,6 +11,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "kernels/sampling/sampling.cuh"
+#include "ops/op_cuda_check.h"
 #endif
 
 namespace nucleus {
@@ -69,14 +70,16 @@ std::vector<SampleResult> DeviceSampler::sample(const float* logits, const std::
     hp[i] = {r.temperature, r.top_k, r.top_p, r.num_logprobs, r.seed, static_cast<uint64_t>(r.output_index)};
   }
   cudaStream_t stream = cuda::context().stream;
-  NUCLEUS_CUDA_CHECK(
+  // A failure here is the step's error (the engine fails the step, or itself
+  // when the device's error is sticky), not a stop of the process.
+  NUCLEUS_OP_CUDA_CHECK(
       cudaMemcpyAsync(d_params_, h_params_, n * sizeof(kernels::SampleRowParams), cudaMemcpyHostToDevice, stream));
-  NUCLEUS_CUDA_CHECK(kernels::launch_sample_rows(logits, n, vocab_,
-                                                 static_cast<const kernels::SampleRowParams*>(d_params_),
-                                                 static_cast<kernels::SampleRowResult*>(d_results_), stream));
-  NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(h_results_, d_results_, n * sizeof(kernels::SampleRowResult),
-                                     cudaMemcpyDeviceToHost, stream));
-  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_sample_rows(logits, n, vocab_,
+                                                    static_cast<const kernels::SampleRowParams*>(d_params_),
+                                                    static_cast<kernels::SampleRowResult*>(d_results_), stream));
+  NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(h_results_, d_results_, n * sizeof(kernels::SampleRowResult),
+                                        cudaMemcpyDeviceToHost, stream));
+  NUCLEUS_OP_CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto* hr = static_cast<const kernels::SampleRowResult*>(h_results_);
   std::vector<SampleResult> out(n);
   for (int64_t i = 0; i < n; ++i) {

@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/device.h"
 #include "core/logging.h"
+#include "core/op_cuda_error.h"
 
 namespace nucleus {
 
@@ -178,7 +179,12 @@ std::vector<RequestOutput> LLMEngine::step() {
   preemptions_ += static_cast<int64_t>(plan.preempted.size());
   if (plan.empty()) return outputs;
   ++steps_;
-  auto samples = runner_->execute_and_sample(plan);
+  StatusOr<std::vector<SampleResult>> samples = internal_error("no step ran");
+  try {
+    samples = runner_->execute_and_sample(plan);
+  } catch (const OpCudaError& e) {  // a failed CUDA call around the ops (uploads, graph replay, sampling)
+    samples = internal_error(e.what());
+  }
   if (!samples.ok()) return fail_step(plan, samples.status());
   scheduler_->on_step_done(plan);
   size_t row = 0;
