@@ -7,8 +7,8 @@
 #include "kernels/embedding/embedding.cuh"
 #include "kernels/gather/gather_rows.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

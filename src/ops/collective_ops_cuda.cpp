@@ -8,9 +8,9 @@
 #include "core/cuda/cuda_check.h"
 #include "core/env.h"
 #include "kernels/allreduce/allreduce_rmsnorm.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/allreduce_choice.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

@@ -23,8 +23,9 @@
 #include "core/logging.h"
 #include "kernels/gemm/fp8_gemm.cuh"
 #include "kernels/gemm/fp8_gemm_cublaslt.h"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
+#include "ops/split_workspace_cuda.h"
 
 namespace nucleus::cuda_ops {
 
@@ -63,7 +64,7 @@ void check_not_capturing(cudaStream_t stream, const char* what) {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   NUCLEUS_OP_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
   NUCLEUS_CHECK(st == cudaStreamCaptureStatusNone,
-                "FP8 linear: {} must be allocated during CUDA-graph capture; run this shape eagerly once first",
+                "FP8 linear: {} must be allocated outside CUDA-graph capture; run this shape eagerly once first",
                 what);
 }
 
@@ -92,23 +93,9 @@ void* grow(Fp8Scratch& s, void*& buf, size_t& cap, size_t need, cudaStream_t str
 // (*error then says why).
 const kernels::Fp8SplitWorkspace* split_workspace(Fp8Scratch& s, cudaStream_t stream, Status* error) {
   if (s.split.partial == nullptr) {
-    check_not_capturing(stream, "the split-K workspace");
-    float* partial = nullptr;
-    int* counters = nullptr;
-    cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&partial), kSplitPartialFloats * sizeof(float));
-    if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&counters), kSplitCounters * sizeof(int));
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // not sticky
-      if (partial) cudaFree(partial);
-      *error = resource_exhausted(std::string("FP8 linear: cudaMalloc of the split-K workspace failed: ") +
-                                  cudaGetErrorString(e));
-      return nullptr;
-    }
-    s.split.partial = partial;
-    s.split.counters = counters;
-    NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(s.split.counters, 0, kSplitCounters * sizeof(int), stream));
-    s.split.partial_floats = kSplitPartialFloats;
-    s.split.num_counters = kSplitCounters;
+    *error = allocate_split_workspace(s.split, kSplitPartialFloats, kSplitCounters, stream,
+                                      "the FP8 linear's split-K workspace");
+    if (!error->ok()) return nullptr;
   }
   return &s.split;
 }

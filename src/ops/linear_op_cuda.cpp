@@ -3,8 +3,8 @@
 #include "core/cuda/cuda_check.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

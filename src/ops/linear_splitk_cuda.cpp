@@ -14,8 +14,9 @@
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
 #include "kernels/gemm/splitk_gemm.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
+#include "ops/split_workspace_cuda.h"
 #include "ops/splitk.h"
 
 namespace nucleus::cuda_ops {
@@ -36,27 +37,8 @@ const kernels::SplitKWorkspace* deterministic_workspace(cudaStream_t stream, Sta
   std::lock_guard<std::mutex> lock(mu);
   kernels::SplitKWorkspace& ws = workspaces[cuda::thread_device()];
   if (ws.partial == nullptr) {
-    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    NUCLEUS_OP_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
-    NUCLEUS_CHECK(st == cudaStreamCaptureStatusNone,
-                  "split-K: the deterministic workspace must be allocated outside CUDA-graph capture; run one "
-                  "eager step first");
-    float* partial = nullptr;
-    int* counters = nullptr;
-    cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&partial), kPartialFloats * sizeof(float));
-    if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&counters), kCounters * sizeof(int));
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // not sticky
-      if (partial) cudaFree(partial);
-      *error = resource_exhausted(std::string("split-K: cudaMalloc of the deterministic workspace failed: ") +
-                                  cudaGetErrorString(e));
-      return nullptr;
-    }
-    ws.partial = partial;
-    ws.counters = counters;
-    NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(ws.counters, 0, kCounters * sizeof(int), stream));
-    ws.partial_floats = kPartialFloats;
-    ws.num_counters = kCounters;
+    *error = allocate_split_workspace(ws, kPartialFloats, kCounters, stream, "the split-K deterministic workspace");
+    if (!error->ok()) return nullptr;
   }
   return &ws;
 }

@@ -26,8 +26,8 @@
 #include "core/cuda/cuda_check.h"
 #include "kernels/mla/flashinfer_mla.cuh"
 #include "kernels/mla/mla_decode.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

@@ -6,8 +6,8 @@
 #include "kernels/mla/gather_kv_b_proj.cuh"
 #include "kernels/mla/mla_attention_naive.cuh"
 #include "kernels/rope/rope_kv_cache.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

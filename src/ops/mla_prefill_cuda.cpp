@@ -24,9 +24,9 @@
 #include "core/cuda/cuda_check.h"
 #include "core/env.h"
 #include "kernels/mla/mla_prefill.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
 #include "ops/gather_kv_b_proj.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

@@ -22,8 +22,8 @@
 #include "core/device.h"
 #include "core/env.h"
 #include "kernels/moe/moe_grouped.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

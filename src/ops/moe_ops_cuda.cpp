@@ -6,8 +6,8 @@
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "kernels/moe/moe_naive.cuh"
-#include "ops/op_cuda_check.h"
 #include "ops/cuda_backends.h"
+#include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
 

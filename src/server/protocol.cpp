@@ -99,8 +99,8 @@ std::vector<std::string> get_stop(const json& body, const RequestLimits& limits)
   return out;
 }
 
-// Fields common to both endpoints: sampling, n, streaming, extensions.
-void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r) {
+// 'model', when given, must be a served name (else 404 model_not_found).
+void check_model(const json& body, const ModelInfo& model) {
   if (const json* m = field(body, "model")) {
     if (!m->is_string()) refuse("model", "'model' must be a string, got " + m->dump());
     const std::string name = m->get<std::string>();
@@ -115,6 +115,11 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
       throw Refusal{e};
     }
   }
+}
+
+// Fields common to both endpoints: sampling, n, streaming, extensions.
+void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r) {
+  check_model(body, model);
   SamplingParams& p = r.params;
   if (auto t = get_number(body, "temperature")) {
     if (!(*t >= 0.0) || !(*t <= kMaxTemperature))
@@ -388,14 +393,6 @@ Prompt render_chat(const json& body, const std::string& text, const ModelInfo& m
   Prompt p{model.tokenizer->encode(*rendered, add_special), *rendered};
   if (p.token_ids.empty()) refuse("messages", "The rendered chat prompt is empty");
   return p;
-}
-
-void check_model(const json& body, const ModelInfo& model) {
-  GenerationRequest unused;
-  if (const json* m = field(body, "model"); m) {
-    json only = {{"model", *m}};
-    parse_common(only, model, unused);
-  }
 }
 
 }  // namespace
