@@ -6,7 +6,8 @@
 // The logits stay where the previous call left them (L2 for small batches),
 // as after the LM head. Prints the median wall time per call, the device time
 // of the call (events), and the logit read rate (rows * vocab * 4 bytes once)
-// against 4.8 TB/s of HBM; and the CPU sampler's time per row for reference.
+// against 4.58 TB/s of HBM (core/roofline.h); and the CPU sampler's time per
+// row for reference.
 //   sampling_bench [--quick]
 #include <cuda_runtime.h>
 
@@ -21,6 +22,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
+#include "core/roofline.h"
 #include "runtime/device_sampler.h"
 #include "runtime/sampler.h"
 
@@ -28,7 +30,7 @@ using namespace nucleus;
 
 namespace {
 
-constexpr double kHbmBytesPerSecond = 4.8e12;
+constexpr double kHbmBytesPerSecond = roofline::kHbmBytesPerSec;
 
 struct Mode {
   const char* name;

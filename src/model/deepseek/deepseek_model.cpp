@@ -20,6 +20,7 @@
 #include "ops/mla_front_op.h"
 #include "ops/moe_ops.h"
 #include "ops/prezero.h"
+#include "ops/skinny.h"
 #include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -90,6 +91,7 @@ void DeepseekModel::on_ranks(const std::function<Status(DeepseekModel&, int)>& f
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique_ptr<DeepseekModel> m) {
   const ModelOptions& options = m->options_;
   NUCLEUS_RETURN_IF_ERROR(splitk_env_status());
+  NUCLEUS_RETURN_IF_ERROR(skinny_env_status());
   NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
   NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
