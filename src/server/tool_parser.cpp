@@ -175,12 +175,13 @@ void ToolCallParser::advance(bool final, ToolParseDelta& out) {
           state_ = State::kSection;
           continue;
         }
-        // A partial marker at the end waits; at the end of the output (a
-        // call cut off) it is dropped, and the call is completed as it is.
+        // A partial marker at the end waits. At the end of the output (a
+        // call cut off) it is dropped, and so is what was still waiting in
+        // the call: a name without its end, V3's partial closing fence.
         const size_t keep = partial_marker_length(buf_, call_markers_);
         body_.append(buf_, 0, buf_.size() - keep);
         buf_.erase(0, buf_.size() - keep);
-        emit_call(final, out);
+        emit_call(false, out);
         if (final) state_ = State::kDone;
         return;
       }

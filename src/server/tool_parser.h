@@ -74,8 +74,10 @@ class ToolCallParser {
   // Feeds the next piece of the model's text; returns what became final.
   ToolParseDelta add(std::string_view text);
   // At the end of the output: releases what was held back. A call cut off
-  // before its end marker (max_tokens) is completed as far as it went: its
-  // arguments are what the model wrote of them. Later add() calls are ignored.
+  // before its end marker (max_tokens) keeps what was final of it: it is a
+  // call once its name is complete, and its arguments are what the model
+  // wrote of them (V3: without a partial closing fence). Later add() calls
+  // are ignored.
   ToolParseDelta finish();
 
   // Calls started so far (a call counts once its name is known).

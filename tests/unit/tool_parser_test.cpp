@@ -207,10 +207,13 @@ TEST(ToolParserTest, CutOffOutputs) {
   m = parse_whole(p, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call");
   ASSERT_EQ(m.calls.size(), 1u);
   EXPECT_EQ(m.calls[0].arguments, "{}");
-  // The name's line not finished: the name is what there is.
-  m = parse_whole(p, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_wea");
+  // A partial closing fence is not part of the arguments.
+  m = parse_whole(p, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n``");
   ASSERT_EQ(m.calls.size(), 1u);
-  EXPECT_EQ(m.calls[0].name, "get_wea");
+  EXPECT_EQ(m.calls[0].arguments, "{}");
+  // The name's line not finished: no call (its name may be cut).
+  m = parse_whole(p, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_wea");
+  EXPECT_TRUE(m.calls.empty());
   // Before the name: no call.
   m = parse_whole(p, "x<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>func");
   EXPECT_EQ(m.content, "x");
