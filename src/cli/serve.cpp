@@ -1,6 +1,8 @@
 // nucleus serve: the OpenAI-compatible HTTP server (docs/server.md).
 //   nucleus serve --model DIR [--host 127.0.0.1] [--port 8000]
 //                 [--served-model-name NAME] [engine flags]
+//                 [--tool-call-parser deepseek_v3|deepseek_v31|kimi_k2 --enable-auto-tool-choice]
+//                 [--reasoning-parser deepseek_r1]
 // SIGINT / SIGTERM: stop taking requests, finish those in flight (at most
 // --shutdown-timeout seconds, then abort them), exit 0. A second signal
 // aborts at once. An engine that fails (a step it cannot recover from:

@@ -74,8 +74,8 @@ std::vector<json> ResponseBuilder::chunks(const ChoiceDelta& d) {
     json chunk = base("chat.completion.chunk");
     json lp = i == 0 && request_.logprobs ? logprobs_json(d.logprobs, c) : json(nullptr);
     json finish = i + 1 == deltas.size() && !finish_reason.empty() ? json(finish_reason) : json(nullptr);
-    chunk["choices"] =
-        json::array({{{"index", d.index}, {"delta", std::move(deltas[i])}, {"logprobs", lp}, {"finish_reason", finish}}});
+    json choice = {{"index", d.index}, {"delta", std::move(deltas[i])}, {"logprobs", lp}, {"finish_reason", finish}};
+    chunk["choices"] = json::array({std::move(choice)});
     if (request_.include_usage) chunk["usage"] = nullptr;
     out.push_back(std::move(chunk));
   }
@@ -194,8 +194,7 @@ void ResponseBuilder::add(const ChoiceDelta& d) {
         c.tool_calls.push_back(
             {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", ""}}}});
       else
-        c.tool_calls[t.index]["function"]["arguments"] =
-            c.tool_calls[t.index]["function"]["arguments"].get<std::string>() + t.arguments;
+        c.tool_calls[t.index]["function"]["arguments"].get_ref<std::string&>() += t.arguments;
     }
     if (!finish_reason.empty()) c.finish_reason = finish_reason;
   } else {

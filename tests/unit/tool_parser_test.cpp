@@ -142,8 +142,9 @@ TEST(ToolParserTest, DeepSeekV3Streamed) {
   expect_split_invariant(p, kV3Output);
   expect_prefixes_consistent(p, kV3Output, tool_call_markers(ToolCallFormat::kDeepSeekV3));
   // Multi-line arguments, no text before the calls, and the EOS-less end.
-  expect_split_invariant(p, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\n  \"a\": 1\n}\n```"
-                            "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+  expect_split_invariant(p,
+                         "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\n  \"a\": 1\n}\n```"
+                         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
 }
 
 TEST(ToolParserTest, NoToolCallsIsAllContent) {
