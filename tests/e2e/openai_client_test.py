@@ -363,7 +363,7 @@ class ToolCallsAndReasoningTest(unittest.TestCase):
             self.assertEqual([(x["name"], x["arguments"]) for x in g["calls"]],
                              [(t.function.name, t.function.arguments) for t in c.message.tool_calls])
 
-    def test_cut_off_inside_the_call(self):
+    def test_cut_off_by_max_tokens_or_a_stop_string(self):
         # 8 tokens end with 'ris"}\n``': the call so far, without the partial fence.
         r = self.create(tools=TOOLS, max_tokens=8)
         self.assertEqual(r.choices[0].finish_reason, "length")
@@ -372,6 +372,19 @@ class ToolCallsAndReasoningTest(unittest.TestCase):
         r = self.create(tools=TOOLS, max_tokens=2)
         self.assertEqual(r.choices[0].message.model_extra["reasoning_content"], "Need the weather.</thi")
         self.assertIsNone(r.choices[0].message.content)
+        # A stop string in the content: no calls, finish_reason "stop"; streamed alike.
+        for stream in (False, True):
+            r = self.create(tools=TOOLS, stop=["king."], stream=stream)
+            if stream:
+                chunks = [c.choices[0] for c in r if c.choices]
+                content = "".join(c.delta.content or "" for c in chunks)
+                self.assertFalse(any(c.delta.tool_calls for c in chunks))
+                self.assertEqual([c.finish_reason for c in chunks if c.finish_reason], ["stop"])
+                self.assertEqual(content, "Chec")
+            else:
+                self.assertEqual(r.choices[0].finish_reason, "stop")
+                self.assertEqual(r.choices[0].message.content, "Chec")
+                self.assertIsNone(r.choices[0].message.tool_calls)
 
     def test_not_parsed_without_tools_or_with_tool_choice_none(self):
         for kw in ({}, {"tools": TOOLS, "tool_choice": "none"}):
