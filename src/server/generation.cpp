@@ -35,6 +35,9 @@ Generation::Generation(AsyncEngine& engine, const Tokenizer* tokenizer, ServerMe
       request_id_(std::move(request_id)),
       request_(request),
       arrival_time_(arrival_time) {
+  // The output parsers' markers stay in the text whatever skip_special_tokens says.
+  const std::vector<int32_t> markers =
+      tokenizer_ && request_.parsing.any() ? marker_token_ids(*tokenizer_, request_.parsing) : std::vector<int32_t>{};
   for (size_t p = 0; p < request_.prompts.size(); ++p) {
     prompt_tokens_ += static_cast<int64_t>(request_.prompts[p].token_ids.size());
     for (int i = 0; i < request_.n; ++i) {
@@ -46,6 +49,7 @@ Generation::Generation(AsyncEngine& engine, const Tokenizer* tokenizer, ServerMe
         c.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, request_.params.stop,
                                                            request_.skip_special_tokens,
                                                            request_.include_stop_str_in_output);
+      if (c.detok && !markers.empty()) c.detok->keep_special(markers);
       c.pending.index = c.index;
       choices_.push_back(std::move(c));
     }

@@ -85,6 +85,9 @@ HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer
   model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;
   model_info_.limits = config_.requests;
+  model_info_.tool_call_parser = config_.tool_call_parser;
+  model_info_.enable_auto_tool_choice = config_.enable_auto_tool_choice;
+  model_info_.reasoning_parser = config_.reasoning_parser;
   model_info_.limits.max_elements = std::max<int64_t>(model_info_.max_model_len, 4096);
   created_ = unix_now();
   id_salt_ = std::random_device{}();
@@ -192,7 +195,7 @@ void HttpServer::handle_generation(const std::string& body, bool chat, HttpRespo
         builder.add(d);
         continue;
       }
-      out += event(builder.chunk(d));
+      for (const auto& c : builder.chunks(d)) out += event(c);
       if (!d.error.ok()) out += event(generation_error(d.error).body());  // a failed step: an OpenAI error event
     }
     if (!out.empty() && !res.write_chunk(out)) return;

@@ -395,6 +395,30 @@ Prompt render_chat(const json& body, const std::string& text, const ModelInfo& m
   return p;
 }
 
+// The parsers a chat request's output goes through (vLLM's rules): the
+// reasoning parser when the server has one; the tool-call parser for a
+// request with tools whose tool_choice is "auto" (the default with tools),
+// which needs --enable-auto-tool-choice besides --tool-call-parser. Without
+// a parser, tools are only rendered into the prompt and the output is text.
+// "required" and named functions need guided decoding: refused.
+OutputParsing output_parsing(const json& body, const ModelInfo& model) {
+  OutputParsing p;
+  p.reasoning = model.reasoning_parser;
+  const json* tc = field(body, "tool_choice");
+  if (tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
+    refuse("tool_choice", "'tool_choice' may only be \"auto\" or \"none\": a required or named tool call needs "
+                          "guided decoding, which this server does not have");
+  const json* tools = field(body, "tools");
+  if (tools && !tools->is_array()) refuse("tools", "'tools' must be a list of tools");
+  p.parallel_tool_calls = get_bool(body, "parallel_tool_calls", true);
+  if (tools && !tools->empty() && (!tc || *tc == "auto") && model.tool_call_parser) {
+    if (!model.enable_auto_tool_choice)
+      refuse("tool_choice", "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
+    p.tool_calls = model.tool_call_parser;
+  }
+  return p;
+}
+
 }  // namespace
 
 std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& text, const ModelInfo& model) {
@@ -439,9 +463,7 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     if (get_bool(body, "continue_final_message", false))
       refuse("continue_final_message", "'continue_final_message' is not supported");
     if (field(body, "reasoning_effort")) refuse("reasoning_effort", "'reasoning_effort' is not supported");
-    if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
-      refuse("tool_choice", "'tool_choice' may only be \"auto\" or \"none\": no tool-call parser yet, so a "
-                            "required or named tool call cannot be enforced");
+    r.parsing = output_parsing(body, model);
     r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
     if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
     Prompt p = render_chat(body, text, model);

@@ -15,6 +15,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "runtime/sampling_params.h"
+#include "server/message_parser.h"
 
 namespace nucleus::server {
 
@@ -58,6 +59,11 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none
   RequestLimits limits;                         // the server's per-request limits
+  // Chat output parsing: `serve --tool-call-parser`, `--enable-auto-tool-choice`,
+  // `--reasoning-parser deepseek_r1` (docs/server.md, "Tool calls and reasoning").
+  std::optional<ToolCallFormat> tool_call_parser;
+  bool enable_auto_tool_choice = false;
+  bool reasoning_parser = false;
 };
 
 struct Prompt {
@@ -77,6 +83,7 @@ struct GenerationRequest {
   bool logprobs = false;       // report per-token logprobs (params.logprobs: top-N)
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
+  OutputParsing parsing;  // chat: the parsers the output goes through (reasoning, tool calls)
 };
 
 // Returns the parsed request, or the error to send. `body` is the raw HTTP

@@ -1,5 +1,7 @@
 #include "server/responses.h"
 
+#include <random>
+
 namespace nucleus::server {
 
 using nlohmann::json;
@@ -25,7 +27,59 @@ ResponseBuilder::ResponseBuilder(ResponseHeader header, const GenerationRequest&
                               {"token_logprobs", json::array()},
                               {"top_logprobs", json::array()},
                               {"text_offset", json::array()}};
+    if (request_.chat && request_.parsing.any())
+      choices_[i].parser = std::make_unique<MessageParser>(request_.parsing, std::random_device{}());
   }
+}
+
+MessageDelta ResponseBuilder::parse(ChoiceState& c, const ChoiceDelta& d, std::string& finish_reason) const {
+  MessageDelta m = c.parser->add(d.text, !d.finish_reason.empty());
+  finish_reason = d.finish_reason;
+  // As vLLM: a choice that made tool calls finishes with "tool_calls" (one
+  // cut off by max_tokens keeps "length": its last call may be incomplete).
+  if (finish_reason == "stop" && c.parser->num_tool_calls() > 0) finish_reason = "tool_calls";
+  return m;
+}
+
+std::vector<json> ResponseBuilder::chunks(const ChoiceDelta& d) {
+  ChoiceState& c = choices_[d.index];
+  if (!c.parser) return {chunk(d)};
+  std::string finish_reason;
+  const MessageDelta m = parse(c, d, finish_reason);
+  std::vector<json> deltas;
+  json text = json::object();
+  if (!m.reasoning.empty()) {
+    // "reasoning_content" as DeepSeek's API, SGLang and vLLM before 0.17;
+    // "reasoning" as vLLM since.
+    text["reasoning_content"] = m.reasoning;
+    text["reasoning"] = m.reasoning;
+  }
+  if (!m.content.empty()) text["content"] = m.content;
+  if (!text.empty()) deltas.push_back(std::move(text));
+  for (const auto& t : m.tool_calls) {
+    json call = {{"index", t.index}};
+    if (!t.name.empty()) {
+      call["id"] = t.id;
+      call["type"] = "function";
+      call["function"] = {{"name", t.name}, {"arguments", ""}};
+    } else {
+      call["function"] = {{"arguments", t.arguments}};
+    }
+    deltas.push_back({{"tool_calls", json::array({call})}});
+  }
+  const bool has_logprobs = request_.logprobs && !d.logprobs.empty();
+  if (deltas.empty() && (has_logprobs || !finish_reason.empty())) deltas.push_back(json::object());
+  std::vector<json> out;
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    json chunk = base("chat.completion.chunk");
+    json lp = i == 0 && request_.logprobs ? logprobs_json(d.logprobs, c) : json(nullptr);
+    json finish = i + 1 == deltas.size() && !finish_reason.empty() ? json(finish_reason) : json(nullptr);
+    json choice = {{"index", d.index}, {"delta", std::move(deltas[i])}, {"logprobs", lp}, {"finish_reason", finish}};
+    chunk["choices"] = json::array({std::move(choice)});
+    if (request_.include_usage) chunk["usage"] = nullptr;
+    out.push_back(std::move(chunk));
+  }
+  return out;
 }
 
 std::string ResponseBuilder::echo_text(int index) const {
@@ -130,13 +184,40 @@ json ResponseBuilder::usage_chunk(int64_t prompt_tokens, int64_t completion_toke
 
 void ResponseBuilder::add(const ChoiceDelta& d) {
   ChoiceState& c = choices_[d.index];
-  c.text += d.text;
+  if (c.parser) {
+    std::string finish_reason;
+    MessageDelta m = parse(c, d, finish_reason);
+    c.reasoning += m.reasoning;
+    c.text += m.content;
+    for (auto& t : m.tool_calls) {
+      if (!t.name.empty())
+        c.tool_calls.push_back(
+            {{"id", t.id}, {"type", "function"}, {"function", {{"name", t.name}, {"arguments", ""}}}});
+      else
+        c.tool_calls[t.index]["function"]["arguments"].get_ref<std::string&>() += t.arguments;
+    }
+    if (!finish_reason.empty()) c.finish_reason = finish_reason;
+  } else {
+    c.text += d.text;
+  }
   c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-  if (!d.finish_reason.empty()) c.finish_reason = d.finish_reason;
+  if (!d.finish_reason.empty() && !c.parser) c.finish_reason = d.finish_reason;
   if (!request_.logprobs) return;
   json lp = logprobs_json(d.logprobs, c);
   for (auto& [key, values] : lp.items())
     for (auto& v : values) c.logprobs[key].push_back(std::move(v));
+}
+
+// A parsed chat message: content null when empty (as vLLM's parsers give
+// it), reasoning with the reasoning parser, tool_calls when there are any.
+json ResponseBuilder::parsed_message(const ChoiceState& c) const {
+  json message = {{"role", "assistant"}, {"content", c.text.empty() ? json(nullptr) : json(c.text)}};
+  if (request_.parsing.reasoning) {
+    message["reasoning_content"] = c.reasoning.empty() ? json(nullptr) : json(c.reasoning);
+    message["reasoning"] = message["reasoning_content"];
+  }
+  if (!c.tool_calls.empty()) message["tool_calls"] = c.tool_calls;
+  return message;
 }
 
 json ResponseBuilder::whole(int64_t prompt_tokens, int64_t completion_tokens) const {
@@ -145,7 +226,9 @@ json ResponseBuilder::whole(int64_t prompt_tokens, int64_t completion_tokens) co
   for (int i = 0; i < static_cast<int>(choices_.size()); ++i) {
     const ChoiceState& c = choices_[i];
     json choice = {{"index", i}};
-    if (request_.chat)
+    if (request_.chat && c.parser)
+      choice["message"] = parsed_message(c);
+    else if (request_.chat)
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else
       choice["text"] = c.text;
