@@ -4,6 +4,9 @@
 // DeepSeek-V3's at TP 1 and TP 8, at m = 1, 2, 4, 8 rows, through
 //   cublaslt   cuBLASLt, bf16 out (the engine with NUCLEUS_SKINNY=0)
 //   skinny     kernels/gemm/skinny_gemm.cuh, bf16 out, default slice count
+//   skinny_pdl the same launched with PDL: each GEMM of the graph a
+//              programmatic dependent of the one before (which lets it start
+//              at once), as the engine launches them after a norm
 //   skinny_sN  with N slices (--sweep 1)
 // Method (bench/graph_timing.h): CUDA graphs of 20 GEMMs on distinct weight
 // copies, enough that a pass reads at least twice the L2; the median per GEMM.
@@ -189,7 +192,7 @@ int main(int argc, char** argv) {
       base_us = -1;
       row("cublaslt", 0, cublas);
       base_us = cublas;
-      auto skinny = [&](int slices) {
+      auto skinny = [&](int slices, bool pdl = false) {
         return bench::median_us_per_launch(copies, [&](int i) {
           kernels::SkinnyGemmArgs a;
           a.x = x.data<__nv_bfloat16>();
@@ -201,10 +204,13 @@ int main(int argc, char** argv) {
           a.n = S.n;
           a.k = S.k;
           a.slices = slices;
+          a.pdl = pdl;
           return kernels::launch_skinny_gemm(a, stream) == cudaSuccess;
         });
       };
-      row("skinny", kernels::skinny_default_slices(m, S.n, S.k, c.num_sms), skinny(0));
+      const int slices = kernels::skinny_default_slices(m, S.n, S.k, c.num_sms);
+      row("skinny", slices, skinny(0));
+      row("skinny_pdl", slices, skinny(0, true));
       if (sweep)
         for (int s : {1, 2, 4, 8}) row("skinny_s" + std::to_string(s), s, skinny(s));
     }

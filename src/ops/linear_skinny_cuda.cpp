@@ -45,6 +45,7 @@ void linear_skinny(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
   a.n = w.out_features;
   a.k = w.in_features;
   a.accumulate = op.accumulate();
+  a.pdl = skinny_pdl();
   if ((out_dtype == DType::kBF16 || out_dtype == DType::kF32) && m <= skinny_max_rows(a.n, a.k) &&
       kernels::skinny_gemm_check(a) == cudaSuccess) {
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_skinny_gemm(a, stream));

@@ -27,6 +27,17 @@ int parse_switch() {
   return v;
 }
 
+// -1: malformed.
+int parse_pdl() {
+  static const int v = [] {
+    auto s = env_string("NUCLEUS_PDL");
+    if (!s || s->empty() || *s == "1") return 1;
+    if (*s == "0") return 0;
+    return -1;
+  }();
+  return v;
+}
+
 }  // namespace
 
 SkinnySwitch skinny_switch() {
@@ -37,8 +48,11 @@ SkinnySwitch skinny_switch() {
 Status skinny_env_status() {
   if (parse_switch() < 0)
     return invalid_argument("NUCLEUS_SKINNY='" + *env_string("NUCLEUS_SKINNY") + "' is not auto, 0 or 1");
+  if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string("NUCLEUS_PDL") + "' is not 0 or 1");
   return ok_status();
 }
+
+bool skinny_pdl() { return parse_pdl() == 1; }
 
 int64_t skinny_max_rows(int64_t n, int64_t k) {
   switch (skinny_switch()) {

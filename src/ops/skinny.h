@@ -7,6 +7,9 @@
 //                   measured rule below);
 //   0               never (every bf16 decode GEMM on cuBLASLt, as before);
 //   1               every bf16 decode GEMM at m <= 8.
+// NUCLEUS_PDL=0|1 (default 1): skinny GEMMs are launched as programmatic
+// dependents (kernels/common/pdl.cuh) of the kernel before them, so they start
+// streaming their weights while it finishes; 0 launches them normally.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,9 @@ SkinnySwitch skinny_switch();
 // OK, or invalid_argument naming a malformed NUCLEUS_SKINNY (checked when a
 // model is built, which then fails; skinny_switch() reads it as off).
 Status skinny_env_status();
+
+// Whether skinny GEMMs are launched with PDL (NUCLEUS_PDL, read once).
+bool skinny_pdl();
 
 // The largest row count m (0..8) at which a bf16 decode GEMM with weight
 // [n, k] runs the skinny kernel; rows above it run cuBLASLt. Under kAuto the

@@ -1,6 +1,7 @@
 // The skinny decode GEMM switch end to end on the GPU: `nucleus generate`
 // on the shipped tiny model (bf16) with NUCLEUS_SKINNY=1 (every bf16 decode
-// GEMM at m <= 8 on the skinny kernel) and NUCLEUS_SKINNY=0 (cuBLASLt):
+// GEMM at m <= 8 on the skinny kernel, launched with PDL), with NUCLEUS_PDL=0
+// too, and NUCLEUS_SKINNY=0 (cuBLASLt):
 //  - the decode graph reports cuda_skinny exactly when it is on
 //    (NUCLEUS_DUMP_GRAPH's backend column);
 //  - greedy tokens of the eight reference prompts, run together (decode at
@@ -73,13 +74,20 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
   const std::string base = "generate --device cuda --model " + testing::model_path("tiny-dsv3") +
                            " --max-tokens 32 --ignore-eos --temperature 0 --json";
   std::map<std::string, std::vector<std::vector<int>>> tokens;  // "on batch", "off single", ...
-  for (const char* sw : {"1", "0"}) {
-    const std::string env = std::string("NUCLEUS_SKINNY=") + sw;
+  struct Config {
+    const char* key;
+    const char* env;
+    bool skinny;
+  };
+  for (const Config& cfg : {Config{"on", "NUCLEUS_SKINNY=1", true},
+                            Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true},
+                            Config{"off", "NUCLEUS_SKINNY=0", false}}) {
+    const std::string env = cfg.env;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", env + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
     const bool reports_skinny = batch.err.find("cuda_skinny") != std::string::npos;
-    EXPECT_EQ(reports_skinny, std::string(sw) == "1") << "NUCLEUS_SKINNY=" << sw << ": the decode graph's backends";
-    const std::string key = std::string(sw) == "1" ? "on" : "off";
+    EXPECT_EQ(reports_skinny, cfg.skinny) << env << ": the decode graph's backends";
+    const std::string key = cfg.key;
     for (const json& line : json_lines(batch.out)) tokens[key + " batch"].push_back(line["token_ids"]);
     for (size_t i = 0; i < cases.size(); ++i) {
       std::ofstream(dir + "/one.jsonl") << json{{"prompt_token_ids", cases[i]["prompt_token_ids"]}}.dump() << "\n";
@@ -90,8 +98,10 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
   }
   for (const char* mode : {" batch", " single"}) {
     const auto& on = tokens[std::string("on") + mode];
+    const auto& no_pdl = tokens[std::string("on, no PDL") + mode];
     const auto& off = tokens[std::string("off") + mode];
     ASSERT_EQ(on.size(), cases.size());
+    ASSERT_EQ(no_pdl.size(), cases.size());
     ASSERT_EQ(off.size(), cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
       ASSERT_EQ(on[i].size(), off[i].size()) << "case " << i << mode;
@@ -100,6 +110,7 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
       size_t s = 0;
       for (; s < greedy.size() && s < on[i].size() && margins[s] >= kMarginThreshold; ++s) {
         EXPECT_EQ(on[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny on)";
+        EXPECT_EQ(no_pdl[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny on, no PDL)";
         EXPECT_EQ(off[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny off)";
       }
       std::printf("case %zu%s: %zu steps compared\n", i, mode, s);

@@ -8,6 +8,10 @@
 //    other columns must stay untouched;
 //  - every slice count gives the reference, and a launch is bit-identical to
 //    the previous one (no atomics);
+//  - launched as a programmatic dependent (PDL) of the RMSNorm that writes
+//    its x (that kernel lets dependents start at once), eagerly and in a
+//    CUDA graph, over an x poisoned with NaN first: it reads x only after the
+//    norm has finished;
 //  - shapes off the tiles (n not a multiple of 4, k not of 256) and the
 //    refusals (m = 0 or 9, k % 8, misaligned x, slices 3).
 #include <gtest/gtest.h>
@@ -23,6 +27,7 @@
 #include "io/hf_config.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/gemm/skinny_gemm.cuh"
+#include "kernels/rmsnorm/rmsnorm.cuh"
 #include "test_util.h"
 
 namespace nucleus::kernels {
@@ -215,6 +220,61 @@ TEST_F(SkinnyGemmGpu, RepeatedLaunchesAreBitIdentical) {
   }
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4), 0);
   EXPECT_EQ(std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * 4), 0);
+}
+
+TEST_F(SkinnyGemmGpu, ProgrammaticDependentWaitsForTheKernelWritingX) {
+  const int64_t n = 2048, k = 7168;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  auto w = hashed_bf16_values(n * k, 0.05f, 11);
+  Tensor d_w = device_copy(to_bf16(w), DType::kBF16);
+  Tensor d_norm_w = device_copy(std::vector<float>(k, 1.0f), DType::kF32);
+  for (bool graph : {false, true})
+    for (int64_t m : {1, 3, 8}) {
+      SCOPED_TRACE(std::string(graph ? "graph" : "eager") + " m=" + std::to_string(m));
+      auto src = hashed_bf16_values(m * k, 2.0f, 12 + m);
+      Tensor d_src = device_copy(src, DType::kF32);
+      Tensor d_x = device_copy(std::vector<uint16_t>(m * k, 0x7fc0), DType::kBF16);  // NaN until the norm writes it
+      Tensor d_out = device_copy(std::vector<float>(m * n, 0.0f), DType::kF32);
+      SkinnyGemmArgs a;
+      a.x = d_x.data<__nv_bfloat16>();
+      a.x_stride = k;
+      a.w = d_w.data<__nv_bfloat16>();
+      a.out = d_out.raw();
+      a.out_stride = n;
+      a.out_f32 = true;
+      a.m = m;
+      a.n = n;
+      a.k = k;
+      a.pdl = true;
+      auto run = [&] {
+        EXPECT_EQ(launch_rmsnorm_f32_to_bf16(d_src.data<float>(), k, d_norm_w.data<float>(), m, k, k, 1e-6f,
+                                             d_x.data<__nv_bfloat16>(), k, stream),
+                  cudaSuccess);
+        EXPECT_EQ(launch_skinny_gemm(a, stream), cudaSuccess);
+      };
+      if (graph) {
+        cudaGraph_t g;
+        cudaGraphExec_t exec;
+        ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+        run();
+        ASSERT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(g);
+      } else {
+        run();
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      }
+      // The reference from the x the norm wrote (read back after the run).
+      const auto x = from_bf16(host_copy<uint16_t>(d_x));
+      for (float v : x) ASSERT_TRUE(std::isfinite(v)) << "the norm did not write x";
+      const auto want = reference(x, k, w, m, n, k);
+      EXPECT_TRUE(all_close(host_copy<float>(d_out), want, 1e-4f * std::sqrt(float(k)), 1e-5f, n));
+    }
+  cudaStreamDestroy(stream);
 }
 
 TEST_F(SkinnyGemmGpu, Refusals) {

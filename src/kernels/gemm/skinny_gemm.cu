@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/common/device_sms.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/skinny_gemm.cuh"
 
@@ -62,6 +63,7 @@ template <int M, int U>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
   constexpr int kOuts = kRW * M;  // sums a warp produces (<= 32)
   __shared__ float red[kSkinnyWarps][kOuts];
+  pdl::launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int S = p.slices;
   const int groups_per_cta = kSkinnyWarps / S;
@@ -83,6 +85,7 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) acc[r][mi] = 0.0f;
 
+  bool waited = false;
   for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * U) {
     // Every weight load of the U steps first, then the math.
     uint4 wv[U][kRW];
@@ -91,6 +94,12 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
       const int c = c0 + 32 * u;
 #pragma unroll
       for (int r = 0; r < kRW; ++r) wv[u][r] = c < c_end ? ld_stream_v4(wrow[r] + c * 8) : make_uint4(0, 0, 0, 0);
+    }
+    // The weights do not depend on the previous kernel; x does (PDL: the
+    // first weight loads are in flight while it finishes).
+    if (!waited) {
+      pdl::wait_for_inputs();
+      waited = true;
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -110,6 +119,8 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
       }
     }
   }
+
+  pdl::wait_for_inputs();  // before any output access (a lane with no K steps has not waited)
 
   // Lanes' sums: butterfly, then lane j keeps sum j (row j / M, x row j % M).
   float mine = 0.0f;
@@ -144,12 +155,19 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <int M>
-cudaError_t launch_m(const Params& p, cudaStream_t stream) {
+cudaError_t launch_m(const Params& p, bool pdl, cudaStream_t stream) {
   constexpr int U = M <= 2 ? 4 : 2;
   const int64_t groups = ceil_div64(p.n, kRW);
-  const dim3 grid(static_cast<unsigned>(ceil_div64(groups, kSkinnyWarps / p.slices)));
-  skinny_gemm_kernel<M, U><<<grid, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ceil_div64(groups, kSkinnyWarps / p.slices)));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, skinny_gemm_kernel<M, U>, p);
 }
 
 }  // namespace
@@ -193,10 +211,10 @@ cudaError_t launch_skinny_gemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   p.chunks_per_slice = static_cast<int>(ceil_div64(ceil_div64(chunks, p.slices), 32) * 32);
   p.accumulate = a.accumulate;
   p.out_f32 = a.out_f32;
-  if (a.m == 1) return launch_m<1>(p, stream);
-  if (a.m == 2) return launch_m<2>(p, stream);
-  if (a.m <= 4) return launch_m<4>(p, stream);
-  return launch_m<8>(p, stream);
+  if (a.m == 1) return launch_m<1>(p, a.pdl, stream);
+  if (a.m == 2) return launch_m<2>(p, a.pdl, stream);
+  if (a.m <= 4) return launch_m<4>(p, a.pdl, stream);
+  return launch_m<8>(p, a.pdl, stream);
 }
 
 }  // namespace nucleus::kernels

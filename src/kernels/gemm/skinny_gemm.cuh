@@ -18,6 +18,10 @@
 //    across runs);
 //  - S is chosen so that about 12 warps per SM stream (grid of
 //    ceil(n / (4 * 8 / S)) CTAs of 8 warps), each slice at least 256 K.
+// PDL: the kernel signals griddepcontrol.launch_dependents at its start (a
+// programmatic dependent launched after it may then fill SMs as its CTAs
+// retire) and, launched with pdl, waits for its own predecessor only after its
+// first weight loads.
 // Bytes read: W once (n k 2), x once per SM from L2, out once (twice when
 // accumulating).
 //
@@ -47,6 +51,10 @@ struct SkinnyGemmArgs {
   int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;  // out += x W^T instead of out = x W^T
   int slices = 0;           // K slices per row group (1, 2, 4 or 8); 0: skinny_default_slices
+  // Launch as a programmatic dependent (PDL) of the previous kernel on the
+  // stream: the CTAs may start while it finishes and stream their first
+  // weights before waiting for it (griddepcontrol.wait) to read x or touch out.
+  bool pdl = false;
 };
 
 // cudaSuccess when the kernel takes `a`: 1 <= m <= 8, n >= 1, k >= 8 and
