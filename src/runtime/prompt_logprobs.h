@@ -17,9 +17,9 @@ struct TokenLogprobs {
   std::vector<std::pair<int32_t, float>> top;  // the top_n largest, by decreasing logprob (ties: lower id)
 };
 
-// logits: [vocab_size] f32, one row. log_softmax as the sampler computes it
-// (f32 exponentials, f64 sum), so a token's prompt logprob equals the
-// logprob the sampler reports when it samples that token from the same row.
+// logits: [vocab_size] f32, one row. log_softmax as the CPU sampler computes
+// it (f32 exponentials, f64 sum), so a token's prompt logprob equals the
+// logprob that sampler reports when it samples the token from the same row.
 TokenLogprobs token_logprobs(const float* logits, int64_t vocab_size, int32_t token, int32_t top_n);
 
 }  // namespace nucleus
