@@ -61,7 +61,10 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   size_t graph_bytes = 0;
   if (model->options().device == Device::kCuda) {
     model->set_max_blocks_per_seq((config.max_model_len + config.block_size - 1) / config.block_size);
-    model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs);
+    // A prefill step's logit rows: one per sequence and the prompt-logprob rows.
+    model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs,
+                                std::min(config.max_num_batched_tokens,
+                                         config.max_num_seqs + kMaxPromptLogprobRows));
     if (!model->options().cuda_graph_sizes.empty()) {
       // Measure what the decode graphs take against a one-block cache, so the
       // pool leaves room for them; they are captured again against the pool.
@@ -199,6 +202,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     RequestOutput o = make_output(seq);
     o.new_token_ids.push_back(r.token);
     o.new_samples.push_back(std::move(r));
+    if (seq.params.prompt_logprobs && seq.num_output_tokens() == 1) o.prompt_logprobs = seq.prompt_logprobs;
     const int32_t tok = o.new_token_ids.back();
     FinishReason reason = FinishReason::kNone;
     if (!seq.params.ignore_eos &&

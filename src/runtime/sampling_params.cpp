@@ -13,6 +13,8 @@ Status SamplingParams::validate() const {
   if (top_k < -1) return invalid_argument("top_k must be -1 or 0 (all tokens) or positive, got " + std::to_string(top_k));
   if (logprobs < 0 || logprobs > 20)
     return invalid_argument("logprobs must be in [0, 20], got " + std::to_string(logprobs));
+  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > 20))
+    return invalid_argument("prompt_logprobs must be in [0, 20], got " + std::to_string(*prompt_logprobs));
   return ok_status();
 }
 

@@ -20,9 +20,13 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;  // finish (reason "stop") on any of these
   std::vector<std::string> stop;        // stop strings (applied to the detokenized text)
   int32_t logprobs = 0;                 // top-N log-probabilities per output token (0: none)
+  // vLLM's prompt_logprobs: the log-probability of every prompt token after
+  // the first, with the top-N of its position (0: the token's only); unset:
+  // not computed (prefill then computes logits for the last position only).
+  std::optional<int32_t> prompt_logprobs;
 
   // Errors name the field: temperature < 0, top_p outside (0, 1],
-  // max_tokens < 1, logprobs outside [0, 20].
+  // max_tokens < 1, logprobs or prompt_logprobs outside [0, 20].
   Status validate() const;
 };
 

@@ -120,7 +120,9 @@ std::vector<ChoiceDelta> Generation::next(double timeout_s) {
     }
     for (const auto& e : events) consume(e);
     for (auto& c : choices_) {
-      if (c.pending.text.empty() && c.pending.token_ids.empty() && c.pending.finish_reason.empty()) continue;
+      if (c.pending.text.empty() && c.pending.token_ids.empty() && c.pending.finish_reason.empty() &&
+          c.pending.prompt_logprobs.empty())
+        continue;
       out.push_back(std::move(c.pending));
       c.pending = ChoiceDelta{};
       c.pending.index = c.index;
@@ -140,7 +142,10 @@ void Generation::consume(const OutputEvent& e) {
   Choice& c = choices_[e.index];
   if (c.done) return;  // tokens that raced a stop-string abort
   const RequestOutput& o = e.output;
-  for (size_t k = 0; k < o.new_token_ids.size(); ++k) {
+  if (!o.prompt_logprobs.empty()) c.pending.prompt_logprobs = o.prompt_logprobs;
+  // echo with max_tokens 0: the token the engine had to sample is dropped.
+  const size_t num_new = request_.echo_only ? 0 : o.new_token_ids.size();
+  for (size_t k = 0; k < num_new; ++k) {
     ++c.num_tokens;
     if (c.first_token_time == 0.0)
       c.first_token_time = e.time;

@@ -275,8 +275,13 @@ void set_max_tokens(const json& body, std::initializer_list<const char*> fields,
       name = f;
       break;
     }
+  if (max_tokens && *max_tokens == 0 && r.echo) {  // the prompt only (vLLM, as OpenAI's API did)
+    r.echo_only = true;
+    max_tokens = 1;
+  }
   if (max_tokens && *max_tokens < 1)
-    refuse(name, std::string("'") + name + "' must be >= 1, got " + std::to_string(*max_tokens));
+    refuse(name, std::string("'") + name + "' must be >= 1" + (r.chat ? "" : " (or 0 with 'echo')") + ", got " +
+                     std::to_string(*max_tokens));
   int64_t longest = 0;
   for (const auto& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.token_ids.size()));
   const int64_t limit = model.max_model_len;
@@ -435,10 +440,18 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
       r.logprobs = true;
       r.params.logprobs = static_cast<int32_t>(get_int_in(body, "logprobs", 0, 20, 0));
     }
-    if (r.echo && r.logprobs)
-      refuse("echo", "'echo' together with 'logprobs' is not supported: prompt logprobs are not computed");
-    if (!model.tokenizer && r.logprobs)
-      refuse("logprobs", "'logprobs' needs a tokenizer and this server runs with --skip-tokenizer-init");
+    if (field(body, "prompt_logprobs")) {
+      r.prompt_logprobs = static_cast<int32_t>(get_int_in(body, "prompt_logprobs", 0, 20, 0));
+      if (r.stream) refuse("prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
+    }
+    if (!model.tokenizer && (r.logprobs || r.prompt_logprobs))
+      refuse(r.logprobs ? "logprobs" : "prompt_logprobs",
+             std::string("'") + (r.logprobs ? "logprobs" : "prompt_logprobs") +
+                 "' needs a tokenizer and this server runs with --skip-tokenizer-init");
+    // What the engine computes for the prompt: echo with logprobs reports the
+    // prompt's tokens with the same top-N as the generated ones (as vLLM).
+    if (r.echo && r.logprobs) r.params.prompt_logprobs = r.params.logprobs;
+    if (r.prompt_logprobs) r.params.prompt_logprobs = std::max(r.params.prompt_logprobs.value_or(0), *r.prompt_logprobs);
     if (!model.tokenizer && !r.params.stop.empty())
       refuse("stop", "stop strings need a tokenizer and this server runs with --skip-tokenizer-init");
     r.prompts = parse_prompts(body, model, r.skip_special_tokens);
@@ -460,6 +473,8 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     parse_common(body, model, r);
     r.logprobs = get_bool(body, "logprobs", false);
     if (get_bool(body, "echo", false)) refuse("echo", "'echo' is not supported for chat completions");
+    if (field(body, "prompt_logprobs"))
+      refuse("prompt_logprobs", "'prompt_logprobs' is not supported for chat completions; use /v1/completions");
     if (get_bool(body, "continue_final_message", false))
       refuse("continue_final_message", "'continue_final_message' is not supported");
     if (field(body, "reasoning_effort")) refuse("reasoning_effort", "'reasoning_effort' is not supported");

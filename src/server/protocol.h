@@ -80,7 +80,14 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: prepend the prompt to the text
-  bool logprobs = false;       // report per-token logprobs (params.logprobs: top-N)
+  // Completions, echo with max_tokens 0: the prompt only (the engine samples
+  // one token, which is dropped, as vLLM does).
+  bool echo_only = false;
+  bool logprobs = false;       // report per-token logprobs (params.logprobs: top-N); with echo, the prompt's too
+  // vLLM's prompt_logprobs (completions, not streamed): the choice's
+  // 'prompt_logprobs' with this top-N. params.prompt_logprobs is what the
+  // engine computes for this and for echo with logprobs together.
+  std::optional<int32_t> prompt_logprobs;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
   OutputParsing parsing;  // chat: the parsers the output goes through (reasoning, tool calls)

@@ -1,6 +1,9 @@
 #include "server/responses.h"
 
+#include <algorithm>
 #include <random>
+
+#include "io/utf8.h"
 
 namespace nucleus::server {
 
@@ -19,7 +22,6 @@ ResponseBuilder::ResponseBuilder(ResponseHeader header, const GenerationRequest&
     : header_(std::move(header)), request_(request), tokenizer_(tokenizer), choices_(num_choices) {
   for (int i = 0; i < num_choices; ++i) {
     choices_[i].text = echo_text(i);
-    choices_[i].text_offset = static_cast<int64_t>(choices_[i].text.size());
     if (request_.chat)
       choices_[i].logprobs = {{"content", json::array()}};
     else
@@ -72,7 +74,7 @@ std::vector<json> ResponseBuilder::chunks(const ChoiceDelta& d) {
   std::vector<json> out;
   for (size_t i = 0; i < deltas.size(); ++i) {
     json chunk = base("chat.completion.chunk");
-    json lp = i == 0 && request_.logprobs ? logprobs_json(d.logprobs, c) : json(nullptr);
+    json lp = i == 0 && request_.logprobs ? logprobs_json(d, c) : json(nullptr);
     json finish = i + 1 == deltas.size() && !finish_reason.empty() ? json(finish_reason) : json(nullptr);
     json choice = {{"index", d.index}, {"delta", std::move(deltas[i])}, {"logprobs", lp}, {"finish_reason", finish}};
     chunk["choices"] = json::array({std::move(choice)});
@@ -92,11 +94,14 @@ json ResponseBuilder::base(const char* object) const {
 }
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
-// with token strings as their decoded bytes and offsets in bytes of the
-// choice's text. Chat: {"content": [{"token", "logprob", "bytes",
-// "top_logprobs": [...]}]}. The sampled token is always among the
-// completions' top_logprobs (as vLLM does).
-json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, ChoiceState& c) const {
+// with token strings as their decoded bytes and offsets in characters of the
+// choice's text (vLLM: the sum of the previous tokens' Python lengths; a
+// skipped special token takes none); logprobs below -9999 are reported as
+// -9999 (vLLM; JSON has no -inf). With echo, the prompt's tokens come
+// first, the first with null logprob and top_logprobs. Chat: {"content":
+// [{"token", "logprob", "bytes", "top_logprobs": [...]}]}. The scored token
+// is always among the completions' top_logprobs (as vLLM does).
+json ResponseBuilder::logprobs_json(const ChoiceDelta& d, ChoiceState& c) const {
   auto bytes_of = [](const std::string& s) {
     json b = json::array();
     for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
@@ -104,7 +109,7 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
   };
   if (request_.chat) {
     json content = json::array();
-    for (const auto& e : entries) {
+    for (const auto& e : d.logprobs) {
       const std::string t = tokenizer_->token_bytes(e.token);
       json top = json::array();
       for (const auto& [id, lp] : e.top) {
@@ -119,17 +124,48 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
               {"token_logprobs", json::array()},
               {"top_logprobs", json::array()},
               {"text_offset", json::array()}};
-  for (const auto& e : entries) {
-    const std::string t = tokenizer_->token_bytes(e.token);
-    json top = json::object();
-    for (const auto& [id, lp] : e.top) top[tokenizer_->token_bytes(id)] = lp;
-    top[t] = e.logprob;
+  auto clamp = [](float lp) { return std::max(lp, -9999.0f); };
+  auto push = [&](int32_t token, json logprob, json top) {
+    const std::string t = tokenizer_->token_bytes(token);
     out["tokens"].push_back(t);
-    out["token_logprobs"].push_back(e.logprob);
-    out["top_logprobs"].push_back(top);
+    out["token_logprobs"].push_back(std::move(logprob));
+    out["top_logprobs"].push_back(std::move(top));
     out["text_offset"].push_back(c.text_offset);
     // A special token the text skips takes no room in it.
-    if (!(request_.skip_special_tokens && tokenizer_->is_special(e.token))) c.text_offset += static_cast<int64_t>(t.size());
+    if (!(request_.skip_special_tokens && tokenizer_->is_special(token))) c.text_offset += utf8_length(t);
+  };
+  if (echo_logprobs() && !c.echoed) {
+    const std::vector<int32_t>& prompt = request_.prompts[d.index / request_.n].token_ids;
+    push(prompt[0], nullptr, nullptr);
+    for (const auto& e : d.prompt_logprobs) {
+      json top = json::object();
+      for (size_t k = 0; k < e.top.size() && static_cast<int32_t>(k) < request_.params.logprobs; ++k)
+        top[tokenizer_->token_bytes(e.top[k].first)] = clamp(e.top[k].second);
+      top[tokenizer_->token_bytes(e.token)] = clamp(e.logprob);
+      push(e.token, clamp(e.logprob), std::move(top));
+    }
+  }
+  for (const auto& e : d.logprobs) {
+    json top = json::object();
+    for (const auto& [id, lp] : e.top) top[tokenizer_->token_bytes(id)] = clamp(lp);
+    top[tokenizer_->token_bytes(e.token)] = clamp(e.logprob);
+    push(e.token, clamp(e.logprob), std::move(top));
+  }
+  return out;
+}
+
+json ResponseBuilder::prompt_logprobs_json(const std::vector<TokenLogprobs>& entries) const {
+  json out = json::array({nullptr});
+  for (const auto& e : entries) {
+    json position = json::object();
+    for (size_t k = 0; k < e.top.size() && static_cast<int32_t>(k) < *request_.prompt_logprobs; ++k)
+      position[std::to_string(e.top[k].first)] = {{"logprob", std::max(e.top[k].second, -9999.0f)},
+                                                  {"rank", k + 1},
+                                                  {"decoded_token", tokenizer_->token_bytes(e.top[k].first)}};
+    position[std::to_string(e.token)] = {{"logprob", std::max(e.logprob, -9999.0f)},
+                                         {"rank", e.rank},
+                                         {"decoded_token", tokenizer_->token_bytes(e.token)}};
+    out.push_back(std::move(position));
   }
   return out;
 }
@@ -144,7 +180,7 @@ std::vector<json> ResponseBuilder::opening_chunks() const {
                                    {"logprobs", nullptr},
                                    {"finish_reason", nullptr}}});
       out.push_back(std::move(c));
-    } else if (request_.echo) {
+    } else if (request_.echo && !echo_logprobs()) {  // with logprobs, the prompt goes with its logprobs
       json c = base("text_completion");
       c["choices"] =
           json::array({{{"index", i}, {"text", echo_text(i)}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
@@ -158,8 +194,11 @@ std::vector<json> ResponseBuilder::opening_chunks() const {
 
 json ResponseBuilder::chunk(const ChoiceDelta& d) {
   ChoiceState& c = choices_[d.index];
-  json lp = request_.logprobs ? logprobs_json(d.logprobs, c) : json(nullptr);
+  json lp = request_.logprobs ? logprobs_json(d, c) : json(nullptr);
   json finish = d.finish_reason.empty() ? json(nullptr) : json(d.finish_reason);
+  std::string text = d.text;
+  if (echo_logprobs() && !c.echoed) text = echo_text(d.index) + text;
+  c.echoed = true;
   json out;
   if (request_.chat) {
     out = base("chat.completion.chunk");
@@ -168,7 +207,7 @@ json ResponseBuilder::chunk(const ChoiceDelta& d) {
     out["choices"] = json::array({{{"index", d.index}, {"delta", delta}, {"logprobs", lp}, {"finish_reason", finish}}});
   } else {
     out = base("text_completion");
-    out["choices"] = json::array({{{"index", d.index}, {"text", d.text}, {"logprobs", lp}, {"finish_reason", finish}}});
+    out["choices"] = json::array({{{"index", d.index}, {"text", text}, {"logprobs", lp}, {"finish_reason", finish}}});
   }
   if (!tokenizer_) out["choices"][0]["token_ids"] = d.token_ids;
   if (request_.include_usage) out["usage"] = nullptr;
@@ -202,8 +241,11 @@ void ResponseBuilder::add(const ChoiceDelta& d) {
   }
   c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
   if (!d.finish_reason.empty() && !c.parser) c.finish_reason = d.finish_reason;
+  if (request_.prompt_logprobs && c.prompt_logprobs.is_null())
+    c.prompt_logprobs = prompt_logprobs_json(d.prompt_logprobs);
   if (!request_.logprobs) return;
-  json lp = logprobs_json(d.logprobs, c);
+  json lp = logprobs_json(d, c);
+  c.echoed = true;
   for (auto& [key, values] : lp.items())
     for (auto& v : values) c.logprobs[key].push_back(std::move(v));
 }
@@ -234,6 +276,7 @@ json ResponseBuilder::whole(int64_t prompt_tokens, int64_t completion_tokens) co
       choice["text"] = c.text;
     if (!tokenizer_) choice["token_ids"] = c.token_ids;
     choice["logprobs"] = request_.logprobs ? c.logprobs : json(nullptr);
+    if (request_.prompt_logprobs) choice["prompt_logprobs"] = c.prompt_logprobs;
     choice["finish_reason"] = c.finish_reason;
     choices.push_back(std::move(choice));
   }

@@ -54,7 +54,11 @@ class ResponseBuilder {
     std::string finish_reason;
     std::vector<int32_t> token_ids;  // without a tokenizer only
     nlohmann::json logprobs;  // accumulated (non-streaming)
-    int64_t text_offset = 0;  // completions logprobs: bytes of text before the next token
+    // Completions logprobs: characters (code points, as Python's len counts
+    // them) of the choice's text before the next token, as vLLM counts.
+    int64_t text_offset = 0;
+    bool echoed = false;             // echo with logprobs: the prompt (its text, its logprobs) went out
+    nlohmann::json prompt_logprobs;  // request.prompt_logprobs: the choice's 'prompt_logprobs'
     // Chat with output parsing: the parsers, and what they made of the text
     // (non-streaming); `text` holds the content then.
     std::unique_ptr<MessageParser> parser;
@@ -66,7 +70,13 @@ class ResponseBuilder {
   // Runs the choice's parsers on the delta; sets `finish_reason` (a choice
   // that stopped after tool calls finishes with "tool_calls").
   MessageDelta parse(ChoiceState& c, const ChoiceDelta& d, std::string& finish_reason) const;
-  nlohmann::json logprobs_json(const std::vector<TokenLogprob>& entries, ChoiceState& c) const;
+  nlohmann::json logprobs_json(const ChoiceDelta& delta, ChoiceState& c) const;
+  // Completions with echo and logprobs: the prompt's tokens are reported
+  // before the generated ones (the first with null logprobs).
+  bool echo_logprobs() const { return !request_.chat && request_.echo && request_.logprobs; }
+  // vLLM's choice-level prompt_logprobs: [null, {"<id>": {"logprob", "rank",
+  // "decoded_token"}}, ...], the prompt token and the top-N of each position.
+  nlohmann::json prompt_logprobs_json(const std::vector<TokenLogprobs>& entries) const;
   nlohmann::json base(const char* object) const;
   std::string echo_text(int index) const;
 

@@ -136,6 +136,38 @@ class OpenAIClientTest(unittest.TestCase):
                 streamed[ch.index] += ch.text
         self.assertEqual([c.text for c in whole.choices], [streamed[0], streamed[1]])
 
+    def test_completion_echo_logprobs(self):
+        # lm-eval's loglikelihood request (echo, logprobs 1, max_tokens 1), max_tokens 0, and
+        # vLLM's prompt_logprobs; offsets in characters (Python's len of each token).
+        case = self.cases[0]
+        ids = case["prompt_token_ids"]
+        r = self.client.completions.create(model="tiny-dsv3", prompt=ids, echo=True, logprobs=1, max_tokens=1,
+                                           temperature=0)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), len(ids) + 1)
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertTrue(all(x <= 0 for x in lp.token_logprobs[1:]))
+        self.assertEqual(r.choices[0].text[:len(case["prompt"])], case["prompt"])
+        only = self.client.completions.create(model="tiny-dsv3", prompt=ids, echo=True, logprobs=1, max_tokens=0,
+                                              extra_body={"prompt_logprobs": 0})
+        self.assertEqual(only.choices[0].logprobs.token_logprobs, lp.token_logprobs[:-1])
+        self.assertEqual(only.choices[0].text, case["prompt"])
+        self.assertEqual(only.usage.completion_tokens, 0)
+        plp = only.choices[0].model_extra["prompt_logprobs"]
+        self.assertEqual([None] + [plp[i][str(ids[i])]["logprob"] for i in range(1, len(ids))], lp.token_logprobs[:-1])
+        text = "Zürich 日本 😀"
+        g = self.client.completions.create(model="tiny-dsv3", prompt=text, echo=True, logprobs=0, max_tokens=0)
+        glp = g.choices[0].logprobs
+        offset = 0  # the BOS (special, skipped) takes no room
+        for i, tok in enumerate(glp.tokens):
+            self.assertEqual(glp.text_offset[i], offset)
+            if i > 0:
+                offset += len(tok.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+        # A character split across tokens counts once per piece (each piece is a U+FFFD), as in vLLM;
+        # ASCII text adds up to the text.
+        self.assertGreaterEqual(offset, len(text))
+        self.assertEqual(lp.text_offset[-1], len(case["prompt"]))
+
     def test_chat(self):
         messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f(x):"}]
         r = self.client.chat.completions.create(model="tiny-dsv3", messages=messages, max_tokens=10, temperature=0)
