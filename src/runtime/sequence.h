@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -21,6 +24,12 @@ struct Sequence {
   std::vector<int32_t> prompt_token_ids;
   std::vector<int32_t> output_token_ids;
   std::vector<SampleResult> output_samples;  // parallel to output_token_ids (logprobs)
+  // The penalties' history, kept as tokens are appended (append_output), not
+  // recounted per step: occurrences of each generated id, and the prompt's
+  // distinct ids (filled at admission when repetition_penalty != 1; empty:
+  // the sampler reads prompt_token_ids).
+  std::unordered_map<int32_t, int32_t> output_token_counts;
+  std::vector<int32_t> distinct_prompt_ids;
   SamplingParams params;
   uint64_t seed = 0;  // params.seed, or one drawn at arrival
   SeqStatus status = SeqStatus::kWaiting;
@@ -45,6 +54,22 @@ struct Sequence {
     return i < num_prompt_tokens() ? prompt_token_ids[i] : output_token_ids[i - num_prompt_tokens()];
   }
   bool finished() const { return status == SeqStatus::kFinished; }
+
+  // Appends a sampled token (with its logprobs) and counts it.
+  void append_output(SampleResult r) {
+    output_token_ids.push_back(r.token);
+    ++output_token_counts[r.token];
+    output_samples.push_back(std::move(r));
+  }
+  // The history the sampler's penalties and min_tokens read.
+  SampleHistory sample_history(std::span<const int32_t> eos_ids) const {
+    SampleHistory h;
+    h.prompt_ids = distinct_prompt_ids.empty() ? std::span<const int32_t>(prompt_token_ids)
+                                               : std::span<const int32_t>(distinct_prompt_ids);
+    h.output_counts = &output_token_counts;
+    h.eos_ids = eos_ids;
+    return h;
+  }
 };
 
 }  // namespace nucleus
