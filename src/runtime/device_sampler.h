@@ -57,8 +57,9 @@ class DeviceSampler {
   // and adjustment entries) and one host sync (the results' copy); not
   // graph-capturable (it runs after the decode graph's replay). The scratch
   // for adjusted rows ([rows that need one, vocab] f32) and the staging
-  // buffers grow on the first call that needs more. rows.size() <= max_rows and valid fields
-  // (SamplingParams::validate) are the caller's invariants (checked).
+  // buffers grow on the first call that needs more (a failed allocation
+  // throws OpCudaError: the step's error). rows.size() <= max_rows and valid
+  // fields (SamplingParams::validate) are the caller's invariants (checked).
   std::vector<SampleResult> sample(const float* logits, const std::vector<DeviceSampleRequest>& rows);
 
   int64_t max_rows() const { return max_rows_; }
@@ -66,12 +67,12 @@ class DeviceSampler {
 
  private:
   DeviceSampler() = default;
+  // Grows the upload buffers to at least upload_bytes and the adjusted-row
+  // scratch to at least adjusted_rows rows.
+  void reserve(size_t upload_bytes, int64_t adjusted_rows);
 
   int64_t max_rows_ = 0;
   int64_t vocab_ = 0;
-  // Grows the upload buffers to `bytes` and the adjusted-row scratch to `rows` rows.
-  void reserve(size_t upload_bytes, int64_t adjusted_rows);
-
   // Upload: [n SampleRowParams | m AdjustRowParams | entries TokenAdjustment], each 16-byte aligned.
   void* d_upload_ = nullptr;
   void* h_upload_ = nullptr;  // pinned host mirror
