@@ -83,6 +83,20 @@ StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const Schedu
   for (const auto& s : out.scheduled)
     if (s.samples) rows.push_back(s.seq);
   NUCLEUS_RETURN_IF_ERROR(score_prompt_rows(out, logits, static_cast<int64_t>(rows.size()), vocab));
+  // Each row's adjustment list: [begin, end) of adjustments_.
+  adjustments_.clear();
+  std::vector<std::pair<size_t, size_t>> spans(rows.size(), {0, 0});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Sequence& seq = *rows[i];
+    if (!seq.params.adjusts_logits(seq.num_output_tokens())) continue;
+    if (!adjust_builder_) adjust_builder_ = std::make_unique<TokenAdjustmentBuilder>(vocab);
+    spans[i].first = adjustments_.size();
+    adjust_builder_->build(seq.params, seq.sample_history(eos_token_ids_), seq.num_output_tokens(), &adjustments_);
+    spans[i].second = adjustments_.size();
+  }
+  auto row_adjustments = [&](size_t i) {
+    return std::span<const TokenAdjustment>(adjustments_.data() + spans[i].first, spans[i].second - spans[i].first);
+  };
   std::vector<SampleResult> results;
   if (logits.device() == Device::kCuda) {
     if (!device_sampler_ || device_sampler_->max_rows() < static_cast<int64_t>(rows.size())) {
@@ -90,13 +104,16 @@ StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const Schedu
                                DeviceSampler::create(std::max<int64_t>(256, static_cast<int64_t>(rows.size())), vocab));
     }
     std::vector<DeviceSampleRequest> requests;
-    for (const Sequence* seq : rows)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Sequence* seq = rows[i];
       requests.push_back(make_device_sample_request(seq->params, seq->seed, seq->num_output_tokens()));
+      requests.back().adjustments = row_adjustments(i);
+    }
     return device_sampler_->sample(logits.data<float>(), requests);
   }
   for (size_t i = 0; i < rows.size(); ++i)
     results.push_back(sample_token(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab, rows[i]->params,
-                                   rows[i]->seed, rows[i]->num_output_tokens()));
+                                   rows[i]->seed, rows[i]->num_output_tokens(), row_adjustments(i)));
   return results;
 }
 

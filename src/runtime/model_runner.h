@@ -38,7 +38,11 @@ class ModelRunner {
   // with the CPU sampler otherwise. Appends the prompt logprobs the step
   // computed to their sequences' prompt_logprobs (on the host: the rows are
   // copied back, at most SchedulerConfig::max_prompt_logprob_rows a step).
+  // Rows whose params adjust the logits (penalties, logit_bias, min_tokens,
+  // min_p) get their sparse adjustment lists from the sequences' histories.
   StatusOr<std::vector<SampleResult>> execute_and_sample(const SchedulerOutput& out);
+  // The model's EOS ids, masked under min_tokens (with each request's stop_token_ids).
+  void set_eos_token_ids(std::vector<int32_t> ids) { eos_token_ids_ = std::move(ids); }
 
   KvCache& kv_cache() { return kv_cache_; }
   // While set, every step records what it touched into *stats (slower: syncs).
@@ -50,6 +54,9 @@ class ModelRunner {
   KvCache kv_cache_;
   StepStats* stats_ = nullptr;
   std::unique_ptr<DeviceSampler> device_sampler_;
+  std::vector<int32_t> eos_token_ids_;
+  std::unique_ptr<TokenAdjustmentBuilder> adjust_builder_;  // created on the first row that needs it
+  std::vector<TokenAdjustment> adjustments_;                // this step's lists, rows back to back
 };
 
 }  // namespace nucleus

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,12 @@ struct Sequence {
   // logits of position p); filled as prefill computes them, kept across
   // preemption.
   std::vector<TokenLogprobs> prompt_logprobs;
+  // The penalties' history, kept as tokens are appended (append_output), not
+  // recounted per step: occurrences of each generated id, and the prompt's
+  // distinct ids (filled at admission when repetition_penalty != 1; empty:
+  // the sampler reads prompt_token_ids).
+  std::unordered_map<int32_t, int32_t> output_token_counts;
+  std::vector<int32_t> distinct_prompt_ids;
   SamplingParams params;
   uint64_t seed = 0;  // params.seed, or one drawn at arrival
   SeqStatus status = SeqStatus::kWaiting;
@@ -64,6 +72,22 @@ struct Sequence {
   // Prompt logprobs are asked for and not all computed yet.
   bool needs_prompt_logprobs() const {
     return params.prompt_logprobs && static_cast<int64_t>(prompt_logprobs.size()) < num_prompt_tokens() - 1;
+  }
+
+  // Appends a sampled token (with its logprobs) and counts it.
+  void append_output(SampleResult r) {
+    output_token_ids.push_back(r.token);
+    ++output_token_counts[r.token];
+    output_samples.push_back(std::move(r));
+  }
+  // The history the sampler's penalties and min_tokens read.
+  SampleHistory sample_history(std::span<const int32_t> eos_ids) const {
+    SampleHistory h;
+    h.prompt_ids = distinct_prompt_ids.empty() ? std::span<const int32_t>(prompt_token_ids)
+                                               : std::span<const int32_t>(distinct_prompt_ids);
+    h.output_counts = &output_token_counts;
+    h.eos_ids = eos_ids;
+    return h;
   }
 };
 

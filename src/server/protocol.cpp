@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 namespace nucleus::server {
 
@@ -71,6 +73,14 @@ int64_t get_int_in(const json& body, const char* name, int64_t lo, int64_t hi, i
   return *v;
 }
 
+// A number in [lo, hi] as a float, or `fallback` when absent.
+float get_float_in(const json& body, const char* name, double lo, double hi, float fallback) {
+  auto v = get_number(body, name);
+  if (!v) return fallback;
+  if (!(*v >= lo && *v <= hi)) refuse(name, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, *v));
+  return static_cast<float>(*v);
+}
+
 std::vector<std::string> get_stop(const json& body, const RequestLimits& limits) {
   const json* f = field(body, "stop");
   std::vector<std::string> out;
@@ -97,6 +107,41 @@ std::vector<std::string> get_stop(const json& body, const RequestLimits& limits)
     refuse("stop", "'stop' strings hold " + std::to_string(bytes) + " bytes together; at most " +
                        std::to_string(limits.max_stop_bytes) + " are allowed (--max-stop-bytes)");
   return out;
+}
+
+// 'logit_bias': {"<token id>": bias}. Biases are clamped to [-100, 100] as
+// vLLM does (OpenAI's documented range); ids must be model rows, as vLLM
+// checks them against the model's vocabulary size.
+std::vector<std::pair<int32_t, float>> get_logit_bias(const json& body, int64_t vocab_size) {
+  const json* f = field(body, "logit_bias");
+  std::vector<std::pair<int32_t, float>> out;
+  std::unordered_set<int64_t> seen;  // "7" and "007" are one id
+  if (!f) return out;
+  if (!f->is_object()) refuse("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  for (const auto& [key, value] : f->items()) {
+    int64_t id = -1;
+    const char* begin = key.data();
+    const char* end = key.data() + key.size();
+    const auto [ptr, ec] = std::from_chars(begin, end, id);
+    if (key.empty() || ec != std::errc() || ptr != end)
+      refuse("logit_bias", "'logit_bias' key '" + key + "' is not a token id (an integer)");
+    if (id < 0 || id >= vocab_size)
+      refuse("logit_bias", "'logit_bias' token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                               std::to_string(vocab_size) + ")");
+    if (!value.is_number())
+      refuse("logit_bias", "'logit_bias' for token id " + key + " must be a number, got " + value.dump());
+    if (!seen.insert(id).second) refuse("logit_bias", "'logit_bias' names token id " + std::to_string(id) + " twice");
+    const double bias = std::clamp(value.get<double>(), -100.0, 100.0);
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return out;
+}
+
+// 'min_tokens' may not exceed max_tokens (vLLM's check, once max_tokens is known).
+void check_min_tokens(const GenerationRequest& r) {
+  if (r.params.min_tokens > r.params.max_tokens)
+    refuse("min_tokens", "'min_tokens' (" + std::to_string(r.params.min_tokens) + ") must be <= max_tokens (" +
+                             std::to_string(r.params.max_tokens) + ")");
 }
 
 // 'model', when given, must be a served name (else 404 model_not_found).
@@ -162,19 +207,19 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   }
   r.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
-  // Accepted only at their neutral values: the sampler has no penalties.
-  for (const char* name : {"presence_penalty", "frequency_penalty"})
-    if (auto v = get_number(body, name); v && *v != 0.0)
-      refuse(name, std::string("'") + name + "' is not supported (only 0)");
-  if (auto v = get_number(body, "repetition_penalty"); v && *v != 1.0)
-    refuse("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
-  if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    refuse("logit_bias", "'logit_bias' is not supported");
-  if (get_int_in(body, "min_tokens", 0, INT32_MAX, 0) != 0)
-    refuse("min_tokens", "'min_tokens' is not supported (only 0)");
+  // vLLM's logit processors (runtime/sampling_params.h; ranges as vLLM's).
+  p.presence_penalty = get_float_in(body, "presence_penalty", -2.0, 2.0, 0.0f);
+  p.frequency_penalty = get_float_in(body, "frequency_penalty", -2.0, 2.0, 0.0f);
+  if (auto v = get_number(body, "repetition_penalty")) {
+    if (!(*v > 0.0 && static_cast<float>(*v) > 0.0f && std::isfinite(static_cast<float>(*v))))
+      refuse("repetition_penalty", fmt::format("'repetition_penalty' must be a finite number > 0, got {}", *v));
+    p.repetition_penalty = static_cast<float>(*v);
+  }
+  p.min_p = get_float_in(body, "min_p", 0.0, 1.0, 0.0f);
+  p.min_tokens = static_cast<int32_t>(get_int_in(body, "min_tokens", 0, INT32_MAX, 0));
+  p.logit_bias = get_logit_bias(body, model.vocab_size);
   if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
   // Served by vLLM but not (yet) here: refused by name rather than ignored.
-  if (auto v = get_number(body, "min_p"); v && *v != 0.0) refuse("min_p", "'min_p' is not supported (only 0)");
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object() || rf->value("type", "") != "text")
       refuse("response_format", "'response_format' is not supported (only {\"type\": \"text\"}): no "
@@ -459,6 +504,7 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
       refuse("prompt", "prompts x n = " + std::to_string(r.prompts.size() * r.n) + " exceeds the limit of " +
                            std::to_string(model.limits.max_choices) + " completions per request (--max-choices)");
     set_max_tokens(body, {"max_tokens"}, 16, model, r);
+    check_min_tokens(r);
     return r;
   } catch (const Refusal& e) {
     return e.error;
@@ -484,6 +530,7 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     Prompt p = render_chat(body, text, model);
     r.prompts.push_back(std::move(p));
     set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
+    check_min_tokens(r);
     return r;
   } catch (const Refusal& e) {
     return e.error;

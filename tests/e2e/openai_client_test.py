@@ -201,6 +201,74 @@ class OpenAIClientTest(unittest.TestCase):
         with self.assertRaises(self.openai.BadRequestError):
             self.client.chat.completions.create(model="tiny-dsv3", messages=[], max_tokens=4)
 
+    def detokenize(self, ids):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.server.port}/detokenize",
+                                     data=json.dumps({"tokens": ids}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["prompt"]
+
+    def test_sampling_parameters_are_honoured(self):
+        # vLLM's semantics; OpenAI's own parameters (presence_penalty, frequency_penalty, logit_bias) as
+        # the client's arguments, vLLM's extensions (repetition_penalty, min_tokens, min_p) in extra_body.
+        case = self.cases[0]
+        base = dict(model="tiny-dsv3", prompt=case["prompt"], max_tokens=32, temperature=0)
+        ignore_eos = {"ignore_eos": True}
+        # logit_bias +100 forces a token, greedy and sampled, completions and chat.
+        forced = self.detokenize([42] * 8)
+        r = self.client.completions.create(**dict(base, max_tokens=8), logit_bias={"42": 100}, extra_body=ignore_eos)
+        self.assertEqual(r.choices[0].text, forced)
+        r = self.client.completions.create(**dict(base, max_tokens=8, temperature=1.0), seed=5,
+                                           logit_bias={"42": 100}, extra_body=ignore_eos)
+        self.assertEqual(r.choices[0].text, forced)
+        c = self.client.chat.completions.create(model="tiny-dsv3", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=8, temperature=0, logit_bias={"42": 100},
+                                                extra_body=ignore_eos)
+        self.assertEqual(c.choices[0].message.content, forced)
+        # Penalties change the greedy continuation; neutral values leave it alone.
+        r = self.client.completions.create(**base, presence_penalty=0, frequency_penalty=0,
+                                           extra_body={"ignore_eos": True, "repetition_penalty": 1, "min_p": 0})
+        self.assertEqual(r.choices[0].text, case["greedy_text"])
+        for kw in (dict(presence_penalty=2.0), dict(frequency_penalty=2.0),
+                   dict(extra_body={"ignore_eos": True, "repetition_penalty": 3.0})):
+            kw.setdefault("extra_body", ignore_eos)
+            r = self.client.completions.create(**base, **kw)
+            self.assertNotEqual(r.choices[0].text, case["greedy_text"], kw)
+            self.assertEqual(r.usage.completion_tokens, 32)
+        # min_tokens holds EOS (id 1, biased to come first) back; the stream agrees.
+        eos_first = dict(base, max_tokens=16, logit_bias={"1": 100})
+        r = self.client.completions.create(**eos_first)
+        self.assertEqual((r.usage.completion_tokens, r.choices[0].finish_reason), (1, "stop"))
+        r = self.client.completions.create(**eos_first, extra_body={"min_tokens": 4})
+        self.assertEqual((r.usage.completion_tokens, r.choices[0].finish_reason), (5, "stop"))
+        chunks = list(self.client.completions.create(**eos_first, stream=True, extra_body={"min_tokens": 4}))
+        self.assertEqual("".join(ch.choices[0].text for ch in chunks if ch.choices), r.choices[0].text)
+        # min_p 1 keeps only the most likely token: sampling equals greedy.
+        r = self.client.completions.create(**dict(base, temperature=1.5), seed=9,
+                                           extra_body={"ignore_eos": True, "min_p": 1.0})
+        self.assertEqual(r.choices[0].text, case["greedy_text"])
+
+    def test_sampling_parameter_errors_name_the_parameter(self):
+        cases = [
+            (dict(presence_penalty=2.5), "presence_penalty"),
+            (dict(frequency_penalty=-3), "frequency_penalty"),
+            (dict(logit_bias={"99999": 1}), "logit_bias"),
+            (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
+            (dict(extra_body={"min_p": 2}), "min_p"),
+            (dict(extra_body={"min_tokens": 9}), "min_tokens"),
+        ]
+        for kw, param in cases:
+            with self.assertRaises(self.openai.BadRequestError, msg=param) as e:
+                self.client.completions.create(model="tiny-dsv3", prompt="x", max_tokens=8, **kw)
+            self.assertEqual(e.exception.status_code, 400)
+            self.assertEqual(e.exception.body.get("param"), param)
+            if param == "logit_bias":
+                self.assertIn("99999", e.exception.body.get("message"))
+        with self.assertRaises(self.openai.BadRequestError) as e:
+            self.client.chat.completions.create(model="tiny-dsv3", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, extra_body={"min_tokens": 5})
+        self.assertEqual(e.exception.body.get("param"), "min_tokens")
+
 
 # A template that prints `tools | tojson` the way the Kimi-K2 and DeepSeek-V3.2 templates do.
 TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"

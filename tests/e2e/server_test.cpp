@@ -344,8 +344,16 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400,
        "max_completion_tokens", ">= 1"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 2})", 400, "top_p", "top_p"},
+      // vLLM's sampling parameters: out of range is a 400 naming them.
+      {c, R"({"prompt": "x", "min_p": 1.1})", 400, "min_p", "min_p"},
+      {c, R"({"prompt": "x", "presence_penalty": -2.1})", 400, "presence_penalty", "presence_penalty"},
+      {c, R"({"prompt": "x", "frequency_penalty": 3})", 400, "frequency_penalty", "frequency_penalty"},
+      {c, R"({"prompt": "x", "repetition_penalty": 0})", 400, "repetition_penalty", "repetition_penalty"},
+      {c, R"({"prompt": "x", "min_tokens": 17})", 400, "min_tokens", "max_tokens"},
+      {c, R"({"prompt": "x", "logit_bias": {"5000": 5}})", 400, "logit_bias", "token id 5000"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 5}})", 400, "logit_bias",
+       "'x'"},
       // Served by vLLM, not here: refused by name, never silently ignored.
-      {c, R"({"prompt": "x", "min_p": 0.1})", 400, "min_p", "min_p"},
       {c, R"({"prompt": "x", "response_format": {"type": "json_object"}})", 400, "response_format", "structured"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})", 400, "echo", "echo"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true})", 400,
