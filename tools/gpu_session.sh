@@ -167,13 +167,13 @@ step_skinny() {
   timeout 200 "$B/bin/skinny_gemm_bench" --sweep "${SKINNY_SWEEP:-0}" > "$out/skinny_gemm_bench.txt" 2>&1
   grep -E "^\| .*\| (cublaslt|skinny|skinny_pdl) \|" "$out/skinny_gemm_bench.txt" | grep -E "\| (1|8) \| (cublaslt|skinny)"
   for cfg in "NUCLEUS_SKINNY=0" "NUCLEUS_SKINNY=auto NUCLEUS_PDL=0" "NUCLEUS_SKINNY=auto"; do
-    local tag=${cfg// /_}
+    local tag=${cfg// /_}; tag=${tag//=/-}
     env $cfg timeout 200 "$N" bench latency --config $V2 --load-format dummy --device cuda \
       --batch-sizes ${SKINNY_BATCHES:-1,2,4,8,32} --input-len 1024 --output-len 128 > "$out/latency_v2lite_$tag.txt" 2>&1
     echo "-- V2-Lite $cfg"; tail -${SKINNY_TAIL:-7} "$out/latency_v2lite_$tag.txt"
   done
   for cfg in "NUCLEUS_SKINNY=0" "NUCLEUS_SKINNY=auto NUCLEUS_PDL=0" "NUCLEUS_SKINNY=auto"; do
-    local tag=${cfg// /_}
+    local tag=${cfg// /_}; tag=${tag//=/-}
     env $cfg timeout 150 "$N" bench latency --config $V3 --load-format dummy --override num_hidden_layers=4 \
       --device cuda --batch-sizes 1,8 --input-len 1024 --output-len 128 > "$out/latency_v3_4l_$tag.txt" 2>&1
     echo "-- V3 (4 layers, FP8) $cfg"; tail -4 "$out/latency_v3_4l_$tag.txt"
