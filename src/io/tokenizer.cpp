@@ -1,10 +1,13 @@
 #include "io/tokenizer.h"
+#include "io/onig_regex.h"
 #include "io/utf8.h"
 
 #include <pcre2.h>
 
 #include <algorithm>
 #include <array>
+#include <charconv>
+#include <map>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -13,6 +16,7 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "io/regular_file.h"
+#include "io/tiktoken_ranks.h"
 
 namespace nucleus {
 
@@ -182,62 +186,6 @@ StatusOr<json> read_json_file(const fs::path& path) {
   return j;
 }
 
-// HF compiles tokenizer.json patterns with Oniguruma, whose Unicode \s is
-// the White_Space property and \w is Letter | Mark | Decimal_Number |
-// Connector_Punctuation. PCRE2 10.42's UCP \s adds U+180E and its \w takes
-// all of \p{N} but no marks, so those escapes are spelled out. Inside a
-// character class the set is inserted without brackets; \W inside a class
-// (which would need a negated union) is left to PCRE2.
-std::string onig_to_pcre2(const std::string& pattern) {
-  constexpr const char* kSpace = R"(\p{White_Space})";
-  constexpr const char* kNotSpace = R"(\P{White_Space})";
-  constexpr const char* kWord = R"(\p{L}\p{M}\p{Nd}\p{Pc})";
-  std::string out;
-  out.reserve(pattern.size() + 32);
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      char e = pattern[++i];
-      if (e == 's') {
-        out += kSpace;
-      } else if (e == 'S') {
-        out += kNotSpace;
-      } else if (e == 'w') {
-        // Appended piecewise: "[" + std::string trips a GCC 12 -Wrestrict false positive.
-        if (!in_class) out += '[';
-        out += kWord;
-        if (!in_class) out += ']';
-      } else if (e == 'W' && !in_class) {
-        out += "[^";
-        out += kWord;
-        out += ']';
-      } else {
-        out += c;
-        out += e;
-      }
-      continue;
-    }
-    out += c;
-    if (!in_class && c == '[') {
-      in_class = true;
-      // A ']' first in the class (after an optional '^') is literal.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
-    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      // POSIX class [:name:] inside a class: copy through its ":]".
-      size_t end = pattern.find(":]", i + 2);
-      if (end != std::string::npos) {
-        out.append(pattern, i + 1, end + 2 - (i + 1));
-        i = end + 1;
-      }
-    } else if (in_class && c == ']') {
-      in_class = false;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 // ---- Regex ------------------------------------------------------------------
@@ -352,13 +300,21 @@ class TokenizerRegex {
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& model_dir) {
   fs::path dir(model_dir);
-  NUCLEUS_ASSIGN_OR_RETURN(json tokenizer, read_json_file(dir / "tokenizer.json"));
+  std::error_code ec;
+  // Kimi-K2 ships tiktoken.model instead of tokenizer.json.
+  const bool tiktoken = !fs::exists(dir / "tokenizer.json", ec) && fs::exists(dir / "tiktoken.model", ec);
+  json tokenizer;
+  std::string ranks_text;
+  if (tiktoken) {
+    NUCLEUS_RETURN_IF_ERROR(read_file(dir / "tiktoken.model", &ranks_text));
+  } else {
+    NUCLEUS_ASSIGN_OR_RETURN(tokenizer, read_json_file(dir / "tokenizer.json"));
+  }
   NUCLEUS_ASSIGN_OR_RETURN(json config, read_json_file(dir / "tokenizer_config.json"));
   std::string template_text;
   fs::path jinja = dir / "chat_template.jinja";
-  std::error_code ec;
   if (fs::exists(jinja, ec)) NUCLEUS_RETURN_IF_ERROR(read_file(jinja, &template_text));
-  auto t = from_json(tokenizer, config, template_text);
+  auto t = tiktoken ? from_tiktoken(ranks_text, config, template_text) : from_json(tokenizer, config, template_text);
   if (!t.ok()) return t.status().with_context(model_dir);
   return t;
 }
@@ -405,6 +361,103 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const json& tokenizer,
     NUCLEUS_RETURN_IF_ERROR(t->parse_config(config));
   } catch (const json::exception& e) {
     return invalid_argument(std::string("tokenizer.json / tokenizer_config.json: unexpected JSON shape: ") + e.what());
+  }
+  return t;
+}
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_tiktoken(std::string_view ranks_text, const json& config,
+                                                              const std::string& chat_template,
+                                                              std::string_view pattern) {
+  const std::string w = "tiktoken.model";
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  t->chat_template_ = chat_template;
+  try {
+    if (!config.is_object()) return invalid_argument("tokenizer_config.json: not a JSON object");
+    NUCLEUS_ASSIGN_OR_RETURN(std::vector<std::string> ranks, parse_tiktoken_ranks(ranks_text, w));
+    const auto n = static_cast<int64_t>(ranks.size());
+    if (n + kKimiReservedSpecialTokens - 1 > kMaxTokenId)
+      return invalid_argument(w + ": " + std::to_string(n) + " ranks leave no room for the special tokens under id " +
+                              std::to_string(kMaxTokenId));
+
+    // The vocabulary in the byte-level alphabet, as HF's converted tiktoken
+    // tokenizers spell it, so the BPE and ByteLevel steps are shared.
+    const ByteAlphabet& a = byte_alphabet();
+    StringMap by_bytes;  // raw token bytes -> rank
+    by_bytes.reserve(ranks.size());
+    t->tokens_.resize(ranks.size());
+    t->vocab_.reserve(ranks.size());
+    for (int32_t id = 0; id < n; ++id) {
+      std::string& token = t->tokens_[id];
+      for (char c : ranks[id]) token += a.byte_to_char[static_cast<unsigned char>(c)];
+      t->vocab_.emplace(token, id);
+      by_bytes.emplace(ranks[id], id);
+    }
+    for (int b = 0; b < 256; ++b)
+      if (!by_bytes.contains(std::string(1, static_cast<char>(b))))
+        return invalid_argument(w + ": byte " + std::to_string(b) +
+                                " has no rank (tiktoken needs a token for each of the 256 bytes)");
+    // tiktoken merges the adjacent pair whose concatenation has the lowest
+    // rank: every split (a, b) of a token into two tokens is a merge whose
+    // rank is the token's.
+    for (int32_t id = 0; id < n; ++id) {
+      std::string_view bytes = ranks[id];
+      for (size_t k = 1; k < bytes.size(); ++k) {
+        auto left = by_bytes.find(bytes.substr(0, k));
+        if (left == by_bytes.end()) continue;
+        auto right = by_bytes.find(bytes.substr(k));
+        if (right == by_bytes.end()) continue;
+        t->merges_.emplace((static_cast<uint64_t>(left->second) << 32) | static_cast<uint32_t>(right->second),
+                           std::make_pair(id, id));
+      }
+    }
+    t->ignore_merges_ = true;  // a pre-token that is a token stays whole
+
+    // Special tokens: the reserved ids after the ranks, plus any further
+    // ids tokenizer_config.json names.
+    std::map<int64_t, json> named;
+    if (const json* decoder = field(config, "added_tokens_decoder")) {
+      if (!decoder->is_object())
+        return invalid_argument("tokenizer_config.json: added_tokens_decoder must be an object {\"id\": {...}}");
+      for (const auto& [key, entry] : decoder->items()) {
+        int64_t id = -1;
+        auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+        if (ec != std::errc() || end != key.data() + key.size() || id < n || id > kMaxTokenId)
+          return invalid_argument("tokenizer_config.json: added_tokens_decoder key '" + key +
+                                  "' must be an id in [" + std::to_string(n) + ", " + std::to_string(kMaxTokenId) +
+                                  "] (the ids before are tiktoken.model's ranks)");
+        named[id] = entry;
+      }
+    }
+    for (int64_t id = n; id < n + kKimiReservedSpecialTokens; ++id)
+      named.try_emplace(id, json{{"content", "<|reserved_token_" + std::to_string(id) + "|>"}});
+    json added = json::array();
+    for (auto& [id, entry] : named) {
+      json e = entry.is_object() ? entry : json::object();
+      e["id"] = id;
+      e["special"] = true;      // tiktoken's special tokens
+      e["normalized"] = false;  // no normalizer runs anyway
+      added.push_back(std::move(e));
+    }
+    NUCLEUS_RETURN_IF_ERROR(t->parse_added_tokens(added, /*vocab_ids_first=*/false));
+
+    json pre = {{"type", "Sequence"},
+                {"pretokenizers",
+                 {{{"type", "Split"},
+                   {"pattern", {{"Regex", std::string(pattern)}}},
+                   {"behavior", "Removed"},  // with invert: the matches are the pre-tokens, text between
+                   {"invert", true}},        // them (none with Kimi's pattern) is dropped, as tiktoken does
+                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+    NUCLEUS_RETURN_IF_ERROR(t->parse_pre_tokenizer(pre, "tiktoken pattern"));
+
+    // Decoded bytes: the ranks' bytes, and the special tokens' own text.
+    t->bytes_.resize(t->tokens_.size());
+    for (size_t id = 0; id < t->tokens_.size(); ++id) {
+      t->bytes_[id] = static_cast<int64_t>(id) < n ? std::move(ranks[id]) : t->tokens_[id];
+      t->max_token_bytes_ = std::max(t->max_token_bytes_, static_cast<int64_t>(t->bytes_[id].size()));
+    }
+    NUCLEUS_RETURN_IF_ERROR(t->parse_config(config, /*default_add_bos=*/false));
+  } catch (const json::exception& e) {
+    return invalid_argument(std::string("tokenizer_config.json: unexpected JSON shape: ") + e.what());
   }
   return t;
 }
@@ -497,7 +550,7 @@ Status Tokenizer::parse_model(const json& model) {
   return ok_status();
 }
 
-Status Tokenizer::parse_added_tokens(const json& tokens) {
+Status Tokenizer::parse_added_tokens(const json& tokens, bool vocab_ids_first) {
   const std::string w = "tokenizer.json";
   if (!tokens.is_array()) return invalid_argument(w + ": added_tokens must be an array");
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -519,7 +572,7 @@ Status Tokenizer::parse_added_tokens(const json& tokens) {
     a.id = static_cast<int32_t>(id->get<int64_t>());
     // A token already in the vocab keeps its vocab id (as HF, which only
     // warns when the file says otherwise).
-    if (auto it = vocab_.find(a.content); it != vocab_.end()) a.id = it->second;
+    if (auto it = vocab_.find(a.content); vocab_ids_first && it != vocab_.end()) a.id = it->second;
     if (auto it = added_ids_.find(a.content); it != added_ids_.end()) {
       if (it->second != a.id)
         return invalid_argument(where + ": '" + a.content + "' repeats with id " + std::to_string(a.id) +
@@ -625,7 +678,7 @@ Status Tokenizer::parse_pre_tokenizer(const json& pre, const std::string& where)
   return ok_status();
 }
 
-Status Tokenizer::parse_config(const json& config) {
+Status Tokenizer::parse_config(const json& config, bool default_add_bos) {
   const std::string w = "tokenizer_config.json";
   // bos_token / eos_token: a string, or an AddedToken object {"content": ...}.
   auto read_token = [&](const char* key, std::string* text, std::optional<int32_t>* id) -> Status {
@@ -642,7 +695,7 @@ Status Tokenizer::parse_config(const json& config) {
   };
   NUCLEUS_RETURN_IF_ERROR(read_token("bos_token", &bos_token_, &bos_id_));
   NUCLEUS_RETURN_IF_ERROR(read_token("eos_token", &eos_token_, &eos_id_));
-  add_bos_ = bos_id_.has_value();
+  add_bos_ = default_add_bos && bos_id_.has_value();
   add_eos_ = false;
   NUCLEUS_RETURN_IF_ERROR(read_bool(config, "add_bos_token", w, &add_bos_));
   NUCLEUS_RETURN_IF_ERROR(read_bool(config, "add_eos_token", w, &add_eos_));
