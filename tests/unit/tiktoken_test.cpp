@@ -47,7 +47,8 @@ std::string hand_ranks() {
 // Kimi-style config: special ids start at 263 (the number of ranks).
 json hand_config() {
   return {{"added_tokens_decoder",
-           {{"263", {{"content", "[BOS]"}, {"special", true}}}, {"265", {{"content", "<|im_end|>"}, {"special", true}}}}},
+           {{"263", {{"content", "[BOS]"}, {"special", true}}},
+            {"265", {{"content", "<|im_end|>"}, {"special", true}}}}},
           {"bos_token", "[BOS]"},
           {"eos_token", "<|im_end|>"}};
 }
