@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <map>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -428,8 +428,12 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_tiktoken(std::string_view r
         named[id] = entry;
       }
     }
-    for (int64_t id = n; id < n + kKimiReservedSpecialTokens; ++id)
-      named.try_emplace(id, json{{"content", "<|reserved_token_" + std::to_string(id) + "|>"}});
+    for (int64_t id = n; id < n + kKimiReservedSpecialTokens; ++id) {
+      std::string name = "<|reserved_token_";
+      name += std::to_string(id);
+      name += "|>";
+      named.try_emplace(id, json{{"content", std::move(name)}});
+    }
     json added = json::array();
     for (auto& [id, entry] : named) {
       json e = entry.is_object() ? entry : json::object();
