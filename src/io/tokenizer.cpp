@@ -411,6 +411,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_tiktoken(std::string_view r
       }
     }
     t->ignore_merges_ = true;  // a pre-token that is a token stays whole
+    t->kimi_chunking_ = true;
 
     // Special tokens: the reserved ids after the ranks, plus any further
     // ids tokenizer_config.json names.
@@ -1038,16 +1039,63 @@ void Tokenizer::bpe_uncached(std::string_view word, std::vector<int32_t>& out) c
     if (s.alive) out.push_back(s.id);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 2);
-  if (add_special_tokens && add_bos_) ids.push_back(*bos_id_);
+void Tokenizer::encode_chunk(std::string_view text, std::vector<int32_t>& ids) const {
   for (const Segment& seg : split_added_tokens(text)) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
       continue;
     }
     for (const std::string& piece : pre_tokenize(text.substr(seg.begin, seg.end - seg.begin))) bpe(piece, ids);
+  }
+}
+
+namespace {
+
+// Python's str.isspace(): Unicode White_Space plus U+001C..U+001F.
+bool python_isspace(std::string_view s, size_t i) {
+  uint32_t cp = 0;
+  return utf8_char_len(s, i, &cp) != 0 && (is_white_space(cp) || (cp >= 0x1C && cp <= 0x1F));
+}
+
+}  // namespace
+
+std::vector<std::string_view> Tokenizer::kimi_chunks(std::string_view text) {
+  std::vector<std::string_view> out;
+  size_t slice_begin = 0;
+  while (slice_begin < text.size()) {
+    // A slice of kKimiMaxEncodeChars characters (Python indexes by code point).
+    size_t slice_end = slice_begin;
+    for (size_t n = 0; n < kKimiMaxEncodeChars && slice_end < text.size(); ++n) slice_end += char_step(text, slice_end);
+    std::string_view slice = text.substr(slice_begin, slice_end - slice_begin);
+    // _split_whitespaces_or_nonwhitespaces: cut before the character that
+    // makes a run of the same kind longer than kKimiMaxRunChars.
+    size_t run = 0, start = 0;
+    bool run_is_space = python_isspace(slice, 0);
+    for (size_t i = 0; i < slice.size(); i += char_step(slice, i)) {
+      bool space = python_isspace(slice, i);
+      if (space != run_is_space) {
+        run = 1;
+        run_is_space = space;
+      } else if (++run > kKimiMaxRunChars) {
+        out.push_back(slice.substr(start, i - start));
+        start = i;
+        run = 1;
+      }
+    }
+    out.push_back(slice.substr(start));
+    slice_begin = slice_end;
+  }
+  return out;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 2);
+  if (add_special_tokens && add_bos_) ids.push_back(*bos_id_);
+  if (kimi_chunking_) {
+    for (std::string_view chunk : kimi_chunks(text)) encode_chunk(chunk, ids);
+  } else {
+    encode_chunk(text, ids);
   }
   if (add_special_tokens && add_eos_) ids.push_back(*eos_id_);
   return ids;

@@ -110,10 +110,10 @@ class Tokenizer {
   // them are added too) or "<|reserved_token_{id}|>", all special and
   // matched in text before pre-tokenization. BOS/EOS and the chat template as
   // in from_json, except that BOS is only prepended when config sets
-  // add_bos_token (Kimi's tokenizer adds none). Known difference: Kimi's
-  // encode() also cuts texts longer than 400,000 characters, and runs of
-  // more than 25,000 characters without (or of only) whitespace, into
-  // chunks encoded separately; nucleus does not. Errors: kInvalidArgument
+  // add_bos_token (Kimi's tokenizer adds none). As Kimi's encode(), texts
+  // longer than 400,000 characters, and runs of more than 25,000 characters
+  // without (or of only) whitespace, are cut into chunks encoded
+  // separately (see kimi_chunks). Errors: kInvalidArgument
   // naming tiktoken.model and the line, or tokenizer_config.json and the
   // field; a ranks file lacking one of the 256 single bytes (tiktoken
   // cannot encode with it) is refused.
@@ -243,6 +243,16 @@ class Tokenizer {
   void find_added_tokens(std::string_view text, size_t begin, size_t end, bool normalized,
                          std::vector<Segment>& out) const;
   void apply_step(const Step& step, std::vector<std::string>& pieces) const;
+  // Appends the ids of `text`: added tokens, pre-tokens, BPE.
+  void encode_chunk(std::string_view text, std::vector<int32_t>& ids) const;
+  // Kimi's encode() (tokenization_kimi.py, as Llama 3's tokenizer.py) cuts
+  // the text before tiktoken sees it: into slices of kKimiMaxEncodeChars
+  // characters, each cut again before a character that would make a run of
+  // whitespace (Python's str.isspace) or of non-whitespace longer than
+  // kKimiMaxRunChars. The chunks, in order, covering `text`.
+  static std::vector<std::string_view> kimi_chunks(std::string_view text);
+  static constexpr size_t kKimiMaxEncodeChars = 400'000;
+  static constexpr size_t kKimiMaxRunChars = 25'000;
   // Appends the BPE ids of one pre-token.
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
@@ -265,6 +275,7 @@ class Tokenizer {
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
+  bool kimi_chunking_ = false;  // from_tiktoken: encode kimi_chunks() separately
   std::vector<Step> steps_;
 
   std::string bos_token_, eos_token_, chat_template_;

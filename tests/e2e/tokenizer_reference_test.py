@@ -5,7 +5,8 @@
    `tokenizers`: exact ids and decode equality on every text.
 2. The tiktoken-format reader (Kimi-K2's tiktoken.model + Kimi's pattern + the
    special tokens of tokenizer_config.json) against `tiktoken.Encoding` built as
-   Kimi's tokenization_kimi.py builds it. No Kimi ranks file is available
+   Kimi's tokenization_kimi.py builds it, encoding as its encode() does (chunks
+   of at most 400,000 characters and 25,000-character runs). No Kimi ranks file is available
    offline, so the test derives one from DeepSeek-V3's vocabulary: the 256 bytes,
    then each merged token in merge order (rank = position), written in tiktoken's
    format ("base64(bytes) rank" lines).
@@ -192,6 +193,28 @@ def test_deepseek_v3(seed):
                    ref, lambda ids: hf.decode(ids, skip_special_tokens=False))
 
 
+def kimi_chunks(text, max_encode_chars=400_000, max_run_chars=25_000):
+    """How Kimi's encode() (tokenization_kimi.py, as Llama 3's tokenizer.py) cuts a text before
+    tiktoken sees it: slices of max_encode_chars, each cut where a run of whitespace or of
+    non-whitespace would pass max_run_chars."""
+    for i in range(0, len(text), max_encode_chars):
+        s = text[i:i + max_encode_chars]
+        run, run_is_space, start = 0, s[0].isspace(), 0
+        for k, c in enumerate(s):
+            if run_is_space ^ c.isspace():
+                run, run_is_space = 1, c.isspace()
+            else:
+                run += 1
+                if run > max_run_chars:
+                    yield s[start:k]
+                    start, run = k, 1
+        yield s[start:]
+
+
+def kimi_encode(enc, text):
+    return [i for chunk in kimi_chunks(text) for i in enc.encode(chunk, allowed_special="all")]
+
+
 def tiktoken_ranks_from_hf(tokenizer_json):
     """DeepSeek-V3's byte-level BPE as tiktoken ranks: bytes first, then merges in order."""
     byte_decoder = {}
@@ -231,12 +254,19 @@ def test_tiktoken_kimi(seed):
         with open(os.path.join(model_dir, "tokenizer_config.json"), "w") as f:
             json.dump(config, f)
         specials = ["[BOS]", "<|im_end|>", "<|im_user|>", f"<|reserved_token_{n + 100}|>"]
-        texts = corpus(specials, seed + 1)
+        # Past Kimi's chunk limits (each changes the ids when not cut): 30,000 digits without a
+        # space, 30,000 spaces, 450,000 characters; and U+001C, a space to Python's isspace().
+        # (Long runs of letters would be as good a case, but tiktoken's BPE is quadratic in them.)
+        long_texts = ["1234567890" * 3_000 + " end", " " * 30_000 + "x", "word " * 90_000,
+                      "7" * 20_000 + "\x1c" * 10_000 + "b"]
+        texts = corpus(specials, seed + 1) + long_texts
         ours = run_nucleus(model_dir, texts)
     ok = ours["vocab_size"] == n + KIMI_RESERVED
     if not ok:
         print(f"vocab_size: nucleus {ours['vocab_size']}, tiktoken {enc.n_vocab}")
-    ref = [enc.encode(t, allowed_special="all") for t in texts]
+    ref = [kimi_encode(enc, t) for t in texts]
+    chunked = sum(1 for t in texts if len(list(kimi_chunks(t))) > 1)
+    print(f"tiktoken: {chunked} texts cut into chunks as Kimi's encode() does")
     return compare(f"tiktoken.model ({n} ranks + {KIMI_RESERVED} specials, Kimi pattern) vs tiktoken "
                    + tiktoken.__version__, texts, ours, ref,
                    lambda ids: enc.decode_bytes(ids).decode("utf-8", errors="replace")) and ok
