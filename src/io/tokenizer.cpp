@@ -1,14 +1,10 @@
 #include "io/tokenizer.h"
 #include "io/onig_regex.h"
-#include "io/utf8.h"
 
 #include <pcre2.h>
 
 #include <algorithm>
-#include <array>
-#include <charconv>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -16,12 +12,13 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "io/regular_file.h"
-#include "io/tiktoken_ranks.h"
+#include "io/tokenizer_internal.h"
 
 namespace nucleus {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace tokenizer_internal;
 
 namespace {
 
@@ -29,133 +26,9 @@ namespace {
 // (GPT-2's, tokenizers/src/pre_tokenizers/byte_level.rs).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// Ids index dense tables; this bounds them (real vocabularies: ~130k).
-constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
-
 // The BPE cache holds pre-tokens up to this size, and this many of them.
 constexpr size_t kMaxCachedWordBytes = 256;
 constexpr size_t kCacheCapacity = 1 << 17;
-
-// ---- UTF-8 -----------------------------------------------------------------
-
-// Length of the valid UTF-8 character at s[i] (storing its code point in
-// *cp), or 0 when the bytes there are not one (stray continuation byte,
-// truncated or overlong sequence, surrogate, past U+10FFFF).
-size_t utf8_char_len(std::string_view s, size_t i, uint32_t* cp = nullptr) {
-  auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) {
-    if (cp) *cp = c;
-    return 1;
-  }
-  size_t len;
-  uint32_t v, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, v = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, v = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  if (cp) *cp = v;
-  return len;
-}
-
-// Bytes to step over at s[i]: one character, or one byte of invalid UTF-8.
-size_t char_step(std::string_view s, size_t i) {
-  size_t n = utf8_char_len(s, i);
-  return n ? n : 1;
-}
-
-// Start of the character just before s[end] (end > 0); end - 1 when the
-// bytes there do not end a valid character.
-size_t prev_char_start(std::string_view s, size_t end) {
-  for (size_t back = 1; back <= 4 && back <= end; ++back) {
-    auto b = static_cast<unsigned char>(s[end - back]);
-    if ((b & 0xC0) != 0x80) return utf8_char_len(s, end - back) == back ? end - back : end - 1;
-  }
-  return end - 1;
-}
-
-
-// Unicode White_Space, which Rust's regex \s (used by HF for lstrip/rstrip of
-// added tokens) matches.
-bool is_white_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
-bool white_space_at(std::string_view s, size_t i, size_t* len) {
-  uint32_t cp = 0;
-  *len = utf8_char_len(s, i, &cp);
-  return *len != 0 && is_white_space(cp);
-}
-
-// ---- GPT-2 byte <-> character alphabet ------------------------------------
-
-// bytes_to_unicode(): printable Latin-1 bytes stand for themselves; the other
-// 68 bytes map in order to U+0100.. so that every byte is a visible character.
-struct ByteAlphabet {
-  std::array<std::string, 256> byte_to_char;  // UTF-8 of the character
-  std::array<int16_t, 324> char_to_byte;      // code point -> byte, -1 if none
-
-  ByteAlphabet() {
-    char_to_byte.fill(-1);
-    uint32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      uint32_t cp = printable ? static_cast<uint32_t>(b) : next++;
-      append_utf8(cp, byte_to_char[b]);
-      char_to_byte[cp] = static_cast<int16_t>(b);
-    }
-  }
-};
-
-const ByteAlphabet& byte_alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
-
-// HF's ByteLevel decoder for one token: each character back to its byte, or
-// the token's own text when a character is outside the alphabet.
-std::string byte_level_decode(const std::string& token) {
-  const ByteAlphabet& a = byte_alphabet();
-  std::string out;
-  out.reserve(token.size());
-  for (size_t i = 0; i < token.size();) {
-    uint32_t cp = 0;
-    size_t n = utf8_char_len(token, i, &cp);
-    if (n == 0 || cp >= a.char_to_byte.size() || a.char_to_byte[cp] < 0) return token;
-    out += static_cast<char>(a.char_to_byte[cp]);
-    i += n;
-  }
-  return out;
-}
-
-// ---- JSON field access ------------------------------------------------------
-
-// The value of `key` in `obj`, or nullptr when `obj` is not an object or the
-// key is missing or null.
-const json* field(const json& obj, const char* key) {
-  if (!obj.is_object()) return nullptr;
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-// A JSON value for an error message, cut short: a bad value can be large.
-std::string short_dump(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
-}
 
 // Reads optional boolean `key` of `obj` into *out (left as is when absent).
 Status read_bool(const json& obj, const char* key, const std::string& where, bool* out) {
@@ -361,108 +234,6 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_json(const json& tokenizer,
     NUCLEUS_RETURN_IF_ERROR(t->parse_config(config));
   } catch (const json::exception& e) {
     return invalid_argument(std::string("tokenizer.json / tokenizer_config.json: unexpected JSON shape: ") + e.what());
-  }
-  return t;
-}
-
-StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::from_tiktoken(std::string_view ranks_text, const json& config,
-                                                              const std::string& chat_template,
-                                                              std::string_view pattern) {
-  const std::string w = "tiktoken.model";
-  std::unique_ptr<Tokenizer> t(new Tokenizer());
-  t->chat_template_ = chat_template;
-  try {
-    if (!config.is_object()) return invalid_argument("tokenizer_config.json: not a JSON object");
-    NUCLEUS_ASSIGN_OR_RETURN(std::vector<std::string> ranks, parse_tiktoken_ranks(ranks_text, w));
-    const auto n = static_cast<int64_t>(ranks.size());
-    if (n + kKimiReservedSpecialTokens - 1 > kMaxTokenId)
-      return invalid_argument(w + ": " + std::to_string(n) + " ranks leave no room for the special tokens under id " +
-                              std::to_string(kMaxTokenId));
-
-    // The vocabulary in the byte-level alphabet, as HF's converted tiktoken
-    // tokenizers spell it, so the BPE and ByteLevel steps are shared.
-    const ByteAlphabet& a = byte_alphabet();
-    StringMap by_bytes;  // raw token bytes -> rank
-    by_bytes.reserve(ranks.size());
-    t->tokens_.resize(ranks.size());
-    t->vocab_.reserve(ranks.size());
-    for (int32_t id = 0; id < n; ++id) {
-      std::string& token = t->tokens_[id];
-      for (char c : ranks[id]) token += a.byte_to_char[static_cast<unsigned char>(c)];
-      t->vocab_.emplace(token, id);
-      by_bytes.emplace(ranks[id], id);
-    }
-    for (int b = 0; b < 256; ++b)
-      if (!by_bytes.contains(std::string(1, static_cast<char>(b))))
-        return invalid_argument(w + ": byte " + std::to_string(b) +
-                                " has no rank (tiktoken needs a token for each of the 256 bytes)");
-    // tiktoken merges the adjacent pair whose concatenation has the lowest
-    // rank: every split (a, b) of a token into two tokens is a merge whose
-    // rank is the token's.
-    for (int32_t id = 0; id < n; ++id) {
-      std::string_view bytes = ranks[id];
-      for (size_t k = 1; k < bytes.size(); ++k) {
-        auto left = by_bytes.find(bytes.substr(0, k));
-        if (left == by_bytes.end()) continue;
-        auto right = by_bytes.find(bytes.substr(k));
-        if (right == by_bytes.end()) continue;
-        t->merges_.emplace((static_cast<uint64_t>(left->second) << 32) | static_cast<uint32_t>(right->second),
-                           std::make_pair(id, id));
-      }
-    }
-    t->ignore_merges_ = true;  // a pre-token that is a token stays whole
-    t->kimi_chunking_ = true;
-
-    // Special tokens: the reserved ids after the ranks, plus any further
-    // ids tokenizer_config.json names.
-    std::map<int64_t, json> named;
-    if (const json* decoder = field(config, "added_tokens_decoder")) {
-      if (!decoder->is_object())
-        return invalid_argument("tokenizer_config.json: added_tokens_decoder must be an object {\"id\": {...}}");
-      for (const auto& [key, entry] : decoder->items()) {
-        int64_t id = -1;
-        auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-        if (ec != std::errc() || end != key.data() + key.size() || id < n || id > kMaxTokenId)
-          return invalid_argument("tokenizer_config.json: added_tokens_decoder key '" + key +
-                                  "' must be an id in [" + std::to_string(n) + ", " + std::to_string(kMaxTokenId) +
-                                  "] (the ids before are tiktoken.model's ranks)");
-        named[id] = entry;
-      }
-    }
-    for (int64_t id = n; id < n + kKimiReservedSpecialTokens; ++id) {
-      std::string name = "<|reserved_token_";
-      name += std::to_string(id);
-      name += "|>";
-      named.try_emplace(id, json{{"content", std::move(name)}});
-    }
-    json added = json::array();
-    for (auto& [id, entry] : named) {
-      json e = entry.is_object() ? entry : json::object();
-      e["id"] = id;
-      e["special"] = true;      // tiktoken's special tokens
-      e["normalized"] = false;  // no normalizer runs anyway
-      added.push_back(std::move(e));
-    }
-    NUCLEUS_RETURN_IF_ERROR(t->parse_added_tokens(added, /*vocab_ids_first=*/false));
-
-    json pre = {{"type", "Sequence"},
-                {"pretokenizers",
-                 {{{"type", "Split"},
-                   {"pattern", {{"Regex", std::string(pattern)}}},
-                   {"behavior", "Removed"},  // with invert: the matches are the pre-tokens, text between
-                   {"invert", true}},        // them (none with Kimi's pattern) is dropped, as tiktoken does
-                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
-    NUCLEUS_RETURN_IF_ERROR(t->parse_pre_tokenizer(pre, "tiktoken pattern"));
-
-    // Decoded bytes: the ranks' bytes, and the special tokens' own text.
-    t->bytes_.resize(t->tokens_.size());
-    for (size_t id = 0; id < t->tokens_.size(); ++id) {
-      t->bytes_[id] = static_cast<int64_t>(id) < n ? std::move(ranks[id]) : t->tokens_[id];
-      t->max_token_bytes_ = std::max(t->max_token_bytes_, static_cast<int64_t>(t->bytes_[id].size()));
-    }
-    NUCLEUS_RETURN_IF_ERROR(t->parse_config(config, /*default_add_bos=*/false));
-  } catch (const json::exception& e) {
-    return invalid_argument(std::string("tokenizer_config.json: unexpected JSON shape: ") + e.what());
   }
   return t;
 }
@@ -1047,45 +818,6 @@ void Tokenizer::encode_chunk(std::string_view text, std::vector<int32_t>& ids) c
     }
     for (const std::string& piece : pre_tokenize(text.substr(seg.begin, seg.end - seg.begin))) bpe(piece, ids);
   }
-}
-
-namespace {
-
-// Python's str.isspace(): Unicode White_Space plus U+001C..U+001F.
-bool python_isspace(std::string_view s, size_t i) {
-  uint32_t cp = 0;
-  return utf8_char_len(s, i, &cp) != 0 && (is_white_space(cp) || (cp >= 0x1C && cp <= 0x1F));
-}
-
-}  // namespace
-
-std::vector<std::string_view> Tokenizer::kimi_chunks(std::string_view text) {
-  std::vector<std::string_view> out;
-  size_t slice_begin = 0;
-  while (slice_begin < text.size()) {
-    // A slice of kKimiMaxEncodeChars characters (Python indexes by code point).
-    size_t slice_end = slice_begin;
-    for (size_t n = 0; n < kKimiMaxEncodeChars && slice_end < text.size(); ++n) slice_end += char_step(text, slice_end);
-    std::string_view slice = text.substr(slice_begin, slice_end - slice_begin);
-    // _split_whitespaces_or_nonwhitespaces: cut before the character that
-    // makes a run of the same kind longer than kKimiMaxRunChars.
-    size_t run = 0, start = 0;
-    bool run_is_space = python_isspace(slice, 0);
-    for (size_t i = 0; i < slice.size(); i += char_step(slice, i)) {
-      bool space = python_isspace(slice, i);
-      if (space != run_is_space) {
-        run = 1;
-        run_is_space = space;
-      } else if (++run > kKimiMaxRunChars) {
-        out.push_back(slice.substr(start, i - start));
-        start = i;
-        run = 1;
-      }
-    }
-    out.push_back(slice.substr(start));
-    slice_begin = slice_end;
-  }
-  return out;
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
