@@ -61,9 +61,9 @@ std::vector<float> adjusted_logits(const float* logits, int64_t vocab, const Sam
   if (params.min_p > 0.0f && params.temperature != 0.0f) {
     const float mx = *std::max_element(row.begin(), row.end());
     if (mx != -std::numeric_limits<float>::infinity()) {
-      const double inv_t = 1.0 / params.temperature, cmax = mx * inv_t;
+      const double inv_t = 1.0 / params.temperature;
       for (float& l : row)
-        if (!kernels::keep_min_p(l, inv_t, cmax, params.min_p)) l = -std::numeric_limits<float>::infinity();
+        if (!kernels::keep_min_p(l, mx, inv_t, params.min_p)) l = -std::numeric_limits<float>::infinity();
     }
   }
   return row;

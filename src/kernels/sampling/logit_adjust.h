@@ -71,10 +71,13 @@ NUCLEUS_HD inline float adjust_logit(float l, const TokenAdjustment& a, const Pe
 }
 
 // min_p (vLLM's MinPLogitsProcessor, after temperature T): a token stays when
-// p / p_max >= min_p, i.e. exp(l / T - l_max / T) >= min_p, computed in f64
-// as the sampler's probabilities are (cmax = l_max / T, inv_t = 1 / T).
-NUCLEUS_HD inline bool keep_min_p(float l, double inv_t, double cmax, float min_p) {
-  return exp(static_cast<double>(l) * inv_t - cmax) >= static_cast<double>(min_p);
+// p / p_max >= min_p, i.e. exp((l - l_max) / T) >= min_p, in f64. The
+// difference is taken before the scaling so that the maximum itself gives
+// exactly exp(0) = 1 and always stays: l / T - l_max / T, which a compiler
+// may contract into an FMA (nvcc does), can come out a hair below 0 for
+// l = l_max, and min_p = 1 then dropped every token.
+NUCLEUS_HD inline bool keep_min_p(float l, float l_max, double inv_t, float min_p) {
+  return exp((static_cast<double>(l) - static_cast<double>(l_max)) * inv_t) >= static_cast<double>(min_p);
 }
 
 }  // namespace nucleus::kernels

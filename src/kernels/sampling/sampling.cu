@@ -586,9 +586,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
   if (m == -INFINITY) return;  // nothing finite: the sampler returns token 0, as the CPU does
   const double inv_t = 1.0 / static_cast<double>(p.temperature);
-  const double cmax = static_cast<double>(m) * inv_t;
   for (int i = threadIdx.x; i < vocab; i += kThreads)
-    if (!keep_min_p(dst[i], inv_t, cmax, p.min_p)) dst[i] = -INFINITY;
+    if (!keep_min_p(dst[i], m, inv_t, p.min_p)) dst[i] = -INFINITY;
 }
 
 __global__ void counter_uniform_kernel(const uint64_t* seeds, const uint64_t* counters, int64_t n, double* out) {
