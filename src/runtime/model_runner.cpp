@@ -48,6 +48,7 @@ StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const Schedu
   std::vector<const Sequence*> rows;
   for (const auto& s : out.scheduled)
     if (s.samples) rows.push_back(s.seq);
+  grammar_masker_.apply(rows, logits.data<float>(), vocab, logits.device());
   std::vector<SampleResult> results;
   if (logits.device() == Device::kCuda) {
     if (!device_sampler_ || device_sampler_->max_rows() < static_cast<int64_t>(rows.size())) {

@@ -7,6 +7,7 @@
 
 #include "model/deepseek/deepseek_model.h"
 #include "runtime/device_sampler.h"
+#include "runtime/grammar_mask.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
@@ -37,6 +38,7 @@ class ModelRunner {
   KvCache kv_cache_;
   StepStats* stats_ = nullptr;
   std::unique_ptr<DeviceSampler> device_sampler_;
+  GrammarMasker grammar_masker_;  // structured output: masks rows before sampling
 };
 
 }  // namespace nucleus

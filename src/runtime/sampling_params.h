@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "core/status.h"
 
 namespace nucleus {
+
+class CompiledGrammar;  // runtime/structured_output.h
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0: greedy (argmax)
@@ -20,6 +23,9 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;  // finish (reason "stop") on any of these
   std::vector<std::string> stop;        // stop strings (applied to the detokenized text)
   int32_t logprobs = 0;                 // top-N log-probabilities per output token (0: none)
+  // Structured output: the output must match this grammar (compiled by the
+  // server's GrammarCompiler against the served vocabulary); null: free.
+  std::shared_ptr<const CompiledGrammar> grammar;
 
   // Errors name the field: temperature < 0, top_p outside (0, 1],
   // max_tokens < 1, logprobs outside [0, 20].

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "server/structured_output_request.h"
+
 namespace nucleus::server {
 
 using nlohmann::json;
@@ -175,11 +177,15 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
   // Served by vLLM but not (yet) here: refused by name rather than ignored.
   if (auto v = get_number(body, "min_p"); v && *v != 0.0) refuse("min_p", "'min_p' is not supported (only 0)");
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text")
-      refuse("response_format", "'response_format' is not supported (only {\"type\": \"text\"}): no "
-                                "structured-output sampler yet");
-  }
+}
+
+// response_format / structured_outputs / guided_*: compiled last, once the
+// cheaper checks passed (server/structured_output_request.h).
+std::shared_ptr<const CompiledGrammar> structured_output(const json& body, const std::string& text,
+                                                         const ModelInfo& model) {
+  auto grammar = parse_structured_output(body, text, model);
+  if (const ApiError* e = std::get_if<ApiError>(&grammar)) throw Refusal{*e};
+  return std::get<std::shared_ptr<const CompiledGrammar>>(std::move(grammar));
 }
 
 void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& where) {
@@ -422,6 +428,7 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
       refuse("prompt", "prompts x n = " + std::to_string(r.prompts.size() * r.n) + " exceeds the limit of " +
                            std::to_string(model.limits.max_choices) + " completions per request (--max-choices)");
     set_max_tokens(body, {"max_tokens"}, 16, model, r);
+    r.params.grammar = structured_output(body, text, model);
     return r;
   } catch (const Refusal& e) {
     return e.error;
@@ -447,6 +454,7 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     Prompt p = render_chat(body, text, model);
     r.prompts.push_back(std::move(p));
     set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
+    r.params.grammar = structured_output(body, text, model);
     return r;
   } catch (const Refusal& e) {
     return e.error;

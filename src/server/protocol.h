@@ -15,6 +15,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "runtime/sampling_params.h"
+#include "runtime/structured_output.h"
 
 namespace nucleus::server {
 
@@ -58,6 +59,9 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none
   RequestLimits limits;                         // the server's per-request limits
+  // Compiles response_format / structured_outputs; null: such requests are
+  // refused (no tokenizer, or a build without xgrammar).
+  const GrammarCompiler* grammar_compiler = nullptr;
 };
 
 struct Prompt {
