@@ -57,6 +57,19 @@ std::string choice_grammar(const std::vector<std::string>& choices) {
   return g;
 }
 
+// xgrammar's message without its log prefix ("[hh:mm:ss] path/file.cc:123: ")
+// and trailing newline: what the client sees.
+std::string error_message(const std::exception& e) {
+  std::string m = e.what();
+  if (!m.empty() && m[0] == '[') {
+    const size_t time_end = m.find("] ");
+    const size_t line_end = time_end == std::string::npos ? time_end : m.find(": ", time_end + 2);
+    if (line_end != std::string::npos) m = m.substr(line_end + 2);
+  }
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.pop_back();
+  return m;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokenizer& tokenizer, int64_t vocab_size,
@@ -83,7 +96,7 @@ StatusOr<std::unique_ptr<GrammarCompiler>> GrammarCompiler::create(const Tokeniz
     c->vocab_size_ = vocab_size;
     return c;
   } catch (const std::exception& e) {
-    return invalid_argument(std::string("structured output: xgrammar refused the vocabulary: ") + e.what());
+    return invalid_argument("structured output: xgrammar refused the vocabulary: " + error_message(e));
   }
 }
 
@@ -111,7 +124,7 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const 
         return done(c.CompileLark(spec.text));
     }
   } catch (const std::exception& e) {
-    return invalid_argument(e.what());
+    return invalid_argument(error_message(e));
   }
   return invalid_argument("unknown structured output kind");
 }
