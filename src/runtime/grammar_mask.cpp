@@ -24,26 +24,23 @@ GrammarMasker::~GrammarMasker() {
 
 void GrammarMasker::apply(const std::vector<const Sequence*>& rows, float* logits, int64_t vocab, Device device) {
   const int64_t words = token_bitmask_words(vocab);
-  bitmask_.clear();
+  matchers_.clear();
   row_ids_.clear();
   for (size_t r = 0; r < rows.size(); ++r) {
-    GrammarMatcher* m = rows[r]->grammar_matcher.get();
-    if (!m) continue;
-    NUCLEUS_CHECK(m->vocab_size() == vocab, "grammar vocab {} != logits width {}", m->vocab_size(), vocab);
-    bitmask_.resize(bitmask_.size() + words);
-    int32_t* mask = bitmask_.data() + bitmask_.size() - words;
-    if (!m->fill_next_token_bitmask(mask)) {  // everything allowed
-      bitmask_.resize(bitmask_.size() - words);
-      continue;
+    if (GrammarMatcher* m = rows[r]->grammar_matcher.get()) {
+      NUCLEUS_CHECK(m->vocab_size() == vocab, "grammar vocab {} != logits width {}", m->vocab_size(), vocab);
+      matchers_.push_back(m);
+      row_ids_.push_back(static_cast<int32_t>(r));
     }
-    if (device != Device::kCuda) {
-      apply_token_bitmask(logits + static_cast<int64_t>(r) * vocab, mask, vocab);
-      bitmask_.resize(bitmask_.size() - words);
-      continue;
-    }
-    row_ids_.push_back(static_cast<int32_t>(r));
   }
   if (row_ids_.empty()) return;
+  bitmask_.resize(row_ids_.size() * words);
+  GrammarMatcher::fill_next_token_bitmasks(matchers_, bitmask_.data());
+  if (device != Device::kCuda) {
+    for (size_t i = 0; i < row_ids_.size(); ++i)
+      apply_token_bitmask(logits + static_cast<int64_t>(row_ids_[i]) * vocab, bitmask_.data() + i * words, vocab);
+    return;
+  }
 #ifdef NUCLEUS_HAVE_CUDA
   const int64_t n = static_cast<int64_t>(row_ids_.size());
   if (n > d_rows_ || words != d_words_) {

@@ -1,7 +1,9 @@
 // GrammarMasker: applies the grammar masks of a step's sampling rows
 // (structured output: Sequence::grammar_matcher, runtime/structured_output.h)
 // to their logits before sampling. Rows without a matcher are left as they
-// are, so a step without structured-output requests costs nothing.
+// are, so a step without structured-output requests costs nothing. The masks
+// are filled on the host (GrammarMatcher::fill_next_token_bitmasks: threads
+// for larger batches), on the engine thread, each step.
 //   host logits: each masked row in place (apply_token_bitmask);
 //   CUDA logits: the masks are filled on the host, uploaded (one copy of
 //     [masked rows, ceil(vocab / 32)] int32 plus their row ids) and applied
@@ -15,6 +17,7 @@
 #include "core/device.h"
 #include "core/status.h"
 #include "runtime/sequence.h"
+#include "runtime/structured_output.h"
 
 namespace nucleus {
 
@@ -33,7 +36,8 @@ class GrammarMasker {
   void apply(const std::vector<const Sequence*>& rows, float* logits, int64_t vocab, Device device);
 
  private:
-  std::vector<int32_t> bitmask_;  // [masked rows, words] host
+  std::vector<GrammarMatcher*> matchers_;  // of the masked rows
+  std::vector<int32_t> bitmask_;           // [masked rows, words] host
   std::vector<int32_t> row_ids_;  // [masked rows] logits rows
   void* d_bitmask_ = nullptr;     // device mirrors (CUDA), capacity d_rows_ rows
   void* d_row_ids_ = nullptr;

@@ -152,6 +152,38 @@ bool GrammarMatcher::fill_next_token_bitmask(int32_t* bitmask) {
   return impl_->matcher.FillNextTokenBitmask(&t);
 }
 
+void GrammarMatcher::fill_next_token_bitmasks(const std::vector<GrammarMatcher*>& matchers, int32_t* bitmask) {
+  if (matchers.empty()) return;
+  const int64_t vocab = matchers[0]->vocab_size();
+  // Below this many rows, threads cost more than they save (xgrammar starts
+  // its pool per call).
+  constexpr size_t kMinThreadedRows = 8;
+  if (matchers.size() < kMinThreadedRows) {
+    for (size_t i = 0; i < matchers.size(); ++i) {
+      NUCLEUS_CHECK(matchers[i]->vocab_size() == vocab, "grammar vocab {} != {}", matchers[i]->vocab_size(), vocab);
+      matchers[i]->fill_next_token_bitmask(bitmask + static_cast<int64_t>(i) * token_bitmask_words(vocab));
+    }
+    return;
+  }
+  std::vector<xgrammar::GrammarMatcher> handles;  // shallow: they share the matchers' state
+  handles.reserve(matchers.size());
+  for (GrammarMatcher* m : matchers) {
+    NUCLEUS_CHECK(m->vocab_size() == vocab, "grammar vocab {} != {}", m->vocab_size(), vocab);
+    NUCLEUS_CHECK(!m->is_terminated(), "grammar matcher: mask requested after termination");
+    handles.push_back(m->impl_->matcher);
+  }
+  int64_t shape[2] = {static_cast<int64_t>(matchers.size()), token_bitmask_words(vocab)};
+  DLTensor t{};
+  t.data = bitmask;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = 2;
+  t.dtype = DLDataType{kDLInt, 32, 1};
+  t.shape = shape;
+  static const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
+  xgrammar::BatchGrammarMatcher batch(threads);
+  batch.BatchFillNextTokenBitmask(&handles, &t);
+}
+
 bool GrammarMatcher::accept_token(int32_t token) {
   if (token < 0 || token >= impl_->grammar->vocab_size || impl_->matcher.IsTerminated()) return false;
   return impl_->matcher.AcceptToken(token);
@@ -178,6 +210,7 @@ StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::compile(const 
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar>) { NUCLEUS_CHECK(false, "no xgrammar"); }
 GrammarMatcher::~GrammarMatcher() = default;
 bool GrammarMatcher::fill_next_token_bitmask(int32_t*) { return false; }
+void GrammarMatcher::fill_next_token_bitmasks(const std::vector<GrammarMatcher*>&, int32_t*) {}
 bool GrammarMatcher::accept_token(int32_t) { return false; }
 bool GrammarMatcher::is_terminated() const { return false; }
 int64_t GrammarMatcher::vocab_size() const { return 0; }

@@ -120,8 +120,14 @@ TEST_F(TokenBitmaskGpuTest, GrammarMaskerDeviceEqualsHost) {
   spec.text = kSchema;
   auto grammar = (*compiler)->compile(spec);
   ASSERT_TRUE(grammar.ok()) << grammar.status().to_string();
-  const std::vector<std::string> prefixes = {"", R"({"ok": )", "", R"({"ok": true, "n": 4)", R"({"ok": false, "n": 12})"};
-  const std::vector<bool> constrained = {true, true, false, true, true};
+  // Rows 0..4, then again 5..9 (10 constrained-or-not rows: past the batch
+  // size where masks are filled on threads).
+  std::vector<std::string> prefixes = {"", R"({"ok": )", "", R"({"ok": true, "n": 4)", R"({"ok": false, "n": 12})"};
+  std::vector<bool> constrained = {true, true, false, true, true};
+  for (int i = 0; i < 5; ++i) {
+    prefixes.push_back(prefixes[i]);
+    constrained.push_back(constrained[i]);
+  }
   std::vector<Sequence> seqs(prefixes.size());
   std::vector<const Sequence*> rows;
   for (size_t i = 0; i < seqs.size(); ++i) {

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -205,6 +207,29 @@ TEST_F(StructuredOutputTest, BadSpecsAreInvalidArgument) {
   StructuredOutputSpec empty_choice;
   empty_choice.kind = Kind::kChoice;
   EXPECT_FALSE(compiler_->compile(empty_choice).ok());
+}
+
+TEST_F(StructuredOutputTest, BatchFillEqualsOneByOne) {
+  auto g = compile(StructuredOutputSpec::Kind::kJsonSchema, kSchema);
+  const std::vector<std::string> prefixes = {"", "{", R"({"name")", R"({"name": "a)", R"({"name": "ab", "age": 1)",
+                                             R"({"name": "", "age": 12, "tags": [)", R"({"name":"x","age":0})"};
+  for (size_t n : {size_t{3}, size_t{12}}) {  // below and above the threaded batch size
+    std::vector<std::unique_ptr<GrammarMatcher>> own;
+    std::vector<GrammarMatcher*> matchers;
+    for (size_t i = 0; i < n; ++i) {
+      own.push_back(std::make_unique<GrammarMatcher>(g));
+      ASSERT_EQ(feed(*own.back(), prefixes[i % prefixes.size()]),
+                tokenizer_->encode(prefixes[i % prefixes.size()], false).size());
+      matchers.push_back(own.back().get());
+    }
+    const int64_t words = token_bitmask_words(tokenizer_->vocab_size());
+    std::vector<int32_t> batch(n * words, 0x12345678);
+    GrammarMatcher::fill_next_token_bitmasks(matchers, batch.data());
+    for (size_t i = 0; i < n; ++i) {
+      const std::vector<int32_t> one = mask_of(*matchers[i]);
+      EXPECT_TRUE(std::equal(one.begin(), one.end(), batch.begin() + i * words)) << "row " << i << " of " << n;
+    }
+  }
 }
 
 TEST(TokenBitmaskTest, ApplyMatchesHandValues) {
