@@ -1,5 +1,7 @@
 #include "server/responses.h"
 
+#include <algorithm>
+
 namespace nucleus::server {
 
 using nlohmann::json;
@@ -41,8 +43,11 @@ json ResponseBuilder::base(const char* object) const {
 // with token strings as their decoded bytes and offsets in bytes of the
 // choice's text. Chat: {"content": [{"token", "logprob", "bytes",
 // "top_logprobs": [...]}]}. The sampled token is always among the
-// completions' top_logprobs (as vLLM does).
+// completions' top_logprobs (as vLLM does). A token a grammar masked
+// (structured output) has log-probability -inf, written as -9999.0 as vLLM
+// does (JSON has no infinity).
 json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, ChoiceState& c) const {
+  auto finite = [](float lp) { return std::max(lp, -9999.0f); };
   auto bytes_of = [](const std::string& s) {
     json b = json::array();
     for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
@@ -55,9 +60,9 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
       json top = json::array();
       for (const auto& [id, lp] : e.top) {
         const std::string s = tokenizer_->token_bytes(id);
-        top.push_back({{"token", s}, {"logprob", lp}, {"bytes", bytes_of(s)}});
+        top.push_back({{"token", s}, {"logprob", finite(lp)}, {"bytes", bytes_of(s)}});
       }
-      content.push_back({{"token", t}, {"logprob", e.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
+      content.push_back({{"token", t}, {"logprob", finite(e.logprob)}, {"bytes", bytes_of(t)}, {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
@@ -68,10 +73,10 @@ json ResponseBuilder::logprobs_json(const std::vector<TokenLogprob>& entries, Ch
   for (const auto& e : entries) {
     const std::string t = tokenizer_->token_bytes(e.token);
     json top = json::object();
-    for (const auto& [id, lp] : e.top) top[tokenizer_->token_bytes(id)] = lp;
-    top[t] = e.logprob;
+    for (const auto& [id, lp] : e.top) top[tokenizer_->token_bytes(id)] = finite(lp);
+    top[t] = finite(e.logprob);
     out["tokens"].push_back(t);
-    out["token_logprobs"].push_back(e.logprob);
+    out["token_logprobs"].push_back(finite(e.logprob));
     out["top_logprobs"].push_back(top);
     out["text_offset"].push_back(c.text_offset);
     // A special token the text skips takes no room in it.

@@ -553,6 +553,19 @@ TEST_F(ServerTest, StructuredOutputFollowsTheGrammar) {
     EXPECT_TRUE(pick == "red" || pick == "green" || pick == "blue") << pick;
     EXPECT_EQ(rc.body["choices"][0]["finish_reason"], "stop");
   }
+  // Masked tokens have log-probability -inf, reported as -9999.0 (as vLLM): never null.
+  Reply lp = post(s(), "/v1/completions",
+                  json{{"prompt", "x"}, {"max_tokens", 5}, {"logprobs", 3}, {"guided_choice", {"yes", "no"}}});
+  ASSERT_EQ(lp.status, 200) << lp.raw;
+  const json& tops = lp.body["choices"][0]["logprobs"]["top_logprobs"];
+  ASSERT_FALSE(tops.empty());
+  bool clamped = false;
+  for (const auto& top : tops)
+    for (const auto& [token, value] : top.items()) {
+      ASSERT_TRUE(value.is_number()) << lp.raw;
+      clamped = clamped || value.get<double>() == -9999.0;
+    }
+  EXPECT_TRUE(clamped) << lp.raw;
 }
 
 TEST_F(ServerTest, LogprobsAreReported) {
