@@ -7,6 +7,8 @@
 #     bindings, no tvm-ffi, no cpptrace, no tests. A local copy of the
 #     tarball can be given with -DNUCLEUS_XGRAMMAR_TARBALL=path (offline).
 #   OFF: not built; structured-output requests are refused with a 400.
+# Cost: a 2.8 MB download, and 29 sources of ~230 CPU-seconds at -O3 with
+# GCC 12 (about 2 minutes on two cores; ccache keeps later builds free).
 set(NUCLEUS_XGRAMMAR ON CACHE BOOL "Build structured output (xgrammar's C++ core, fetched from PyPI)")
 set(NUCLEUS_XGRAMMAR_TARBALL "" CACHE FILEPATH "A local xgrammar-<version>.tar.gz (default: download from PyPI)")
 set(NUCLEUS_HAVE_XGRAMMAR OFF)
