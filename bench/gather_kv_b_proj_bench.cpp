@@ -4,7 +4,7 @@
 // weights, 4096 and 32768 cached keys in 64-key blocks, bf16 cache.
 // Prints a markdown table: time, GB/s over the bytes that must move (latent
 // rows read, weight read once, k and v written), TFLOP/s, and the fraction of
-// the roofline (max(bytes / 4.28 TB/s, flops / 790 TFLOP/s), design.md's H200
+// the roofline (max(bytes / 4.58 TB/s, flops / 790 TFLOP/s), core/roofline.h's H200
 // figures) reached.
 //   usage: gather_kv_b_proj_bench [iterations]
 #include <cuda_runtime_api.h>
@@ -23,6 +23,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/roofline.h"
 #include "ops/gather_kv_b_proj.h"
 
 using namespace nucleus;
@@ -30,7 +31,7 @@ using namespace nucleus;
 namespace {
 
 constexpr int64_t kNope = 128, kRope = 64, kV = 128, kLora = 512, kBlock = 64;
-constexpr double kCopyBytesPerS = 4.28e12, kBf16FlopPerS = 790e12;
+constexpr double kCopyBytesPerS = roofline::kHbmBytesPerSec, kBf16FlopPerS = roofline::kBf16FlopsPerSec;
 
 // Cheap reproducible noise (values in [-1, 1)).
 struct Noise {

@@ -26,6 +26,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
+#include "core/roofline.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
 #include "ops/cuda_backends.h"
@@ -34,7 +35,7 @@ using namespace nucleus;
 
 namespace {
 
-constexpr double kRooflineBytesPerSec = 4.58e12;
+constexpr double kRooflineBytesPerSec = roofline::kHbmBytesPerSec;
 constexpr int kGemmsPerGraph = 20;
 
 struct Layer {

@@ -25,6 +25,7 @@
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/env.h"
+#include "core/roofline.h"
 #include "graph/device_inputs.h"
 #include "kernels/mla/mla_prefill.cuh"
 #include "ops/mla_ops.h"
@@ -32,7 +33,7 @@
 namespace nucleus {
 namespace {
 
-constexpr double kPeakTflops = 790.0;
+constexpr double kPeakTflops = roofline::kBf16FlopsPerSec / 1e12;
 constexpr int kNope = 128, kRope = 64, kV = 128, kLora = 512, kLatent = kLora + kRope, kQk = kNope + kRope;
 constexpr int64_t kPool = 1 << 24;  // random bf16 values reused to fill large buffers
 

@@ -9,7 +9,7 @@
 // and the replays are timed with events; the median is printed.
 // Bytes: the weights of the experts the step activates (each read once: the
 // floor for decode), activations not counted. FLOPs: 6 * T * top_k * hidden
-// * inter. Roofline: 4.58 TB/s, 790 TFLOP/s dense bf16 (docs/design.md).
+// * inter. Roofline: 4.58 TB/s, 790 TFLOP/s dense bf16 (core/roofline.h).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -27,6 +27,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
+#include "core/roofline.h"
 #include "ops/cuda_backends.h"
 #include "ops/moe_ops.h"
 
@@ -34,8 +35,8 @@ using namespace nucleus;
 
 namespace {
 
-constexpr double kPeakBytesPerSec = 4.58e12;
-constexpr double kPeakFlops = 790e12;
+constexpr double kPeakBytesPerSec = roofline::kHbmBytesPerSec;
+constexpr double kPeakFlops = roofline::kBf16FlopsPerSec;
 
 struct Model {
   const char* name;

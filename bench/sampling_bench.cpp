@@ -6,7 +6,11 @@
 // The logits stay where the previous call left them (L2 for small batches),
 // as after the LM head. Prints the median wall time per call, the device time
 // of the call (events), and the logit read rate (rows * vocab * 4 bytes once)
-// against 4.8 TB/s of HBM; and the CPU sampler's time per row for reference.
+// against 4.58 TB/s of HBM (core/roofline.h); and the CPU sampler's time per
+// row for reference.
+// Modes with vLLM's logit processors (penalties over N ids, min_p) add the
+// adjusted copy of each row (one more read and write of the row, plus a read
+// and a masking pass for min_p) and the upload of N 16-byte entries per row.
 //   sampling_bench [--quick]
 #include <cuda_runtime.h>
 
@@ -21,6 +25,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
+#include "core/roofline.h"
 #include "runtime/device_sampler.h"
 #include "runtime/sampler.h"
 
@@ -28,7 +33,7 @@ using namespace nucleus;
 
 namespace {
 
-constexpr double kHbmBytesPerSecond = 4.8e12;
+constexpr double kHbmBytesPerSecond = roofline::kHbmBytesPerSec;
 
 struct Mode {
   const char* name;
@@ -36,6 +41,8 @@ struct Mode {
   int32_t top_k;
   float top_p;
   int32_t num_logprobs;
+  float min_p = 0.0f;
+  int32_t num_adjusted_ids = 0;  // ids with penalty entries (as prompt + output tokens)
 };
 
 const Mode kModes[] = {
@@ -45,7 +52,21 @@ const Mode kModes[] = {
     {"T0.6 top_p0.95", 0.6f, 0, 0.95f, 0},
     {"T1 (no top-k/p)", 1.0f, 0, 1.0f, 0},
     {"T1 top_k50 top_p0.9", 1.0f, 50, 0.9f, 0},
+    {"greedy +penalties(64 ids)", 0.0f, 0, 1.0f, 0, 0.0f, 64},
+    {"T0.7 top_k50 +penalties(64 ids)", 0.7f, 50, 1.0f, 0, 0.0f, 64},
+    {"T1 min_p0.05", 1.0f, 0, 1.0f, 0, 0.05f, 0},
+    {"T0.6 top_p0.95 min_p0.05 +penalties(4096 ids)", 0.6f, 0, 0.95f, 0, 0.05f, 4096},
 };
+
+// N distinct ids spread over the vocabulary: every other one generated
+// (count 1..3), all in the prompt.
+std::vector<TokenAdjustment> penalty_entries(int32_t n, int64_t vocab) {
+  std::vector<TokenAdjustment> out;
+  for (int32_t i = 0; i < n; ++i)
+    out.push_back({static_cast<int32_t>((int64_t{i} * 7919) % vocab), i % 2 ? 1 + i % 3 : 0, 0.0f,
+                   kernels::kAdjustInPrompt});
+  return out;
+}
 
 std::vector<float> random_rows(int64_t rows, int64_t vocab, float sd, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -87,8 +108,15 @@ int main(int argc, char** argv) {
       for (int64_t rows : {1, 32, 256}) {
         for (const Mode& m : kModes) {
           std::vector<DeviceSampleRequest> reqs(rows);
-          for (int64_t r = 0; r < rows; ++r)
+          const std::vector<TokenAdjustment> entries = penalty_entries(m.num_adjusted_ids, vocab);
+          for (int64_t r = 0; r < rows; ++r) {
             reqs[r] = {m.temperature, m.top_k, m.top_p, static_cast<uint64_t>(r + 1), 0, m.num_logprobs};
+            reqs[r].min_p = m.min_p;
+            if (m.num_adjusted_ids > 0) {
+              reqs[r].penalties = {1.2f, 0.5f, 0.5f};
+              reqs[r].adjustments = entries;
+            }
+          }
           cudaEvent_t start, stop;
           NUCLEUS_CUDA_CHECK(cudaEventCreate(&start));
           NUCLEUS_CUDA_CHECK(cudaEventCreate(&stop));
@@ -127,14 +155,17 @@ int main(int argc, char** argv) {
     sp.top_k = m.top_k;
     sp.top_p = m.top_p;
     sp.logprobs = m.num_logprobs;
+    sp.min_p = m.min_p;
+    const std::vector<TokenAdjustment> entries = penalty_entries(m.num_adjusted_ids, vocab);
+    if (m.num_adjusted_ids > 0) sp.repetition_penalty = 1.2f, sp.frequency_penalty = sp.presence_penalty = 0.5f;
     std::vector<double> t;
     for (int i = 0; i < (quick ? 2 : 5); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
-      volatile int32_t tok = sample_token(row.data(), vocab, sp, 1, i).token;
+      volatile int32_t tok = sample_token(row.data(), vocab, sp, 1, i, entries).token;
       (void)tok;
       t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
     }
-    std::printf("  %-22s %9.1f us\n", m.name, median(t));
+    std::printf("  %-46s %9.1f us\n", m.name, median(t));
   }
   return 0;
 }

@@ -36,6 +36,8 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
+#include "core/roofline.h"
+#include "graph_timing.h"
 #include "io/hf_config.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/splitk_gemm.cuh"
@@ -47,8 +49,7 @@ using namespace nucleus;
 
 namespace {
 
-constexpr double kRooflineBytesPerSec = 4.58e12;
-constexpr int kGemmsPerGraph = 20;
+constexpr double kRooflineBytesPerSec = roofline::kHbmBytesPerSec;
 
 struct Shape {
   std::string model, name;
@@ -76,57 +77,8 @@ Tensor random_bf16(int64_t count, float scale) {
   return t;
 }
 
-// Median microseconds per launch(copy) over graphs of 20 launches rotating
-// through `copies`; negative when an eager call fails.
 double time_per_call(int copies, const std::function<bool(int)>& launch) {
-  cudaStream_t stream = cuda::context().stream;
-  for (int c = 0; c < std::min(copies, 2); ++c)
-    if (!launch(c)) return -1;  // plans, workspaces: before capture
-  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const int num_graphs = std::max(1, (copies + kGemmsPerGraph - 1) / kGemmsPerGraph);
-  std::vector<cudaGraphExec_t> execs;
-  for (int g = 0; g < num_graphs; ++g) {
-    cudaGraph_t graph;
-    NUCLEUS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < kGemmsPerGraph; ++i) NUCLEUS_CHECK(launch((g * kGemmsPerGraph + i) % copies), "launch");
-    NUCLEUS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    NUCLEUS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    NUCLEUS_CUDA_CHECK(cudaGraphDestroy(graph));
-    execs.push_back(exec);
-  }
-  cudaEvent_t e0, e1;
-  NUCLEUS_CUDA_CHECK(cudaEventCreate(&e0));
-  NUCLEUS_CUDA_CHECK(cudaEventCreate(&e1));
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(e0, stream));
-  for (auto& ex : execs) NUCLEUS_CUDA_CHECK(cudaGraphLaunch(ex, stream));
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(e1, stream));
-  NUCLEUS_CUDA_CHECK(cudaEventSynchronize(e1));
-  float warm_ms = 0;
-  NUCLEUS_CUDA_CHECK(cudaEventElapsedTime(&warm_ms, e0, e1));
-  const int reps = std::clamp(static_cast<int>(150.0 / std::max(warm_ms, 1e-3f)), 5, 60);
-  std::vector<cudaEvent_t> marks(reps * execs.size() + 1);
-  for (auto& e : marks) NUCLEUS_CUDA_CHECK(cudaEventCreate(&e));
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(marks[0], stream));
-  size_t mi = 1;
-  for (int r = 0; r < reps; ++r)
-    for (auto& ex : execs) {
-      NUCLEUS_CUDA_CHECK(cudaGraphLaunch(ex, stream));
-      NUCLEUS_CUDA_CHECK(cudaEventRecord(marks[mi++], stream));
-    }
-  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<float> times;
-  for (size_t i = 1; i < marks.size(); ++i) {
-    float ms = 0;
-    NUCLEUS_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1], marks[i]));
-    times.push_back(ms);
-  }
-  for (auto& e : marks) cudaEventDestroy(e);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  for (auto& ex : execs) cudaGraphExecDestroy(ex);
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2] * 1e3 / kGemmsPerGraph;
+  return bench::median_us_per_launch(copies, launch);
 }
 
 std::vector<int64_t> parse_list(const char* s) {

@@ -12,6 +12,9 @@
 #   generate   nucleus generate, 256 prompts x 512 tokens -> 256, and prefill with a 90% prefix hit vs none
 #   serve      nucleus serve (dummy V2-Lite, --skip-tokenizer-init) + bench serve at concurrency 1, 8, 32, 64
 #   fp8kv      FP8 KV cache: GPU tests, decode attention bf16 vs fp8, bench serve at concurrency 64 with each
+#   skinny     skinny decode GEMM: its GPU test, skinny_gemm_bench (SKINNY_SWEEP=1: the slice sweep), and
+#              decode latency with NUCLEUS_SKINNY=0, with NUCLEUS_PDL=0 and the default (dummy V2-Lite,
+#              4-layer FP8 V3)
 #   widths     width builds: decode step per width, MLA front end plain / fused / lean, V2-Lite and V3 (4 layers)
 # Full logs go to $OUT; a short summary is printed per step.
 set -uo pipefail
@@ -155,6 +158,27 @@ step_widths() {
     done
   done
   rm -rf "$cache"
+}
+
+step_skinny() {
+  timeout 240 "$B/bin/skinny_gemm_gpu_test" > "$out/skinny_gemm_gpu_test.txt" 2>&1
+  local rc=$?
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|OK \]|Failure" "$out/skinny_gemm_gpu_test.txt" | head -20
+  timeout 200 "$B/bin/skinny_gemm_bench" --sweep "${SKINNY_SWEEP:-0}" > "$out/skinny_gemm_bench.txt" 2>&1
+  grep -E "^\| .*\| (cublaslt|skinny|skinny_pdl) \|" "$out/skinny_gemm_bench.txt" | grep -E "\| (1|8) \| (cublaslt|skinny)"
+  for cfg in "NUCLEUS_SKINNY=0" "NUCLEUS_SKINNY=auto NUCLEUS_PDL=0" "NUCLEUS_SKINNY=auto"; do
+    local tag=${cfg// /_}; tag=${tag//=/-}
+    env $cfg timeout 200 "$N" bench latency --config $V2 --load-format dummy --device cuda \
+      --batch-sizes ${SKINNY_BATCHES:-1,2,4,8,32} --input-len 1024 --output-len 128 > "$out/latency_v2lite_$tag.txt" 2>&1
+    echo "-- V2-Lite $cfg"; tail -${SKINNY_TAIL:-7} "$out/latency_v2lite_$tag.txt"
+  done
+  for cfg in "NUCLEUS_SKINNY=0" "NUCLEUS_SKINNY=auto NUCLEUS_PDL=0" "NUCLEUS_SKINNY=auto"; do
+    local tag=${cfg// /_}; tag=${tag//=/-}
+    env $cfg timeout 150 "$N" bench latency --config $V3 --load-format dummy --override num_hidden_layers=4 \
+      --device cuda --batch-sizes 1,8 --input-len 1024 --output-len 128 > "$out/latency_v3_4l_$tag.txt" 2>&1
+    echo "-- V3 (4 layers, FP8) $cfg"; tail -4 "$out/latency_v3_4l_$tag.txt"
+  done
+  return $rc
 }
 
 rc=0

@@ -4,7 +4,10 @@
 // prompt in input order:
 // {"prompt_token_ids": [...], "token_ids": [...], "text": "...", "finish_reason": "stop" | "length"}
 // A prompt the engine refuses gets {"prompt_token_ids": [...], "error": "..."};
-// the others still run; the exit status is then 1.
+// the others still run; the exit status is then 1. Sampling flags (one set for
+// all prompts) follow vLLM's parameters: --temperature, --top-k, --top-p,
+// --min-p, --presence-penalty, --frequency-penalty, --repetition-penalty,
+// --min-tokens, --logit-bias ID:BIAS, --seed, --ignore-eos.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -85,6 +88,21 @@ int run_generate(int argc, char** argv) {
   app.add_option("--top-p", sp.top_p, "Sample from the smallest set with this mass")->capture_default_str();
   app.add_option("--seed", seed, "Sampling seed (same seed, same output); unseeded when not given")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--min-p", sp.min_p, "Drop tokens less likely than min_p times the most likely one (0: off)")
+      ->capture_default_str();
+  app.add_option("--presence-penalty", sp.presence_penalty,
+                 "Subtracted from the logits of tokens generated so far, in [-2, 2]")
+      ->capture_default_str();
+  app.add_option("--frequency-penalty", sp.frequency_penalty,
+                 "Subtracted per occurrence among the tokens generated so far, in [-2, 2]")
+      ->capture_default_str();
+  app.add_option("--repetition-penalty", sp.repetition_penalty,
+                 "Divides positive (multiplies negative) logits of prompt and generated tokens (1: off)")
+      ->capture_default_str();
+  app.add_option("--min-tokens", sp.min_tokens, "EOS and stop tokens are masked until this many are generated")
+      ->capture_default_str();
+  std::vector<std::string> logit_bias;
+  app.add_option("--logit-bias", logit_bias, "ID:BIAS added to token ID's logit, bias in [-100, 100] (repeatable)");
   app.add_flag("--ignore-eos", sp.ignore_eos, "Keep generating past EOS");
   app.add_flag("--json", as_json, "One JSON line per prompt");
   app.add_flag("--skip-tokenizer-init", args.skip_tokenizer_init,
@@ -96,6 +114,17 @@ int run_generate(int argc, char** argv) {
   }
   init_logging();
   if (seed >= 0) sp.seed = static_cast<uint64_t>(seed);
+  for (const std::string& b : logit_bias) {
+    const size_t colon = b.find(':');
+    int32_t id = 0;
+    float bias = 0.0f;
+    std::istringstream id_in(b.substr(0, colon)), bias_in(colon == std::string::npos ? "" : b.substr(colon + 1));
+    if (colon == std::string::npos || !(id_in >> id) || !id_in.eof() || !(bias_in >> bias) || !bias_in.eof()) {
+      std::cerr << "error: --logit-bias '" << b << "' is not ID:BIAS (e.g. 42:-100)\n";
+      return 2;
+    }
+    sp.logit_bias.emplace_back(id, bias);
+  }
   if (Status s = sp.validate(); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 2;

@@ -1,6 +1,8 @@
 // nucleus serve: the OpenAI-compatible HTTP server (docs/server.md).
 //   nucleus serve --model DIR [--host 127.0.0.1] [--port 8000]
 //                 [--served-model-name NAME] [engine flags]
+//                 [--tool-call-parser deepseek_v3|deepseek_v31|kimi_k2 --enable-auto-tool-choice]
+//                 [--reasoning-parser deepseek_r1]
 // SIGINT / SIGTERM: stop taking requests, finish those in flight (at most
 // --shutdown-timeout seconds, then abort them), exit 0. A second signal
 // aborts at once. An engine that fails (a step it cannot recover from:
@@ -94,6 +96,18 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-stop-token-ids", lim.max_stop_token_ids, "Entries of 'stop_token_ids' at most")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();
+  // Chat output parsers, with vLLM's flag names (docs/server.md, "Tool calls and reasoning").
+  std::string tool_call_parser, reasoning_parser;
+  app.add_option("--tool-call-parser", tool_call_parser,
+                 "Parse tool calls out of chat output in this model's format (requests with 'tools' and "
+                 "tool_choice \"auto\"; needs --enable-auto-tool-choice)")
+      ->check(CLI::IsMember(server::tool_call_format_names()));
+  app.add_flag("--enable-auto-tool-choice", config.enable_auto_tool_choice,
+               "Let the model choose to call tools (tool_choice \"auto\", the default with 'tools'); needs "
+               "--tool-call-parser");
+  app.add_option("--reasoning-parser", reasoning_parser,
+                 "Split chat output into 'reasoning_content' (up to </think>) and 'content'")
+      ->check(CLI::IsMember({"deepseek_r1"}));
   app.add_option("--shutdown-timeout", config.shutdown_timeout_s,
                  "On SIGINT/SIGTERM, seconds in-flight requests may take before they are aborted")
       ->check(CLI::NonNegativeNumber)
@@ -104,6 +118,17 @@ int run_serve(int argc, char** argv) {
     return exit_code_for(app, e);
   }
   init_logging();
+  if (config.enable_auto_tool_choice && tool_call_parser.empty()) {
+    std::fprintf(stderr, "error: --enable-auto-tool-choice requires --tool-call-parser\n");
+    return 1;
+  }
+  if (!tool_call_parser.empty()) config.tool_call_parser = server::tool_call_format_from_name(tool_call_parser);
+  config.reasoning_parser = !reasoning_parser.empty();
+  if ((config.tool_call_parser || config.reasoning_parser) && args.skip_tokenizer_init) {
+    std::fprintf(stderr, "error: --tool-call-parser and --reasoning-parser read text: they need the tokenizer "
+                         "(drop --skip-tokenizer-init)\n");
+    return 1;
+  }
 
   // Every thread started from here on inherits this mask, so the signals
   // reach only the sigwait() thread below. SIGUSR1 wakes it at exit.
@@ -137,6 +162,17 @@ int run_serve(int argc, char** argv) {
       NUCLEUS_LOG_WARN("chat template not usable, /v1/chat/completions will refuse: {}", t.status().message());
   } else {
     NUCLEUS_LOG_WARN("the model has no chat template; /v1/chat/completions will refuse requests");
+  }
+  // vLLM refuses a tokenizer without the parser's markers; here they are
+  // matched in the text whatever tokens spell them, so a missing token only
+  // means the model was not trained on the format.
+  if (loaded->tokenizer && (config.tool_call_parser || config.reasoning_parser)) {
+    std::vector<std::string> markers;
+    if (config.tool_call_parser) markers = server::tool_call_markers(*config.tool_call_parser);
+    if (config.reasoning_parser) markers.insert(markers.end(), {"<think>", "</think>"});
+    for (const auto& m : markers)
+      if (!loaded->tokenizer->token_to_id(m))
+        NUCLEUS_LOG_WARN("the tokenizer has no token '{}': the output parser matches it as text", m);
   }
   // With --config (dummy weights, no directory) the name is the config file's.
   const std::string model_arg = args.config_file.empty() ? args.model : args.config_file;

@@ -62,7 +62,9 @@ IncrementalDetokenizer::IncrementalDetokenizer(const Tokenizer& tokenizer, std::
 
 std::string IncrementalDetokenizer::add(int32_t token_id) {
   if (stopped_ || finished_) return "";
-  if (!(skip_special_ && tokenizer_.is_special(token_id))) bytes_ += tokenizer_.token_bytes(token_id);
+  const bool skip = skip_special_ && tokenizer_.is_special(token_id) &&
+                    std::find(keep_special_.begin(), keep_special_.end(), token_id) == keep_special_.end();
+  if (!skip) bytes_ += tokenizer_.token_bytes(token_id);
   return advance(false);
 }
 

@@ -44,6 +44,10 @@ class IncrementalDetokenizer {
   // Returns "" when a stop string matched. Later add() calls are ignored.
   std::string finish();
 
+  // Tokens to keep in the text even with skip_special_tokens: the markers
+  // of the server's tool-call and reasoning parsers, which must see them.
+  void keep_special(std::vector<int32_t> ids) { keep_special_ = std::move(ids); }
+
   // Whether a stop string matched.
   bool stopped() const { return stopped_; }
   // The stop string that matched; "" when none did.
@@ -59,6 +63,7 @@ class IncrementalDetokenizer {
   const Tokenizer& tokenizer_;
   std::vector<std::string> stops_;
   bool skip_special_;
+  std::vector<int32_t> keep_special_;
   bool include_stop_;
   size_t max_stop_len_ = 0;
   std::string bytes_;  // undecoded bytes: an incomplete UTF-8 sequence

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace nucleus {
 
@@ -23,6 +24,37 @@ inline void append_utf8(uint32_t cp, std::string& out) {
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
   }
+}
+
+// The characters (code points) `bytes` decodes to as Python's
+// bytes.decode("utf-8", errors="replace") counts them (its len): a valid
+// sequence is one, and so is each maximal ill-formed subpart (one U+FFFD).
+inline int64_t utf8_length(std::string_view bytes) {
+  int64_t n = 0;
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = static_cast<unsigned char>(bytes[i++]);
+    ++n;
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    for (; need > 0 && i < bytes.size(); --need, lo = 0x80, hi = 0xBF) {
+      const auto b = static_cast<unsigned char>(bytes[i]);
+      if (b < lo || b > hi) break;
+      ++i;
+    }
+  }
+  return n;
 }
 
 }  // namespace nucleus

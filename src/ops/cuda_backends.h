@@ -58,6 +58,11 @@ void gather_logit_rows(GatherLogitRowsOp& op, OpContext& ctx, const TensorList& 
 Status linear_splitk_supports(const LinearOp& op);
 void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// cuda_skinny (ops/linear_skinny_cuda.cpp): decode GEMMs of bf16 weights at
+// the row counts skinny_max_rows() takes (ops/skinny.h), others on cuBLASLt.
+Status linear_skinny_supports(const LinearOp& op);
+void linear_skinny(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
 Status linear_cublaslt_supports(const LinearOp& op);
 void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void linear_naive(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

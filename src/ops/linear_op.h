@@ -19,6 +19,9 @@ namespace nucleus {
 //                 (ops/splitk.h): writes f32 (its output buffer must be f32,
 //                 graph/passes/splitk_pass.h), atomically accumulated,
 //                 honouring zero_init; rows it does not take run cuBLASLt.
+//   cuda_skinny   decode GEMMs of bf16 weights at the row counts the skinny
+//                 choice takes (ops/skinny.h, m <= 8): bf16 or f32 out,
+//                 overwrite or add; rows it does not take run cuBLASLt.
 //   cublaslt, cublaslt_fp8, cuda_fp8, cuda_naive: overwrite or add (accumulate).
 class LinearOp : public OpWithBackends<LinearOp> {
  public:

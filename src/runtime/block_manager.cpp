@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/check.h"
@@ -55,7 +56,11 @@ int64_t BlockManager::acquire_cached_prefix(Sequence& seq) {
   seq.num_computed_tokens = 0;
   const int64_t n = seq.num_tokens();
   if (!enable_prefix_caching_) return 0;
-  const int64_t max_blocks = (n - 1) / block_size_;
+  // A hit skips its positions' logits: a sequence still computing prompt
+  // logprobs reuses only positions whose logprobs it has (none at first).
+  int64_t reusable = n - 1;
+  if (seq.needs_prompt_logprobs()) reusable = std::min<int64_t>(reusable, seq.prompt_logprobs.size());
+  const int64_t max_blocks = reusable / block_size_;
   std::vector<int32_t> tokens(block_size_);
   uint64_t parent = 0;
   for (int64_t b = 0; b < max_blocks; ++b) {

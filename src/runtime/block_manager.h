@@ -36,7 +36,9 @@ class BlockManager {
 
   // For a sequence that holds no blocks: takes the longest run of its
   // leading full blocks found in the prefix cache (at most num_tokens - 1
-  // tokens, so the last token is always computed and yields logits), sets
+  // tokens, so the last token is always computed and yields logits; while
+  // the sequence still computes prompt logprobs, none past those it has:
+  // vLLM likewise skips the prefix cache for prompt_logprobs), sets
   // block_table, block_hashes and num_computed_tokens, and returns the
   // number of tokens reused.
   int64_t acquire_cached_prefix(Sequence& seq);

@@ -63,7 +63,10 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   size_t graph_bytes = 0;
   if (model->options().device == Device::kCuda) {
     model->set_max_blocks_per_seq((config.max_model_len + config.block_size - 1) / config.block_size);
-    model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs);
+    // A prefill step's logit rows: one per sequence and the prompt-logprob rows.
+    model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs,
+                                std::min(config.max_num_batched_tokens,
+                                         config.max_num_seqs + kMaxPromptLogprobRows));
     if (!model->options().cuda_graph_sizes.empty()) {
       // Measure what the decode graphs take against a one-block cache, so the
       // pool leaves room for them; they are captured again against the pool.
@@ -115,6 +118,7 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->blocks_.get());
   KvCache kv = e->model_->make_kv_cache(config.num_kv_blocks, config.block_size);
   e->runner_ = std::make_unique<ModelRunner>(e->model_.get(), std::move(kv));
+  e->runner_->set_eos_token_ids(config.eos_token_ids);
   if (e->model_->options().device == Device::kCuda && !e->model_->options().cuda_graph_sizes.empty()) {
     const double t0 = now_seconds();
     NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, e->model_->capture_decode_graphs(e->runner_->kv_cache()));
@@ -142,6 +146,10 @@ Status LLMEngine::add_request(const std::string& request_id, std::vector<int32_t
       return invalid_argument("prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   NUCLEUS_RETURN_IF_ERROR(params.validate());
+  for (const auto& [id, bias] : params.logit_bias)
+    if (id >= vocab)
+      return invalid_argument("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")");
   const int64_t total = static_cast<int64_t>(prompt.size()) + params.max_tokens;
   if (total > config_.max_model_len)
     return invalid_argument("prompt (" + std::to_string(prompt.size()) + " tokens) + max_tokens (" +
@@ -156,6 +164,12 @@ Status LLMEngine::add_request(const std::string& request_id, std::vector<int32_t
   seq->request_id = request_id;
   seq->prompt_token_ids = std::move(prompt);
   seq->params = params;
+  if (params.repetition_penalty != 1.0f) {  // once, not per step
+    seq->distinct_prompt_ids = seq->prompt_token_ids;
+    std::sort(seq->distinct_prompt_ids.begin(), seq->distinct_prompt_ids.end());
+    seq->distinct_prompt_ids.erase(std::unique(seq->distinct_prompt_ids.begin(), seq->distinct_prompt_ids.end()),
+                                   seq->distinct_prompt_ids.end());
+  }
   if (params.grammar) seq->grammar_matcher = std::make_shared<GrammarMatcher>(params.grammar);
   seq->seed = params.seed ? *params.seed : std::random_device{}();
   seq->arrival_time = now_seconds();
@@ -197,11 +211,11 @@ std::vector<RequestOutput> LLMEngine::step() {
     Sequence& seq = *s.seq;
     SampleResult r = std::move((*samples)[row++]);
     if (seq.output_token_ids.empty()) seq.first_token_time = now_seconds();
-    seq.output_token_ids.push_back(r.token);
-    seq.output_samples.push_back(r);
+    seq.append_output(r);
     RequestOutput o = make_output(seq);
     o.new_token_ids.push_back(r.token);
     o.new_samples.push_back(std::move(r));
+    if (seq.params.prompt_logprobs && seq.num_output_tokens() == 1) o.prompt_logprobs = seq.prompt_logprobs;
     const int32_t tok = o.new_token_ids.back();
     FinishReason reason = seq.grammar_matcher ? advance_grammar(seq, tok) : FinishReason::kNone;
     if (reason != FinishReason::kNone)

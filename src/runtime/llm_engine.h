@@ -43,6 +43,9 @@ struct RequestOutput {
   std::string request_id;
   std::vector<int32_t> new_token_ids;    // tokens sampled this step (0 or 1)
   std::vector<SampleResult> new_samples;  // with their logprobs
+  // params.prompt_logprobs: entry p scores prompt token p + 1; given once,
+  // with the request's first token.
+  std::vector<TokenLogprobs> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   Status error;  // set when finish_reason == kError

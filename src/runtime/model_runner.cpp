@@ -8,6 +8,18 @@
 
 namespace nucleus {
 
+std::vector<PromptLogprobRow> prompt_logprob_rows(const SchedulerOutput& out) {
+  std::vector<PromptLogprobRow> rows;
+  int32_t start = 0;  // the sequence's first row in the step
+  for (const auto& s : out.scheduled) {
+    const int64_t begin = s.seq->num_computed_tokens;
+    const auto [first, last] = s.seq->prompt_logprob_positions(begin, s.num_new_tokens);
+    for (int64_t p = first; p < last; ++p) rows.push_back({s.seq, p, static_cast<int32_t>(start + p - begin)});
+    start += static_cast<int32_t>(s.num_new_tokens);
+  }
+  return rows;
+}
+
 StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size) {
   StepInputs in;
   int32_t max_blocks = 0;
@@ -33,8 +45,30 @@ StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size) {
       in.block_tables.push_back(b < static_cast<int32_t>(seq.block_table.size()) ? seq.block_table[b] : -1);
     if (s.samples) in.logit_indices.push_back(in.query_start.back() - 1);
   }
+  for (const auto& r : prompt_logprob_rows(out)) in.logit_indices.push_back(r.row);
   return in;
 }
+
+namespace {
+// Fills the sequences' prompt_logprobs from logits rows [num_samples, ...),
+// the rows of prompt_logprob_rows(out).
+Status score_prompt_rows(const SchedulerOutput& out, const Tensor& logits, int64_t num_samples, int64_t vocab) {
+  const std::vector<PromptLogprobRow> rows = prompt_logprob_rows(out);
+  if (rows.empty()) return ok_status();
+  Tensor scored = logits.rows(num_samples, static_cast<int64_t>(rows.size()));
+  if (scored.device() == Device::kCuda) scored = to_host(scored);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sequence& seq = *rows[i].seq;
+    NUCLEUS_CHECK(static_cast<int64_t>(seq.prompt_logprobs.size()) == rows[i].position,
+                  "sequence {} scores position {} with {} prompt logprobs", seq.seq_id, rows[i].position,
+                  seq.prompt_logprobs.size());
+    seq.prompt_logprobs.push_back(token_logprobs(scored.data<float>() + static_cast<int64_t>(i) * vocab, vocab,
+                                                 seq.prompt_token_ids[rows[i].position + 1],
+                                                 *seq.params.prompt_logprobs));
+  }
+  return ok_status();
+}
+}  // namespace
 
 StatusOr<Tensor> ModelRunner::execute(const SchedulerOutput& out) {
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
@@ -48,7 +82,22 @@ StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const Schedu
   std::vector<const Sequence*> rows;
   for (const auto& s : out.scheduled)
     if (s.samples) rows.push_back(s.seq);
+  NUCLEUS_RETURN_IF_ERROR(score_prompt_rows(out, logits, static_cast<int64_t>(rows.size()), vocab));
   grammar_masker_.apply(rows, logits.data<float>(), vocab, logits.device());
+  // Each row's adjustment list: [begin, end) of adjustments_.
+  adjustments_.clear();
+  std::vector<std::pair<size_t, size_t>> spans(rows.size(), {0, 0});
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Sequence& seq = *rows[i];
+    if (!seq.params.adjusts_logits(seq.num_output_tokens())) continue;
+    if (!adjust_builder_) adjust_builder_ = std::make_unique<TokenAdjustmentBuilder>(vocab);
+    spans[i].first = adjustments_.size();
+    adjust_builder_->build(seq.params, seq.sample_history(eos_token_ids_), seq.num_output_tokens(), &adjustments_);
+    spans[i].second = adjustments_.size();
+  }
+  auto row_adjustments = [&](size_t i) {
+    return std::span<const TokenAdjustment>(adjustments_.data() + spans[i].first, spans[i].second - spans[i].first);
+  };
   std::vector<SampleResult> results;
   if (logits.device() == Device::kCuda) {
     if (!device_sampler_ || device_sampler_->max_rows() < static_cast<int64_t>(rows.size())) {
@@ -56,13 +105,16 @@ StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const Schedu
                                DeviceSampler::create(std::max<int64_t>(256, static_cast<int64_t>(rows.size())), vocab));
     }
     std::vector<DeviceSampleRequest> requests;
-    for (const Sequence* seq : rows)
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Sequence* seq = rows[i];
       requests.push_back(make_device_sample_request(seq->params, seq->seed, seq->num_output_tokens()));
+      requests.back().adjustments = row_adjustments(i);
+    }
     return device_sampler_->sample(logits.data<float>(), requests);
   }
   for (size_t i = 0; i < rows.size(); ++i)
     results.push_back(sample_token(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab, rows[i]->params,
-                                   rows[i]->seed, rows[i]->num_output_tokens()));
+                                   rows[i]->seed, rows[i]->num_output_tokens(), row_adjustments(i)));
   return results;
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/sampling_params.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace nucleus {
@@ -13,7 +14,39 @@ Status SamplingParams::validate() const {
   if (top_k < -1) return invalid_argument("top_k must be -1 or 0 (all tokens) or positive, got " + std::to_string(top_k));
   if (logprobs < 0 || logprobs > 20)
     return invalid_argument("logprobs must be in [0, 20], got " + std::to_string(logprobs));
+  if (prompt_logprobs && (*prompt_logprobs < 0 || *prompt_logprobs > 20))
+    return invalid_argument("prompt_logprobs must be in [0, 20], got " + std::to_string(*prompt_logprobs));
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+    return invalid_argument("presence_penalty must be in [-2, 2], got " + std::to_string(presence_penalty));
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+    return invalid_argument("frequency_penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
+  if (!(repetition_penalty > 0.0f) || std::isinf(repetition_penalty))
+    return invalid_argument("repetition_penalty must be a finite number > 0, got " +
+                            std::to_string(repetition_penalty));
+  if (!(min_p >= 0.0f && min_p <= 1.0f))
+    return invalid_argument("min_p must be in [0, 1], got " + std::to_string(min_p));
+  if (min_tokens < 0) return invalid_argument("min_tokens must be >= 0, got " + std::to_string(min_tokens));
+  if (min_tokens > max_tokens)
+    return invalid_argument("min_tokens (" + std::to_string(min_tokens) + ") must be <= max_tokens (" +
+                            std::to_string(max_tokens) + ")");
+  std::vector<int32_t> ids;
+  ids.reserve(logit_bias.size());
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) return invalid_argument("logit_bias token id " + std::to_string(id) + " is negative");
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      return invalid_argument("logit_bias for token id " + std::to_string(id) + " must be in [-100, 100], got " +
+                              std::to_string(bias));
+    ids.push_back(id);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto it = std::adjacent_find(ids.begin(), ids.end()); it != ids.end())
+    return invalid_argument("logit_bias lists token id " + std::to_string(*it) + " twice");
   return ok_status();
+}
+
+bool SamplingParams::adjusts_logits(int64_t output_index) const {
+  return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f || !logit_bias.empty() ||
+         output_index < min_tokens || (min_p > 0.0f && temperature != 0.0f);
 }
 
 }  // namespace nucleus

@@ -6,6 +6,21 @@
 
 namespace nucleus {
 
+namespace {
+// num_new cut so that the sequence's prompt-logprob rows fit `rows_left`,
+// which it then takes from.
+int64_t fit_prompt_logprob_rows(const Sequence& seq, int64_t num_new, int64_t& rows_left) {
+  const int64_t begin = seq.num_computed_tokens;
+  auto [first, last] = seq.prompt_logprob_positions(begin, num_new);
+  if (last - first > rows_left) {
+    last = first + rows_left;
+    num_new = last - begin;
+  }
+  rows_left -= last - first;
+  return num_new;
+}
+}  // namespace
+
 void Scheduler::add(Sequence* seq) {
   seq->status = SeqStatus::kWaiting;
   waiting_.push_back(seq);
@@ -21,12 +36,19 @@ void Scheduler::preempt(Sequence* seq) {
 SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   int64_t budget = config_.max_num_batched_tokens;
+  int64_t prompt_rows = config_.max_prompt_logprob_rows;
 
   // 1. Running sequences, oldest first; preempt from the back when blocks run out.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence* seq = running_[i];
-    const int64_t num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
-    NUCLEUS_CHECK(num_new > 0, "running sequence {} has nothing to compute", seq->seq_id);
+    NUCLEUS_CHECK(seq->num_tokens() > seq->num_computed_tokens, "running sequence {} has nothing to compute",
+                  seq->seq_id);
+    const int64_t num_new =
+        fit_prompt_logprob_rows(*seq, std::min(seq->num_tokens() - seq->num_computed_tokens, budget), prompt_rows);
+    if (num_new == 0) {  // no prompt-logprob rows left this step
+      ++i;
+      continue;
+    }
     bool self_preempted = false;
     while (!blocks_->allocate_slots(*seq, seq->num_computed_tokens + num_new)) {
       Sequence* victim = running_.back();
@@ -49,12 +71,15 @@ SchedulerOutput Scheduler::schedule() {
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
     blocks_->acquire_cached_prefix(*seq);
-    const int64_t num_new = std::min(seq->num_tokens() - seq->num_computed_tokens, budget);
-    if (!blocks_->allocate_slots(*seq, seq->num_computed_tokens + num_new)) {
+    int64_t rows_left = prompt_rows;
+    const int64_t num_new =
+        fit_prompt_logprob_rows(*seq, std::min(seq->num_tokens() - seq->num_computed_tokens, budget), rows_left);
+    if (num_new == 0 || !blocks_->allocate_slots(*seq, seq->num_computed_tokens + num_new)) {
       blocks_->free(*seq);  // give the prefix hits back; try again next step
       break;
     }
     waiting_.pop_front();
+    prompt_rows = rows_left;
     // Prompt tokens served from the cache (a readmitted sequence's hits may
     // also cover generated tokens: those are not prompt tokens).
     seq->num_cached_prompt_tokens = std::min(seq->num_computed_tokens, seq->num_prompt_tokens());

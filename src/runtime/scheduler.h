@@ -6,7 +6,9 @@
 // scheduler): running sequences are served first, in arrival order — each
 // decode takes one token, an unfinished prefill takes its next chunk —
 // then waiting sequences are admitted in arrival order while budget and cap
-// allow, their prompt chunked to what budget is left. Why share: a decode
+// allow, their prompt chunked to what budget is left. A sequence computing
+// prompt logprobs is also chunked to the step's prompt-logprob rows left
+// (max_prompt_logprob_rows), and skipped for the step when none are left. Why share: a decode
 // never waits behind a long prompt (TPOT stays flat under load), and a
 // prompt longer than the budget still progresses every step. The cost is
 // that a mixed step is not a pure-decode step (decode CUDA graphs apply only
@@ -30,9 +32,16 @@
 
 namespace nucleus {
 
+// Logit rows a step may compute for prompt logprobs (besides one sampling
+// row per sequence): a prompt that asks for them is chunked to fit, which
+// bounds the step's logits buffer ([rows, vocab] f32; 256 rows of
+// DeepSeek-V3's 129,280 are 132 MB).
+inline constexpr int64_t kMaxPromptLogprobRows = 256;
+
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 8192;
   int64_t max_num_seqs = 256;
+  int64_t max_prompt_logprob_rows = kMaxPromptLogprobRows;
 };
 
 struct ScheduledSeq {

@@ -1,12 +1,17 @@
 // Sequence: one request's state in the engine.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
+#include "runtime/prompt_logprobs.h"
 #include "runtime/sampler.h"
 #include "runtime/sampling_params.h"
 
@@ -24,6 +29,16 @@ struct Sequence {
   std::vector<int32_t> prompt_token_ids;
   std::vector<int32_t> output_token_ids;
   std::vector<SampleResult> output_samples;  // parallel to output_token_ids (logprobs)
+  // With params.prompt_logprobs: entry p scores prompt token p + 1 (from the
+  // logits of position p); filled as prefill computes them, kept across
+  // preemption.
+  std::vector<TokenLogprobs> prompt_logprobs;
+  // The penalties' history, kept as tokens are appended (append_output), not
+  // recounted per step: occurrences of each generated id, and the prompt's
+  // distinct ids (filled at admission when repetition_penalty != 1; empty:
+  // the sampler reads prompt_token_ids).
+  std::unordered_map<int32_t, int32_t> output_token_counts;
+  std::vector<int32_t> distinct_prompt_ids;
   SamplingParams params;
   uint64_t seed = 0;  // params.seed, or one drawn at arrival
   SeqStatus status = SeqStatus::kWaiting;
@@ -51,6 +66,35 @@ struct Sequence {
     return i < num_prompt_tokens() ? prompt_token_ids[i] : output_token_ids[i - num_prompt_tokens()];
   }
   bool finished() const { return status == SeqStatus::kFinished; }
+  // The positions in [begin, begin + num_new) whose logits score a prompt
+  // token not yet in prompt_logprobs, as [first, last); empty (first ==
+  // last) unless params.prompt_logprobs is set.
+  std::pair<int64_t, int64_t> prompt_logprob_positions(int64_t begin, int64_t num_new) const {
+    if (!params.prompt_logprobs) return {begin, begin};
+    const int64_t first = std::max<int64_t>(begin, static_cast<int64_t>(prompt_logprobs.size()));
+    const int64_t last = std::min(begin + num_new, num_prompt_tokens() - 1);
+    return first < last ? std::pair<int64_t, int64_t>{first, last} : std::pair<int64_t, int64_t>{begin, begin};
+  }
+  // Prompt logprobs are asked for and not all computed yet.
+  bool needs_prompt_logprobs() const {
+    return params.prompt_logprobs && static_cast<int64_t>(prompt_logprobs.size()) < num_prompt_tokens() - 1;
+  }
+
+  // Appends a sampled token (with its logprobs) and counts it.
+  void append_output(SampleResult r) {
+    output_token_ids.push_back(r.token);
+    ++output_token_counts[r.token];
+    output_samples.push_back(std::move(r));
+  }
+  // The history the sampler's penalties and min_tokens read.
+  SampleHistory sample_history(std::span<const int32_t> eos_ids) const {
+    SampleHistory h;
+    h.prompt_ids = distinct_prompt_ids.empty() ? std::span<const int32_t>(prompt_token_ids)
+                                               : std::span<const int32_t>(distinct_prompt_ids);
+    h.output_counts = &output_token_counts;
+    h.eos_ids = eos_ids;
+    return h;
+  }
 };
 
 }  // namespace nucleus

@@ -35,6 +35,9 @@ Generation::Generation(AsyncEngine& engine, const Tokenizer* tokenizer, ServerMe
       request_id_(std::move(request_id)),
       request_(request),
       arrival_time_(arrival_time) {
+  // The output parsers' markers stay in the text whatever skip_special_tokens says.
+  const std::vector<int32_t> markers =
+      tokenizer_ && request_.parsing.any() ? marker_token_ids(*tokenizer_, request_.parsing) : std::vector<int32_t>{};
   for (size_t p = 0; p < request_.prompts.size(); ++p) {
     prompt_tokens_ += static_cast<int64_t>(request_.prompts[p].token_ids.size());
     for (int i = 0; i < request_.n; ++i) {
@@ -46,6 +49,7 @@ Generation::Generation(AsyncEngine& engine, const Tokenizer* tokenizer, ServerMe
         c.detok = std::make_unique<IncrementalDetokenizer>(*tokenizer_, request_.params.stop,
                                                            request_.skip_special_tokens,
                                                            request_.include_stop_str_in_output);
+      if (c.detok && !markers.empty()) c.detok->keep_special(markers);
       c.pending.index = c.index;
       choices_.push_back(std::move(c));
     }
@@ -116,7 +120,9 @@ std::vector<ChoiceDelta> Generation::next(double timeout_s) {
     }
     for (const auto& e : events) consume(e);
     for (auto& c : choices_) {
-      if (c.pending.text.empty() && c.pending.token_ids.empty() && c.pending.finish_reason.empty()) continue;
+      if (c.pending.text.empty() && c.pending.token_ids.empty() && c.pending.finish_reason.empty() &&
+          c.pending.prompt_logprobs.empty())
+        continue;
       out.push_back(std::move(c.pending));
       c.pending = ChoiceDelta{};
       c.pending.index = c.index;
@@ -136,7 +142,10 @@ void Generation::consume(const OutputEvent& e) {
   Choice& c = choices_[e.index];
   if (c.done) return;  // tokens that raced a stop-string abort
   const RequestOutput& o = e.output;
-  for (size_t k = 0; k < o.new_token_ids.size(); ++k) {
+  if (!o.prompt_logprobs.empty()) c.pending.prompt_logprobs = o.prompt_logprobs;
+  // echo with max_tokens 0: the token the engine had to sample is dropped.
+  const size_t num_new = request_.echo_only ? 0 : o.new_token_ids.size();
+  for (size_t k = 0; k < num_new; ++k) {
     ++c.num_tokens;
     if (c.first_token_time == 0.0)
       c.first_token_time = e.time;

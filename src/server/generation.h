@@ -32,6 +32,9 @@ struct ChoiceDelta {
   std::string text;
   std::vector<int32_t> token_ids;      // the new tokens; filled only without a tokenizer (--skip-tokenizer-init)
   std::vector<TokenLogprob> logprobs;  // the tokens consumed for `text` (when requested)
+  // params.prompt_logprobs: entry p scores prompt token p + 1; in the
+  // choice's first delta.
+  std::vector<TokenLogprobs> prompt_logprobs;
   std::string finish_reason;           // set in the choice's last delta: "stop", "length", "abort", "error"
   Status error;                        // with finish_reason "error": why the engine failed the choice
 };

@@ -85,6 +85,9 @@ HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer
   model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;
   model_info_.limits = config_.requests;
+  model_info_.tool_call_parser = config_.tool_call_parser;
+  model_info_.enable_auto_tool_choice = config_.enable_auto_tool_choice;
+  model_info_.reasoning_parser = config_.reasoning_parser;
   model_info_.limits.max_elements = std::max<int64_t>(model_info_.max_model_len, 4096);
   if (tokenizer_) {  // structured output: the vocabulary as the grammar compiler sees it
     auto compiler = GrammarCompiler::create(*tokenizer_, model_info_.vocab_size, engine_.config().eos_token_ids);
@@ -200,7 +203,7 @@ void HttpServer::handle_generation(const std::string& body, bool chat, HttpRespo
         builder.add(d);
         continue;
       }
-      out += event(builder.chunk(d));
+      for (const auto& c : builder.chunks(d)) out += event(c);
       if (!d.error.ok()) out += event(generation_error(d.error).body());  // a failed step: an OpenAI error event
     }
     if (!out.empty() && !res.write_chunk(out)) return;

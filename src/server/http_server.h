@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ struct ServerConfig {
   std::string model_dir;   // reported as "root" in /v1/models
   HttpLimits http;          // connections, timeouts, body and header sizes
   RequestLimits requests;   // JSON depth, choices, stop lists
+  // Chat output parsing (docs/server.md, "Tool calls and reasoning"):
+  // --tool-call-parser, --enable-auto-tool-choice, --reasoning-parser.
+  std::optional<ToolCallFormat> tool_call_parser;
+  bool enable_auto_tool_choice = false;
+  bool reasoning_parser = false;
   // On shutdown: how long in-flight requests may run before they are aborted.
   double shutdown_timeout_s = 30.0;
 };

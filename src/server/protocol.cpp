@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 #include "server/structured_output_request.h"
 
@@ -73,6 +75,14 @@ int64_t get_int_in(const json& body, const char* name, int64_t lo, int64_t hi, i
   return *v;
 }
 
+// A number in [lo, hi] as a float, or `fallback` when absent.
+float get_float_in(const json& body, const char* name, double lo, double hi, float fallback) {
+  auto v = get_number(body, name);
+  if (!v) return fallback;
+  if (!(*v >= lo && *v <= hi)) refuse(name, fmt::format("'{}' must be in [{}, {}], got {}", name, lo, hi, *v));
+  return static_cast<float>(*v);
+}
+
 std::vector<std::string> get_stop(const json& body, const RequestLimits& limits) {
   const json* f = field(body, "stop");
   std::vector<std::string> out;
@@ -99,6 +109,41 @@ std::vector<std::string> get_stop(const json& body, const RequestLimits& limits)
     refuse("stop", "'stop' strings hold " + std::to_string(bytes) + " bytes together; at most " +
                        std::to_string(limits.max_stop_bytes) + " are allowed (--max-stop-bytes)");
   return out;
+}
+
+// 'logit_bias': {"<token id>": bias}. Biases are clamped to [-100, 100] as
+// vLLM does (OpenAI's documented range); ids must be model rows, as vLLM
+// checks them against the model's vocabulary size.
+std::vector<std::pair<int32_t, float>> get_logit_bias(const json& body, int64_t vocab_size) {
+  const json* f = field(body, "logit_bias");
+  std::vector<std::pair<int32_t, float>> out;
+  std::unordered_set<int64_t> seen;  // "7" and "007" are one id
+  if (!f) return out;
+  if (!f->is_object()) refuse("logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+  for (const auto& [key, value] : f->items()) {
+    int64_t id = -1;
+    const char* begin = key.data();
+    const char* end = key.data() + key.size();
+    const auto [ptr, ec] = std::from_chars(begin, end, id);
+    if (key.empty() || ec != std::errc() || ptr != end)
+      refuse("logit_bias", "'logit_bias' key '" + key + "' is not a token id (an integer)");
+    if (id < 0 || id >= vocab_size)
+      refuse("logit_bias", "'logit_bias' token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                               std::to_string(vocab_size) + ")");
+    if (!value.is_number())
+      refuse("logit_bias", "'logit_bias' for token id " + key + " must be a number, got " + value.dump());
+    if (!seen.insert(id).second) refuse("logit_bias", "'logit_bias' names token id " + std::to_string(id) + " twice");
+    const double bias = std::clamp(value.get<double>(), -100.0, 100.0);
+    out.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return out;
+}
+
+// 'min_tokens' may not exceed max_tokens (vLLM's check, once max_tokens is known).
+void check_min_tokens(const GenerationRequest& r) {
+  if (r.params.min_tokens > r.params.max_tokens)
+    refuse("min_tokens", "'min_tokens' (" + std::to_string(r.params.min_tokens) + ") must be <= max_tokens (" +
+                             std::to_string(r.params.max_tokens) + ")");
 }
 
 // 'model', when given, must be a served name (else 404 model_not_found).
@@ -164,19 +209,18 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   }
   r.skip_special_tokens = get_bool(body, "skip_special_tokens", true);
   r.include_stop_str_in_output = get_bool(body, "include_stop_str_in_output", false);
-  // Accepted only at their neutral values: the sampler has no penalties.
-  for (const char* name : {"presence_penalty", "frequency_penalty"})
-    if (auto v = get_number(body, name); v && *v != 0.0)
-      refuse(name, std::string("'") + name + "' is not supported (only 0)");
-  if (auto v = get_number(body, "repetition_penalty"); v && *v != 1.0)
-    refuse("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
-  if (const json* lb = field(body, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    refuse("logit_bias", "'logit_bias' is not supported");
-  if (get_int_in(body, "min_tokens", 0, INT32_MAX, 0) != 0)
-    refuse("min_tokens", "'min_tokens' is not supported (only 0)");
+  // vLLM's logit processors (runtime/sampling_params.h; ranges as vLLM's).
+  p.presence_penalty = get_float_in(body, "presence_penalty", -2.0, 2.0, 0.0f);
+  p.frequency_penalty = get_float_in(body, "frequency_penalty", -2.0, 2.0, 0.0f);
+  if (auto v = get_number(body, "repetition_penalty")) {
+    if (!(*v > 0.0 && static_cast<float>(*v) > 0.0f && std::isfinite(static_cast<float>(*v))))
+      refuse("repetition_penalty", fmt::format("'repetition_penalty' must be a finite number > 0, got {}", *v));
+    p.repetition_penalty = static_cast<float>(*v);
+  }
+  p.min_p = get_float_in(body, "min_p", 0.0, 1.0, 0.0f);
+  p.min_tokens = static_cast<int32_t>(get_int_in(body, "min_tokens", 0, INT32_MAX, 0));
+  p.logit_bias = get_logit_bias(body, model.vocab_size);
   if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
-  // Served by vLLM but not (yet) here: refused by name rather than ignored.
-  if (auto v = get_number(body, "min_p"); v && *v != 0.0) refuse("min_p", "'min_p' is not supported (only 0)");
 }
 
 // response_format / structured_outputs / guided_*: compiled last, once the
@@ -281,8 +325,13 @@ void set_max_tokens(const json& body, std::initializer_list<const char*> fields,
       name = f;
       break;
     }
+  if (max_tokens && *max_tokens == 0 && r.echo) {  // the prompt only (vLLM, as OpenAI's API did)
+    r.echo_only = true;
+    max_tokens = 1;
+  }
   if (max_tokens && *max_tokens < 1)
-    refuse(name, std::string("'") + name + "' must be >= 1, got " + std::to_string(*max_tokens));
+    refuse(name, std::string("'") + name + "' must be >= 1" + (r.chat ? "" : " (or 0 with 'echo')") + ", got " +
+                     std::to_string(*max_tokens));
   int64_t longest = 0;
   for (const auto& p : r.prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.token_ids.size()));
   const int64_t limit = model.max_model_len;
@@ -401,6 +450,30 @@ Prompt render_chat(const json& body, const std::string& text, const ModelInfo& m
   return p;
 }
 
+// The parsers a chat request's output goes through (vLLM's rules): the
+// reasoning parser when the server has one; the tool-call parser for a
+// request with tools whose tool_choice is "auto" (the default with tools),
+// which needs --enable-auto-tool-choice besides --tool-call-parser. Without
+// a parser, tools are only rendered into the prompt and the output is text.
+// "required" and named functions need guided decoding: refused.
+OutputParsing output_parsing(const json& body, const ModelInfo& model) {
+  OutputParsing p;
+  p.reasoning = model.reasoning_parser;
+  const json* tc = field(body, "tool_choice");
+  if (tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
+    refuse("tool_choice", "'tool_choice' may only be \"auto\" or \"none\": a required or named tool call needs "
+                          "guided decoding, which this server does not have");
+  const json* tools = field(body, "tools");
+  if (tools && !tools->is_array()) refuse("tools", "'tools' must be a list of tools");
+  p.parallel_tool_calls = get_bool(body, "parallel_tool_calls", true);
+  if (tools && !tools->empty() && (!tc || *tc == "auto") && model.tool_call_parser) {
+    if (!model.enable_auto_tool_choice)
+      refuse("tool_choice", "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
+    p.tool_calls = model.tool_call_parser;
+  }
+  return p;
+}
+
 }  // namespace
 
 std::variant<GenerationRequest, ApiError> parse_completion_request(const std::string& text, const ModelInfo& model) {
@@ -417,10 +490,18 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
       r.logprobs = true;
       r.params.logprobs = static_cast<int32_t>(get_int_in(body, "logprobs", 0, 20, 0));
     }
-    if (r.echo && r.logprobs)
-      refuse("echo", "'echo' together with 'logprobs' is not supported: prompt logprobs are not computed");
-    if (!model.tokenizer && r.logprobs)
-      refuse("logprobs", "'logprobs' needs a tokenizer and this server runs with --skip-tokenizer-init");
+    if (field(body, "prompt_logprobs")) {
+      r.prompt_logprobs = static_cast<int32_t>(get_int_in(body, "prompt_logprobs", 0, 20, 0));
+      if (r.stream) refuse("prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
+    }
+    if (!model.tokenizer && (r.logprobs || r.prompt_logprobs))
+      refuse(r.logprobs ? "logprobs" : "prompt_logprobs",
+             std::string("'") + (r.logprobs ? "logprobs" : "prompt_logprobs") +
+                 "' needs a tokenizer and this server runs with --skip-tokenizer-init");
+    // What the engine computes for the prompt: echo with logprobs reports the
+    // prompt's tokens with the same top-N as the generated ones (as vLLM).
+    if (r.echo && r.logprobs) r.params.prompt_logprobs = r.params.logprobs;
+    if (r.prompt_logprobs) r.params.prompt_logprobs = std::max(r.params.prompt_logprobs.value_or(0), *r.prompt_logprobs);
     if (!model.tokenizer && !r.params.stop.empty())
       refuse("stop", "stop strings need a tokenizer and this server runs with --skip-tokenizer-init");
     r.prompts = parse_prompts(body, model, r.skip_special_tokens);
@@ -428,6 +509,7 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
       refuse("prompt", "prompts x n = " + std::to_string(r.prompts.size() * r.n) + " exceeds the limit of " +
                            std::to_string(model.limits.max_choices) + " completions per request (--max-choices)");
     set_max_tokens(body, {"max_tokens"}, 16, model, r);
+    check_min_tokens(r);
     r.params.grammar = structured_output(body, text, model);
     return r;
   } catch (const Refusal& e) {
@@ -443,17 +525,18 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     parse_common(body, model, r);
     r.logprobs = get_bool(body, "logprobs", false);
     if (get_bool(body, "echo", false)) refuse("echo", "'echo' is not supported for chat completions");
+    if (field(body, "prompt_logprobs"))
+      refuse("prompt_logprobs", "'prompt_logprobs' is not supported for chat completions; use /v1/completions");
     if (get_bool(body, "continue_final_message", false))
       refuse("continue_final_message", "'continue_final_message' is not supported");
     if (field(body, "reasoning_effort")) refuse("reasoning_effort", "'reasoning_effort' is not supported");
-    if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
-      refuse("tool_choice", "'tool_choice' may only be \"auto\" or \"none\": no tool-call parser yet, so a "
-                            "required or named tool call cannot be enforced");
+    r.parsing = output_parsing(body, model);
     r.params.logprobs = static_cast<int32_t>(get_int_in(body, "top_logprobs", 0, 20, 0));
     if (r.params.logprobs > 0 && !r.logprobs) refuse("top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
     Prompt p = render_chat(body, text, model);
     r.prompts.push_back(std::move(p));
     set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
+    check_min_tokens(r);
     r.params.grammar = structured_output(body, text, model);
     return r;
   } catch (const Refusal& e) {

@@ -16,6 +16,7 @@
 #include "io/tokenizer.h"
 #include "runtime/sampling_params.h"
 #include "runtime/structured_output.h"
+#include "server/message_parser.h"
 
 namespace nucleus::server {
 
@@ -59,6 +60,11 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none
   RequestLimits limits;                         // the server's per-request limits
+  // Chat output parsing: `serve --tool-call-parser`, `--enable-auto-tool-choice`,
+  // `--reasoning-parser deepseek_r1` (docs/server.md, "Tool calls and reasoning").
+  std::optional<ToolCallFormat> tool_call_parser;
+  bool enable_auto_tool_choice = false;
+  bool reasoning_parser = false;
   // Compiles response_format / structured_outputs; null: such requests are
   // refused (no tokenizer, or a build without xgrammar).
   const GrammarCompiler* grammar_compiler = nullptr;
@@ -78,9 +84,17 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;           // completions: prepend the prompt to the text
-  bool logprobs = false;       // report per-token logprobs (params.logprobs: top-N)
+  // Completions, echo with max_tokens 0: the prompt only (the engine samples
+  // one token, which is dropped, as vLLM does).
+  bool echo_only = false;
+  bool logprobs = false;       // report per-token logprobs (params.logprobs: top-N); with echo, the prompt's too
+  // vLLM's prompt_logprobs (completions, not streamed): the choice's
+  // 'prompt_logprobs' with this top-N. params.prompt_logprobs is what the
+  // engine computes for this and for echo with logprobs together.
+  std::optional<int32_t> prompt_logprobs;
   bool skip_special_tokens = true;
   bool include_stop_str_in_output = false;
+  OutputParsing parsing;  // chat: the parsers the output goes through (reasoning, tool calls)
 };
 
 // Returns the parsed request, or the error to send. `body` is the raw HTTP

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "io/tokenizer.h"
 #include "server/generation.h"
+#include "server/message_parser.h"
 #include "server/protocol.h"
 
 namespace nucleus::server {
@@ -32,8 +34,13 @@ class ResponseBuilder {
   // Streaming: the chunks to send before any token (chat: the assistant role
   // per choice; completions with echo: the prompt per choice). May be empty.
   std::vector<nlohmann::json> opening_chunks() const;
-  // Streaming: one chunk for one delta.
-  nlohmann::json chunk(const ChoiceDelta& delta);
+  // Streaming: the chunks for one delta. One, unless the request's output
+  // is parsed (chat with --reasoning-parser or a tool-call parser): then
+  // reasoning and content share a chunk, each tool-call piece has its own
+  // (as vLLM streams them), and a delta whose text the parsers hold back
+  // (a possible partial marker) gives none unless it finishes the choice or
+  // carries logprobs.
+  std::vector<nlohmann::json> chunks(const ChoiceDelta& delta);
   // Streaming, stream_options.include_usage: the last chunk, "choices": [].
   nlohmann::json usage_chunk(int64_t prompt_tokens, int64_t completion_tokens) const;
 
@@ -47,9 +54,29 @@ class ResponseBuilder {
     std::string finish_reason;
     std::vector<int32_t> token_ids;  // without a tokenizer only
     nlohmann::json logprobs;  // accumulated (non-streaming)
-    int64_t text_offset = 0;  // completions logprobs: bytes of text before the next token
+    // Completions logprobs: characters (code points, as Python's len counts
+    // them) of the choice's text before the next token, as vLLM counts.
+    int64_t text_offset = 0;
+    bool echoed = false;             // echo with logprobs: the prompt (its text, its logprobs) went out
+    nlohmann::json prompt_logprobs;  // request.prompt_logprobs: the choice's 'prompt_logprobs'
+    // Chat with output parsing: the parsers, and what they made of the text
+    // (non-streaming); `text` holds the content then.
+    std::unique_ptr<MessageParser> parser;
+    std::string reasoning;
+    nlohmann::json tool_calls = nlohmann::json::array();
   };
-  nlohmann::json logprobs_json(const std::vector<TokenLogprob>& entries, ChoiceState& c) const;
+  nlohmann::json chunk(const ChoiceDelta& delta);
+  nlohmann::json parsed_message(const ChoiceState& c) const;
+  // Runs the choice's parsers on the delta; sets `finish_reason` (a choice
+  // that stopped after tool calls finishes with "tool_calls").
+  MessageDelta parse(ChoiceState& c, const ChoiceDelta& d, std::string& finish_reason) const;
+  nlohmann::json logprobs_json(const ChoiceDelta& delta, ChoiceState& c) const;
+  // Completions with echo and logprobs: the prompt's tokens are reported
+  // before the generated ones (the first with null logprobs).
+  bool echo_logprobs() const { return !request_.chat && request_.echo && request_.logprobs; }
+  // vLLM's choice-level prompt_logprobs: [null, {"<id>": {"logprob", "rank",
+  // "decoded_token"}}, ...], the prompt token and the top-N of each position.
+  nlohmann::json prompt_logprobs_json(const std::vector<TokenLogprobs>& entries) const;
   nlohmann::json base(const char* object) const;
   std::string echo_text(int index) const;
 

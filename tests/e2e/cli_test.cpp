@@ -90,6 +90,33 @@ TEST(CliTest, SeededSamplingIsRepeatable) {
   EXPECT_EQ(json_lines(a.out)[0]["token_ids"].size(), 16u);
 }
 
+// vLLM's sampling flags reach the sampler: a +100 bias forces its token,
+// --min-tokens holds back a biased EOS (id 1), --min-p 1 samples greedily,
+// the penalties change the greedy continuation.
+TEST(CliTest, SamplingFlagsAreHonoured) {
+  json cases = ref_cases()["tiny-dsv3"];
+  const std::string dir = testing::make_temp_dir("nucleus_cli_sampling");
+  std::ofstream(dir + "/p.jsonl") << json{{"prompt_token_ids", cases[0]["prompt_token_ids"]}}.dump() << "\n";
+  const std::string base = "generate --device cpu --model " + testing::model_path("tiny-dsv3") + " --prompts " + dir +
+                           "/p.jsonl --json --max-tokens 12 ";
+  auto tokens = [&](const std::string& flags) {
+    RunResult r = run(base + flags);
+    EXPECT_EQ(r.status, 0) << flags << "\n" << r.out;
+    auto lines = json_lines(r.out);
+    return lines.empty() ? json() : lines[0]["token_ids"];
+  };
+  const json greedy = tokens("--ignore-eos");
+  ASSERT_EQ(greedy.size(), 12u);
+  EXPECT_EQ(tokens("--ignore-eos --logit-bias 42:100"), json(std::vector<int>(12, 42)));
+  EXPECT_EQ(tokens("--logit-bias 1:100"), json({1}));
+  const json held = tokens("--logit-bias 1:100 --min-tokens 4");
+  ASSERT_EQ(held.size(), 5u);
+  EXPECT_EQ(held[4], 1);
+  EXPECT_EQ(tokens("--ignore-eos --temperature 1.5 --seed 3 --min-p 1"), greedy);
+  EXPECT_NE(tokens("--ignore-eos --repetition-penalty 3"), greedy);
+  EXPECT_NE(tokens("--ignore-eos --presence-penalty 2 --frequency-penalty 2"), greedy);
+}
+
 // --skip-tokenizer-init: token ids in, token ids out, the same ids as with
 // the tokenizer.
 TEST(CliTest, SkipTokenizerInitTakesAndGivesTokenIds) {
@@ -223,6 +250,13 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"generate --device cpu --prompts " + dir + "/wide_id.jsonl", 2, "4294967301, not a token id"},
       {"generate --device cpu --prompts " + dir + "/negative_id.jsonl", 2, "-4294967291, not a token id"},
       {"generate --device cpu --seed -1", 2, "--seed"},
+      {"generate --device cpu --presence-penalty 3", 2, "presence_penalty"},
+      {"generate --device cpu --frequency-penalty -3", 2, "frequency_penalty"},
+      {"generate --device cpu --repetition-penalty 0", 2, "repetition_penalty"},
+      {"generate --device cpu --min-p 1.5", 2, "min_p"},
+      {"generate --device cpu --min-tokens 100 --max-tokens 10", 2, "min_tokens"},
+      {"generate --device cpu --logit-bias 42", 2, "--logit-bias '42'"},
+      {"generate --device cpu --logit-bias 42:200", 2, "logit_bias"},
       {"generate --device cpu --prompts " + dir + "/fifo.jsonl", 2, "FIFO"},  // refused, never read forever
       {"generate --device cpu --prompts " + dir + "/huge.jsonl", 1, "encode to more than"},  // before encoding
       {"generate --device cpu --block-size 0", 2, "--block-size"},

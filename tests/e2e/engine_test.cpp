@@ -5,7 +5,9 @@
 // while the others finish.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -171,6 +173,102 @@ TEST(EngineTest, StopsOnEosUnlessIgnored) {
   ASSERT_GE(out.size(), 1u);
   EXPECT_EQ(out.back(), cases[0].greedy[2]);
   EXPECT_LE(out.size(), 3u);
+}
+
+// Runs one request to completion: its tokens and finish reason.
+std::pair<std::vector<int32_t>, FinishReason> run_one(LLMEngine& e, const std::vector<int32_t>& prompt,
+                                                      const SamplingParams& p) {
+  Status s = e.add_request("one", prompt, p);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  std::vector<int32_t> out;
+  FinishReason reason = FinishReason::kNone;
+  while (e.has_unfinished())
+    for (const auto& o : e.step()) {
+      out.insert(out.end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) reason = o.finish_reason;
+    }
+  return {out, reason};
+}
+
+// vLLM's logit processors through the engine (tiny-dsv3, EOS id 1).
+TEST(EngineTest, LogitBiasForcesAToken) {
+  auto e = LLMEngine::create(load(), small_config(8192));
+  ASSERT_TRUE(e.ok());
+  auto cases = ref_cases("tiny-dsv3");
+  SamplingParams p = greedy(8);
+  p.logit_bias = {{42, 100.0f}};
+  EXPECT_EQ(run_one(**e, cases[0].prompt, p).first, std::vector<int32_t>(8, 42));
+  p.temperature = 1.0f;  // sampled rows too
+  p.seed = 7;
+  EXPECT_EQ(run_one(**e, cases[0].prompt, p).first, std::vector<int32_t>(8, 42));
+  // An id past the vocabulary is refused, naming it.
+  p.logit_bias = {{5000, 1.0f}};
+  Status s = (*e)->add_request("bad", cases[0].prompt, p);
+  EXPECT_NE(s.message().find("logit_bias token id 5000"), std::string::npos) << s.to_string();
+}
+
+TEST(EngineTest, MinTokensDelaysEos) {
+  auto e = LLMEngine::create(load(), small_config(8192));
+  ASSERT_TRUE(e.ok());
+  auto cases = ref_cases("tiny-dsv3");
+  SamplingParams p = greedy(16);
+  p.ignore_eos = false;
+  p.logit_bias = {{1, 100.0f}};  // EOS would be the first token
+  auto [out, reason] = run_one(**e, cases[0].prompt, p);
+  EXPECT_EQ(out, std::vector<int32_t>{1});
+  EXPECT_EQ(reason, FinishReason::kStop);
+  p.min_tokens = 5;
+  std::tie(out, reason) = run_one(**e, cases[0].prompt, p);
+  ASSERT_EQ(out.size(), 6u);
+  for (int i = 0; i < 5; ++i) EXPECT_NE(out[i], 1) << i;
+  EXPECT_EQ(out[5], 1);
+  EXPECT_EQ(reason, FinishReason::kStop);
+  // stop_token_ids are masked too.
+  p.logit_bias = {{42, 100.0f}};
+  p.stop_token_ids = {42};
+  p.min_tokens = 3;
+  std::tie(out, reason) = run_one(**e, cases[0].prompt, p);
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_NE(out[2], 42);
+  EXPECT_EQ(out[3], 42);
+}
+
+TEST(EngineTest, PenaltiesChangeGreedyOutput) {
+  auto e = LLMEngine::create(load(), small_config(8192));
+  ASSERT_TRUE(e.ok());
+  auto cases = ref_cases("tiny-dsv3");
+  for (size_t ci = 0; ci < 2; ++ci) {
+    const auto& ref = cases[ci];
+    // Neutral values: the reference.
+    SamplingParams p = greedy(static_cast<int>(ref.greedy.size()));
+    p.repetition_penalty = 1.0f;
+    EXPECT_EQ(run_one(**e, ref.prompt, p).first, ref.greedy);
+    p.repetition_penalty = 3.0f;
+    const auto rep = run_one(**e, ref.prompt, p).first;
+    EXPECT_NE(rep, ref.greedy) << "case " << ci;
+    p.repetition_penalty = 1.0f;
+    p.presence_penalty = 2.0f;
+    p.frequency_penalty = 2.0f;
+    const auto freq = run_one(**e, ref.prompt, p).first;
+    EXPECT_NE(freq, ref.greedy) << "case " << ci;
+    // Penalized output repeats less: count distinct tokens.
+    auto distinct = [](std::vector<int32_t> v) {
+      std::sort(v.begin(), v.end());
+      return std::unique(v.begin(), v.end()) - v.begin();
+    };
+    EXPECT_GE(distinct(freq), distinct(ref.greedy)) << "case " << ci;
+  }
+}
+
+TEST(EngineTest, MinPOneIsGreedy) {
+  auto e = LLMEngine::create(load(), small_config(8192));
+  ASSERT_TRUE(e.ok());
+  auto cases = ref_cases("tiny-dsv3");
+  SamplingParams p = greedy(static_cast<int>(cases[1].greedy.size()));
+  p.temperature = 1.5f;
+  p.min_p = 1.0f;  // only the most likely token survives
+  p.seed = 3;
+  EXPECT_EQ(run_one(**e, cases[1].prompt, p).first, cases[1].greedy);
 }
 
 // Expanded and absorbed attention agree on full prompts and on decode steps.

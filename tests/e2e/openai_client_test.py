@@ -44,12 +44,13 @@ def free_port():
 class Server:
     """`nucleus serve` on a free loopback port, logging to a temporary file."""
 
-    def __init__(self, model=None):
+    def __init__(self, model=None, extra_args=()):
         self.port = free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="nucleus_serve_", suffix=".log", delete=False)
         model = model or os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "tiny-dsv3")
         self.proc = subprocess.Popen(
-            [os.environ["NUCLEUS_BIN"], "serve", "--device", "cpu", "--model", model, "--port", str(self.port)],
+            [os.environ["NUCLEUS_BIN"], "serve", "--device", "cpu", "--model", model, "--port", str(self.port)]
+            + list(extra_args),
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -62,6 +63,12 @@ class Server:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("server did not become healthy:\n" + self.output())
+
+    def post(self, path, body):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
 
     def output(self):
         with open(self.log.name, errors="replace") as f:
@@ -129,6 +136,38 @@ class OpenAIClientTest(unittest.TestCase):
             for ch in c.choices:
                 streamed[ch.index] += ch.text
         self.assertEqual([c.text for c in whole.choices], [streamed[0], streamed[1]])
+
+    def test_completion_echo_logprobs(self):
+        # lm-eval's loglikelihood request (echo, logprobs 1, max_tokens 1), max_tokens 0, and
+        # vLLM's prompt_logprobs; offsets in characters (Python's len of each token).
+        case = self.cases[0]
+        ids = case["prompt_token_ids"]
+        r = self.client.completions.create(model="tiny-dsv3", prompt=ids, echo=True, logprobs=1, max_tokens=1,
+                                           temperature=0)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.tokens), len(ids) + 1)
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertTrue(all(x <= 0 for x in lp.token_logprobs[1:]))
+        self.assertEqual(r.choices[0].text[:len(case["prompt"])], case["prompt"])
+        only = self.client.completions.create(model="tiny-dsv3", prompt=ids, echo=True, logprobs=1, max_tokens=0,
+                                              extra_body={"prompt_logprobs": 0})
+        self.assertEqual(only.choices[0].logprobs.token_logprobs, lp.token_logprobs[:-1])
+        self.assertEqual(only.choices[0].text, case["prompt"])
+        self.assertEqual(only.usage.completion_tokens, 0)
+        plp = only.choices[0].model_extra["prompt_logprobs"]
+        self.assertEqual([None] + [plp[i][str(ids[i])]["logprob"] for i in range(1, len(ids))], lp.token_logprobs[:-1])
+        text = "Zürich 日本 😀"
+        g = self.client.completions.create(model="tiny-dsv3", prompt=text, echo=True, logprobs=0, max_tokens=0)
+        glp = g.choices[0].logprobs
+        offset = 0  # the BOS (special, skipped) takes no room
+        for i, tok in enumerate(glp.tokens):
+            self.assertEqual(glp.text_offset[i], offset)
+            if i > 0:
+                offset += len(tok.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+        # A character split across tokens counts once per piece (each piece is a U+FFFD), as in vLLM;
+        # ASCII text adds up to the text.
+        self.assertGreaterEqual(offset, len(text))
+        self.assertEqual(lp.text_offset[-1], len(case["prompt"]))
 
     def test_chat(self):
         messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def f(x):"}]
@@ -277,6 +316,74 @@ class OpenAIClientTest(unittest.TestCase):
         with self.assertRaises(self.openai.BadRequestError):
             self.client.chat.completions.create(model="tiny-dsv3", messages=[], max_tokens=4)
 
+    def detokenize(self, ids):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.server.port}/detokenize",
+                                     data=json.dumps({"tokens": ids}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())["prompt"]
+
+    def test_sampling_parameters_are_honoured(self):
+        # vLLM's semantics; OpenAI's own parameters (presence_penalty, frequency_penalty, logit_bias) as
+        # the client's arguments, vLLM's extensions (repetition_penalty, min_tokens, min_p) in extra_body.
+        case = self.cases[0]
+        base = dict(model="tiny-dsv3", prompt=case["prompt"], max_tokens=32, temperature=0)
+        ignore_eos = {"ignore_eos": True}
+        # logit_bias +100 forces a token, greedy and sampled, completions and chat.
+        forced = self.detokenize([42] * 8)
+        r = self.client.completions.create(**dict(base, max_tokens=8), logit_bias={"42": 100}, extra_body=ignore_eos)
+        self.assertEqual(r.choices[0].text, forced)
+        r = self.client.completions.create(**dict(base, max_tokens=8, temperature=1.0), seed=5,
+                                           logit_bias={"42": 100}, extra_body=ignore_eos)
+        self.assertEqual(r.choices[0].text, forced)
+        c = self.client.chat.completions.create(model="tiny-dsv3", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=8, temperature=0, logit_bias={"42": 100},
+                                                extra_body=ignore_eos)
+        self.assertEqual(c.choices[0].message.content, forced)
+        # Penalties change the greedy continuation; neutral values leave it alone.
+        r = self.client.completions.create(**base, presence_penalty=0, frequency_penalty=0,
+                                           extra_body={"ignore_eos": True, "repetition_penalty": 1, "min_p": 0})
+        self.assertEqual(r.choices[0].text, case["greedy_text"])
+        for kw in (dict(presence_penalty=2.0), dict(frequency_penalty=2.0),
+                   dict(extra_body={"ignore_eos": True, "repetition_penalty": 3.0})):
+            kw.setdefault("extra_body", ignore_eos)
+            r = self.client.completions.create(**base, **kw)
+            self.assertNotEqual(r.choices[0].text, case["greedy_text"], kw)
+            self.assertEqual(r.usage.completion_tokens, 32)
+        # min_tokens holds EOS (id 1, biased to come first) back; the stream agrees.
+        eos_first = dict(base, max_tokens=16, logit_bias={"1": 100})
+        r = self.client.completions.create(**eos_first)
+        self.assertEqual((r.usage.completion_tokens, r.choices[0].finish_reason), (1, "stop"))
+        r = self.client.completions.create(**eos_first, extra_body={"min_tokens": 4})
+        self.assertEqual((r.usage.completion_tokens, r.choices[0].finish_reason), (5, "stop"))
+        chunks = list(self.client.completions.create(**eos_first, stream=True, extra_body={"min_tokens": 4}))
+        self.assertEqual("".join(ch.choices[0].text for ch in chunks if ch.choices), r.choices[0].text)
+        # min_p 1 keeps only the most likely token: sampling equals greedy.
+        r = self.client.completions.create(**dict(base, temperature=1.5), seed=9,
+                                           extra_body={"ignore_eos": True, "min_p": 1.0})
+        self.assertEqual(r.choices[0].text, case["greedy_text"])
+
+    def test_sampling_parameter_errors_name_the_parameter(self):
+        cases = [
+            (dict(presence_penalty=2.5), "presence_penalty"),
+            (dict(frequency_penalty=-3), "frequency_penalty"),
+            (dict(logit_bias={"99999": 1}), "logit_bias"),
+            (dict(extra_body={"repetition_penalty": 0}), "repetition_penalty"),
+            (dict(extra_body={"min_p": 2}), "min_p"),
+            (dict(extra_body={"min_tokens": 9}), "min_tokens"),
+        ]
+        for kw, param in cases:
+            with self.assertRaises(self.openai.BadRequestError, msg=param) as e:
+                self.client.completions.create(model="tiny-dsv3", prompt="x", max_tokens=8, **kw)
+            self.assertEqual(e.exception.status_code, 400)
+            self.assertEqual(e.exception.body.get("param"), param)
+            if param == "logit_bias":
+                self.assertIn("99999", e.exception.body.get("message"))
+        with self.assertRaises(self.openai.BadRequestError) as e:
+            self.client.chat.completions.create(model="tiny-dsv3", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, extra_body={"min_tokens": 5})
+        self.assertEqual(e.exception.body.get("param"), "min_tokens")
+
 
 # A template that prints `tools | tojson` the way the Kimi-K2 and DeepSeek-V3.2 templates do.
 TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}"
@@ -328,6 +435,187 @@ class ChatTemplateToolsTest(unittest.TestCase):
         ids = self.post("/tokenize", {"messages": messages, "tools": tools, "chat_template_kwargs": kwargs})["tokens"]
         text = self.post("/detokenize", {"tokens": ids})["prompt"]
         self.assertEqual(text, expected)
+
+
+# What the edited tokenizer makes the tiny model's greedy tokens after the prompt read as: R1
+# reasoning, content, then one DeepSeek-V3 tool call, with markers split across tokens (a partial
+# marker at a chunk boundary) and two markers as special tokens (kept for the parser although
+# skip_special_tokens is on). The prompt is the first of TOOL_PROMPTS for which the edit works.
+TOOL_PROMPTS = ["Hello", "return", "The"]
+TOOL_TOKENS = ["Need the weather.", "</thi", "nk>Checking.", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>",
+               "function<｜tool▁sep｜>get_weather\n```json\n", '{"city": "Pa', 'ris"}\n``', "`<｜tool▁call▁e",
+               "nd｜><｜tool▁calls▁end｜>"]
+SPECIAL_TOOL_TOKENS = (3, 4)
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def edited_tokenizer_model(greedy):
+    """A copy of tiny-dsv3 (weights linked) whose tokenizer reads greedy[i] as TOOL_TOKENS[i]: each
+    such id loses its vocab entry (and the merges that name it) and becomes an added token with
+    that text. When the prompt still encodes as before (the caller checks), the model's output
+    ids do not change: only what they read as."""
+    src = os.path.join(os.environ["NUCLEUS_MODELS_DIR"], "tiny-dsv3")
+    out = tempfile.mkdtemp(prefix="nucleus_tool_model_")
+    for name in os.listdir(src):
+        if name not in ("tokenizer.json", "tokenizer_config.json"):
+            os.symlink(os.path.join(src, name), os.path.join(out, name))
+    with open(os.path.join(src, "tokenizer.json")) as f:
+        tok = json.load(f)
+    ids = greedy[:len(TOOL_TOKENS)]
+    strings = {i: s for s, i in tok["model"]["vocab"].items() if i in ids}
+    removed = set(strings.values())
+    tok["model"]["vocab"] = {s: i for s, i in tok["model"]["vocab"].items() if s not in removed}
+
+    def keep(m):
+        a, b = m.split(" ", 1) if isinstance(m, str) else m
+        return a not in removed and b not in removed and a + b not in removed
+    tok["model"]["merges"] = [m for m in tok["model"]["merges"] if keep(m)]
+    for k, i in enumerate(ids):
+        tok["added_tokens"].append({"id": i, "content": TOOL_TOKENS[k], "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": k in SPECIAL_TOOL_TOKENS})
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    with open(os.path.join(src, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    return out
+
+
+class ToolCallsAndReasoningTest(unittest.TestCase):
+    """--tool-call-parser deepseek_v3 --enable-auto-tool-choice --reasoning-parser deepseek_r1
+    through the official client, on a deterministic output: the tiny model writes no markers,
+    so its tokenizer is edited to read its greedy tokens after a prompt as TOOL_TOKENS."""
+
+    @classmethod
+    def setUpClass(cls):
+        import openai
+        plain, ids_only = Server(), Server(extra_args=["--skip-tokenizer-init"])
+        cls.server, tried = None, []
+        try:
+            for prompt in TOOL_PROMPTS:
+                prompt_ids = plain.post("/tokenize", {"prompt": prompt, "add_special_tokens": False})["tokens"]
+                greedy = ids_only.post("/v1/completions", {"prompt": prompt_ids, "max_tokens": len(TOOL_TOKENS) + 1,
+                                                          "temperature": 0, "ignore_eos": True})["choices"][0]["token_ids"]
+                tried.append((prompt, prompt_ids, greedy))
+                # Distinct ordinary tokens, none in the prompt; the last one stops the output.
+                if len(set(greedy)) < len(greedy) or set(greedy) & set(prompt_ids) or min(greedy) < 3:
+                    continue
+                model = edited_tokenizer_model(greedy)
+                server = Server(model, ["--tool-call-parser", "deepseek_v3", "--enable-auto-tool-choice",
+                                        "--reasoning-parser", "deepseek_r1"])
+                if server.post("/tokenize", {"prompt": prompt, "add_special_tokens": False})["tokens"] == prompt_ids:
+                    cls.server, cls.dir, cls.prompt, cls.stop_id = server, model, prompt, greedy[-1]
+                    break
+                server.terminate()
+        finally:
+            plain.terminate()
+            ids_only.terminate()
+        assert cls.server, f"no prompt of TOOL_PROMPTS suits the tokenizer edit: {tried}"
+        cls.openai = openai
+        cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.server.port}/v1", api_key="none",
+                                   max_retries=0, timeout=60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.terminate()
+
+    def create(self, **kw):
+        args = dict(model=self.dir, messages=[{"role": "user", "content": self.prompt}], temperature=0, max_tokens=32,
+                    extra_body={"stop_token_ids": [self.stop_id]})
+        args.update(kw)
+        return self.client.chat.completions.create(**args)
+
+    def test_tool_call(self):
+        r = self.create(tools=TOOLS)
+        choice = r.choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
+        msg = choice.message
+        self.assertEqual(msg.content, "Checking.")
+        self.assertEqual(msg.model_extra.get("reasoning_content"), "Need the weather.")
+        self.assertEqual(msg.model_extra.get("reasoning"), "Need the weather.")
+        self.assertEqual(len(msg.tool_calls), 1)
+        call = msg.tool_calls[0]
+        self.assertEqual(call.type, "function")
+        self.assertTrue(call.id.startswith("chatcmpl-tool-"), call.id)
+        self.assertEqual(call.function.name, "get_weather")
+        self.assertEqual(call.function.arguments, '{"city": "Paris"}')
+        self.assertEqual(json.loads(call.function.arguments), {"city": "Paris"})
+
+    def test_tool_call_streamed_equals_whole(self):
+        whole = self.create(tools=TOOLS, n=2)
+        stream = self.create(tools=TOOLS, n=2, stream=True)
+        got = {i: {"reasoning": "", "content": "", "calls": [], "finish": []} for i in (0, 1)}
+        for chunk in stream:
+            for ch in chunk.choices:
+                g = got[ch.index]
+                extra = ch.delta.model_extra or {}
+                self.assertEqual(extra.get("reasoning_content"), extra.get("reasoning"))
+                g["reasoning"] += extra.get("reasoning_content") or ""
+                if ch.delta.content:
+                    self.assertEqual(g["calls"], [], "content after a tool call")
+                    g["content"] += ch.delta.content
+                for t in ch.delta.tool_calls or []:
+                    if t.id is not None:  # a call's first delta: index, id, type, name
+                        self.assertEqual(t.index, len(g["calls"]))
+                        self.assertEqual(t.type, "function")
+                        g["calls"].append({"id": t.id, "name": t.function.name, "arguments": ""})
+                    else:  # then argument pieces only
+                        self.assertIsNone(t.function.name)
+                        self.assertEqual(t.index, len(g["calls"]) - 1)
+                        g["calls"][t.index]["arguments"] += t.function.arguments
+                if ch.finish_reason:
+                    g["finish"].append(ch.finish_reason)
+        for c in whole.choices:
+            g = got[c.index]
+            self.assertEqual(g["finish"], [c.finish_reason])
+            self.assertEqual(g["reasoning"], c.message.model_extra["reasoning_content"])
+            self.assertEqual(g["content"], c.message.content)
+            self.assertEqual([(x["name"], x["arguments"]) for x in g["calls"]],
+                             [(t.function.name, t.function.arguments) for t in c.message.tool_calls])
+
+    def test_cut_off_by_max_tokens_or_a_stop_string(self):
+        # 8 tokens end with 'ris"}\n``': the call so far, without the partial fence.
+        r = self.create(tools=TOOLS, max_tokens=8)
+        self.assertEqual(r.choices[0].finish_reason, "length")
+        self.assertEqual(r.choices[0].message.tool_calls[0].function.arguments, '{"city": "Paris"}')
+        # 2 tokens end inside "</think>": reasoning only, the partial marker is reasoning text.
+        r = self.create(tools=TOOLS, max_tokens=2)
+        self.assertEqual(r.choices[0].message.model_extra["reasoning_content"], "Need the weather.</thi")
+        self.assertIsNone(r.choices[0].message.content)
+        # A stop string in the content: no calls, finish_reason "stop"; streamed alike.
+        for stream in (False, True):
+            r = self.create(tools=TOOLS, stop=["king."], stream=stream)
+            if stream:
+                chunks = [c.choices[0] for c in r if c.choices]
+                content = "".join(c.delta.content or "" for c in chunks)
+                self.assertFalse(any(c.delta.tool_calls for c in chunks))
+                self.assertEqual([c.finish_reason for c in chunks if c.finish_reason], ["stop"])
+                self.assertEqual(content, "Chec")
+            else:
+                self.assertEqual(r.choices[0].finish_reason, "stop")
+                self.assertEqual(r.choices[0].message.content, "Chec")
+                self.assertIsNone(r.choices[0].message.tool_calls)
+
+    def test_not_parsed_without_tools_or_with_tool_choice_none(self):
+        for kw in ({}, {"tools": TOOLS, "tool_choice": "none"}):
+            msg = self.create(max_tokens=len(TOOL_TOKENS), **kw).choices[0].message
+            self.assertIsNone(msg.tool_calls)
+            # The special marker tokens are skipped (skip_special_tokens), the rest is text.
+            self.assertEqual(msg.content, "Checking.function<｜tool▁sep｜>get_weather\n```json\n"
+                                          '{"city": "Paris"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>')
+        msg = self.create(max_tokens=len(TOOL_TOKENS), extra_body={"skip_special_tokens": False}).choices[0].message
+        self.assertEqual(msg.content, "".join(TOOL_TOKENS[2:])[len("nk>"):])
+
+    def test_refusals(self):
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            with self.assertRaises(self.openai.BadRequestError) as e:
+                self.create(tools=TOOLS, tool_choice=choice)
+            self.assertEqual(e.exception.body.get("param"), "tool_choice")
 
 
 def main():

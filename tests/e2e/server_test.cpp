@@ -334,15 +334,25 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {c, R"({"prompt": "x", "n": 257})", 400, "n", "n"},
       {c, R"({"prompt": "x", "n": 0})", 400, "n", "n"},
       {c, R"({"prompt": "x", "logprobs": 21})", 400, "logprobs", "logprobs"},
-      {c, R"({"prompt": "x", "echo": true, "logprobs": 1})", 400, "echo", "logprobs"},
+      {c, R"({"prompt": "x", "prompt_logprobs": 21})", 400, "prompt_logprobs", "prompt_logprobs"},
+      {c, R"({"prompt": "x", "prompt_logprobs": 1, "stream": true})", 400, "prompt_logprobs", "stream"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 1})", 400, "prompt_logprobs",
+       "prompt_logprobs"},
       {c, R"({"prompt": "x", "stream_options": {"include_usage": true}})", 400, "stream_options", "stream"},
       {chat, R"({"messages": "hi"})", 400, "messages", "messages"},
       {chat, R"({"messages": [{"content": "hi"}]})", 400, "messages", "role"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0})", 400,
        "max_completion_tokens", ">= 1"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "top_p": 2})", 400, "top_p", "top_p"},
-      // Served by vLLM, not here: refused by name, never silently ignored.
-      {c, R"({"prompt": "x", "min_p": 0.1})", 400, "min_p", "min_p"},
+      // vLLM's sampling parameters: out of range is a 400 naming them.
+      {c, R"({"prompt": "x", "min_p": 1.1})", 400, "min_p", "min_p"},
+      {c, R"({"prompt": "x", "presence_penalty": -2.1})", 400, "presence_penalty", "presence_penalty"},
+      {c, R"({"prompt": "x", "frequency_penalty": 3})", 400, "frequency_penalty", "frequency_penalty"},
+      {c, R"({"prompt": "x", "repetition_penalty": 0})", 400, "repetition_penalty", "repetition_penalty"},
+      {c, R"({"prompt": "x", "min_tokens": 17})", 400, "min_tokens", "max_tokens"},
+      {c, R"({"prompt": "x", "logit_bias": {"5000": 5}})", 400, "logit_bias", "token id 5000"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 5}})", 400, "logit_bias",
+       "'x'"},
       // Structured output: what cannot be compiled or served names its field.
 #ifdef NUCLEUS_HAVE_XGRAMMAR
       {c, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "nonsense"}}}})",
@@ -360,6 +370,7 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {c, R"({"prompt": "x", "guided_choice": []})", 400, "guided_choice", "non-empty"},
       {c, R"({"prompt": "x", "guided_json": {"type": "object"}, "guided_decoding_backend": "outlines"})", 400,
        "guided_decoding_backend", "outlines"},
+      // Served by vLLM, not here: refused by name, never silently ignored.
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})", 400, "echo", "echo"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true})", 400,
        "continue_final_message", "continue_final_message"},
@@ -588,6 +599,76 @@ TEST_F(ServerTest, LogprobsAreReported) {
     for (const auto& [tok, v] : lp["top_logprobs"][i].items()) EXPECT_LE(v.get<double>(), chosen + 1e-6);  // greedy
   }
   EXPECT_EQ(joined, r.body["choices"][0]["text"]);
+}
+
+// echo with logprobs (lm-eval's loglikelihood requests): the prompt's tokens
+// first, the first unscored; streamed the same as whole; max_tokens 0 gives
+// the prompt alone; prompt_logprobs agrees.
+TEST_F(ServerTest, EchoLogprobsReportThePrompt) {
+  const std::vector<int32_t> ids = tokenizer_->encode("def main():\n    return 1\n", true);
+  const json body = {{"prompt", ids}, {"max_tokens", 3}, {"temperature", 0}, {"logprobs", 2}, {"echo", true},
+                     {"ignore_eos", true}, {"n", 2}};
+  Reply whole = post(s(), "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json& choice = whole.body["choices"][1];
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 3);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  std::string joined;
+  for (size_t i = 0; i < ids.size() + 3; ++i) {
+    if (i < ids.size()) EXPECT_EQ(lp["tokens"][i], tokenizer_->token_bytes(ids[i])) << i;
+    EXPECT_EQ(lp["text_offset"][i], joined.size()) << i;  // ASCII: characters are bytes
+    const bool skipped = i < ids.size() && tokenizer_->is_special(ids[i]);  // the BOS
+    if (!skipped) joined += lp["tokens"][i].get<std::string>();
+    if (i == 0) continue;
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    EXPECT_GE(lp["top_logprobs"][i].size(), 2u);
+  }
+  EXPECT_EQ(joined, choice["text"]);
+  EXPECT_EQ(choice["text"].get<std::string>().substr(0, 25), "def main():\n    return 1\n");
+  EXPECT_EQ(whole.body["usage"]["completion_tokens"], 6);
+
+  json b = body;
+  b["stream"] = true;
+  Stream st = stream(s(), "/v1/completions", b);
+  ASSERT_EQ(st.status, 200);
+  std::map<int, json> streamed;
+  for (const auto& c : st.chunks)
+    for (const auto& ch : c["choices"]) {
+      json& acc = streamed[ch["index"].get<int>()];
+      if (acc.is_null()) acc = {{"text", ""}, {"logprobs", json::object()}};
+      acc["text"] = acc["text"].get<std::string>() + ch["text"].get<std::string>();
+      if (ch["logprobs"].is_object())
+        for (const auto& [k, v] : ch["logprobs"].items())
+          for (const auto& x : v) acc["logprobs"][k].push_back(x);
+    }
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(streamed[i]["text"], whole.body["choices"][i]["text"]) << i;
+    EXPECT_EQ(streamed[i]["logprobs"], whole.body["choices"][i]["logprobs"]) << i;
+  }
+
+  b = body;
+  b["max_tokens"] = 0;
+  b["n"] = 1;
+  b["prompt_logprobs"] = 1;
+  Reply only = post(s(), "/v1/completions", b);
+  ASSERT_EQ(only.status, 200) << only.body;
+  const json& o = only.body["choices"][0];
+  EXPECT_EQ(o["logprobs"]["tokens"].size(), ids.size());
+  EXPECT_EQ(o["finish_reason"], "length");
+  EXPECT_EQ(only.body["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(o["text"], tokenizer_->decode(ids, true));
+  // The same numbers as the echoed prompt of the generating request.
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_EQ(o["logprobs"]["token_logprobs"][i], lp["token_logprobs"][i]) << i;
+    const json& entry = o["prompt_logprobs"][i][std::to_string(ids[i])];
+    EXPECT_EQ(entry["logprob"], lp["token_logprobs"][i]) << i;
+    EXPECT_EQ(entry["decoded_token"], tokenizer_->token_bytes(ids[i])) << i;
+    EXPECT_GE(entry["rank"].get<int64_t>(), 1);
+  }
+  EXPECT_TRUE(o["prompt_logprobs"][0].is_null());
+  EXPECT_EQ(o["prompt_logprobs"].size(), ids.size());
 }
 
 TEST_F(ServerTest, MetricsCountWhatWasSent) {

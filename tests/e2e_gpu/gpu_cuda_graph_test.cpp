@@ -4,7 +4,8 @@
 // captured (captured sizes and sizes between them); pad rows write no KV
 // (a sentinel-filled pool keeps the sentinel outside the real rows); and 300
 // engine steps with a changing mix of requests give identical tokens with
-// graphs and with the same padded steps run eagerly.
+// graphs and with the same padded steps run eagerly; so do requests with
+// vLLM's logit processors (penalties, logit_bias, min_tokens, min_p).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -180,6 +181,85 @@ TEST_F(CudaGraphTest, ThreeHundredStepsGraphsEqualEagerPadded) {
   EXPECT_GT(replays, 150);
   EXPECT_EQ(eager_replays, 0);
   EXPECT_EQ(graphs, eager);
+}
+
+// vLLM's logit processors on the CUDA path (device sampler after the graph
+// replay): a batch mixing greedy and sampled requests with logit_bias,
+// min_tokens, penalties and min_p gives the same tokens with graphs and with
+// the same padded steps run eagerly, and each parameter does what it says.
+TEST_F(CudaGraphTest, LogitProcessorsUnderGraphs) {
+  std::ifstream in(testing::model_path("ref/cases.json"));
+  json cases = json::parse(in)["tiny-dsv3"];
+  EngineConfig ec;
+  ec.block_size = 16;
+  ec.num_kv_blocks = 512;
+  ec.max_num_seqs = 16;
+  ec.max_model_len = 1024;
+  ec.enable_prefix_caching = false;  // the same prompt in every request: no request may reuse another's rows
+  const std::vector<int64_t> sizes = {1, 2, 4, 8, 16};
+  auto prompt = [&](int i) { return cases[i % cases.size()]["prompt_token_ids"].get<std::vector<int32_t>>(); };
+  auto base = [](int n) {
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.ignore_eos = true;
+    sp.max_tokens = n;
+    return sp;
+  };
+  std::map<std::string, SamplingParams> reqs;
+  reqs["plain"] = base(24);
+  reqs["bias"] = base(12);
+  reqs["bias"].logit_bias = {{42, 100.0f}};
+  reqs["bias_sampled"] = reqs["bias"];
+  reqs["bias_sampled"].temperature = 1.0f;
+  reqs["bias_sampled"].seed = 3;
+  reqs["eos_first"] = base(16);
+  reqs["eos_first"].ignore_eos = false;
+  reqs["eos_first"].logit_bias = {{1, 100.0f}};
+  reqs["min_tokens"] = reqs["eos_first"];
+  reqs["min_tokens"].min_tokens = 6;
+  reqs["repetition"] = base(24);
+  reqs["repetition"].repetition_penalty = 3.0f;
+  reqs["freq_presence"] = base(24);
+  reqs["freq_presence"].frequency_penalty = 2.0f;
+  reqs["freq_presence"].presence_penalty = 2.0f;
+  reqs["min_p_one"] = base(24);
+  reqs["min_p_one"].temperature = 1.5f;
+  reqs["min_p_one"].min_p = 1.0f;
+  reqs["min_p_one"].seed = 5;
+  reqs["sampled_all"] = base(24);
+  reqs["sampled_all"].temperature = 0.8f;
+  reqs["sampled_all"].top_k = 50;
+  reqs["sampled_all"].min_p = 0.05f;
+  reqs["sampled_all"].repetition_penalty = 1.2f;
+  reqs["sampled_all"].frequency_penalty = 0.5f;
+  reqs["sampled_all"].logit_bias = {{7, 3.0f}, {8, -3.0f}};
+  reqs["sampled_all"].seed = 11;
+  auto run = [&](bool eager_pad) {
+    auto e = LLMEngine::create(load(sizes, eager_pad), ec);
+    NUCLEUS_CHECK(e.ok(), "{}", e.status().to_string());
+    std::map<std::string, std::vector<int32_t>> out;
+    for (const auto& [name, sp] : reqs)  // one prompt, so outputs compare; all prefilled in the first step
+      NUCLEUS_CHECK_OK((*e)->add_request(name, name == "sampled_all" ? prompt(3) : prompt(0), sp));
+    while ((*e)->has_unfinished())
+      for (const auto& o : (*e)->step())
+        out[o.request_id].insert(out[o.request_id].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+    return std::make_pair(out, (*e)->model().graph_replays());
+  };
+  auto [graphs, replays] = run(false);
+  auto [eager, eager_replays] = run(true);
+  EXPECT_GT(replays, 10);
+  EXPECT_EQ(eager_replays, 0);
+  EXPECT_EQ(graphs, eager);
+  EXPECT_EQ(graphs["bias"], std::vector<int32_t>(12, 42));
+  EXPECT_EQ(graphs["bias_sampled"], std::vector<int32_t>(12, 42));
+  EXPECT_EQ(graphs["eos_first"], std::vector<int32_t>{1});
+  ASSERT_EQ(graphs["min_tokens"].size(), 7u);
+  for (int i = 0; i < 6; ++i) EXPECT_NE(graphs["min_tokens"][i], 1) << i;
+  EXPECT_EQ(graphs["min_tokens"][6], 1);
+  EXPECT_NE(graphs["repetition"], graphs["plain"]);
+  EXPECT_NE(graphs["freq_presence"], graphs["plain"]);
+  EXPECT_EQ(graphs["min_p_one"], graphs["plain"]);  // only the argmax survives min_p 1
+  EXPECT_EQ(graphs["sampled_all"].size(), 24u);
 }
 
 }  // namespace

@@ -2,8 +2,11 @@
 // the counter-based uniform bit for bit, greedy, seeded draws over
 // temperature / top-k / top-p combinations (top_k 1, > vocab, top_p tiny,
 // temperature 1e-3), ties and -inf masks, the empirical distribution,
-// log-probabilities, mixed batches and edge shapes. A draw may differ from the
-// CPU's only where u lies within 1e-5 of a CDF boundary (summation order).
+// log-probabilities, mixed batches and edge shapes; vLLM's logit processors
+// (repetition / frequency / presence penalties, logit_bias, min_tokens,
+// min_p) each alone and mixed, greedy and sampled, with raw logprobs. A draw
+// may differ from the CPU's only where u lies within 1e-5 of a CDF boundary
+// (summation order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <vector>
 
 #include "core/device.h"
@@ -51,12 +55,18 @@ SamplingParams cpu_params(const DeviceSampleRequest& q) {
   sp.top_k = q.top_k;
   sp.top_p = q.top_p;
   sp.logprobs = q.num_logprobs;
+  sp.min_p = q.min_p;
+  sp.repetition_penalty = q.penalties.repetition;
+  sp.frequency_penalty = q.penalties.frequency;
+  sp.presence_penalty = q.penalties.presence;
   return sp;
 }
 
 // Distance from u to the nearest boundary the CPU's draw depends on: the
 // normalised CDF of the kept candidates, and the top-p cut.
-double boundary_distance(const float* l, int64_t vocab, const DeviceSampleRequest& q) {
+double boundary_distance(const float* raw, int64_t vocab, const DeviceSampleRequest& q) {
+  const std::vector<float> adjusted = adjusted_logits(raw, vocab, cpu_params(q), q.adjustments);
+  const float* l = adjusted.data();
   const double u = counter_uniform(q.seed, static_cast<uint64_t>(q.output_index));
   std::vector<int32_t> cand(vocab);
   std::iota(cand.begin(), cand.end(), 0);
@@ -102,10 +112,12 @@ struct Tally {
 void check_row(const float* l, int64_t vocab, const DeviceSampleRequest& q, const SampleResult& got, int64_t row,
                Tally* t) {
   ++t->rows;
-  const SampleResult want = sample_token(l, vocab, cpu_params(q), q.seed, q.output_index);
+  const SampleResult want = sample_token(l, vocab, cpu_params(q), q.seed, q.output_index, q.adjustments);
   std::ostringstream where;
   where << "row " << row << " (vocab " << vocab << ", T " << q.temperature << ", top_k " << q.top_k << ", top_p "
-        << q.top_p << ", seed " << q.seed << ", index " << q.output_index << "): ";
+        << q.top_p << ", seed " << q.seed << ", index " << q.output_index << ", min_p " << q.min_p << ", rep "
+        << q.penalties.repetition << ", freq " << q.penalties.frequency << ", pres " << q.penalties.presence << ", "
+        << q.adjustments.size() << " adjustments): ";
   if (got.token != want.token) {
     const double d = q.temperature == 0.0f ? 0.0 : boundary_distance(l, vocab, q);
     if (d < 1e-5) {
@@ -356,6 +368,188 @@ TEST_F(DeviceSamplerTest, EdgeShapesAndRefusals) {
   std::vector<float> one = {0.25f, -2.0f, 7.0f};
   std::vector<DeviceSampleRequest> reqs = {{0.0f, 0, 1.0f, 1, 0, 1}, {1.0f, 5, 0.5f, 2, 9, 3}, {0.5f, 0, 1.0f, 3, 1, 0}};
   EXPECT_TRUE(all_match(run_and_check(one, 1, reqs), "vocab 1"));
+}
+
+
+// ---- vLLM's logit processors: the adjusted row on the device vs the CPU ----
+
+enum class Proc { kRepetition, kFrequency, kPresence, kBias, kMinTokens, kMinP, kAll };
+
+const char* proc_name(Proc p) {
+  switch (p) {
+    case Proc::kRepetition: return "repetition_penalty";
+    case Proc::kFrequency: return "frequency_penalty";
+    case Proc::kPresence: return "presence_penalty";
+    case Proc::kBias: return "logit_bias";
+    case Proc::kMinTokens: return "min_tokens";
+    case Proc::kMinP: return "min_p";
+    default: return "all";
+  }
+}
+
+// Requests over `rows` with the processor `proc` set (kAll: all of them, with
+// values varying per row); every third row has none (a mixed batch). The
+// adjustment lists live in *lists (one per row).
+std::vector<DeviceSampleRequest> processor_requests(Proc proc, int64_t rows, int64_t vocab, const float* logits,
+                                                    uint64_t seed, std::vector<std::vector<TokenAdjustment>>* lists) {
+  std::mt19937_64 rng(seed);
+  auto uni = [&](double lo, double hi) { return lo + (hi - lo) * (rng() >> 11) * (1.0 / 9007199254740992.0); };
+  const auto base = sampled_requests(rows, vocab, seed);
+  TokenAdjustmentBuilder builder(vocab);
+  lists->assign(rows, {});
+  std::vector<DeviceSampleRequest> reqs(rows);
+  const std::vector<int32_t> eos = {1, 2};
+  for (int64_t r = 0; r < rows; ++r) {
+    SamplingParams sp;
+    sp.temperature = r % 4 == 3 ? 0.0f : base[r].temperature;  // a quarter greedy
+    sp.top_k = base[r].top_k;
+    sp.top_p = base[r].top_p;
+    sp.logprobs = static_cast<int32_t>(r % 4);
+    // History: a prompt, and generated tokens drawn from the row's likely ones
+    // (the top of the row) and from anywhere, with repeats.
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    const float* l = logits + r * vocab;
+    const int64_t top = std::min<int64_t>(vocab, 64);
+    std::partial_sort(order.begin(), order.begin() + top, order.end(),
+                      [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    std::vector<int32_t> prompt;
+    std::unordered_map<int32_t, int32_t> counts;
+    for (int i = 0; i < 40; ++i) prompt.push_back(i % 2 ? order[rng() % top] : static_cast<int32_t>(rng() % vocab));
+    for (int i = 0; i < 30; ++i) ++counts[i % 3 ? order[rng() % top] : static_cast<int32_t>(rng() % vocab)];
+    const bool none = r % 3 == 2;
+    const bool all = proc == Proc::kAll;
+    if (!none) {
+      if (all || proc == Proc::kRepetition) sp.repetition_penalty = static_cast<float>(uni(0.3, 3.0));
+      if (all || proc == Proc::kFrequency) sp.frequency_penalty = static_cast<float>(uni(-2.0, 2.0));
+      if (all || proc == Proc::kPresence) sp.presence_penalty = static_cast<float>(uni(-2.0, 2.0));
+      if (all || proc == Proc::kBias)
+        for (int i = 0; i < 12; ++i) {
+          const int32_t id = i % 2 ? order[rng() % top] : static_cast<int32_t>(rng() % vocab);
+          bool dup = false;
+          for (const auto& [k, v] : sp.logit_bias) dup = dup || k == id;
+          if (!dup) sp.logit_bias.emplace_back(id, static_cast<float>(i == 0 ? 100.0 * (r % 2 ? 1 : -1) : uni(-5, 5)));
+        }
+      if (all || proc == Proc::kMinTokens) {
+        sp.min_tokens = 5;
+        sp.stop_token_ids = {order[0], order[1]};  // the two likeliest: the mask matters
+      }
+      if (all || proc == Proc::kMinP) sp.min_p = static_cast<float>(r % 2 ? uni(0.0, 0.3) : uni(0.3, 1.0));
+    }
+    const int64_t output_index = static_cast<int64_t>(rng() % 8);  // below and past min_tokens
+    SampleHistory h{prompt, &counts, eos};
+    builder.build(sp, h, output_index, &(*lists)[r]);
+    reqs[r] = make_device_sample_request(sp, base[r].seed, output_index);
+  }
+  for (int64_t r = 0; r < rows; ++r) reqs[r].adjustments = (*lists)[r];
+  return reqs;
+}
+
+TEST_F(DeviceSamplerTest, EachLogitProcessorMatchesCpu) {
+  for (int64_t vocab : {129280, 4093}) {
+    const int64_t rows = vocab > 100000 ? 84 : 280;
+    auto logits = stack_rows(rows, vocab, 91 + vocab, 1.0f, 4.0f);
+    for (Proc proc : {Proc::kRepetition, Proc::kFrequency, Proc::kPresence, Proc::kBias, Proc::kMinTokens,
+                      Proc::kMinP, Proc::kAll}) {
+      std::vector<std::vector<TokenAdjustment>> lists;
+      auto reqs = processor_requests(proc, rows, vocab, logits.data(), 1000 + static_cast<int>(proc), &lists);
+      EXPECT_TRUE(all_match(run_and_check(logits, vocab, reqs), proc_name(proc)))
+          << proc_name(proc) << ", vocab " << vocab;
+    }
+  }
+}
+
+// logit_bias +100 forces its token on every row, greedy or sampled, whatever
+// the rest; the reported logprob is the raw row's.
+TEST_F(DeviceSamplerTest, LogitBiasForcesTheToken) {
+  const int64_t vocab = 129280, rows = 32;
+  auto logits = stack_rows(rows, vocab, 5, 2.0f, 5.0f);
+  auto reqs = sampled_requests(rows, vocab, 17);
+  std::vector<std::vector<TokenAdjustment>> lists(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t id = static_cast<int32_t>((r * 7919) % vocab);
+    lists[r] = {{id, 0, 100.0f, 0u}};
+    reqs[r].adjustments = lists[r];
+    reqs[r].top_k = 0;  // top_k / top_p keep the forced token anyway; keep the test about the bias
+    reqs[r].temperature = r % 2 ? 1.0f : 0.0f;
+    reqs[r].num_logprobs = 1;
+  }
+  auto sampler = DeviceSampler::create(rows, vocab);
+  ASSERT_TRUE(sampler.ok());
+  Tensor d = device_copy(logits, DType::kF32);
+  const auto got = (*sampler)->sample(d.data<float>(), reqs);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(got[r].token, lists[r][0].id) << "row " << r;
+    const SampleResult want = sample_token(logits.data() + r * vocab, vocab, cpu_params(reqs[r]), reqs[r].seed,
+                                           reqs[r].output_index, reqs[r].adjustments);
+    EXPECT_TRUE(close_logprob(got[r].logprob, want.logprob)) << got[r].logprob << " vs " << want.logprob;
+    ASSERT_EQ(got[r].top_logprobs.size(), 1u);
+    EXPECT_EQ(got[r].top_logprobs[0].first, want.top_logprobs[0].first);  // the raw argmax, not the forced id
+  }
+}
+
+// min_p on a small row: the empirical distribution is softmax over the kept set.
+TEST_F(DeviceSamplerTest, MinPEmpiricalDistribution) {
+  const std::vector<float> base = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f, -1.0f, 1.5f, 0.0f};
+  const int64_t vocab = static_cast<int64_t>(base.size()), n = 20000;
+  std::vector<float> logits;
+  for (int64_t i = 0; i < n; ++i) logits.insert(logits.end(), base.begin(), base.end());
+  std::vector<DeviceSampleRequest> reqs(n);
+  for (int64_t i = 0; i < n; ++i) {
+    reqs[i] = {1.3f, 0, 1.0f, 4242, i, 0};
+    reqs[i].min_p = 0.4f;  // keeps exp((l - 3) / 1.3) >= 0.4: l >= 1.81 -> ids 1, 2, 4
+  }
+  auto sampler = DeviceSampler::create(n, vocab);
+  ASSERT_TRUE(sampler.ok());
+  Tensor d = device_copy(logits, DType::kF32);
+  const auto got = (*sampler)->sample(d.data<float>(), reqs);
+  std::vector<int> count(vocab, 0);
+  for (const auto& r : got) ++count[r.token];
+  double z = 0;
+  for (int id : {1, 2, 4}) z += std::exp(base[id] / 1.3);
+  for (int64_t i = 0; i < vocab; ++i) {
+    const bool kept = i == 1 || i == 2 || i == 4;
+    const double want = kept ? std::exp(base[i] / 1.3) / z : 0.0, freq = count[i] / static_cast<double>(n);
+    if (!kept) {
+      EXPECT_EQ(count[i], 0) << "token " << i;
+      continue;
+    }
+    EXPECT_NEAR(freq, want, 5 * std::sqrt(want * (1 - want) / n)) << "token " << i;
+  }
+}
+
+// The scratch and upload buffers grow between calls; a row with every id
+// masked yields token 0 (as on the CPU).
+TEST_F(DeviceSamplerTest, AdjustmentBuffersGrowAndFullMaskGivesTokenZero) {
+  const int64_t vocab = 4096, rows = 64;
+  auto logits = stack_rows(rows, vocab, 3, 1.0f, 2.0f);
+  auto sampler = DeviceSampler::create(rows, vocab);
+  ASSERT_TRUE(sampler.ok());
+  Tensor d = device_copy(logits, DType::kF32);
+  for (int64_t adjusted : {1, 8, 64}) {
+    std::vector<std::vector<TokenAdjustment>> lists(rows);
+    auto reqs = sampled_requests(rows, vocab, 100 + adjusted);
+    for (int64_t r = 0; r < adjusted; ++r) {
+      for (int32_t id = 0; id < 50 * adjusted; id += 3) lists[r].push_back({id, id % 4, 0.25f * (id % 5), 0u});
+      reqs[r].adjustments = lists[r];
+      reqs[r].penalties = {1.2f, 0.3f, 0.1f};
+    }
+    const auto got = (*sampler)->sample(d.data<float>(), reqs);
+    Tally t;
+    for (int64_t r = 0; r < rows; ++r) check_row(logits.data() + r * vocab, vocab, reqs[r], got[r], r, &t);
+    EXPECT_TRUE(all_match(t, "growing adjustments")) << adjusted << " adjusted rows";
+  }
+  std::vector<TokenAdjustment> all(vocab);
+  for (int32_t id = 0; id < vocab; ++id) all[id] = {id, 0, 0.0f, kernels::kAdjustMasked};
+  std::vector<DeviceSampleRequest> reqs = {{0.0f, 0, 1.0f, 1, 0, 0}, {1.0f, 0, 1.0f, 2, 3, 0}};
+  for (auto& q : reqs) q.adjustments = all;
+  const auto got = (*sampler)->sample(d.data<float>(), reqs);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(got[r].token, 0) << r;
+    EXPECT_EQ(got[r].token, sample_token(logits.data() + r * vocab, vocab, cpu_params(reqs[r]), reqs[r].seed,
+                                         reqs[r].output_index, all)
+                                .token);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // ResponseBuilder: the OpenAI completions logprobs, text_offset in particular.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
+#include "io/utf8.h"
 #include "server/responses.h"
 #include "test_util.h"
 
@@ -35,6 +39,71 @@ TEST(ResponsesTest, TextOffsetSkipsSpecialTokensLeftOutOfTheText) {
     const int64_t after_special = skip ? 3 : 3 + static_cast<int64_t>(t.token_bytes(special).size());
     EXPECT_EQ(lp["text_offset"], json::array({0, 3, after_special})) << lp;
     EXPECT_EQ(d.text.substr(after_special), " f");
+  }
+}
+
+// Python's len(bytes.decode("utf-8", "replace")), by hand: what vLLM's
+// text_offset counts per token.
+TEST(ResponsesTest, Utf8LengthCountsAsPython) {
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"", 0},
+      {"abc", 3},
+      {"\xe6\x97\xa5\xe6\x9c\xac", 2},  // 日本
+      {"\xe6\x97", 1},                    // a truncated character: one U+FFFD
+      {"\xe6\x97" "a", 2},
+      {"\xff", 1},
+      {"\xed\xa0\x80", 3},                // a surrogate: each byte is a U+FFFD
+      {"\xf0\x9f\x98\x80", 1},            // 😀
+      {"\xf0\x9f\x98", 1},
+      {"\xc0\xaf", 2},                    // overlong
+      {"\xf4\x90\x80\x80", 4},            // past U+10FFFF
+      {"\xe0\x80\x80", 3},
+      {"a\xf0\x9f", 2},
+  };
+  for (const auto& [bytes, chars] : cases) EXPECT_EQ(utf8_length(bytes), chars) << ::testing::PrintToString(bytes);
+}
+
+// echo with logprobs: the prompt's tokens first (the first unscored), top
+// entries cut to the request's top-N, -inf reported as -9999, offsets in
+// characters; prompt_logprobs as vLLM's choice field.
+TEST(ResponsesTest, EchoedPromptLogprobs) {
+  auto tok = Tokenizer::load(testing::model_path("tiny-dsv3"));
+  ASSERT_TRUE(tok.ok()) << tok.status().to_string();
+  const Tokenizer& t = **tok;
+  const int32_t bos = *t.token_to_id("<|begin_of_text|>");
+  const int32_t a = t.encode("def", false)[0], b = t.encode(" f", false)[0];
+  GenerationRequest req;
+  req.prompts = {Prompt{{bos, a, b}, "def f"}};
+  req.echo = true;
+  req.logprobs = true;
+  req.params.logprobs = 1;
+  req.prompt_logprobs = 0;
+  const float inf = std::numeric_limits<float>::infinity();
+  ChoiceDelta d;
+  d.prompt_logprobs = {TokenLogprobs{a, -1.5f, 3, {{b, -0.5f}, {bos, -1.0f}}}, TokenLogprobs{b, -inf, 9, {{a, -0.25f}}}};
+  d.logprobs = {{a, -0.125f, {{a, -0.125f}}}};
+  d.text = "def";
+  d.finish_reason = "length";
+  for (bool stream : {false, true}) {
+    ResponseBuilder builder(ResponseHeader{"cmpl-1", 0, "m"}, req, &t, 1);
+    json choice;
+    if (stream) {
+      EXPECT_TRUE(builder.opening_chunks().empty());  // the prompt waits for its logprobs
+      choice = builder.chunks(d).at(0)["choices"][0];
+    } else {
+      builder.add(d);
+      choice = builder.whole(3, 1)["choices"][0];
+      EXPECT_EQ(choice["prompt_logprobs"],
+                json::parse(R"([null, {")" + std::to_string(a) + R"(": {"logprob": -1.5, "rank": 3, "decoded_token": "def"}},
+                                      {")" + std::to_string(b) + R"(": {"logprob": -9999.0, "rank": 9, "decoded_token": " f"}}])"));
+    }
+    EXPECT_EQ(choice["text"], "def fdef");
+    const json& lp = choice["logprobs"];
+    EXPECT_EQ(lp["tokens"], json::array({t.token_bytes(bos), "def", " f", "def"})) << lp;
+    EXPECT_EQ(lp["token_logprobs"], json::array({nullptr, -1.5, -9999.0, -0.125})) << lp;
+    EXPECT_EQ(lp["top_logprobs"], json::parse(R"([null, {" f": -0.5, "def": -1.5}, {"def": -0.25, " f": -9999.0},
+                                                  {"def": -0.125}])")) << lp;
+    EXPECT_EQ(lp["text_offset"], json::array({0, 0, 3, 5})) << lp;  // the BOS takes no room
   }
 }
 

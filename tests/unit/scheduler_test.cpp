@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/model_runner.h"
 #include "runtime/scheduler.h"
 
 namespace nucleus {
@@ -24,6 +25,7 @@ struct Config {
   int64_t max_num_batched_tokens = 64;
   int64_t max_num_seqs = 8;
   bool prefix_caching = true;
+  int64_t max_prompt_logprob_rows = kMaxPromptLogprobRows;
 };
 
 // Request i (0-based) gets seq id i + 1.
@@ -33,6 +35,7 @@ struct Request {
   int64_t arrival_step = 1;  // added before schedule() of this step (steps count from 1)
   int64_t prompt_key = 0;    // requests with the same key share prompt tokens; 0: the seq id
   int64_t abort_step = 0;    // Scheduler::finish(kAbort) before schedule() of this step; 0: never
+  bool prompt_logprobs = false;  // params.prompt_logprobs = 0
 };
 
 struct Step {
@@ -57,7 +60,8 @@ class Timeline {
  public:
   Timeline(const Config& c, std::vector<Request> requests)
       : blocks_(c.num_blocks, c.block_size, c.prefix_caching),
-        sched_({c.max_num_batched_tokens, c.max_num_seqs}, &blocks_),
+        sched_({c.max_num_batched_tokens, c.max_num_seqs, c.max_prompt_logprob_rows}, &blocks_),
+        max_prompt_rows_(c.max_prompt_logprob_rows),
         budget_(c.max_num_batched_tokens),
         max_seqs_(c.max_num_seqs),
         requests_(std::move(requests)) {
@@ -68,6 +72,7 @@ class Timeline {
       const int64_t key = r.prompt_key ? r.prompt_key : s->seq_id;
       for (int64_t t = 0; t < r.prompt_len; ++t) s->prompt_token_ids.push_back(static_cast<int32_t>(key * 1000 + t));
       s->params.max_tokens = static_cast<int32_t>(r.max_tokens);
+      if (r.prompt_logprobs) s->params.prompt_logprobs = 0;
       // LLMEngine::add_request refuses what cannot fit the pool.
       EXPECT_LE(blocks_.blocks_for(r.prompt_len + r.max_tokens), blocks_.num_blocks()) << "request " << s->seq_id;
       seqs_.push_back(std::move(s));
@@ -117,6 +122,14 @@ class Timeline {
       EXPECT_TRUE(blocks_.check_invariants(live())) << "step " << step;
       steps.push_back(st);
 
+      // The rows the model runner scores, in position order per sequence (it
+      // checks that each continues its sequence's entries).
+      const std::vector<PromptLogprobRow> rows = prompt_logprob_rows(out);
+      EXPECT_LE(static_cast<int64_t>(rows.size()), max_prompt_rows_) << "step " << step;
+      for (const auto& r : rows) {
+        EXPECT_EQ(static_cast<int64_t>(r.seq->prompt_logprobs.size()), r.position) << "step " << step;
+        r.seq->prompt_logprobs.push_back({});
+      }
       sched_.on_step_done(out);
       for (const auto& s : out.scheduled) {
         if (!s.samples) continue;
@@ -137,6 +150,8 @@ class Timeline {
         EXPECT_EQ(s.finish_reason, FinishReason::kLength) << "seq " << s.seq_id;
         EXPECT_EQ(s.num_output_tokens(), requests_[i].max_tokens) << "seq " << s.seq_id;
       }
+      if (requests_[i].prompt_logprobs && !requests_[i].abort_step)
+        EXPECT_EQ(static_cast<int64_t>(s.prompt_logprobs.size()), requests_[i].prompt_len - 1) << "seq " << s.seq_id;
     }
     return steps;
   }
@@ -154,6 +169,7 @@ class Timeline {
 
   BlockManager blocks_;
   Scheduler sched_;
+  int64_t max_prompt_rows_;
   int64_t budget_;
   int64_t max_seqs_;
   std::vector<Request> requests_;
@@ -410,6 +426,38 @@ TEST(SchedulerTest, AbortFreesBlocksImmediately) {
   sched.finish(&a, FinishReason::kStop);  // finishing twice is a no-op
   EXPECT_EQ(a.finish_reason, FinishReason::kAbort);
   EXPECT_TRUE(sched.schedule().empty());
+}
+
+// A prompt asking for prompt logprobs is chunked to the step's rows for
+// them (5 here) while a plain prompt beside it prefills whole; the position
+// of the last prompt token samples and takes no such row.
+TEST(SchedulerTest, PromptLogprobRowsChunkThePrefill) {
+  Config c{.block_size = 4, .num_blocks = 16, .max_num_batched_tokens = 64, .max_num_seqs = 8,
+           .max_prompt_logprob_rows = 5};
+  run_case(c, {{.prompt_len = 13, .max_tokens = 2, .prompt_logprobs = true}, {.prompt_len = 6, .max_tokens = 3}},
+           {
+               {{{1, 5}, {2, 6}}, 4},  // positions 0-4 of seq 1: 5 rows
+               {{{1, 5}, {2, 1}}, 5},  // positions 5-9
+               {{{1, 3}, {2, 1}}, 6},  // positions 10-11 (2 rows) and 12, which samples; seq 2 finishes
+               {{{1, 1}}, 4},
+           });
+}
+
+// A request asking for prompt logprobs takes no prefix-cache hit (the hit's
+// positions would have no logits); one without, on the same prompt, does.
+TEST(SchedulerTest, PromptLogprobsSkipThePrefixCache) {
+  Config c{.block_size = 4, .num_blocks = 64, .max_num_batched_tokens = 64, .max_num_seqs = 8};
+  auto t = run_case(c,
+                    {{.prompt_len = 9, .max_tokens = 1, .arrival_step = 1, .prompt_key = 1},
+                     {.prompt_len = 9, .max_tokens = 1, .arrival_step = 2, .prompt_key = 1, .prompt_logprobs = true},
+                     {.prompt_len = 9, .max_tokens = 1, .arrival_step = 3, .prompt_key = 1}},
+                    {
+                        {{{1, 9}}, 3},
+                        {{{2, 9}}, 3},  // no hit: all 9 positions computed
+                        {{{3, 1}}, 3},  // 8 tokens from the cache
+                    });
+  EXPECT_EQ(t->seq(2).num_cached_prompt_tokens, 0);
+  EXPECT_EQ(t->seq(3).num_cached_prompt_tokens, 8);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "kernels/activation/silu_mul.cuh"
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/pdl.cuh"
 
 namespace nucleus::kernels {
 
@@ -10,6 +11,7 @@ __device__ __forceinline__ float to_f32(float v) { return v; }
 template <typename In>
 __global__ void silu_mul_kernel(const In* __restrict__ gate_up, int64_t rows, int64_t width,
                                 __nv_bfloat16* __restrict__ out) {
+  pdl::launch_dependents();  // a skinny down projection after it may start streaming its weights
   const int64_t n = rows * width;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < n;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 
+#include "kernels/common/device_sms.h"
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/splitk_gemm.cuh"
 
@@ -173,25 +174,6 @@ __global__ void __launch_bounds__(kThreads) splitk_gemm_kernel(const Params p) {
   if (threadIdx.x == 0) p.counters[blockIdx.x] = 0;  // ready for the next launch
 }
 
-// The calling thread's device's SM count, read once per device (one thread
-// per GPU under tensor parallelism).
-int device_sms() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const bool cacheable = dev >= 0 && dev < kMaxDevices;
-  if (cacheable) {
-    const int v = cached[dev].load(std::memory_order_relaxed);
-    if (v > 0) return v;
-  }
-  int v = 0;
-  cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-  if (v <= 0) v = 132;
-  if (cacheable) cached[dev].store(v, std::memory_order_relaxed);
-  return v;
-}
-
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <int NT>
@@ -226,7 +208,7 @@ int splitk_default_splits(int64_t m, int64_t n, int64_t k, int num_sms) {
 
 int splitk_effective_splits(const SplitKGemmArgs& a, const SplitKWorkspace& ws) {
   const int64_t k_blocks = std::max<int64_t>(1, ceil_div64(a.k, kSplitKBlockK));
-  int64_t s = a.splits > 0 ? a.splits : splitk_default_splits(a.m, a.n, a.k, device_sms());
+  int64_t s = a.splits > 0 ? a.splits : splitk_default_splits(a.m, a.n, a.k, current_device_sms());
   s = std::clamp<int64_t>(s, 1, k_blocks);
   if (s > 1 && a.mode == SplitKMode::kDeterministic) {
     if (ws.partial == nullptr || ws.counters == nullptr || ceil_div64(a.n, kSplitKRowsPerCta) > ws.num_counters)

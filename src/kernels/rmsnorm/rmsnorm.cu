@@ -1,4 +1,5 @@
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/rmsnorm/add_rmsnorm_row.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
 
@@ -37,6 +38,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
                                    const float* __restrict__ w, int64_t rows, int64_t width, float eps,
                                    __nv_bfloat16* __restrict__ out, float* __restrict__ zero_fill,
                                    int64_t zero_fill_count) {
+  pdl::launch_dependents();  // a skinny GEMM after the norm may start streaming its weights
   if (blockIdx.x >= rows) {  // a prezero fill block
     zero_fill_blocks(zero_fill, zero_fill_count, rows);
     return;
@@ -54,6 +56,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
 template <typename In>
 __global__ void rmsnorm_kernel(const In* x, int64_t x_stride, const float* __restrict__ w, int64_t width,
                                int64_t row_width, float eps, __nv_bfloat16* out, int64_t out_stride) {
+  pdl::launch_dependents();  // a skinny GEMM after the norm may start streaming its weights
   __shared__ float scratch[32];
   const In* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
   __nv_bfloat16* orow = out + static_cast<int64_t>(blockIdx.x) * out_stride;

@@ -524,15 +524,22 @@ __device__ int sample_row(const float* row, int vocab, const SampleRowParams& p,
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    sample_rows_kernel(const float* __restrict__ logits, int vocab, const SampleRowParams* __restrict__ params,
-                       SampleRowResult* __restrict__ results) {
+    sample_rows_kernel(const float* __restrict__ logits, const float* __restrict__ adjusted, int vocab,
+                       const SampleRowParams* __restrict__ params, SampleRowResult* __restrict__ results) {
   __shared__ Shared sm;
   const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
   const SampleRowParams p = params[blockIdx.x];
   SampleRowResult* out = results + blockIdx.x;
-  const RowStats st = row_stats(row, vocab, sm);
-  int token = st.argmax;
-  if (p.temperature != 0.0f) token = sample_row(row, vocab, p, st, sm);
+  const RowStats st = row_stats(row, vocab, sm);  // raw: logprobs
+  // The row the token is drawn from: the adjusted copy when there is one.
+  const float* draw = row;
+  RowStats dst = st;
+  if (p.adjusted_row >= 0 && adjusted != nullptr) {
+    draw = adjusted + static_cast<int64_t>(p.adjusted_row) * vocab;
+    dst = row_stats(draw, vocab, sm);
+  }
+  int token = dst.argmax;  // greedy, or no finite logit left (token 0)
+  if (p.temperature != 0.0f && dst.max != -INFINITY) token = sample_row(draw, vocab, p, dst, sm);
   if (threadIdx.x == 0) {
     out->token = token;
     out->logprob = static_cast<float>(static_cast<double>(row[token]) - st.log_z);
@@ -550,6 +557,40 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) out->num_top = n_top;
 }
 
+// One block per adjusted row: copy, sparse entries, then min_p (a max over
+// the adjusted row and a masking pass). The output row is read back with
+// plain loads (not __ldg: it is written by this kernel).
+__global__ void __launch_bounds__(kThreads, 1)
+    adjust_rows_kernel(const float* __restrict__ logits, int vocab, const AdjustRowParams* __restrict__ rows,
+                       const TokenAdjustment* __restrict__ entries, float* __restrict__ adjusted) {
+  __shared__ float red[kWarps];
+  const AdjustRowParams p = rows[blockIdx.x];
+  const float* src = logits + static_cast<int64_t>(p.src_row) * vocab;
+  float* dst = adjusted + static_cast<int64_t>(blockIdx.x) * vocab;
+  for_each_logit(src, vocab, [&](int i, float l) { dst[i] = l; });
+  __syncthreads();  // the copy's writes land before the entries' (same ids)
+  for (int j = threadIdx.x; j < p.num_entries; j += kThreads) {
+    const TokenAdjustment e = entries[p.first_entry + j];
+    dst[e.id] = adjust_logit(__ldg(src + e.id), e, p.penalties);
+  }
+  if (!(p.min_p > 0.0f && p.temperature != 0.0f)) return;
+  __syncthreads();  // the entries' writes are visible to the block
+  float m = -INFINITY;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) m = fmaxf(m, dst[i]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
+  m = red[0];
+  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, red[w]);
+  if (m == -INFINITY) return;  // nothing finite: the sampler returns token 0, as the CPU does
+  const double inv_t = 1.0 / static_cast<double>(p.temperature);
+  const double cmax = static_cast<double>(m) * inv_t;
+  for (int i = threadIdx.x; i < vocab; i += kThreads)
+    if (!keep_min_p(dst[i], inv_t, cmax, p.min_p)) dst[i] = -INFINITY;
+}
+
 __global__ void counter_uniform_kernel(const uint64_t* seeds, const uint64_t* counters, int64_t n, double* out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = counter_uniform(seeds[i], counters[i]);
@@ -557,12 +598,21 @@ __global__ void counter_uniform_kernel(const uint64_t* seeds, const uint64_t* co
 
 }  // namespace
 
-cudaError_t launch_sample_rows(const float* logits, int64_t num_rows, int64_t vocab, const SampleRowParams* params,
-                               SampleRowResult* results, cudaStream_t stream) {
+cudaError_t launch_sample_rows(const float* logits, const float* adjusted, int64_t num_rows, int64_t vocab,
+                               const SampleRowParams* params, SampleRowResult* results, cudaStream_t stream) {
   if (vocab < 1 || vocab > kMaxSampleVocab || num_rows < 0 || num_rows > INT_MAX) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaSuccess;
-  sample_rows_kernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(logits, static_cast<int>(vocab),
-                                                                               params, results);
+  sample_rows_kernel<<<static_cast<unsigned>(num_rows), kThreads, 0, stream>>>(
+      logits, adjusted, static_cast<int>(vocab), params, results);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adjust_rows(const float* logits, int64_t vocab, int64_t num_adjusted, const AdjustRowParams* rows,
+                               const TokenAdjustment* entries, float* adjusted, cudaStream_t stream) {
+  if (vocab < 1 || vocab > kMaxSampleVocab || num_adjusted < 0 || num_adjusted > INT_MAX) return cudaErrorInvalidValue;
+  if (num_adjusted == 0) return cudaSuccess;
+  adjust_rows_kernel<<<static_cast<unsigned>(num_adjusted), kThreads, 0, stream>>>(
+      logits, static_cast<int>(vocab), rows, entries, adjusted);
   return cudaGetLastError();
 }
 

@@ -7,6 +7,10 @@
 //   with u = counter_uniform(seed, output_index) (SplitMix64, bit-exact).
 //   Order everywhere: decreasing logit, ties to the lower id.
 // Log-probabilities are of the raw distribution log_softmax(logits).
+// Rows with vLLM's logit processors (penalties, logit_bias, min_tokens, min_p)
+// draw from an adjusted copy written by launch_adjust_rows (formulas:
+// kernels/sampling/logit_adjust.h) while their logprobs stay those of the raw
+// row (vLLM's raw_logprobs).
 //
 // Method (one 1024-thread block per row, no full sort):
 //   1. one pass: max, argmax, log-sum-exp (online).
@@ -28,12 +32,14 @@
 
 #include <cstdint>
 
+#include "kernels/sampling/logit_adjust.h"
+
 namespace nucleus::kernels {
 
 constexpr int kMaxSampleLogprobs = 20;
 constexpr int64_t kMaxSampleVocab = int64_t{1} << 24;  // ids fit the key's low 24 bits
 
-// One row's parameters (32 bytes, copied to the device per call).
+// One row's parameters (40 bytes, copied to the device per call).
 struct SampleRowParams {
   float temperature;      // 0: greedy; > 0: sampled
   int32_t top_k;          // <= 0 or >= vocab: no top-k restriction
@@ -41,7 +47,30 @@ struct SampleRowParams {
   int32_t num_logprobs;   // [0, kMaxSampleLogprobs]: top-N raw log-probabilities to return
   uint64_t seed;          // the request's seed
   uint64_t output_index;  // the request's generated-token count (the draw's counter)
+  int32_t adjusted_row;   // -1: draw from the raw row; else the row of `adjusted` to draw from
+  int32_t reserved;       // 0
 };
+
+// One row that draws from an adjusted copy (32 bytes, copied per call).
+struct AdjustRowParams {
+  int32_t src_row;        // row of the raw logits
+  int32_t first_entry;    // its TokenAdjustments are entries[first_entry, first_entry + num_entries)
+  int32_t num_entries;    // >= 0; ids distinct, in [0, vocab)
+  float temperature;      // the row's temperature (min_p applies after it; 0: no min_p)
+  float min_p;            // [0, 1]; 0: none
+  PenaltyParams penalties;
+};
+
+// adjusted[r] = the raw row rows[r].src_row with each entry's logit replaced
+// by adjust_logit(raw, entry, penalties), then (min_p > 0, temperature > 0)
+// the entries failing keep_min_p against the adjusted row's max set to -inf.
+//   logits:   [*, vocab] f32 (device), read only.
+//   rows:     [num_adjusted] (device); entries: [sum of num_entries] (device).
+//   adjusted: [num_adjusted, vocab] f32 (device), written.
+// Errors: cudaErrorInvalidValue when vocab is outside [1, kMaxSampleVocab].
+// Stream-async, graph-safe.
+cudaError_t launch_adjust_rows(const float* logits, int64_t vocab, int64_t num_adjusted, const AdjustRowParams* rows,
+                               const TokenAdjustment* entries, float* adjusted, cudaStream_t stream);
 
 // One row's result.
 struct SampleRowResult {
@@ -55,11 +84,15 @@ struct SampleRowResult {
 // Samples one token per row.
 //   logits:  [num_rows, vocab] f32, row stride vocab (device). Rows need a
 //            finite maximum; -inf entries are allowed (probability 0).
+//   adjusted: [*, vocab] f32 (device), the rows that params' adjusted_row
+//            name (from launch_adjust_rows); may be null when none does.
+//            The token is drawn from it (argmax for greedy rows; token 0
+//            when it holds no finite logit); logprobs are the raw row's.
 //   params:  [num_rows] (device); results: [num_rows] (device).
 // Errors: cudaErrorInvalidValue when vocab is outside [1, kMaxSampleVocab].
 // Stream-async, graph-safe (no allocation, no host sync).
-cudaError_t launch_sample_rows(const float* logits, int64_t num_rows, int64_t vocab, const SampleRowParams* params,
-                               SampleRowResult* results, cudaStream_t stream);
+cudaError_t launch_sample_rows(const float* logits, const float* adjusted, int64_t num_rows, int64_t vocab,
+                               const SampleRowParams* params, SampleRowResult* results, cudaStream_t stream);
 
 // out[i] = counter_uniform(seeds[i], counters[i]) computed on the device (for
 // tests: bit-identical to the CPU's). All arrays [n] on the device.

@@ -20,6 +20,7 @@
 #include "ops/mla_front_op.h"
 #include "ops/moe_ops.h"
 #include "ops/prezero.h"
+#include "ops/skinny.h"
 #include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -90,6 +91,7 @@ void DeepseekModel::on_ranks(const std::function<Status(DeepseekModel&, int)>& f
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique_ptr<DeepseekModel> m) {
   const ModelOptions& options = m->options_;
   NUCLEUS_RETURN_IF_ERROR(splitk_env_status());
+  NUCLEUS_RETURN_IF_ERROR(skinny_env_status());
   NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
   NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
@@ -449,15 +451,16 @@ void DeepseekModel::drop_graphs() {
   token_graphs_.clear();
 }
 
-void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits) {
+void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits) {
   if (group_) {
     on_ranks([&](DeepseekModel& m, int) {
-      m.reserve_step_buffers(max_tokens, max_logits);
+      m.reserve_step_buffers(max_tokens, max_logits, max_prefill_logits);
       return ok_status();
     });
     return;
   }
-  prefill_buffers_.for_step(prefill_graph_, max_tokens, max_logits, options_.device);
+  const int64_t prefill_logits = std::max(max_logits, max_prefill_logits);
+  prefill_buffers_.for_step(prefill_graph_, max_tokens, prefill_logits, options_.device);
   decode_buffers_.for_step(decode_graph_, max_logits, max_logits, options_.device);
   if (uploader_) {
     // One sequence more than a step can hold: a padded token-graph step adds
@@ -465,7 +468,7 @@ void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits)
     // to a bucket grew (reallocated) the upload buffer under the captured
     // graphs, which then read freed memory.
     const int64_t width = std::max<int64_t>(options_.max_blocks_per_seq, 1), seqs = max_logits + 1;
-    uploader_->reserve({std::max(max_tokens, max_logits), seqs, seqs * width, max_logits});
+    uploader_->reserve({std::max(max_tokens, max_logits), seqs, seqs * width, prefill_logits});
   }
 }
 
@@ -609,7 +612,12 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
   }
   // CUDA: replay a captured decode graph when one fits, else run eagerly.
   const int64_t padded = decode && !stats ? graph_size_for(inputs.num_seqs()) : 0;
-  if (padded > 0 && inputs.max_blocks_per_seq <= options_.max_blocks_per_seq &&
+  // The graphs return the first rows in order: a step whose logit rows are
+  // others (a sequence whose one token is a prompt position, not its last)
+  // runs eagerly.
+  bool leading_rows = true;
+  for (int64_t i = 0; i < inputs.num_logits(); ++i) leading_rows = leading_rows && inputs.logit_indices[i] == i;
+  if (padded > 0 && leading_rows && inputs.max_blocks_per_seq <= options_.max_blocks_per_seq &&
       uploader_->generation() == graphs_generation_) {
     StepInputs p = pad_decode_step(inputs, padded, static_cast<int32_t>(options_.max_blocks_per_seq));
     const std::vector<Tensor>& buffers = sb.for_step(g, padded, padded, options_.device);

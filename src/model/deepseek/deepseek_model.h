@@ -200,9 +200,10 @@ class DeepseekModel {
   // checkpoint's k_scale / kv_scale, else 1.0 (all 1.0 for bf16/f32 caches).
   const std::vector<float>& kv_k_scales() const { return kv_k_scales_; }
   // Allocates the step buffers of both graphs for steps of up to
-  // `max_tokens` tokens and `max_logits` logit rows (so memory is known
-  // before the KV pool is sized).
-  void reserve_step_buffers(int64_t max_tokens, int64_t max_logits);
+  // `max_tokens` tokens and `max_logits` logit rows, prefill steps up to
+  // max(max_logits, max_prefill_logits) (prompt logprobs), so memory is
+  // known before the KV pool is sized.
+  void reserve_step_buffers(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits = 0);
   // Captures one decode graph per options().cuda_graph_sizes entry and the
   // token-graph segments per options().token_graph_sizes bucket against
   // `kv_cache` (whose addresses the graphs keep). Returns the device bytes

@@ -1,0 +1,72 @@
+#include "ops/skinny.h"
+
+#include <algorithm>
+#include <cctype>
+#include <string>
+
+#include "core/env.h"
+
+namespace nucleus {
+
+namespace {
+
+constexpr int64_t kMaxRows = 8;  // kernels::kSkinnyMaxRows (the kernel header is CUDA-only)
+
+// -1: malformed.
+int parse_switch() {
+  static const int v = [] {
+    auto s = env_string("NUCLEUS_SKINNY");
+    if (!s) return static_cast<int>(SkinnySwitch::kAuto);
+    std::string t = *s;
+    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (t == "auto" || t.empty()) return static_cast<int>(SkinnySwitch::kAuto);
+    if (t == "0" || t == "off" || t == "false") return static_cast<int>(SkinnySwitch::kOff);
+    if (t == "1" || t == "on" || t == "true") return static_cast<int>(SkinnySwitch::kOn);
+    return -1;
+  }();
+  return v;
+}
+
+// -1: malformed.
+int parse_pdl() {
+  static const int v = [] {
+    auto s = env_string("NUCLEUS_PDL");
+    if (!s || s->empty() || *s == "1") return 1;
+    if (*s == "0") return 0;
+    return -1;
+  }();
+  return v;
+}
+
+}  // namespace
+
+SkinnySwitch skinny_switch() {
+  const int v = parse_switch();
+  return v < 0 ? SkinnySwitch::kOff : static_cast<SkinnySwitch>(v);
+}
+
+Status skinny_env_status() {
+  if (parse_switch() < 0)
+    return invalid_argument("NUCLEUS_SKINNY='" + *env_string("NUCLEUS_SKINNY") + "' is not auto, 0 or 1");
+  if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string("NUCLEUS_PDL") + "' is not 0 or 1");
+  return ok_status();
+}
+
+bool skinny_pdl() { return parse_pdl() == 1; }
+
+int64_t skinny_max_rows(int64_t n, int64_t k) {
+  switch (skinny_switch()) {
+    case SkinnySwitch::kOff: return 0;
+    case SkinnySwitch::kOn: return kMaxRows;
+    case SkinnySwitch::kAuto: break;
+  }
+  const int64_t bytes = n * k * 2;
+  if (n <= 1024) return k <= 2048 ? kMaxRows : 4;                     // kv_a, routers, TP 8 shared gate_up
+  if (n <= 2048) return k <= 4096 ? 4 : 2;                             // V2-Lite o_proj, shared down; q_a
+  if (n <= 4096) return 2;                                             // V2-Lite q_proj, TP 8 q_b, V3 shared gate_up
+  if (bytes >= kSkinnyLargeWeightBytes) return 2;                      // lm_head
+  if (n <= 8192 && bytes <= kSkinnyMediumWeightBytes) return 1;        // V3 shared down, TP 8 o_proj
+  return 0;
+}
+
+}  // namespace nucleus

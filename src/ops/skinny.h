@@ -1,0 +1,45 @@
+// Where bf16 decode GEMMs run the skinny kernel (kernels/gemm/skinny_gemm.cuh)
+// instead of cuBLASLt. Device-independent, so the CPU build and tests see the
+// same choice.
+//
+// NUCLEUS_SKINNY (read once):
+//   auto (default)  the shapes and row counts skinny_max_rows() takes (the
+//                   measured rule below);
+//   0               never (every bf16 decode GEMM on cuBLASLt, as before);
+//   1               every bf16 decode GEMM at m <= 8.
+// NUCLEUS_PDL=0|1 (default 1): skinny GEMMs are launched as programmatic
+// dependents (kernels/common/pdl.cuh) of the kernel before them, so they start
+// streaming their weights while it finishes; 0 launches them normally.
+#pragma once
+
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace nucleus {
+
+enum class SkinnySwitch { kAuto, kOff, kOn };
+SkinnySwitch skinny_switch();
+// OK, or invalid_argument naming a malformed NUCLEUS_SKINNY (checked when a
+// model is built, which then fails; skinny_switch() reads it as off).
+Status skinny_env_status();
+
+// Whether skinny GEMMs are launched with PDL (NUCLEUS_PDL, read once).
+bool skinny_pdl();
+
+// The largest row count m (0..8) at which a bf16 decode GEMM with weight
+// [n, k] runs the skinny kernel; rows above it run cuBLASLt. Under kAuto the
+// rule measured by bench/skinny_gemm_bench.cpp on the H200 (docs/perf.md
+// "Skinny decode GEMMs"; cuBLASLt pays ~5.5-6.5 us a GEMM whatever its size,
+// the skinny kernel's f32 FMAs lose to it from m = 4 on wide outputs):
+//   n <= 1024               m <= 8 (k <= 2048), else m <= 4
+//   n <= 2048               m <= 4 (k <= 4096), else m <= 2
+//   n <= 4096               m <= 2
+//   weight >= 256 MiB       m <= 2 (lm_head)
+//   n <= 8192, <= 32 MiB    m <= 1
+//   otherwise               never.
+constexpr int64_t kSkinnyLargeWeightBytes = int64_t{256} << 20;
+constexpr int64_t kSkinnyMediumWeightBytes = int64_t{32} << 20;
+int64_t skinny_max_rows(int64_t n, int64_t k);
+
+}  // namespace nucleus

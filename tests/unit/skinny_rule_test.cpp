@@ -1,0 +1,35 @@
+// The skinny decode GEMM choice (ops/skinny.h) under the default switch: the
+// measured rule at the DeepSeek decode shapes it was measured on, and never
+// more rows than the kernel takes.
+#include <gtest/gtest.h>
+
+#include "ops/skinny.h"
+
+namespace nucleus {
+namespace {
+
+TEST(SkinnyRule, DefaultIsTheMeasuredRule) {
+  ASSERT_TRUE(skinny_env_status().ok()) << "the test runs without NUCLEUS_SKINNY";
+  EXPECT_EQ(skinny_switch(), SkinnySwitch::kAuto);
+  struct Case {
+    int64_t n, k, rows;
+    const char* what;
+  };
+  for (const Case& c : {Case{576, 2048, 8, "V2-Lite kv_a"}, Case{64, 2048, 8, "V2-Lite router"},
+                        Case{2048, 2048, 4, "V2-Lite o_proj"}, Case{2048, 1408 * 2, 4, "V2-Lite shared down"},
+                        Case{3072, 2048, 2, "V2-Lite q_proj"}, Case{5632, 2048, 1, "V2-Lite shared gate_up"},
+                        Case{2048, 10944, 2, "V2-Lite dense down"}, Case{21888, 2048, 0, "V2-Lite dense gate_up"},
+                        Case{102400, 2048, 2, "V2-Lite lm_head"}, Case{576, 7168, 4, "V3 kv_a"},
+                        Case{256, 7168, 4, "V3 router"}, Case{1536, 7168, 2, "V3 q_a"},
+                        Case{24576, 1536, 0, "V3 q_b"}, Case{7168, 16384, 0, "V3 o_proj"},
+                        Case{7168, 2048, 1, "V3 shared down"}, Case{129280, 7168, 2, "V3 lm_head"}})
+    EXPECT_EQ(skinny_max_rows(c.n, c.k), c.rows) << c.what;
+  for (int64_t n : {1, 100, 1024, 1025, 2048, 4096, 4097, 8192, 100000})
+    for (int64_t k : {8, 2048, 4096, 7168, 65536}) {
+      EXPECT_GE(skinny_max_rows(n, k), 0);
+      EXPECT_LE(skinny_max_rows(n, k), 8) << "the kernel takes m <= 8";
+    }
+}
+
+}  // namespace
+}  // namespace nucleus
