@@ -358,6 +358,7 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {c, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "nonsense"}}}})",
        400, "response_format", "nonsense"},
       {c, R"({"prompt": "x", "structured_outputs": {"regex": "([a-"}})", 400, "structured_outputs", "compiled"},
+      {c, R"({"prompt": "x", "guided_choice": ["a"], "min_tokens": 2})", 400, "min_tokens", "structured output"},
 #endif
       {c, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}})", 400,
        "response_format", "schema"},
