@@ -147,12 +147,10 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
     return not_found("--model '" + args.model + "' is not a directory");
   NUCLEUS_ASSIGN_OR_RETURN(Device device, resolve_device(args.device));
   NUCLEUS_ASSIGN_OR_RETURN(ModelOptions mo, args.model_options(device));
-  const bool has_tokenizer = args.config_file.empty() && fs::exists(fs::path(args.model) / "tokenizer.json");
+  // tokenizer.json, or Kimi-K2's tiktoken.model.
+  const bool has_tokenizer = args.config_file.empty() && (fs::exists(fs::path(args.model) / "tokenizer.json") ||
+                                                          fs::exists(fs::path(args.model) / "tiktoken.model"));
   if (!args.skip_tokenizer_init && (has_tokenizer || !dummy)) {
-    if (!has_tokenizer && fs::exists(fs::path(args.model) / "tiktoken.model"))
-      return unsupported("--model '" + args.model +
-                         "': its tokenizer is tiktoken.model (Kimi-K2's format), which nucleus does not read yet; "
-                         "--skip-tokenizer-init serves it with token-id prompts");
     NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
   }
   std::unique_ptr<DeepseekModel> model;

@@ -148,7 +148,8 @@ int run_serve(int argc, char** argv) {
   std::unique_ptr<ChatTemplate> chat_template;
   if (!loaded->tokenizer && !args.skip_tokenizer_init) {
     std::fprintf(stderr,
-                 "error: serve needs the model's tokenizer files (tokenizer.json, tokenizer_config.json); "
+                 "error: serve needs the model's tokenizer files (tokenizer.json or tiktoken.model, and "
+                 "tokenizer_config.json); "
                  "--skip-tokenizer-init serves token-id prompts without them\n");
     return 1;
   }

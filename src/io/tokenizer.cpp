@@ -1,10 +1,9 @@
 #include "io/tokenizer.h"
-#include "io/utf8.h"
+#include "io/onig_regex.h"
 
 #include <pcre2.h>
 
 #include <algorithm>
-#include <array>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -13,11 +12,13 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "io/regular_file.h"
+#include "io/tokenizer_internal.h"
 
 namespace nucleus {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using namespace tokenizer_internal;
 
 namespace {
 
@@ -25,133 +26,9 @@ namespace {
 // (GPT-2's, tokenizers/src/pre_tokenizers/byte_level.rs).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-// Ids index dense tables; this bounds them (real vocabularies: ~130k).
-constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
-
 // The BPE cache holds pre-tokens up to this size, and this many of them.
 constexpr size_t kMaxCachedWordBytes = 256;
 constexpr size_t kCacheCapacity = 1 << 17;
-
-// ---- UTF-8 -----------------------------------------------------------------
-
-// Length of the valid UTF-8 character at s[i] (storing its code point in
-// *cp), or 0 when the bytes there are not one (stray continuation byte,
-// truncated or overlong sequence, surrogate, past U+10FFFF).
-size_t utf8_char_len(std::string_view s, size_t i, uint32_t* cp = nullptr) {
-  auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) {
-    if (cp) *cp = c;
-    return 1;
-  }
-  size_t len;
-  uint32_t v, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, v = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, v = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  if (cp) *cp = v;
-  return len;
-}
-
-// Bytes to step over at s[i]: one character, or one byte of invalid UTF-8.
-size_t char_step(std::string_view s, size_t i) {
-  size_t n = utf8_char_len(s, i);
-  return n ? n : 1;
-}
-
-// Start of the character just before s[end] (end > 0); end - 1 when the
-// bytes there do not end a valid character.
-size_t prev_char_start(std::string_view s, size_t end) {
-  for (size_t back = 1; back <= 4 && back <= end; ++back) {
-    auto b = static_cast<unsigned char>(s[end - back]);
-    if ((b & 0xC0) != 0x80) return utf8_char_len(s, end - back) == back ? end - back : end - 1;
-  }
-  return end - 1;
-}
-
-
-// Unicode White_Space, which Rust's regex \s (used by HF for lstrip/rstrip of
-// added tokens) matches.
-bool is_white_space(uint32_t cp) {
-  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
-bool white_space_at(std::string_view s, size_t i, size_t* len) {
-  uint32_t cp = 0;
-  *len = utf8_char_len(s, i, &cp);
-  return *len != 0 && is_white_space(cp);
-}
-
-// ---- GPT-2 byte <-> character alphabet ------------------------------------
-
-// bytes_to_unicode(): printable Latin-1 bytes stand for themselves; the other
-// 68 bytes map in order to U+0100.. so that every byte is a visible character.
-struct ByteAlphabet {
-  std::array<std::string, 256> byte_to_char;  // UTF-8 of the character
-  std::array<int16_t, 324> char_to_byte;      // code point -> byte, -1 if none
-
-  ByteAlphabet() {
-    char_to_byte.fill(-1);
-    uint32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      uint32_t cp = printable ? static_cast<uint32_t>(b) : next++;
-      append_utf8(cp, byte_to_char[b]);
-      char_to_byte[cp] = static_cast<int16_t>(b);
-    }
-  }
-};
-
-const ByteAlphabet& byte_alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
-
-// HF's ByteLevel decoder for one token: each character back to its byte, or
-// the token's own text when a character is outside the alphabet.
-std::string byte_level_decode(const std::string& token) {
-  const ByteAlphabet& a = byte_alphabet();
-  std::string out;
-  out.reserve(token.size());
-  for (size_t i = 0; i < token.size();) {
-    uint32_t cp = 0;
-    size_t n = utf8_char_len(token, i, &cp);
-    if (n == 0 || cp >= a.char_to_byte.size() || a.char_to_byte[cp] < 0) return token;
-    out += static_cast<char>(a.char_to_byte[cp]);
-    i += n;
-  }
-  return out;
-}
-
-// ---- JSON field access ------------------------------------------------------
-
-// The value of `key` in `obj`, or nullptr when `obj` is not an object or the
-// key is missing or null.
-const json* field(const json& obj, const char* key) {
-  if (!obj.is_object()) return nullptr;
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-// A JSON value for an error message, cut short: a bad value can be large.
-std::string short_dump(const json& v) {
-  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  return s.size() <= 80 ? s : s.substr(0, 77) + "...";
-}
 
 // Reads optional boolean `key` of `obj` into *out (left as is when absent).
 Status read_bool(const json& obj, const char* key, const std::string& where, bool* out) {
@@ -180,62 +57,6 @@ StatusOr<json> read_json_file(const fs::path& path) {
   if (j.is_discarded()) return invalid_argument(path.string() + ": not valid JSON");
   if (!j.is_object()) return invalid_argument(path.string() + ": not a JSON object");
   return j;
-}
-
-// HF compiles tokenizer.json patterns with Oniguruma, whose Unicode \s is
-// the White_Space property and \w is Letter | Mark | Decimal_Number |
-// Connector_Punctuation. PCRE2 10.42's UCP \s adds U+180E and its \w takes
-// all of \p{N} but no marks, so those escapes are spelled out. Inside a
-// character class the set is inserted without brackets; \W inside a class
-// (which would need a negated union) is left to PCRE2.
-std::string onig_to_pcre2(const std::string& pattern) {
-  constexpr const char* kSpace = R"(\p{White_Space})";
-  constexpr const char* kNotSpace = R"(\P{White_Space})";
-  constexpr const char* kWord = R"(\p{L}\p{M}\p{Nd}\p{Pc})";
-  std::string out;
-  out.reserve(pattern.size() + 32);
-  bool in_class = false;
-  for (size_t i = 0; i < pattern.size(); ++i) {
-    char c = pattern[i];
-    if (c == '\\' && i + 1 < pattern.size()) {
-      char e = pattern[++i];
-      if (e == 's') {
-        out += kSpace;
-      } else if (e == 'S') {
-        out += kNotSpace;
-      } else if (e == 'w') {
-        // Appended piecewise: "[" + std::string trips a GCC 12 -Wrestrict false positive.
-        if (!in_class) out += '[';
-        out += kWord;
-        if (!in_class) out += ']';
-      } else if (e == 'W' && !in_class) {
-        out += "[^";
-        out += kWord;
-        out += ']';
-      } else {
-        out += c;
-        out += e;
-      }
-      continue;
-    }
-    out += c;
-    if (!in_class && c == '[') {
-      in_class = true;
-      // A ']' first in the class (after an optional '^') is literal.
-      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
-      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
-    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
-      // POSIX class [:name:] inside a class: copy through its ":]".
-      size_t end = pattern.find(":]", i + 2);
-      if (end != std::string::npos) {
-        out.append(pattern, i + 1, end + 2 - (i + 1));
-        i = end + 1;
-      }
-    } else if (in_class && c == ']') {
-      in_class = false;
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -352,13 +173,21 @@ class TokenizerRegex {
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::load(const std::string& model_dir) {
   fs::path dir(model_dir);
-  NUCLEUS_ASSIGN_OR_RETURN(json tokenizer, read_json_file(dir / "tokenizer.json"));
+  std::error_code ec;
+  // Kimi-K2 ships tiktoken.model instead of tokenizer.json.
+  const bool tiktoken = !fs::exists(dir / "tokenizer.json", ec) && fs::exists(dir / "tiktoken.model", ec);
+  json tokenizer;
+  std::string ranks_text;
+  if (tiktoken) {
+    NUCLEUS_RETURN_IF_ERROR(read_file(dir / "tiktoken.model", &ranks_text));
+  } else {
+    NUCLEUS_ASSIGN_OR_RETURN(tokenizer, read_json_file(dir / "tokenizer.json"));
+  }
   NUCLEUS_ASSIGN_OR_RETURN(json config, read_json_file(dir / "tokenizer_config.json"));
   std::string template_text;
   fs::path jinja = dir / "chat_template.jinja";
-  std::error_code ec;
   if (fs::exists(jinja, ec)) NUCLEUS_RETURN_IF_ERROR(read_file(jinja, &template_text));
-  auto t = from_json(tokenizer, config, template_text);
+  auto t = tiktoken ? from_tiktoken(ranks_text, config, template_text) : from_json(tokenizer, config, template_text);
   if (!t.ok()) return t.status().with_context(model_dir);
   return t;
 }
@@ -497,7 +326,7 @@ Status Tokenizer::parse_model(const json& model) {
   return ok_status();
 }
 
-Status Tokenizer::parse_added_tokens(const json& tokens) {
+Status Tokenizer::parse_added_tokens(const json& tokens, bool vocab_ids_first) {
   const std::string w = "tokenizer.json";
   if (!tokens.is_array()) return invalid_argument(w + ": added_tokens must be an array");
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -519,7 +348,7 @@ Status Tokenizer::parse_added_tokens(const json& tokens) {
     a.id = static_cast<int32_t>(id->get<int64_t>());
     // A token already in the vocab keeps its vocab id (as HF, which only
     // warns when the file says otherwise).
-    if (auto it = vocab_.find(a.content); it != vocab_.end()) a.id = it->second;
+    if (auto it = vocab_.find(a.content); vocab_ids_first && it != vocab_.end()) a.id = it->second;
     if (auto it = added_ids_.find(a.content); it != added_ids_.end()) {
       if (it->second != a.id)
         return invalid_argument(where + ": '" + a.content + "' repeats with id " + std::to_string(a.id) +
@@ -625,7 +454,7 @@ Status Tokenizer::parse_pre_tokenizer(const json& pre, const std::string& where)
   return ok_status();
 }
 
-Status Tokenizer::parse_config(const json& config) {
+Status Tokenizer::parse_config(const json& config, bool default_add_bos) {
   const std::string w = "tokenizer_config.json";
   // bos_token / eos_token: a string, or an AddedToken object {"content": ...}.
   auto read_token = [&](const char* key, std::string* text, std::optional<int32_t>* id) -> Status {
@@ -642,7 +471,7 @@ Status Tokenizer::parse_config(const json& config) {
   };
   NUCLEUS_RETURN_IF_ERROR(read_token("bos_token", &bos_token_, &bos_id_));
   NUCLEUS_RETURN_IF_ERROR(read_token("eos_token", &eos_token_, &eos_id_));
-  add_bos_ = bos_id_.has_value();
+  add_bos_ = default_add_bos && bos_id_.has_value();
   add_eos_ = false;
   NUCLEUS_RETURN_IF_ERROR(read_bool(config, "add_bos_token", w, &add_bos_));
   NUCLEUS_RETURN_IF_ERROR(read_bool(config, "add_eos_token", w, &add_eos_));
@@ -981,16 +810,24 @@ void Tokenizer::bpe_uncached(std::string_view word, std::vector<int32_t>& out) c
     if (s.alive) out.push_back(s.id);
 }
 
-std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
-  std::vector<int32_t> ids;
-  ids.reserve(text.size() / 3 + 2);
-  if (add_special_tokens && add_bos_) ids.push_back(*bos_id_);
+void Tokenizer::encode_chunk(std::string_view text, std::vector<int32_t>& ids) const {
   for (const Segment& seg : split_added_tokens(text)) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
       continue;
     }
     for (const std::string& piece : pre_tokenize(text.substr(seg.begin, seg.end - seg.begin))) bpe(piece, ids);
+  }
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 2);
+  if (add_special_tokens && add_bos_) ids.push_back(*bos_id_);
+  if (kimi_chunking_) {
+    for (std::string_view chunk : kimi_chunks(text)) encode_chunk(chunk, ids);
+  } else {
+    encode_chunk(text, ids);
   }
   if (add_special_tokens && add_eos_) ids.push_back(*eos_id_);
   return ids;

@@ -21,10 +21,17 @@
 // text that is not valid UTF-8 is kept as raw bytes.
 //
 // Regexes from tokenizer.json (Oniguruma syntax in HF) are compiled with
-// PCRE2 (UTF + UCP, JIT when available), with \s and \w rewritten to
-// Oniguruma's Unicode definitions. One known difference remains: PCRE2
-// 10.42 knows Unicode 14, so characters assigned since then (unassigned to
-// it) may split differently from HF.
+// PCRE2 (UTF + UCP, JIT when available) after onig_to_pcre2
+// (io/onig_regex.h): \s and \w get Oniguruma's Unicode definitions, and
+// \p{..} classes the code points assigned up to Unicode 16.0.0 (HF's
+// version) that the system PCRE2's Unicode 14 tables lack.
+//
+// Kimi-K2's tokenizer (tiktoken format: tiktoken.model, no tokenizer.json)
+// is read by from_tiktoken() into the same machinery: the ranks become a
+// byte-level vocabulary whose merge of an adjacent pair (a, b) has the rank
+// of the token a+b, which is tiktoken's BPE (lowest-rank concatenation
+// first, leftmost among equals; a pre-token that is itself a token is not
+// split).
 //
 // Ids are those written in tokenizer.json (an added token that is also in
 // model.vocab keeps its vocab id, as in HF).
@@ -54,6 +61,27 @@
 
 namespace nucleus {
 
+// Kimi-K2's pre-tokenization pattern (TikTokenTokenizer.pat_str of its
+// tokenization_kimi.py), in tiktoken's (Rust fancy-regex) syntax: Han runs
+// split from other letters, which use class intersections [..&&[^\p{Han}]].
+inline constexpr const char* kKimiPattern =
+    R"([\p{Han}]+)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*)"
+    R"([\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+)"
+    R"([\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*)"
+    R"(|\s*[\r\n]+)"
+    R"(|\s+(?!\S))"
+    R"(|\s+)";
+
+// How many special-token ids Kimi's tokenizer reserves after the ranks
+// (num_reserved_special_tokens in tokenization_kimi.py): ids n .. n+255 for
+// n ranks, named by tokenizer_config.json's added_tokens_decoder, the others
+// "<|reserved_token_{id}|>".
+inline constexpr int kKimiReservedSpecialTokens = 256;
+
 namespace detail {
 // A compiled PCRE2 pattern (defined in tokenizer.cpp).
 class TokenizerRegex;
@@ -62,13 +90,36 @@ class TokenizerRegex;
 class Tokenizer {
  public:
   // Loads <model_dir>/tokenizer.json and <model_dir>/tokenizer_config.json
-  // (both required). The chat template comes from tokenizer_config.json, or
-  // else from <model_dir>/chat_template.jinja when that file exists.
+  // (both required); a directory with <model_dir>/tiktoken.model and no
+  // tokenizer.json (Kimi-K2) is read with from_tiktoken(). The chat template
+  // comes from tokenizer_config.json, or else from
+  // <model_dir>/chat_template.jinja when that file exists.
   // Errors name the file and the problem: kNotFound for a missing file,
   // kInvalidArgument for bad JSON or a bad field (a merge naming an unknown
   // token, a bos_token that is not a token, ...), kUnsupported for a
   // component type this engine does not implement.
   static StatusOr<std::unique_ptr<Tokenizer>> load(const std::string& model_dir);
+
+  // Builds a tiktoken-format tokenizer (Kimi-K2) from the text of its ranks
+  // file (tiktoken.model: "<base64 bytes> <rank>" lines, see
+  // parse_tiktoken_ranks) and tokenizer_config.json (`config`, may be an
+  // empty object), as tokenization_kimi.py's TikTokenTokenizer builds its
+  // tiktoken.Encoding: pre-tokens from `pattern` (tiktoken syntax), BPE over
+  // the ranks, and the special tokens ids n .. n+kKimiReservedSpecialTokens-1
+  // (n ranks), named by config's added_tokens_decoder (entries with ids past
+  // them are added too) or "<|reserved_token_{id}|>", all special and
+  // matched in text before pre-tokenization. BOS/EOS and the chat template as
+  // in from_json, except that BOS is only prepended when config sets
+  // add_bos_token (Kimi's tokenizer adds none). As Kimi's encode(), texts
+  // longer than 400,000 characters, and runs of more than 25,000 characters
+  // without (or of only) whitespace, are cut into chunks encoded
+  // separately (see kimi_chunks). Errors: kInvalidArgument
+  // naming tiktoken.model and the line, or tokenizer_config.json and the
+  // field; a ranks file lacking one of the 256 single bytes (tiktoken
+  // cannot encode with it) is refused.
+  static StatusOr<std::unique_ptr<Tokenizer>> from_tiktoken(std::string_view ranks_text, const nlohmann::json& config,
+                                                            const std::string& chat_template = "",
+                                                            std::string_view pattern = kKimiPattern);
 
   // Builds a tokenizer from the parsed contents of tokenizer.json and
   // tokenizer_config.json (`config` may be an empty object). `chat_template`
@@ -178,9 +229,13 @@ class Tokenizer {
 
   Tokenizer() = default;
   Status parse_model(const nlohmann::json& model);
-  Status parse_added_tokens(const nlohmann::json& tokens);
+  // `vocab_ids_first`: an added token that is also a vocab entry keeps the
+  // vocab id (HF); tiktoken's special tokens keep their own ids.
+  Status parse_added_tokens(const nlohmann::json& tokens, bool vocab_ids_first = true);
   Status parse_pre_tokenizer(const nlohmann::json& pre, const std::string& where);
-  Status parse_config(const nlohmann::json& config);
+  // `default_add_bos`: whether BOS is prepended when add_bos_token is absent
+  // and bos_token is set.
+  Status parse_config(const nlohmann::json& config, bool default_add_bos = true);
 
   std::vector<Segment> split_added_tokens(std::string_view text) const;
   // One matching pass over text[begin, end) with the tokens whose
@@ -188,6 +243,16 @@ class Tokenizer {
   void find_added_tokens(std::string_view text, size_t begin, size_t end, bool normalized,
                          std::vector<Segment>& out) const;
   void apply_step(const Step& step, std::vector<std::string>& pieces) const;
+  // Appends the ids of `text`: added tokens, pre-tokens, BPE.
+  void encode_chunk(std::string_view text, std::vector<int32_t>& ids) const;
+  // Kimi's encode() (tokenization_kimi.py, as Llama 3's tokenizer.py) cuts
+  // the text before tiktoken sees it: into slices of kKimiMaxEncodeChars
+  // characters, each cut again before a character that would make a run of
+  // whitespace (Python's str.isspace) or of non-whitespace longer than
+  // kKimiMaxRunChars. The chunks, in order, covering `text`.
+  static std::vector<std::string_view> kimi_chunks(std::string_view text);
+  static constexpr size_t kKimiMaxEncodeChars = 400'000;
+  static constexpr size_t kKimiMaxRunChars = 25'000;
   // Appends the BPE ids of one pre-token.
   void bpe(std::string_view word, std::vector<int32_t>& out) const;
   void bpe_uncached(std::string_view word, std::vector<int32_t>& out) const;
@@ -210,6 +275,7 @@ class Tokenizer {
   std::optional<int32_t> unk_id_;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
+  bool kimi_chunking_ = false;  // from_tiktoken: encode kimi_chunks() separately
   std::vector<Step> steps_;
 
   std::string bos_token_, eos_token_, chat_template_;

@@ -138,6 +138,32 @@ TEST(CliTest, SkipTokenizerInitTakesAndGivesTokenIds) {
   EXPECT_NE(text.out.find("prompt_token_ids"), std::string::npos) << text.out;
 }
 
+// A Kimi-K2 style directory (tiktoken.model, no tokenizer.json) loads its
+// tokenizer: text prompts are encoded with the ranks and Kimi's special ids.
+TEST(CliTest, TiktokenModelDirectoryTakesTextPrompts) {
+  testing::ModelCopy m("tiny-dsv3");
+  std::filesystem::remove(m.dir() + "/tokenizer.json");
+  std::string ranks;
+  for (int b = 0; b < 256; ++b) {
+    // base64 of one byte: two characters of the alphabet, then "==".
+    static const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    ranks += std::string{kAlphabet[b >> 2], kAlphabet[(b & 3) << 4], '=', '='} + " " + std::to_string(b) + "\n";
+  }
+  ranks += "aGk= 256\n";  // "hi"
+  testing::write_file(m.dir() + "/tiktoken.model", ranks);
+  testing::write_file(m.dir() + "/tokenizer_config.json",
+                      R"({"added_tokens_decoder": {"258": {"content": "<|im_end|>", "special": true}},
+                          "eos_token": "<|im_end|>"})");
+  const std::string args =
+      "generate --device cpu --model " + m.dir() + " --prompt 'hi<|im_end|>hi!' --max-tokens 4 --json";
+  RunResult r = run(args);
+  ASSERT_EQ(r.status, 0) << run(args, true).out;
+  auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 1u) << r.out;
+  EXPECT_EQ(lines[0]["prompt_token_ids"], json({256, 258, 256, 33}));
+  EXPECT_TRUE(lines[0].contains("text"));
+}
+
 TEST(CliTest, RefusedPromptGetsErrorLineOthersFinish) {
   const std::string dir = testing::make_temp_dir("nucleus_cli");
   const std::string file = dir + "/prompts.jsonl";
