@@ -11,6 +11,8 @@
 #include "core/device.h"
 #include "core/logging.h"
 #include "core/op_cuda_error.h"
+#include "runtime/grammar_mask.h"
+#include "runtime/structured_output.h"
 
 namespace nucleus {
 
@@ -168,6 +170,7 @@ Status LLMEngine::add_request(const std::string& request_id, std::vector<int32_t
     seq->distinct_prompt_ids.erase(std::unique(seq->distinct_prompt_ids.begin(), seq->distinct_prompt_ids.end()),
                                    seq->distinct_prompt_ids.end());
   }
+  if (params.grammar) seq->grammar_matcher = std::make_shared<GrammarMatcher>(params.grammar);
   seq->seed = params.seed ? *params.seed : std::random_device{}();
   seq->arrival_time = now_seconds();
   scheduler_->add(seq.get());
@@ -214,8 +217,10 @@ std::vector<RequestOutput> LLMEngine::step() {
     o.new_samples.push_back(std::move(r));
     if (seq.params.prompt_logprobs && seq.num_output_tokens() == 1) o.prompt_logprobs = seq.prompt_logprobs;
     const int32_t tok = o.new_token_ids.back();
-    FinishReason reason = FinishReason::kNone;
-    if (!seq.params.ignore_eos &&
+    FinishReason reason = seq.grammar_matcher ? advance_grammar(seq, tok) : FinishReason::kNone;
+    if (reason != FinishReason::kNone)
+      o.error = seq.error;  // the grammar ended the output (kStop), or refused the token (kError)
+    else if (!seq.params.ignore_eos &&
         std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) != config_.eos_token_ids.end())
       reason = FinishReason::kStop;
     else if (std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), tok) !=

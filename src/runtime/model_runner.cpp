@@ -83,6 +83,7 @@ StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const Schedu
   for (const auto& s : out.scheduled)
     if (s.samples) rows.push_back(s.seq);
   NUCLEUS_RETURN_IF_ERROR(score_prompt_rows(out, logits, static_cast<int64_t>(rows.size()), vocab));
+  grammar_masker_.apply(rows, logits.data<float>(), vocab, logits.device());
   // Each row's adjustment list: [begin, end) of adjustments_.
   adjustments_.clear();
   std::vector<std::pair<size_t, size_t>> spans(rows.size(), {0, 0});

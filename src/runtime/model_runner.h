@@ -7,6 +7,7 @@
 
 #include "model/deepseek/deepseek_model.h"
 #include "runtime/device_sampler.h"
+#include "runtime/grammar_mask.h"
 #include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
@@ -57,6 +58,7 @@ class ModelRunner {
   std::vector<int32_t> eos_token_ids_;
   std::unique_ptr<TokenAdjustmentBuilder> adjust_builder_;  // created on the first row that needs it
   std::vector<TokenAdjustment> adjustments_;                // this step's lists, rows back to back
+  GrammarMasker grammar_masker_;  // structured output: masks rows before sampling
 };
 
 }  // namespace nucleus

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -10,6 +11,8 @@
 #include "core/status.h"
 
 namespace nucleus {
+
+class CompiledGrammar;  // runtime/structured_output.h
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0: greedy (argmax)
@@ -34,6 +37,9 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100]), distinct ids
   int32_t min_tokens = 0;           // EOS and stop_token_ids masked until this many tokens are generated
   float min_p = 0.0f;               // [0, 1]: after temperature, drop tokens with p < min_p * p_max
+  // Structured output: the output must match this grammar (compiled by the
+  // server's GrammarCompiler against the served vocabulary); null: free.
+  std::shared_ptr<const CompiledGrammar> grammar;
 
   // Errors name the field: temperature < 0, top_p outside (0, 1],
   // max_tokens < 1, logprobs or prompt_logprobs outside [0, 20],

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -15,6 +16,8 @@
 #include "runtime/sampling_params.h"
 
 namespace nucleus {
+
+class GrammarMatcher;  // runtime/structured_output.h
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
@@ -52,6 +55,9 @@ struct Sequence {
   int64_t num_preemptions = 0;
   double arrival_time = 0.0;  // seconds, steady clock
   double first_token_time = 0.0;
+  // With params.grammar: where the output stands in it (masks the logits of
+  // each step, advanced by each sampled token).
+  std::shared_ptr<GrammarMatcher> grammar_matcher;
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(prompt_token_ids.size()); }
   int64_t num_output_tokens() const { return static_cast<int64_t>(output_token_ids.size()); }

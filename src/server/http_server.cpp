@@ -89,6 +89,14 @@ HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer
   model_info_.enable_auto_tool_choice = config_.enable_auto_tool_choice;
   model_info_.reasoning_parser = config_.reasoning_parser;
   model_info_.limits.max_elements = std::max<int64_t>(model_info_.max_model_len, 4096);
+  if (tokenizer_) {  // structured output: the vocabulary as the grammar compiler sees it
+    auto compiler = GrammarCompiler::create(*tokenizer_, model_info_.vocab_size, engine_.config().eos_token_ids);
+    if (compiler.ok())
+      grammar_compiler_ = std::move(compiler).value();
+    else
+      NUCLEUS_LOG_WARN("structured output is off: {}", compiler.status().message());
+    model_info_.grammar_compiler = grammar_compiler_.get();
+  }
   created_ = unix_now();
   id_salt_ = std::random_device{}();
 }

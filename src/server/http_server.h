@@ -21,6 +21,7 @@
 
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
+#include "runtime/structured_output.h"
 #include "server/async_engine.h"
 #include "server/http_transport.h"
 #include "server/metrics.h"
@@ -84,6 +85,7 @@ class HttpServer {
   ServerConfig config_;
   AsyncEngine& engine_;
   const Tokenizer* tokenizer_;
+  std::unique_ptr<GrammarCompiler> grammar_compiler_;  // null: structured output refused
   ModelInfo model_info_;
   ServerMetrics metrics_;
   HttpTransport transport_;

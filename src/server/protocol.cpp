@@ -8,6 +8,8 @@
 #include <limits>
 #include <unordered_set>
 
+#include "server/structured_output_request.h"
+
 namespace nucleus::server {
 
 using nlohmann::json;
@@ -219,12 +221,21 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   p.min_tokens = static_cast<int32_t>(get_int_in(body, "min_tokens", 0, INT32_MAX, 0));
   p.logit_bias = get_logit_bias(body, model.vocab_size);
   if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
-  // Served by vLLM but not (yet) here: refused by name rather than ignored.
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text")
-      refuse("response_format", "'response_format' is not supported (only {\"type\": \"text\"}): no "
-                                "structured-output sampler yet");
-  }
+}
+
+// response_format / structured_outputs / guided_*: compiled last, once the
+// cheaper checks passed (server/structured_output_request.h).
+std::shared_ptr<const CompiledGrammar> structured_output(const json& body, const std::string& text,
+                                                         const ModelInfo& model, const SamplingParams& p) {
+  auto grammar = parse_structured_output(body, text, model);
+  if (const ApiError* e = std::get_if<ApiError>(&grammar)) throw Refusal{*e};
+  auto g = std::get<std::shared_ptr<const CompiledGrammar>>(std::move(grammar));
+  // A grammar allows only EOS once the output is complete, and min_tokens
+  // masks EOS: a short complete output would leave no token to sample.
+  if (g && p.min_tokens > 0)
+    refuse("min_tokens", "'min_tokens' cannot be combined with structured output (response_format, "
+                         "structured_outputs, guided_*): the grammar may end the output before it");
+  return g;
 }
 
 void check_token_ids(const std::vector<int32_t>& ids, int64_t vocab_size, const std::string& where) {
@@ -505,6 +516,7 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
                            std::to_string(model.limits.max_choices) + " completions per request (--max-choices)");
     set_max_tokens(body, {"max_tokens"}, 16, model, r);
     check_min_tokens(r);
+    r.params.grammar = structured_output(body, text, model, r.params);
     return r;
   } catch (const Refusal& e) {
     return e.error;
@@ -531,6 +543,7 @@ std::variant<GenerationRequest, ApiError> parse_chat_request(const std::string& 
     r.prompts.push_back(std::move(p));
     set_max_tokens(body, {"max_completion_tokens", "max_tokens"}, std::nullopt, model, r);
     check_min_tokens(r);
+    r.params.grammar = structured_output(body, text, model, r.params);
     return r;
   } catch (const Refusal& e) {
     return e.error;

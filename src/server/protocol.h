@@ -15,6 +15,7 @@
 #include "io/chat_template.h"
 #include "io/tokenizer.h"
 #include "runtime/sampling_params.h"
+#include "runtime/structured_output.h"
 #include "server/message_parser.h"
 
 namespace nucleus::server {
@@ -64,6 +65,9 @@ struct ModelInfo {
   std::optional<ToolCallFormat> tool_call_parser;
   bool enable_auto_tool_choice = false;
   bool reasoning_parser = false;
+  // Compiles response_format / structured_outputs; null: such requests are
+  // refused (no tokenizer, or a build without xgrammar).
+  const GrammarCompiler* grammar_compiler = nullptr;
 };
 
 struct Prompt {

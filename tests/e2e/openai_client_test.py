@@ -2,8 +2,9 @@
 """The official OpenAI Python client against `nucleus serve` (tiny model, CPU).
 
 Run by ctest (env NUCLEUS_BIN, NUCLEUS_MODELS_DIR, NUCLEUS_PY_VENV):
-  openai_client_test.py --setup   creates the venv NUCLEUS_PY_VENV and installs `openai` and `jinja2`
-                                  (the reference renderer of chat templates) into it
+  openai_client_test.py --setup   creates the venv NUCLEUS_PY_VENV and installs `openai`, `jinja2`
+                                  (the reference renderer of chat templates) and `jsonschema`
+                                  (the validator of structured outputs) into it
   openai_client_test.py           runs the tests (with the venv's interpreter when `openai`
                                   is not importable here; sets the venv up first if needed)
 """
@@ -23,14 +24,14 @@ VENV_PYTHON = os.path.join(VENV, "bin", "python")
 
 
 def have_openai(python):
-    return subprocess.run([python, "-c", "import openai, jinja2"], capture_output=True).returncode == 0
+    return subprocess.run([python, "-c", "import openai, jinja2, jsonschema"], capture_output=True).returncode == 0
 
 
 def setup_venv():
     if os.path.exists(VENV_PYTHON) and have_openai(VENV_PYTHON):
         return 0
     subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
-    r = subprocess.run([VENV_PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai", "jinja2"])
+    r = subprocess.run([VENV_PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai", "jinja2", "jsonschema"])
     return r.returncode
 
 
@@ -190,6 +191,120 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(roles, ["assistant"])
         self.assertEqual(text, msg.content)
         self.assertEqual(finishes, [r.choices[0].finish_reason])
+
+    # Structured output. The tiny model's weights are random: at temperature 1
+    # it fills JSON with whitespace wherever the grammar allows some, so the
+    # budgets are large; the seeds are fixed (CPU sampling is deterministic).
+    SCHEMA = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 10},
+                             "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                             "ok": {"type": "boolean"}},
+              "required": ["name", "age", "ok"], "additionalProperties": False}
+    MESSAGES = [{"role": "user", "content": "Describe a person as JSON."}]
+
+    def setUp(self):
+        if self._testMethodName.startswith(("test_response_format", "test_structured")) and not self.structured():
+            self.skipTest("the server has no structured output (built with -DNUCLEUS_XGRAMMAR=OFF)")
+
+    def structured(self):
+        try:
+            self.client.completions.create(model="tiny-dsv3", prompt="x", max_tokens=1,
+                                           extra_body={"response_format": {"type": "json_object"}})
+            return True
+        except self.openai.BadRequestError as e:
+            return "NUCLEUS_XGRAMMAR=OFF" not in str(e.body)
+
+    def check_json(self, choices, text_of, schema=None):
+        import jsonschema
+        for c in choices:
+            text = text_of(c)
+            self.assertEqual(c.finish_reason, "stop", text)
+            value = json.loads(text)
+            self.assertIsInstance(value, dict, text)
+            if schema:
+                jsonschema.validate(value, schema)
+
+    def test_response_format_json_schema(self):
+        rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": self.SCHEMA, "strict": True}}
+        r = self.client.chat.completions.create(model="tiny-dsv3", messages=self.MESSAGES, response_format=rf,
+                                                temperature=1, seed=1, n=4, max_tokens=900)
+        self.assertEqual(len(r.choices), 4)
+        self.check_json(r.choices, lambda c: c.message.content, self.SCHEMA)
+        r = self.client.completions.create(model="tiny-dsv3", prompt="JSON:", temperature=1, seed=2, n=3,
+                                           max_tokens=900, extra_body={"response_format": rf})
+        self.check_json(r.choices, lambda c: c.text, self.SCHEMA)
+        # Keys come in the schema's order, as the client wrote it (not sorted).
+        for c in r.choices:
+            value = json.loads(c.text)
+            self.assertEqual(list(value)[:2], ["name", "age"], c.text)
+
+    def test_response_format_json_object(self):
+        r = self.client.chat.completions.create(model="tiny-dsv3", messages=self.MESSAGES,
+                                                response_format={"type": "json_object"}, temperature=1, seed=11, n=4,
+                                                max_tokens=900)
+        self.check_json(r.choices, lambda c: c.message.content)
+
+    def test_response_format_stream(self):
+        kw = dict(model="tiny-dsv3", messages=self.MESSAGES, temperature=1, seed=7, n=2, max_tokens=900,
+                  response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": self.SCHEMA}})
+        whole = self.client.chat.completions.create(**kw)
+        self.check_json(whole.choices, lambda c: c.message.content, self.SCHEMA)
+        text, finishes = {0: "", 1: ""}, {}
+        for chunk in self.client.chat.completions.create(stream=True, **kw):
+            for ch in chunk.choices:
+                text[ch.index] += ch.delta.content or ""
+                if ch.finish_reason:
+                    finishes[ch.index] = ch.finish_reason
+        self.assertEqual(text, {c.index: c.message.content for c in whole.choices})
+        self.assertEqual(finishes, {0: "stop", 1: "stop"})
+
+    def test_response_format_pydantic_parse(self):
+        # The client's own structured-output helper: a pydantic model becomes a
+        # strict json_schema, and the reply is parsed back into it.
+        import pydantic
+        from typing import Literal
+
+        class Pet(pydantic.BaseModel):
+            kind: Literal["cat", "dog"]
+            legs: int = pydantic.Field(ge=0, le=8)
+            vaccinated: bool
+
+        parse = getattr(self.client.chat.completions, "parse", None) or self.client.beta.chat.completions.parse
+        r = parse(model="tiny-dsv3", messages=self.MESSAGES, response_format=Pet, temperature=1, seed=3, n=3,
+                  max_tokens=900)
+        for c in r.choices:
+            self.assertEqual(c.finish_reason, "stop", c.message.content)
+            self.assertIsInstance(c.message.parsed, Pet, c.message.content)
+
+    def test_structured_outputs_extra_body(self):
+        # vLLM's parameters, through extra_body: compact JSON, a regex, a choice.
+        r = self.client.completions.create(
+            model="tiny-dsv3", prompt="JSON:", temperature=1, seed=9, n=3, max_tokens=200,
+            extra_body={"structured_outputs": {"json": self.SCHEMA, "disable_any_whitespace": True}})
+        self.check_json(r.choices, lambda c: c.text, self.SCHEMA)
+        r = self.client.completions.create(model="tiny-dsv3", prompt="x", temperature=1, seed=1, max_tokens=20,
+                                           extra_body={"guided_choice": ["alpha", "beta"]})
+        self.assertIn(r.choices[0].text, ("alpha", "beta"))
+        r = self.client.completions.create(model="tiny-dsv3", prompt="x", temperature=1, seed=1, max_tokens=20,
+                                           extra_body={"structured_outputs": {"regex": "[a-c]{2}[0-9]"}})
+        self.assertRegex(r.choices[0].text, r"^[a-c]{2}[0-9]$")
+
+    def test_response_format_errors(self):
+        bad = [({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}, "nonsense"),
+               ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "minimum": 3,
+                                                                                   "maximum": 1}}}, ""),
+               ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema"),
+               ({"type": "xml"}, "xml")]
+        for rf, words in bad:
+            with self.assertRaises(self.openai.BadRequestError) as e:
+                self.client.chat.completions.create(model="tiny-dsv3", messages=self.MESSAGES, response_format=rf,
+                                                    max_tokens=4)
+            self.assertEqual(e.exception.status_code, 400)
+            self.assertEqual(e.exception.body.get("param"), "response_format", e.exception.body)
+            self.assertIn(words, e.exception.body.get("message"))
+        r = self.client.chat.completions.create(model="tiny-dsv3", messages=self.MESSAGES, max_tokens=4,
+                                                response_format={"type": "text"})
+        self.assertEqual(len(r.choices), 1)
 
     def test_errors(self):
         with self.assertRaises(self.openai.BadRequestError) as e:
@@ -508,6 +623,7 @@ def main():
         return setup_venv()
     try:
         import jinja2  # noqa: F401
+        import jsonschema  # noqa: F401
         import openai  # noqa: F401
     except ImportError:
         if os.path.realpath(sys.prefix) != os.path.realpath(VENV):  # not yet running in the venv

@@ -353,8 +353,25 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {c, R"({"prompt": "x", "logit_bias": {"5000": 5}})", 400, "logit_bias", "token id 5000"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 5}})", 400, "logit_bias",
        "'x'"},
+      // Structured output: what cannot be compiled or served names its field.
+#ifdef NUCLEUS_HAVE_XGRAMMAR
+      {c, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "nonsense"}}}})",
+       400, "response_format", "nonsense"},
+      {c, R"({"prompt": "x", "structured_outputs": {"regex": "([a-"}})", 400, "structured_outputs", "compiled"},
+      {c, R"({"prompt": "x", "guided_choice": ["a"], "min_tokens": 2})", 400, "min_tokens", "structured output"},
+#endif
+      {c, R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}})", 400,
+       "response_format", "schema"},
+      {c, R"({"prompt": "x", "response_format": {"type": "structural_tag"}})", 400, "response_format", "type"},
+      {c, R"({"prompt": "x", "response_format": "json"})", 400, "response_format", "object"},
+      {chat, R"({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}, "guided_regex": "a+"})",
+       400, "guided_regex", "Only one"},
+      {c, R"({"prompt": "x", "structured_outputs": {"structural_tag": "{}"}})", 400, "structured_outputs",
+       "structural_tag"},
+      {c, R"({"prompt": "x", "guided_choice": []})", 400, "guided_choice", "non-empty"},
+      {c, R"({"prompt": "x", "guided_json": {"type": "object"}, "guided_decoding_backend": "outlines"})", 400,
+       "guided_decoding_backend", "outlines"},
       // Served by vLLM, not here: refused by name, never silently ignored.
-      {c, R"({"prompt": "x", "response_format": {"type": "json_object"}})", 400, "response_format", "structured"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "echo": true})", 400, "echo", "echo"},
       {chat, R"({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true})", 400,
        "continue_final_message", "continue_final_message"},
@@ -483,6 +500,84 @@ TEST_F(StopStringTest, MultiByteStopString) {
   if (i >= 2)
     check_stop(json{{"prompt", prompt}, {"max_tokens", 32}, {"temperature", 0}, {"ignore_eos", true}}, g.text,
                g.text.substr(i - 2, len + 2));
+}
+
+// Structured output on the random tiny model at temperature 1: every choice
+// follows its grammar (JSON that matches the schema, a regex, a choice) and
+// finishes with "stop"; streamed text equals the whole response's. Compact
+// JSON (disable_any_whitespace) keeps the outputs short: a random model
+// otherwise pads JSON with whitespace (openai_client_test.py covers that).
+TEST_F(ServerTest, StructuredOutputFollowsTheGrammar) {
+#ifndef NUCLEUS_HAVE_XGRAMMAR
+  GTEST_SKIP() << "built without xgrammar (-DNUCLEUS_XGRAMMAR=OFF)";
+#endif
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": -5, "maximum": 500},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+      "required": ["name", "n"], "additionalProperties": false})");
+  const json body = {{"prompt", "JSON:"},
+                     {"max_tokens", 120},
+                     {"temperature", 1},
+                     {"seed", 3},
+                     {"n", 6},
+                     {"structured_outputs", {{"json", schema}, {"disable_any_whitespace", true}}}};
+  Reply r = post(s(), "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), 6u);
+  std::map<int, std::string> whole;
+  for (const auto& ch : r.body["choices"]) {
+    const std::string text = ch["text"];
+    whole[ch["index"].get<int>()] = text;
+    EXPECT_EQ(ch["finish_reason"], "stop") << text;
+    const json j = json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    for (const auto& [k, v] : j.items()) EXPECT_TRUE(k == "name" || k == "n" || k == "tags") << text;
+    ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << text;
+    ASSERT_TRUE(j.contains("n") && j["n"].is_number_integer()) << text;
+    EXPECT_TRUE(j["n"].get<int64_t>() >= -5 && j["n"].get<int64_t>() <= 500) << text;
+    if (j.contains("tags")) {
+      EXPECT_LE(j["tags"].size(), 2u) << text;
+      for (const auto& t : j["tags"]) EXPECT_TRUE(t == "a" || t == "b") << text;
+    }
+  }
+  json sbody = body;
+  sbody["stream"] = true;
+  Stream st = stream(s(), "/v1/completions", sbody);
+  ASSERT_EQ(st.status, 200);
+  std::map<int, std::string> streamed;
+  for (const auto& ch : st.chunks)
+    for (const auto& c : ch["choices"]) streamed[c["index"].get<int>()] += c["text"].get<std::string>();
+  EXPECT_EQ(streamed, whole);
+  // A regex and a choice list (vLLM's older field names), on chat.
+  const json messages = json::array({{{"role", "user"}, {"content", "pick"}}});
+  for (int seed = 0; seed < 4; ++seed) {
+    Reply re = post(s(), "/v1/chat/completions",
+                    json{{"messages", messages}, {"temperature", 1}, {"seed", seed}, {"max_tokens", 30},
+                         {"guided_regex", "[0-9]{2}-[a-z]{1,3}"}});
+    ASSERT_EQ(re.status, 200) << re.raw;
+    const std::string text = re.body["choices"][0]["message"]["content"];
+    EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]{2}-[a-z]{1,3}"))) << text;
+    Reply rc = post(s(), "/v1/chat/completions",
+                    json{{"messages", messages}, {"temperature", 1}, {"seed", seed}, {"max_tokens", 30},
+                         {"guided_choice", {"red", "green", "blue"}}});
+    ASSERT_EQ(rc.status, 200) << rc.raw;
+    const std::string pick = rc.body["choices"][0]["message"]["content"];
+    EXPECT_TRUE(pick == "red" || pick == "green" || pick == "blue") << pick;
+    EXPECT_EQ(rc.body["choices"][0]["finish_reason"], "stop");
+  }
+  // Masked tokens have log-probability -inf, reported as -9999.0 (as vLLM): never null.
+  Reply lp = post(s(), "/v1/completions",
+                  json{{"prompt", "x"}, {"max_tokens", 5}, {"logprobs", 3}, {"guided_choice", {"yes", "no"}}});
+  ASSERT_EQ(lp.status, 200) << lp.raw;
+  const json& tops = lp.body["choices"][0]["logprobs"]["top_logprobs"];
+  ASSERT_FALSE(tops.empty());
+  bool clamped = false;
+  for (const auto& top : tops)
+    for (const auto& [token, value] : top.items()) {
+      ASSERT_TRUE(value.is_number()) << lp.raw;
+      clamped = clamped || value.get<double>() == -9999.0;
+    }
+  EXPECT_TRUE(clamped) << lp.raw;
 }
 
 TEST_F(ServerTest, LogprobsAreReported) {
@@ -724,6 +819,8 @@ TEST(ServerSkipTokenizerTest, TokenIdsInAndOut) {
       {{{"prompt", "hello"}, {"max_tokens", 4}}, "prompt"},
       {{{"prompt", c["prompt_token_ids"]}, {"max_tokens", 4}, {"stop", "x"}}, "stop"},
       {{{"prompt", c["prompt_token_ids"]}, {"max_tokens", 4}, {"logprobs", 2}}, "logprobs"},
+      {{{"prompt", c["prompt_token_ids"]}, {"max_tokens", 4}, {"response_format", {{"type", "json_object"}}}},
+       "response_format"},
   };
   for (const auto& [b, param] : bad) {
     Reply e = post(server, "/v1/completions", b);
