@@ -12,6 +12,8 @@ constexpr int64_t kMaxRank = (int64_t{1} << 24) - 1;
 
 // Standard (RFC 4648) base64 with padding, as Python's base64.b64decode
 // accepts it by default; false on any other character or a bad length.
+constexpr size_t kMaxTiktokenTokenBytes = 4096;
+
 bool base64_decode(std::string_view in, std::string* out) {
   static const std::array<int8_t, 256> table = [] {
     std::array<int8_t, 256> t{};
@@ -67,6 +69,11 @@ StatusOr<std::vector<std::string>> parse_tiktoken_ranks(std::string_view text, c
     std::string_view b64 = line.substr(0, sp), rank_text = line.substr(sp + 1);
     std::string token;
     if (b64.empty() || !base64_decode(b64, &token)) return invalid_argument(at + ": token is not valid base64");
+    // Real vocabularies' tokens are at most a few hundred bytes; a huge one
+    // would make BPE over a long pre-token quadratic at load.
+    if (token.size() > kMaxTiktokenTokenBytes)
+      return invalid_argument(at + ": token of " + std::to_string(token.size()) + " bytes (at most " +
+                              std::to_string(kMaxTiktokenTokenBytes) + ")");
     int64_t rank = -1;
     auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     if (ec != std::errc() || end != rank_text.data() + rank_text.size() || rank < 0 || rank > kMaxRank)

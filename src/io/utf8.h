@@ -57,4 +57,41 @@ inline int64_t utf8_length(std::string_view bytes) {
   return n;
 }
 
+// `bytes` as valid UTF-8: each valid sequence copied, each maximal ill-formed
+// subpart replaced by U+FFFD (Python's bytes.decode("utf-8",
+// errors="replace"); the characters utf8_length counts).
+inline std::string utf8_replace_invalid(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const size_t start = i;
+    const auto c = static_cast<unsigned char>(bytes[i++]);
+    int need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      need = 1;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      need = 2;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      need = 3;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    }
+    const bool lead_ok = c < 0x80 || need > 0;
+    for (; need > 0 && i < bytes.size(); --need, lo = 0x80, hi = 0xBF) {
+      const auto b = static_cast<unsigned char>(bytes[i]);
+      if (b < lo || b > hi) break;
+      ++i;
+    }
+    if (lead_ok && need == 0)
+      out.append(bytes.substr(start, i - start));
+    else
+      out += "\xEF\xBF\xBD";
+  }
+  return out;
+}
+
 }  // namespace nucleus

@@ -1,5 +1,7 @@
 #include "runtime/sampling_params.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -20,9 +22,10 @@ Status SamplingParams::validate() const {
     return invalid_argument("presence_penalty must be in [-2, 2], got " + std::to_string(presence_penalty));
   if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
     return invalid_argument("frequency_penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
-  if (!(repetition_penalty > 0.0f) || std::isinf(repetition_penalty))
-    return invalid_argument("repetition_penalty must be a finite number > 0, got " +
-                            std::to_string(repetition_penalty));
+  // vLLM takes any value > 0; past [1e-4, 1e4] a penalised logit overflows
+  // f32 (l / rp or l * rp becomes +-inf) and the row cannot be sampled.
+  if (!(repetition_penalty >= 1e-4f && repetition_penalty <= 1e4f))
+    return invalid_argument(fmt::format("repetition_penalty must be in [1e-4, 1e4], got {}", repetition_penalty));
   if (!(min_p >= 0.0f && min_p <= 1.0f))
     return invalid_argument("min_p must be in [0, 1], got " + std::to_string(min_p));
   if (min_tokens < 0) return invalid_argument("min_tokens must be >= 0, got " + std::to_string(min_tokens));

@@ -144,6 +144,12 @@ void check_min_tokens(const GenerationRequest& r) {
   if (r.params.min_tokens > r.params.max_tokens)
     refuse("min_tokens", "'min_tokens' (" + std::to_string(r.params.min_tokens) + ") must be <= max_tokens (" +
                              std::to_string(r.params.max_tokens) + ")");
+  // vLLM looks for stop strings only once min_tokens tokens exist; this
+  // server's detokenizer looks from the first token: refused rather than
+  // stopping early.
+  if (r.params.min_tokens > 0 && !r.params.stop.empty())
+    refuse("min_tokens", "'min_tokens' together with 'stop' strings is not supported (stop strings would be matched "
+                         "before min_tokens tokens)");
 }
 
 // 'model', when given, must be a served name (else 404 model_not_found).
@@ -213,14 +219,24 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   p.presence_penalty = get_float_in(body, "presence_penalty", -2.0, 2.0, 0.0f);
   p.frequency_penalty = get_float_in(body, "frequency_penalty", -2.0, 2.0, 0.0f);
   if (auto v = get_number(body, "repetition_penalty")) {
-    if (!(*v > 0.0 && static_cast<float>(*v) > 0.0f && std::isfinite(static_cast<float>(*v))))
-      refuse("repetition_penalty", fmt::format("'repetition_penalty' must be a finite number > 0, got {}", *v));
+    if (!(*v >= 1e-4 && *v <= 1e4))  // past that a penalised f32 logit overflows (SamplingParams::validate)
+      refuse("repetition_penalty", fmt::format("'repetition_penalty' must be in [1e-4, 1e4], got {}", *v));
     p.repetition_penalty = static_cast<float>(*v);
   }
   p.min_p = get_float_in(body, "min_p", 0.0, 1.0, 0.0f);
   p.min_tokens = static_cast<int32_t>(get_int_in(body, "min_tokens", 0, INT32_MAX, 0));
   p.logit_bias = get_logit_bias(body, model.vocab_size);
   if (const json* u = field(body, "user"); u && !u->is_string()) refuse("user", "'user' must be a string");
+  // vLLM's extra sampling fields this server does not serve: refused by name
+  // (never silently ignored) unless they hold their no-op default.
+  for (const char* name : {"allowed_token_ids", "bad_words", "truncate_prompt_tokens"})
+    if (const json* f = field(body, name); f && !f->is_null() && !(f->is_array() && f->empty()))
+      refuse(name, std::string("'") + name + "' is not supported");
+  for (const char* name : {"use_beam_search", "return_tokens_as_token_ids"})
+    if (get_bool(body, name, false)) refuse(name, std::string("'") + name + "' is not supported");
+  if (const json* so = field(body, "stream_options"); so && so->is_object())
+    if (const auto it = so->find("continuous_usage_stats"); it != so->end() && it->is_boolean() && it->get<bool>())
+      refuse("stream_options", "'stream_options.continuous_usage_stats' is not supported (only 'include_usage')");
 }
 
 // response_format / structured_outputs / guided_*: compiled last, once the
@@ -445,7 +461,12 @@ Prompt render_chat(const json& body, const std::string& text, const ModelInfo& m
   if (field(body, "tools")) context["tools"] = ordered.at("tools");
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) refuse("chat_template_kwargs", "'chat_template_kwargs' must be an object");
-    for (const auto& [k, v] : ordered.at("chat_template_kwargs").items()) context[k] = v;
+    for (const auto& [k, v] : ordered.at("chat_template_kwargs").items()) {
+      if (k == "messages" || k == "tools")  // the request's own fields, not overridable
+        refuse("chat_template_kwargs", "'chat_template_kwargs' may not set '" + k + "' (it is the request's '" + k +
+                                           "' field)");
+      context[k] = v;
+    }
   }
   auto rendered = model.chat_template->render(context);
   if (!rendered.ok()) refuse("messages", "The chat template refused the messages: " + rendered.status().message());
@@ -466,11 +487,25 @@ OutputParsing output_parsing(const json& body, const ModelInfo& model) {
   OutputParsing p;
   p.reasoning = model.reasoning_parser;
   const json* tc = field(body, "tool_choice");
-  if (tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
+  const bool required_or_named = tc && ((tc->is_string() && *tc == "required") || tc->is_object());
+  if (required_or_named)
     refuse("tool_choice", "'tool_choice' may only be \"auto\" or \"none\": a required or named tool call needs "
                           "guided decoding, which this server does not have");
+  if (tc && !(tc->is_string() && (*tc == "auto" || *tc == "none")))
+    refuse("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function, got " +
+                              tc->dump());
   const json* tools = field(body, "tools");
   if (tools && !tools->is_array()) refuse("tools", "'tools' must be a list of tools");
+  if (tools)
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const json* fn = t.is_object() ? field(t, "function") : nullptr;
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !name || !name->is_string() ||
+          name->get<std::string>().empty())
+        refuse("tools", "'tools' entry " + std::to_string(i) +
+                            " must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}} with a non-empty name");
+    }
   p.parallel_tool_calls = get_bool(body, "parallel_tool_calls", true);
   if (tools && !tools->empty() && (!tc || *tc == "auto") && model.tool_call_parser) {
     if (!model.enable_auto_tool_choice)
@@ -500,6 +535,8 @@ std::variant<GenerationRequest, ApiError> parse_completion_request(const std::st
       r.prompt_logprobs = static_cast<int32_t>(get_int_in(body, "prompt_logprobs", 0, 20, 0));
       if (r.stream) refuse("prompt_logprobs", "'prompt_logprobs' is not available when 'stream' is true");
     }
+    if (!model.tokenizer && r.echo)
+      refuse("echo", "'echo' needs a tokenizer and this server runs with --skip-tokenizer-init");
     if (!model.tokenizer && (r.logprobs || r.prompt_logprobs))
       refuse(r.logprobs ? "logprobs" : "prompt_logprobs",
              std::string("'") + (r.logprobs ? "logprobs" : "prompt_logprobs") +

@@ -125,9 +125,13 @@ json ResponseBuilder::logprobs_json(const ChoiceDelta& d, ChoiceState& c) const 
               {"top_logprobs", json::array()},
               {"text_offset", json::array()}};
   auto clamp = [](float lp) { return std::max(lp, -9999.0f); };
+  // Token texts as Python decodes them (invalid UTF-8 as U+FFFD): two
+  // partial-character tokens are then one key of a position's top_logprobs,
+  // the scored token's value last (as vLLM's dict), never a duplicate key.
+  auto text_of = [&](int32_t id) { return utf8_replace_invalid(tokenizer_->token_bytes(id)); };
   auto push = [&](int32_t token, json logprob, json top) {
     const std::string t = tokenizer_->token_bytes(token);
-    out["tokens"].push_back(t);
+    out["tokens"].push_back(utf8_replace_invalid(t));
     out["token_logprobs"].push_back(std::move(logprob));
     out["top_logprobs"].push_back(std::move(top));
     out["text_offset"].push_back(c.text_offset);
@@ -140,15 +144,15 @@ json ResponseBuilder::logprobs_json(const ChoiceDelta& d, ChoiceState& c) const 
     for (const auto& e : d.prompt_logprobs) {
       json top = json::object();
       for (size_t k = 0; k < e.top.size() && static_cast<int32_t>(k) < request_.params.logprobs; ++k)
-        top[tokenizer_->token_bytes(e.top[k].first)] = clamp(e.top[k].second);
-      top[tokenizer_->token_bytes(e.token)] = clamp(e.logprob);
+        top[text_of(e.top[k].first)] = clamp(e.top[k].second);
+      top[text_of(e.token)] = clamp(e.logprob);
       push(e.token, clamp(e.logprob), std::move(top));
     }
   }
   for (const auto& e : d.logprobs) {
     json top = json::object();
-    for (const auto& [id, lp] : e.top) top[tokenizer_->token_bytes(id)] = clamp(lp);
-    top[tokenizer_->token_bytes(e.token)] = clamp(e.logprob);
+    for (const auto& [id, lp] : e.top) top[text_of(id)] = clamp(lp);
+    top[text_of(e.token)] = clamp(e.logprob);
     push(e.token, clamp(e.logprob), std::move(top));
   }
   return out;

@@ -70,6 +70,14 @@ TEST_F(ChatParsingTest, WhichRequestsAreParsed) {
   expect_refused(chat({{"tools", kTools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "f"}}}}}}),
                  "tool_choice", "guided decoding");
   expect_refused(chat({{"tools", "not a list"}}), "tools", "list");
+  // Malformed tools and tool_choice values (vLLM: 400).
+  expect_refused(chat({{"tools", json::array({1, 2})}}), "tools", "entry 0");
+  expect_refused(chat({{"tools", json::array({{{"type", "function"}}})}}), "tools", "entry 0");
+  expect_refused(chat({{"tools", json::array({{{"type", "function"}, {"function", json::object()}}})}}), "tools",
+                 "non-empty name");
+  expect_refused(chat({{"tools", json::array({{{"type", "retrieval"}}})}}), "tools", "entry 0");
+  expect_refused(chat({{"tools", kTools}, {"tool_choice", "bogus"}}), "tool_choice", "must be");
+  expect_refused(chat({{"tools", kTools}, {"tool_choice", 5}}), "tool_choice", "must be");
   // A parser without --enable-auto-tool-choice: "auto" (also the default
   // with tools) is refused as vLLM refuses it; "none" and no tools are fine.
   model_.tool_call_parser = ToolCallFormat::kDeepSeekV3;

@@ -88,9 +88,10 @@ TEST(SamplingProtocolTest, BadValuesAre400NamingTheParameter) {
       {R"("presence_penalty": 2.5)", "presence_penalty", "[-2, 2]"},
       {R"("presence_penalty": "high")", "presence_penalty", "number"},
       {R"("frequency_penalty": -3)", "frequency_penalty", "[-2, 2]"},
-      {R"("repetition_penalty": 0)", "repetition_penalty", "> 0"},
-      {R"("repetition_penalty": -1)", "repetition_penalty", "> 0"},
-      {R"("repetition_penalty": 1e300)", "repetition_penalty", "finite"},
+      {R"("repetition_penalty": 0)", "repetition_penalty", "[1e-4, 1e4]"},
+      {R"("repetition_penalty": -1)", "repetition_penalty", "[1e-4, 1e4]"},
+      {R"("repetition_penalty": 1e300)", "repetition_penalty", "[1e-4, 1e4]"},
+      {R"("repetition_penalty": 1e-38)", "repetition_penalty", "[1e-4, 1e4]"},
       {R"("min_p": 1.5)", "min_p", "[0, 1]"},
       {R"("min_p": -0.1)", "min_p", "[0, 1]"},
       {R"("min_tokens": -1)", "min_tokens", "min_tokens"},
@@ -103,6 +104,14 @@ TEST(SamplingProtocolTest, BadValuesAre400NamingTheParameter) {
       {R"("logit_bias": {"-1": 1})", "logit_bias", "token id -1"},
       {R"("logit_bias": {"5": "up"})", "logit_bias", "token id 5 must be a number"},
       {R"("logit_bias": {"5": 1, "005": 2})", "logit_bias", "twice"},
+      // vLLM fields not served: refused by name, never ignored.
+      {R"("allowed_token_ids": [5])", "allowed_token_ids", "not supported"},
+      {R"("bad_words": ["x"])", "bad_words", "not supported"},
+      {R"("truncate_prompt_tokens": 4)", "truncate_prompt_tokens", "not supported"},
+      {R"("use_beam_search": true)", "use_beam_search", "not supported"},
+      {R"("return_tokens_as_token_ids": true)", "return_tokens_as_token_ids", "not supported"},
+      {R"("stream": true, "stream_options": {"continuous_usage_stats": true})", "stream_options",
+       "continuous_usage_stats"},
   };
   for (const auto& c : cases) {
     const ApiError e = refused(c.extra);
