@@ -8,6 +8,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "io/utf8.h"
 #include "server/structured_output_request.h"
 
 namespace nucleus::server {
@@ -601,7 +602,12 @@ std::variant<nlohmann::json, ApiError> tokenize_request(const std::string& text,
       refuse_text_past_context(p->get<std::string>(), model, "prompt");
       ids = model.tokenizer->encode(p->get<std::string>(), get_bool(body, "add_special_tokens", true));
     }
-    return json{{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}, {"token_strs", nullptr}};
+    json strs = nullptr;  // vLLM's return_token_strs: the vocabulary's strings of the ids
+    if (get_bool(body, "return_token_strs", false)) {
+      strs = json::array();
+      for (int32_t id : ids) strs.push_back(utf8_replace_invalid(model.tokenizer->id_to_token(id)));
+    }
+    return json{{"count", ids.size()}, {"max_model_len", model.max_model_len}, {"tokens", ids}, {"token_strs", strs}};
   } catch (const Refusal& e) {
     return e.error;
   }

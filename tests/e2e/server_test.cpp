@@ -194,8 +194,12 @@ TEST_F(ServerTest, TokenizeAndDetokenize) {
   EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), ids);
   EXPECT_EQ(r.body["count"], ids.size());
   EXPECT_EQ(r.body["max_model_len"], 1024);
+  EXPECT_TRUE(r.body["token_strs"].is_null());
   r = post(s(), "/tokenize", json{{"prompt", "def"}, {"add_special_tokens", false}});
   EXPECT_EQ(r.body["tokens"].get<std::vector<int32_t>>(), tokenizer_->encode("def", false));
+  r = post(s(), "/tokenize", json{{"prompt", "def fibonacci(n):"}, {"return_token_strs", true}});
+  ASSERT_EQ(r.body["token_strs"].size(), ids.size()) << r.raw;
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(r.body["token_strs"][i], tokenizer_->id_to_token(ids[i])) << i;
   const json messages = {{{"role", "user"}, {"content", "hi"}}};
   r = post(s(), "/tokenize", json{{"messages", messages}});
   ASSERT_EQ(r.status, 200) << r.raw;
