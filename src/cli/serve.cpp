@@ -120,14 +120,14 @@ int run_serve(int argc, char** argv) {
   init_logging();
   if (config.enable_auto_tool_choice && tool_call_parser.empty()) {
     std::fprintf(stderr, "error: --enable-auto-tool-choice requires --tool-call-parser\n");
-    return 1;
+    return 2;  // a usage error
   }
   if (!tool_call_parser.empty()) config.tool_call_parser = server::tool_call_format_from_name(tool_call_parser);
   config.reasoning_parser = !reasoning_parser.empty();
   if ((config.tool_call_parser || config.reasoning_parser) && args.skip_tokenizer_init) {
     std::fprintf(stderr, "error: --tool-call-parser and --reasoning-parser read text: they need the tokenizer "
                          "(drop --skip-tokenizer-init)\n");
-    return 1;
+    return 2;  // a usage error
   }
 
   // Every thread started from here on inherits this mask, so the signals

@@ -150,13 +150,13 @@ TEST(ServerParsersTest, FlagErrors) {
     return std::make_pair(code, read_file(dir + "/log"));
   };
   auto [code, log] = run({"--enable-auto-tool-choice"});
-  EXPECT_NE(code, 0);
+  EXPECT_EQ(code, 2) << "a usage error";
   EXPECT_NE(log.find("--enable-auto-tool-choice requires --tool-call-parser"), std::string::npos) << log;
   std::tie(code, log) = run({"--tool-call-parser", "hermes"});
-  EXPECT_NE(code, 0);
+  EXPECT_EQ(code, 2) << "a usage error";
   EXPECT_NE(log.find("--tool-call-parser"), std::string::npos) << log;
   std::tie(code, log) = run({"--reasoning-parser", "qwen3"});
-  EXPECT_NE(code, 0);
+  EXPECT_EQ(code, 2) << "a usage error";
   EXPECT_NE(log.find("--reasoning-parser"), std::string::npos) << log;
 }
 
