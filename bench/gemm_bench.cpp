@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
@@ -36,7 +37,6 @@ using namespace nucleus;
 namespace {
 
 constexpr double kRooflineBytesPerSec = roofline::kHbmBytesPerSec;
-constexpr int kGemmsPerGraph = 20;
 
 struct Layer {
   const char* model;
@@ -53,14 +53,6 @@ const Layer kLayers[] = {
     {"V3", "gate_up", 36864, 7168, true},        {"V3", "down", 7168, 18432, true},
 };
 
-uint64_t g_rng = 0x243F6A8885A308D3ull;
-uint64_t next_rand() {
-  g_rng ^= g_rng << 13;
-  g_rng ^= g_rng >> 7;
-  g_rng ^= g_rng << 17;
-  return g_rng;
-}
-
 // Device buffer with random content: bf16 values in [-1, 1), e4m3 bytes
 // (no NaN), or f32 scales ~1e-3.
 Tensor random_device(int64_t count, DType dtype) {
@@ -68,83 +60,24 @@ Tensor random_device(int64_t count, DType dtype) {
   std::vector<uint8_t> host(t.nbytes());
   if (dtype == DType::kF8E4M3) {
     for (auto& b : host) {
-      b = static_cast<uint8_t>(next_rand() >> 40);
+      b = static_cast<uint8_t>(bench::next_rand() >> 40);
       if ((b & 0x7f) == 0x7f) b ^= 1;
     }
   } else if (dtype == DType::kBF16) {
     auto* h = reinterpret_cast<uint16_t*>(host.data());
-    for (int64_t i = 0; i < count; ++i) h[i] = f32_to_bf16(static_cast<float>(next_rand() % 2000) / 1000.0f - 1.0f);
+    for (int64_t i = 0; i < count; ++i) h[i] = f32_to_bf16(static_cast<float>(bench::next_rand() % 2000) / 1000.0f - 1.0f);
   } else {
     auto* f = reinterpret_cast<float*>(host.data());
-    for (int64_t i = 0; i < count; ++i) f[i] = 1e-3f * (0.5f + static_cast<float>(next_rand() % 1000) / 1000.0f);
+    for (int64_t i = 0; i < count; ++i) f[i] = 1e-3f * (0.5f + static_cast<float>(bench::next_rand() % 1000) / 1000.0f);
   }
   copy_to_device(t.raw(), host.data(), host.size());
   return t;
 }
 
-// Median microseconds per GEMM of launch(copy) over graphs of 20 GEMMs that
-// rotate through `copies` weight copies; negative when the eager call fails.
+// Median microseconds per GEMM over graphs of 20 (bench/bench_util.h);
+// negative when the eager call fails.
 double time_per_gemm(int copies, const std::function<Status(int)>& launch) {
-  cudaStream_t stream = cuda::context().stream;
-  for (int c = 0; c < std::min(copies, 2); ++c)
-    if (!launch(c).ok()) return -1;  // plans, scratch: before capture
-  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const int num_graphs = std::max(1, (copies + kGemmsPerGraph - 1) / kGemmsPerGraph);
-  std::vector<cudaGraphExec_t> execs;
-  for (int g = 0; g < num_graphs; ++g) {
-    cudaGraph_t graph;
-    NUCLEUS_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < kGemmsPerGraph; ++i) NUCLEUS_CHECK(launch((g * kGemmsPerGraph + i) % copies).ok(), "launch");
-    NUCLEUS_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec;
-    NUCLEUS_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    NUCLEUS_CUDA_CHECK(cudaGraphDestroy(graph));
-    execs.push_back(exec);
-  }
-  cudaEvent_t e0, e1;
-  NUCLEUS_CUDA_CHECK(cudaEventCreate(&e0));
-  NUCLEUS_CUDA_CHECK(cudaEventCreate(&e1));
-  // Warm-up, and an estimate of the replay time to choose the repeat count.
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(e0, stream));
-  for (auto& ex : execs) NUCLEUS_CUDA_CHECK(cudaGraphLaunch(ex, stream));
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(e1, stream));
-  NUCLEUS_CUDA_CHECK(cudaEventSynchronize(e1));
-  float warm_ms = 0;
-  NUCLEUS_CUDA_CHECK(cudaEventElapsedTime(&warm_ms, e0, e1));
-  const int reps = std::clamp(static_cast<int>(150.0 / std::max(warm_ms, 1e-3f)), 3, 40);
-  std::vector<cudaEvent_t> marks(reps * execs.size() + 1);
-  for (auto& e : marks) NUCLEUS_CUDA_CHECK(cudaEventCreate(&e));
-  NUCLEUS_CUDA_CHECK(cudaEventRecord(marks[0], stream));
-  size_t mi = 1;
-  for (int r = 0; r < reps; ++r)
-    for (auto& ex : execs) {
-      NUCLEUS_CUDA_CHECK(cudaGraphLaunch(ex, stream));
-      NUCLEUS_CUDA_CHECK(cudaEventRecord(marks[mi++], stream));
-    }
-  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  std::vector<float> times;
-  for (size_t i = 1; i < marks.size(); ++i) {
-    float ms = 0;
-    NUCLEUS_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1], marks[i]));
-    times.push_back(ms);
-  }
-  for (auto& e : marks) cudaEventDestroy(e);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  for (auto& ex : execs) cudaGraphExecDestroy(ex);
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2] * 1e3 / kGemmsPerGraph;
-}
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, nullptr, 10));
-    p = std::strchr(p, ',');
-    if (!p) break;
-    ++p;
-  }
-  return v;
+  return bench::median_us_per_launch(copies, [&](int i) { return launch(i).ok(); });
 }
 
 }  // namespace
@@ -154,7 +87,7 @@ int main(int argc, char** argv) {
   std::string model_filter;
   int64_t max_naive_m = 8;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--m")) ms = parse_list(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--m")) ms = bench::parse_list(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--model")) model_filter = argv[i + 1];
     else if (!std::strcmp(argv[i], "--max-naive-m")) max_naive_m = std::strtoll(argv[i + 1], nullptr, 10);
   }

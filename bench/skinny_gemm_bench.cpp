@@ -8,7 +8,7 @@
 //              programmatic dependent of the one before (which lets it start
 //              at once), as the engine launches them after a norm
 //   skinny_sN  with N slices (--sweep 1)
-// Method (bench/graph_timing.h): CUDA graphs of 20 GEMMs on distinct weight
+// Method (bench/bench_util.h): CUDA graphs of 20 GEMMs on distinct weight
 // copies, enough that a pass reads at least twice the L2; the median per GEMM.
 // Bytes = weights + x + out, each once; % of the one roofline
 // (core/roofline.h, 4.58 TB/s). Prints a markdown table (docs/perf.md
@@ -27,16 +27,19 @@
 #include <tuple>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "core/roofline.h"
-#include "graph_timing.h"
 #include "io/hf_config.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/skinny_gemm.cuh"
 
 using namespace nucleus;
+using bench::models_dir;
+using bench::parse_list;
+using bench::random_bf16;
 
 namespace {
 
@@ -44,39 +47,6 @@ struct Shape {
   std::string model, name;
   int64_t n, k;
 };
-
-uint64_t g_rng = 0x243F6A8885A308D3ull;
-uint64_t next_rand() {
-  g_rng ^= g_rng << 13;
-  g_rng ^= g_rng >> 7;
-  g_rng ^= g_rng << 17;
-  return g_rng;
-}
-
-Tensor random_bf16(int64_t count, float scale) {
-  Tensor t = Tensor::empty({count}, DType::kBF16, Device::kCuda);
-  std::vector<uint16_t> h(count);
-  for (auto& v : h) v = f32_to_bf16(scale * (static_cast<float>(next_rand() % 2000) / 1000.0f - 1.0f));
-  copy_to_device(t.raw(), h.data(), h.size() * 2);
-  return t;
-}
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, nullptr, 10));
-    p = std::strchr(p, ',');
-    if (!p) break;
-    ++p;
-  }
-  return v;
-}
-
-std::string models_dir() {
-  if (const char* d = std::getenv("NUCLEUS_MODELS_DIR")) return d;
-  if (std::filesystem::exists("models/configs")) return "models";
-  return std::string(NUCLEUS_SOURCE_DIR) + "/models";
-}
 
 void shapes_of(const ModelConfig& c, const std::string& model, int tp, std::vector<Shape>* shapes) {
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;

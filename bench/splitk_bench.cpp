@@ -33,11 +33,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "core/roofline.h"
-#include "graph_timing.h"
 #include "io/hf_config.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/splitk_gemm.cuh"
@@ -46,6 +46,9 @@
 #include "ops/prezero.h"
 
 using namespace nucleus;
+using bench::models_dir;
+using bench::parse_list;
+using bench::random_bf16;
 
 namespace {
 
@@ -60,45 +63,6 @@ struct Donor {
   std::string model, name;
   int64_t width, n_total, n_base;
 };
-
-uint64_t g_rng = 0x243F6A8885A308D3ull;
-uint64_t next_rand() {
-  g_rng ^= g_rng << 13;
-  g_rng ^= g_rng >> 7;
-  g_rng ^= g_rng << 17;
-  return g_rng;
-}
-
-Tensor random_bf16(int64_t count, float scale) {
-  Tensor t = Tensor::empty({count}, DType::kBF16, Device::kCuda);
-  std::vector<uint16_t> h(count);
-  for (auto& v : h) v = f32_to_bf16(scale * (static_cast<float>(next_rand() % 2000) / 1000.0f - 1.0f));
-  copy_to_device(t.raw(), h.data(), h.size() * 2);
-  return t;
-}
-
-double time_per_call(int copies, const std::function<bool(int)>& launch) {
-  return bench::median_us_per_launch(copies, launch);
-}
-
-std::vector<int64_t> parse_list(const char* s) {
-  std::vector<int64_t> v;
-  for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, nullptr, 10));
-    p = std::strchr(p, ',');
-    if (!p) break;
-    ++p;
-  }
-  return v;
-}
-
-// models/: $NUCLEUS_MODELS_DIR, else ./models (run from the repository root),
-// else the source tree's.
-std::string models_dir() {
-  if (const char* d = std::getenv("NUCLEUS_MODELS_DIR")) return d;
-  if (std::filesystem::exists("models/configs")) return "models";
-  return std::string(NUCLEUS_SOURCE_DIR) + "/models";
-}
 
 // The prezero consumers' GEMMs and the two donors of one model config.
 void shapes_of(const ModelConfig& c, const std::string& model, std::vector<Shape>* shapes,
@@ -223,7 +187,7 @@ int main(int argc, char** argv) {
                     splits > 0 ? std::to_string(splits).c_str() : "", us, gbs, 100.0 * gbs * 1e9 / kRooflineBytesPerSec);
         std::fflush(stdout);
       };
-      row("cublaslt", 0, time_per_call(copies, [&](int i) {
+      row("cublaslt", 0, bench::median_us_per_launch(copies, [&](int i) {
             kernels::GemmArgs a;
             a.x = x.raw();
             a.x_stride = S.k;
@@ -236,7 +200,7 @@ int main(int argc, char** argv) {
             a.k = S.k;
             return kernels::gemm_bf16_cublaslt(a, stream).ok();
           }), 2, true);
-      row("memset", 0, time_per_call(copies, [&](int) {
+      row("memset", 0, bench::median_us_per_launch(copies, [&](int) {
             return cudaMemsetAsync(out_f32.raw(), 0, static_cast<size_t>(m * S.n) * 4, stream) == cudaSuccess;
           }), 4, false);
       const int auto_splits = kernels::splitk_effective_splits(splitk(0, true, 0, kernels::SplitKMode::kAtomic), no_ws);
@@ -246,7 +210,7 @@ int main(int argc, char** argv) {
             std::tuple{"splitk_det", true, kernels::SplitKMode::kDeterministic}}) {
         const auto& ws = mode == kernels::SplitKMode::kDeterministic ? det_ws : no_ws;
         const int splits = kernels::splitk_effective_splits(splitk(0, zero_init, 0, mode), ws);
-        row(variant, splits, time_per_call(copies, [&](int i) {
+        row(variant, splits, bench::median_us_per_launch(copies, [&](int i) {
               return kernels::launch_splitk_gemm(splitk(i, zero_init, 0, mode), ws, stream) == cudaSuccess;
             }), 4, true);
       }
@@ -257,7 +221,7 @@ int main(int argc, char** argv) {
       for (int s = 1; s <= std::min<int64_t>(64, k_blocks); s *= 2) {
         const int eff = kernels::splitk_effective_splits(splitk(0, false, s, kernels::SplitKMode::kAtomic), no_ws);
         if (eff != s) continue;  // rounded to the same count as another
-        const double us = time_per_call(copies, [&](int i) {
+        const double us = bench::median_us_per_launch(copies, [&](int i) {
           return kernels::launch_splitk_gemm(splitk(i, false, s, kernels::SplitKMode::kAtomic), no_ws, stream) ==
                  cudaSuccess;
         });
@@ -303,8 +267,8 @@ int main(int argc, char** argv) {
         }
         return kernels::launch_add_rmsnorm(p, stream) == cudaSuccess;
       };
-      const double alone = time_per_call(copies, [&](int i) { return launch(i, false); });
-      const double filled = time_per_call(copies, [&](int i) { return launch(i, true); });
+      const double alone = bench::median_us_per_launch(copies, [&](int i) { return launch(i, false); });
+      const double filled = bench::median_us_per_launch(copies, [&](int i) { return launch(i, true); });
       std::printf("| %s | %s | %ld | %ld | %ld | %ld | %s | %.2f | %.2f | %.2f |\n", D.model.c_str(), D.name.c_str(),
                   long(D.width), long(D.n_total), long(D.n_base), long(m), prezero_fill_name(fill), alone, filled,
                   m * cols * 4 / 1e6);

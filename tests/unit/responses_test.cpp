@@ -63,6 +63,27 @@ TEST(ResponsesTest, Utf8LengthCountsAsPython) {
   for (const auto& [bytes, chars] : cases) EXPECT_EQ(utf8_length(bytes), chars) << ::testing::PrintToString(bytes);
 }
 
+// Python's bytes.decode("utf-8", "replace"), by hand: the text a
+// completions top_logprobs key holds for a token's bytes.
+TEST(ResponsesTest, Utf8ReplaceInvalidDecodesAsPython) {
+  const std::string r = "\xEF\xBF\xBD";  // U+FFFD
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", ""},
+      {"abc", "abc"},
+      {"\xe6\x97\xa5", "\xe6\x97\xa5"},  // 日
+      {"\xe6\x97", r},                      // truncated: one U+FFFD
+      {"\xe6\x97" "a", r + "a"},
+      {"\xff\xfe", r + r},
+      {"\xed\xa0\x80", r + r + r},         // a surrogate
+      {"a\xf0\x9f\x98\x80" "b", "a\xf0\x9f\x98\x80" "b"},  // 😀 (the literal split: b is a hex digit)
+      {"\xc0\xaf", r + r},                  // overlong
+  };
+  for (const auto& [bytes, text] : cases) {
+    EXPECT_EQ(utf8_replace_invalid(bytes), text) << ::testing::PrintToString(bytes);
+    EXPECT_EQ(utf8_length(utf8_replace_invalid(bytes)), utf8_length(bytes)) << ::testing::PrintToString(bytes);
+  }
+}
+
 // echo with logprobs: the prompt's tokens first (the first unscored), top
 // entries cut to the request's top-N, -inf reported as -9999, offsets in
 // characters; prompt_logprobs as vLLM's choice field.

@@ -1,16 +1,25 @@
-// Timing for kernel benchmarks (bench/*_bench.cpp): a kernel's device time
-// per launch inside CUDA graphs. Only for CUDA benchmarks.
+// What the kernel benchmarks (bench/*_bench.cpp) share: a kernel's device
+// time per launch inside CUDA graphs, random device inputs, list flags and the
+// models/ directory. Only for CUDA benchmarks.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace nucleus::bench {
 
@@ -70,6 +79,44 @@ inline double median_us_per_launch(int copies, const std::function<bool(int)>& l
   for (auto& ex : execs) cudaGraphExecDestroy(ex);
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2] * 1e3 / kLaunchesPerGraph;
+}
+
+// A xorshift64 stream, the same sequence in every run.
+inline uint64_t next_rand() {
+  static uint64_t state = 0x243F6A8885A308D3ull;
+  state ^= state << 13;
+  state ^= state >> 7;
+  state ^= state << 17;
+  return state;
+}
+
+// `count` bf16 values on the device, uniform on a grid in [-scale, scale).
+inline Tensor random_bf16(int64_t count, float scale) {
+  Tensor t = Tensor::empty({count}, DType::kBF16, Device::kCuda);
+  std::vector<uint16_t> h(count);
+  for (auto& v : h) v = f32_to_bf16(scale * (static_cast<float>(next_rand() % 2000) / 1000.0f - 1.0f));
+  copy_to_device(t.raw(), h.data(), h.size() * 2);
+  return t;
+}
+
+// "1,4,8" -> {1, 4, 8}.
+inline std::vector<int64_t> parse_list(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::strtoll(p, nullptr, 10));
+    p = std::strchr(p, ',');
+    if (!p) break;
+    ++p;
+  }
+  return v;
+}
+
+// models/: $NUCLEUS_MODELS_DIR, else ./models (run from the repository root),
+// else the source tree's.
+inline std::string models_dir() {
+  if (const char* d = std::getenv("NUCLEUS_MODELS_DIR")) return d;
+  if (std::filesystem::exists("models/configs")) return "models";
+  return std::string(NUCLEUS_SOURCE_DIR) + "/models";
 }
 
 }  // namespace nucleus::bench
