@@ -101,7 +101,7 @@ int run_bench_latency(int argc, char** argv) {
     return 1;
   }
   ModelOptions mo = *mo_or;
-  std::unique_ptr<DeepseekModel> model;
+  std::unique_ptr<ModelExecutor> model;
   {
     std::string cfg = args.config_file.empty() ? (std::filesystem::path(args.model) / "config.json").string() : args.config_file;
     auto config = load_model_config(cfg, args.overrides);
@@ -109,7 +109,7 @@ int run_bench_latency(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", config.status().message().c_str());
       return 1;
     }
-    StatusOr<std::unique_ptr<DeepseekModel>> m = unsupported("unset");
+    StatusOr<std::unique_ptr<ModelExecutor>> m = unsupported("unset");
     if (args.load_format == "dummy") {
       m = build_deepseek_model(*config, mo, [&](WeightBackend& backend, const TpShard& shard) {
         return make_dummy_weights(*config, backend, 0, shard);

@@ -153,7 +153,7 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
   if (!args.skip_tokenizer_init && (has_tokenizer || !dummy)) {
     NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
   }
-  std::unique_ptr<DeepseekModel> model;
+  std::unique_ptr<ModelExecutor> model;
   if (dummy) {
     const std::string cfg =
         args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;

@@ -12,7 +12,7 @@
 
 #include "cli/commands.h"
 #include "kernels/width/width_build_policy.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #ifdef NUCLEUS_HAVE_CUDA
 #include "kernels/width/mla_front_builds.h"
 #endif

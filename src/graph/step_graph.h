@@ -17,6 +17,10 @@
 
 namespace nucleus {
 
+// The two graph shapes a step can take. kDecode: every sequence has one new
+// token; kPrefill: anything else (prefill chunks, possibly mixed with decodes).
+enum class StepKind { kPrefill, kDecode };
+
 // How many rows a buffer has in a step: the step's tokens, its logit rows, or
 // a fixed count set when the graph is built (scratch that kernels process
 // in chunks of at most that many rows).

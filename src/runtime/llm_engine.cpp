@@ -20,22 +20,6 @@ namespace {
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-// MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
-int64_t host_memory_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
-}
-
-std::string gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / double(1ull << 30));
-  return buf;
-}
 }  // namespace
 
 Status EngineConfig::validate() const {
@@ -49,7 +33,7 @@ Status EngineConfig::validate() const {
   return ok_status();
 }
 
-StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekModel> model, EngineConfig config) {
+StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<ModelExecutor> model, EngineConfig config) {
   NUCLEUS_RETURN_IF_ERROR(config.validate());
   const ModelConfig& mc = model->config();
   if (config.max_model_len == 0) config.max_model_len = mc.max_position_embeddings;
@@ -59,55 +43,16 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
                             std::to_string(mc.max_position_embeddings));
   if (config.eos_token_ids.empty())
     for (int64_t e : mc.eos_token_ids) config.eos_token_ids.push_back(static_cast<int32_t>(e));
+  RunnerLimits limits;
+  limits.block_size = config.block_size;
+  limits.num_kv_blocks = config.num_kv_blocks;
+  limits.gpu_memory_utilization = config.gpu_memory_utilization;
+  limits.max_num_batched_tokens = config.max_num_batched_tokens;
+  limits.max_num_seqs = config.max_num_seqs;
+  limits.max_model_len = config.max_model_len;
+  NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::create(model.get(), limits));
+  config.num_kv_blocks = runner->kv_cache().num_blocks;
   const int64_t block_bytes = model->kv_bytes_per_token() * config.block_size;
-  size_t graph_bytes = 0;
-  if (model->options().device == Device::kCuda) {
-    model->set_max_blocks_per_seq((config.max_model_len + config.block_size - 1) / config.block_size);
-    // A prefill step's logit rows: one per sequence and the prompt-logprob rows.
-    model->reserve_step_buffers(config.max_num_batched_tokens, config.max_num_seqs,
-                                std::min(config.max_num_batched_tokens,
-                                         config.max_num_seqs + kMaxPromptLogprobRows));
-    if (!model->options().cuda_graph_sizes.empty()) {
-      // Measure what the decode graphs take against a one-block cache, so the
-      // pool leaves room for them; they are captured again against the pool.
-      KvCache probe = model->make_kv_cache(1, config.block_size);
-      NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, model->capture_decode_graphs(probe));
-      model->drop_graphs();
-    }
-    if (config.num_kv_blocks == 0) {
-      // The pool takes what gpu_memory_utilization leaves after weights and
-      // step buffers, minus a margin for kernel scratch (expanded attention,
-      // cuBLASLt) allocated on first use.
-      constexpr size_t kScratchMargin = 1ull << 30;
-      size_t free_bytes = 0, total_bytes = 0;
-      device_memory_info(&free_bytes, &total_bytes);
-      const double budget = config.gpu_memory_utilization * static_cast<double>(total_bytes) -
-                            static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kScratchMargin) -
-                            static_cast<double>(graph_bytes);
-      config.num_kv_blocks = static_cast<int64_t>(budget / static_cast<double>(block_bytes));
-      if (config.num_kv_blocks < 1)
-        return resource_exhausted("--gpu-memory-utilization " + std::to_string(config.gpu_memory_utilization) +
-                                  " leaves no room for the KV cache after the weights and activations");
-    }
-  } else {
-    // The CPU pool lives in host memory: a default of 16 full-length
-    // sequences, capped at half of the memory available now; a pool that
-    // does not fit is refused here rather than failing the allocation.
-    const int64_t available = host_memory_available_bytes();
-    if (config.num_kv_blocks == 0) {
-      const int64_t blocks = 16 * ((config.max_model_len + config.block_size - 1) / config.block_size);
-      config.num_kv_blocks = available > 0 ? std::min(blocks, available / 2 / block_bytes) : blocks;
-      if (config.num_kv_blocks < 1)
-        return resource_exhausted("a KV-cache block of " + std::to_string(config.block_size) + " tokens takes " +
-                                  gib(block_bytes) + " GiB; half of the host's available memory (" +
-                                  gib(available) + " GiB) holds none: lower --block-size");
-    } else if (available > 0 && config.num_kv_blocks > available / block_bytes) {
-      return resource_exhausted("--num-kv-blocks " + std::to_string(config.num_kv_blocks) + " of " +
-                                std::to_string(config.block_size) + " tokens needs " +
-                                gib(config.num_kv_blocks * block_bytes) + " GiB of host memory; " +
-                                gib(available) + " GiB is available");
-    }
-  }
   std::unique_ptr<LLMEngine> e(new LLMEngine());
   e->config_ = config;
   e->model_ = std::move(model);
@@ -116,16 +61,8 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<DeepseekM
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
   sc.max_num_seqs = config.max_num_seqs;
   e->scheduler_ = std::make_unique<Scheduler>(sc, e->blocks_.get());
-  KvCache kv = e->model_->make_kv_cache(config.num_kv_blocks, config.block_size);
-  e->runner_ = std::make_unique<ModelRunner>(e->model_.get(), std::move(kv));
+  e->runner_ = std::move(runner);
   e->runner_->set_eos_token_ids(config.eos_token_ids);
-  if (e->model_->options().device == Device::kCuda && !e->model_->options().cuda_graph_sizes.empty()) {
-    const double t0 = now_seconds();
-    NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, e->model_->capture_decode_graphs(e->runner_->kv_cache()));
-    NUCLEUS_LOG_INFO("cuda graphs: captured {} decode sizes (1..{}) in {:.2f} s, {:.1f} MiB",
-                     e->model_->options().cuda_graph_sizes.size(), e->model_->options().cuda_graph_sizes.back(),
-                     now_seconds() - t0, graph_bytes / double(1 << 20));
-  }
   NUCLEUS_LOG_INFO("engine: {} KV blocks of {} tokens ({} tokens, {:.2f} GiB, {} cache, {} B/token), "
                    "max_num_batched_tokens {}, max_num_seqs {}, prefix caching {}",
                    config.num_kv_blocks, config.block_size, config.num_kv_blocks * config.block_size,

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/block_manager.h"
 #include "runtime/model_runner.h"
 #include "runtime/scheduler.h"
@@ -67,7 +67,7 @@ struct EngineStats {
 
 class LLMEngine {
  public:
-  static StatusOr<std::unique_ptr<LLMEngine>> create(std::unique_ptr<DeepseekModel> model, EngineConfig config);
+  static StatusOr<std::unique_ptr<LLMEngine>> create(std::unique_ptr<ModelExecutor> model, EngineConfig config);
 
   // Queues a request. Errors (kInvalidArgument): a duplicate id, an empty
   // prompt, a token id outside the vocabulary, bad sampling parameters,
@@ -84,7 +84,7 @@ class LLMEngine {
   // step with FinishReason::kError (RequestOutput::error says why, naming
   // the op), frees their KV blocks, and leaves the other requests running:
   // the next step goes on. When the model cannot run more steps after the
-  // failure (DeepseekModel::health: a sticky CUDA error, an aborted
+  // failure (ModelExecutor::health: a sticky CUDA error, an aborted
   // tensor-parallel group), the engine fails instead: every request
   // finishes with kError and failure() is set.
   std::vector<RequestOutput> step();
@@ -97,7 +97,7 @@ class LLMEngine {
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
-  DeepseekModel& model() { return runner_->model(); }
+  ModelExecutor& model() { return runner_->model(); }
   // While set, steps record what they touched (benchmarks; slower).
   void set_step_stats(StepStats* stats) { runner_->set_stats(stats); }
 
@@ -111,7 +111,7 @@ class LLMEngine {
   std::vector<RequestOutput> fail_engine(const Status& why);
 
   EngineConfig config_;
-  std::unique_ptr<DeepseekModel> model_;
+  std::unique_ptr<ModelExecutor> model_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;

@@ -1,10 +1,13 @@
 #include "runtime/model_runner.h"
 
 #include <algorithm>
-
-#include "core/device.h"
+#include <chrono>
+#include <cstdio>
+#include <fstream>
 
 #include "core/check.h"
+#include "core/device.h"
+#include "core/logging.h"
 
 namespace nucleus {
 
@@ -69,6 +72,91 @@ Status score_prompt_rows(const SchedulerOutput& out, const Tensor& logits, int64
   return ok_status();
 }
 }  // namespace
+
+namespace {
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+// MemAvailable from /proc/meminfo in bytes, or 0 when unknown.
+int64_t host_memory_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / double(1ull << 30));
+  return buf;
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(ModelExecutor* model, const RunnerLimits& limits) {
+  RunnerLimits l = limits;
+  const int64_t block_bytes = model->kv_bytes_per_token() * l.block_size;
+  const bool cuda = model->options().device == Device::kCuda;
+  const bool graphs = cuda && !model->options().cuda_graph_sizes.empty();
+  size_t graph_bytes = 0;
+  if (cuda) {
+    // 1. Step buffers and uploads. A prefill step's logit rows: one per
+    // sequence and the prompt-logprob rows.
+    model->set_max_blocks_per_seq((l.max_model_len + l.block_size - 1) / l.block_size);
+    model->reserve_step_buffers(l.max_num_batched_tokens, l.max_num_seqs,
+                                std::min(l.max_num_batched_tokens, l.max_num_seqs + kMaxPromptLogprobRows));
+    // 2. What the graphs take, against a one-block cache.
+    if (graphs) {
+      KvCache probe = model->make_kv_cache(1, l.block_size);
+      NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, model->capture_decode_graphs(probe));
+      model->drop_graphs();
+    }
+    // 3. The pool takes what gpu_memory_utilization leaves.
+    if (l.num_kv_blocks == 0) {
+      constexpr size_t kScratchMargin = 1ull << 30;
+      size_t free_bytes = 0, total_bytes = 0;
+      device_memory_info(&free_bytes, &total_bytes);
+      const double budget = l.gpu_memory_utilization * static_cast<double>(total_bytes) -
+                            static_cast<double>(total_bytes - free_bytes) - static_cast<double>(kScratchMargin) -
+                            static_cast<double>(graph_bytes);
+      l.num_kv_blocks = static_cast<int64_t>(budget / static_cast<double>(block_bytes));
+      if (l.num_kv_blocks < 1)
+        return resource_exhausted("--gpu-memory-utilization " + std::to_string(l.gpu_memory_utilization) +
+                                  " leaves no room for the KV cache after the weights and activations");
+    }
+  } else {
+    // 3. The CPU pool lives in host memory: a default of 16 full-length
+    // sequences, capped at half of the memory available now; a pool that
+    // does not fit is refused here rather than failing the allocation.
+    const int64_t available = host_memory_available_bytes();
+    if (l.num_kv_blocks == 0) {
+      const int64_t blocks = 16 * ((l.max_model_len + l.block_size - 1) / l.block_size);
+      l.num_kv_blocks = available > 0 ? std::min(blocks, available / 2 / block_bytes) : blocks;
+      if (l.num_kv_blocks < 1)
+        return resource_exhausted("a KV-cache block of " + std::to_string(l.block_size) + " tokens takes " +
+                                  gib(block_bytes) + " GiB; half of the host's available memory (" +
+                                  gib(available) + " GiB) holds none: lower --block-size");
+    } else if (available > 0 && l.num_kv_blocks > available / block_bytes) {
+      return resource_exhausted("--num-kv-blocks " + std::to_string(l.num_kv_blocks) + " of " +
+                                std::to_string(l.block_size) + " tokens needs " +
+                                gib(l.num_kv_blocks * block_bytes) + " GiB of host memory; " + gib(available) +
+                                " GiB is available");
+    }
+  }
+  // 4. The pool.
+  auto runner = std::make_unique<ModelRunner>(model, model->make_kv_cache(l.num_kv_blocks, l.block_size));
+  // 5. The graphs, against the pool.
+  if (graphs) {
+    const double t0 = now_seconds();
+    NUCLEUS_ASSIGN_OR_RETURN(graph_bytes, model->capture_decode_graphs(runner->kv_cache()));
+    NUCLEUS_LOG_INFO("cuda graphs: captured {} decode sizes (1..{}) in {:.2f} s, {:.1f} MiB",
+                     model->options().cuda_graph_sizes.size(), model->options().cuda_graph_sizes.back(),
+                     now_seconds() - t0, graph_bytes / double(1 << 20));
+  }
+  return runner;
+}
 
 StatusOr<Tensor> ModelRunner::execute(const SchedulerOutput& out) {
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/device_sampler.h"
 #include "runtime/grammar_mask.h"
 #include "runtime/sampler.h"
@@ -28,9 +28,36 @@ struct PromptLogprobRow {
 };
 std::vector<PromptLogprobRow> prompt_logprob_rows(const SchedulerOutput& out);
 
+// The limits a runner is sized for: the engine's scheduling limits and the
+// KV pool's memory.
+struct RunnerLimits {
+  int64_t block_size = 64;
+  int64_t num_kv_blocks = 0;  // 0: derived from memory (see ModelRunner::create)
+  double gpu_memory_utilization = 0.9;
+  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_seqs = 256;
+  int64_t max_model_len = 0;  // > 0
+};
+
 class ModelRunner {
  public:
-  ModelRunner(DeepseekModel* model, KvCache kv_cache) : model_(model), kv_cache_(std::move(kv_cache)) {}
+  // The start-up sequence, run once in this order:
+  //   1. step buffers, metadata uploads and op workspaces reserved for the
+  //      limits (CUDA), so their memory is taken before the pool is sized;
+  //   2. the decode and token graphs captured against a one-block cache to
+  //      measure their memory, then dropped (CUDA, graphs on);
+  //   3. the pool size: limits.num_kv_blocks, or on CUDA what
+  //      gpu_memory_utilization leaves after weights, buffers, graphs and a
+  //      margin for scratch allocated on first use (cuBLASLt, expanded
+  //      attention); on the CPU 16 sequences of max_model_len, capped at half
+  //      the available host memory;
+  //   4. the pool allocated;
+  //   5. the graphs captured against the pool (whose addresses they keep).
+  // Errors: a pool of no block (kResourceExhausted, naming the memory), a
+  // CPU pool larger than the host memory, an op failing in a warm-up step or
+  // a capture.
+  static StatusOr<std::unique_ptr<ModelRunner>> create(ModelExecutor* model, const RunnerLimits& limits);
+  ModelRunner(ModelExecutor* model, KvCache kv_cache) : model_(model), kv_cache_(std::move(kv_cache)) {}
 
   // Runs the step; returns logits [num sampling sequences, vocab] f32 (host).
   StatusOr<Tensor> execute(const SchedulerOutput& out);
@@ -48,10 +75,10 @@ class ModelRunner {
   KvCache& kv_cache() { return kv_cache_; }
   // While set, every step records what it touched into *stats (slower: syncs).
   void set_stats(StepStats* stats) { stats_ = stats; }
-  DeepseekModel& model() { return *model_; }
+  ModelExecutor& model() { return *model_; }
 
  private:
-  DeepseekModel* model_;
+  ModelExecutor* model_;
   KvCache kv_cache_;
   StepStats* stats_ = nullptr;
   std::unique_ptr<DeviceSampler> device_sampler_;

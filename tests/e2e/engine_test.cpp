@@ -12,7 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -35,7 +35,7 @@ std::vector<RefCase> ref_cases(const std::string& model) {
   return out;
 }
 
-std::unique_ptr<DeepseekModel> load(AttentionMode mode = AttentionMode::kAuto) {
+std::unique_ptr<ModelExecutor> load(AttentionMode mode = AttentionMode::kAuto) {
   ModelOptions o;
   o.attention_mode = mode;
   auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);

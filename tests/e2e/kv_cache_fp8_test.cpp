@@ -23,7 +23,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -40,7 +40,7 @@ std::vector<std::vector<int32_t>> ref_prompts() {
   return out;
 }
 
-std::unique_ptr<DeepseekModel> load(std::optional<KvCacheDtype> dtype, std::optional<float> kv_scale = {}) {
+std::unique_ptr<ModelExecutor> load(std::optional<KvCacheDtype> dtype, std::optional<float> kv_scale = {}) {
   ModelOptions o;
   o.kv_cache_dtype = dtype;
   o.kv_scale = kv_scale;
@@ -133,10 +133,10 @@ TEST(KvCacheFp8Model, SpellingsResolveToOneDtypeAndHalveTheBytes) {
 
 // ---------------------------------------------------- one sequence, by hand ---
 
-// One sequence through DeepseekModel::forward, its own cache (block size 16).
+// One sequence through ModelExecutor::forward, its own cache (block size 16).
 class SeqRunner {
  public:
-  SeqRunner(DeepseekModel* m, int64_t max_tokens) : m_(m) {
+  SeqRunner(ModelExecutor* m, int64_t max_tokens) : m_(m) {
     kv_ = m->make_kv_cache((max_tokens + 15) / 16, 16);
     for (int32_t b = 0; b < kv_.num_blocks; ++b) table_.push_back(b);
   }
@@ -173,7 +173,7 @@ class SeqRunner {
   }
 
  private:
-  DeepseekModel* m_;
+  ModelExecutor* m_;
   KvCache kv_;
   std::vector<int32_t> table_;
   int32_t len_ = 0;
@@ -273,7 +273,7 @@ std::string copy_with_scales(const std::vector<ScaleTensor>& scales) {
   return dir;
 }
 
-StatusOr<std::unique_ptr<DeepseekModel>> load_dir(const std::string& dir, std::optional<KvCacheDtype> dtype,
+StatusOr<std::unique_ptr<ModelExecutor>> load_dir(const std::string& dir, std::optional<KvCacheDtype> dtype,
                                                   std::optional<float> kv_scale = {}) {
   ModelOptions o;
   o.kv_cache_dtype = dtype;
@@ -421,7 +421,7 @@ constexpr double kMinAgree = 0.9, kMaxErr = 0.08, kMaxAmplificationGrowth = 2.0;
 
 // Teacher-forced: `model` fed `seq` after `prompt`, one decode step a token;
 // the logits before each token of `seq`.
-std::vector<std::vector<float>> teacher_forced(DeepseekModel* model, const std::vector<int32_t>& prompt,
+std::vector<std::vector<float>> teacher_forced(ModelExecutor* model, const std::vector<int32_t>& prompt,
                                                const std::vector<int32_t>& seq, bool alternate_scale = false) {
   SeqRunner r(model, static_cast<int64_t>(prompt.size() + seq.size()));
   std::vector<std::vector<float>> out = {r.step(prompt)};

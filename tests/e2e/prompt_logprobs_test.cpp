@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -59,7 +59,7 @@ std::vector<RefCase> ref_cases() {
   return out;
 }
 
-std::unique_ptr<DeepseekModel> load() {
+std::unique_ptr<ModelExecutor> load() {
   auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), ModelOptions{}, {}, false);
   NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
   return std::move(*m);

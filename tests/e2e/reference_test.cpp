@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "test_util.h"
 
 namespace nucleus {

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "graph/fault_injection.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 

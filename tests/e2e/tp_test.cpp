@@ -13,7 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "ops/op.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
@@ -32,7 +32,7 @@ json ref_cases() {
   return json::parse(in)["tiny-dsv3"];
 }
 
-std::unique_ptr<DeepseekModel> load(int tp, const std::string& model = "tiny-dsv3", ModelOptions o = {}) {
+std::unique_ptr<ModelExecutor> load(int tp, const std::string& model = "tiny-dsv3", ModelOptions o = {}) {
   o.tensor_parallel_size = tp;
   auto m = load_deepseek_model(testing::model_path(model), o, {}, false);
   NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
@@ -84,7 +84,7 @@ float max_abs_diff(const Tensor& a, const Tensor& b) {
 // each model's cache: the same tokens as each other (and, with
 // vs_reference, as the Hugging Face reference), logits within `tolerance` at
 // every step. Returns the largest logit difference.
-float compare_greedy(DeepseekModel& one, DeepseekModel& many, int tp, float tolerance, bool vs_reference = true) {
+float compare_greedy(ModelExecutor& one, ModelExecutor& many, int tp, float tolerance, bool vs_reference = true) {
   const int64_t V = one.config().vocab_size;
   const json cases = ref_cases();
   float worst = 0;
@@ -152,7 +152,7 @@ TEST(TpPrezeroTest, AllReducingDonorsMatchTp1) {
   o.enable_prezero = true;
   auto one = load(1), many = load(2, "tiny-dsv3", o);
   for (int r = 0; r < 2; ++r) {
-    const StepGraph& g = many->rank_model(r).graph(StepKind::kDecode);
+    const StepGraph& g = many->rank(r).graph(StepKind::kDecode);
     int donors = 0, all_reducing_donors = 0;
     for (const auto& n : g.nodes()) {
       const std::string attrs = n.op->attrs();
@@ -223,7 +223,7 @@ TEST(TpEngineTest, BatchedChunkedGreedyEqualsReferenceAtTp2) {
 TEST(TpGraphTest, RankGraphsCarryTheCollectives) {
   auto m = load(2);
   for (StepKind kind : {StepKind::kPrefill, StepKind::kDecode}) {
-    const StepGraph& g = m->rank_model(1).graph(kind);
+    const StepGraph& g = m->rank(1).graph(kind);
     int all_reduce_norms = 0, gathers = 0, embeddings = 0;
     for (const auto& n : g.nodes()) {
       const std::string attrs = n.op->attrs();
@@ -243,7 +243,7 @@ TEST(TpGraphTest, RankGraphsCarryTheCollectives) {
     EXPECT_EQ(embeddings, 1);
   }
   // Rank 1 holds heads 2-3: q is 2 heads wide.
-  const StepGraph& g = m->rank_model(1).graph(StepKind::kDecode);
+  const StepGraph& g = m->rank(1).graph(StepKind::kDecode);
   EXPECT_EQ(g.buffers()[g.find_buffer("q")].width, 2 * 192);
   EXPECT_EQ(g.buffers()[g.find_buffer("logits")].width, 4096);
   EXPECT_EQ(g.buffers()[g.find_buffer("logits_local")].width, 2048);
@@ -294,7 +294,7 @@ TEST(TpCliTest, GenerateWithTensorParallelSizeTwoMatchesOne) {
 TEST(TpTest, EveryGraphNodeIsAForceableKernelFamily) {
   auto m = load(2);
   for (StepKind k : {StepKind::kPrefill, StepKind::kDecode})
-    for (const auto& n : m->rank_model(0).graph(k).nodes())
+    for (const auto& n : m->rank(0).graph(k).nodes())
       EXPECT_TRUE(is_kernel_family(n.op->kind())) << n.name << ": " << n.op->kind();
   EXPECT_TRUE(is_kernel_family("gather_kv_b_proj"));
   EXPECT_FALSE(is_kernel_family("linearr"));

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "ops/splitk.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
@@ -24,7 +24,7 @@ namespace {
 
 using nlohmann::json;
 
-std::unique_ptr<DeepseekModel> load(std::vector<int64_t> graph_sizes, bool eager_pad = false) {
+std::unique_ptr<ModelExecutor> load(std::vector<int64_t> graph_sizes, bool eager_pad = false) {
   ModelOptions o;
   o.device = Device::kCuda;
   o.cuda_graph_sizes = std::move(graph_sizes);

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 

@@ -29,7 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "ops/kv_cache_dtype.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
@@ -48,7 +48,7 @@ std::vector<std::vector<int32_t>> ref_prompts() {
   return out;
 }
 
-std::unique_ptr<DeepseekModel> load(Device device, std::optional<KvCacheDtype> dtype,
+std::unique_ptr<ModelExecutor> load(Device device, std::optional<KvCacheDtype> dtype,
                                     std::vector<int64_t> graph_sizes = {}, bool eager_pad = false) {
   ModelOptions o;
   o.device = device;
@@ -84,10 +84,10 @@ TEST_F(GpuKvCacheFp8, PoolHoldsTwiceTheBlocks) {
   EXPECT_NEAR(ratio, 2.0, 0.03);
 }
 
-// One sequence through DeepseekModel::forward with its own cache (block size 16).
+// One sequence through ModelExecutor::forward with its own cache (block size 16).
 class SeqRunner {
  public:
-  SeqRunner(DeepseekModel* m, int64_t max_tokens) : m_(m) {
+  SeqRunner(ModelExecutor* m, int64_t max_tokens) : m_(m) {
     kv_ = m->make_kv_cache((max_tokens + 15) / 16, 16);
     for (int32_t b = 0; b < kv_.num_blocks; ++b) table_.push_back(b);
   }
@@ -118,7 +118,7 @@ class SeqRunner {
   }
 
  private:
-  DeepseekModel* m_;
+  ModelExecutor* m_;
   KvCache kv_;
   std::vector<int32_t> table_;
   int32_t len_ = 0;
@@ -139,7 +139,7 @@ double rms_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(s / std::max<size_t>(a.size(), 1));
 }
 
-std::vector<std::vector<float>> teacher_forced(DeepseekModel* m, const std::vector<int32_t>& prompt,
+std::vector<std::vector<float>> teacher_forced(ModelExecutor* m, const std::vector<int32_t>& prompt,
                                                const std::vector<int32_t>& seq) {
   SeqRunner r(m, static_cast<int64_t>(prompt.size() + seq.size()));
   std::vector<std::vector<float>> out = {r.step(prompt)};

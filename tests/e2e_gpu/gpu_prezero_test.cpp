@@ -27,7 +27,7 @@
 
 #include "core/device.h"
 #include "gpu_test_util.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
 #include "ops/prezero.h"
@@ -51,7 +51,7 @@ constexpr int64_t kNTotal = 1728, kNBase = 1472;
 constexpr int64_t kIdleBytes = 4096;
 constexpr int64_t kBlockSize = 16, kContext = 5;
 
-std::unique_ptr<DeepseekModel> load(bool prezero, std::vector<int64_t> graph_sizes) {
+std::unique_ptr<ModelExecutor> load(bool prezero, std::vector<int64_t> graph_sizes) {
   ModelOptions o;
   o.device = Device::kCuda;
   o.enable_prezero = prezero;
@@ -63,7 +63,7 @@ std::unique_ptr<DeepseekModel> load(bool prezero, std::vector<int64_t> graph_siz
 
 // The same model as a one-rank tensor-parallel group (NCCL on the single
 // H200): its norms all-reduce, through the fused kernel or NCCL + add+norm.
-std::unique_ptr<DeepseekModel> load_group(bool fuse, std::vector<int64_t> graph_sizes) {
+std::unique_ptr<ModelExecutor> load_group(bool fuse, std::vector<int64_t> graph_sizes) {
   ModelOptions o;
   o.device = Device::kCuda;
   o.enable_prezero = true;
@@ -147,7 +147,7 @@ void compare_on_off(bool deterministic) {
   std::vector<int64_t> graph_sizes(sizes.begin(), sizes.end());
   std::sort(graph_sizes.begin(), graph_sizes.end());
   const int64_t blocks = (kContext + 1 + kBlockSize - 1) / kBlockSize, max_seqs = graph_sizes.back();
-  std::map<bool, std::unique_ptr<DeepseekModel>> models;
+  std::map<bool, std::unique_ptr<ModelExecutor>> models;
   std::map<bool, KvCache> caches;
   for (bool prezero : {true, false}) {
     models[prezero] = load(prezero, graph_sizes);
@@ -207,7 +207,7 @@ TEST_F(GpuPrezeroTest, OneRankGroupDonorsAllReduceAndFill) {
   std::vector<int64_t> graph_sizes(sizes.begin(), sizes.end());
   std::sort(graph_sizes.begin(), graph_sizes.end());
   const int64_t blocks = (kContext + 1 + kBlockSize - 1) / kBlockSize, max_seqs = graph_sizes.back();
-  std::map<std::string, std::unique_ptr<DeepseekModel>> models;
+  std::map<std::string, std::unique_ptr<ModelExecutor>> models;
   std::map<std::string, KvCache> caches;
   models["plain"] = load(true, graph_sizes);
   models["unfused"] = load_group(false, graph_sizes);
@@ -220,7 +220,7 @@ TEST_F(GpuPrezeroTest, OneRankGroupDonorsAllReduceAndFill) {
   }
   for (const char* name : {"unfused", "fused"}) {
     SCOPED_TRACE(name);
-    const StepGraph& g = models[name]->rank_model(0).graph(StepKind::kDecode);
+    const StepGraph& g = models[name]->rank(0).graph(StepKind::kDecode);
     int donors = 0, all_reducing = 0;
     for (const Node& n : g.nodes()) {
       auto* norm = dynamic_cast<const AddRmsNormOp*>(n.op.get());

@@ -14,7 +14,7 @@
 
 #include "core/device.h"
 #include "io/safetensors.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 

@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -43,7 +43,7 @@ json cases_for(const std::string& model) {
   return json::parse(in)[model];
 }
 
-std::unique_ptr<DeepseekModel> load(const std::string& name, Device device, bool bf16_emulation = false) {
+std::unique_ptr<ModelExecutor> load(const std::string& name, Device device, bool bf16_emulation = false) {
   ModelOptions o;
   o.device = device;
   o.cpu_bf16_emulation = bf16_emulation;
@@ -53,7 +53,7 @@ std::unique_ptr<DeepseekModel> load(const std::string& name, Device device, bool
 }
 
 // All-position logits of one sequence in one prefill step.
-Tensor full_logits(DeepseekModel& m, const std::vector<int32_t>& tokens) {
+Tensor full_logits(ModelExecutor& m, const std::vector<int32_t>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()), bs = 16, blocks = (n + bs - 1) / bs;
   KvCache kv = m.make_kv_cache(blocks, bs);
   StepInputs in;

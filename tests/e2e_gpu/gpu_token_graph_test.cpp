@@ -12,7 +12,7 @@
 #include <set>
 
 #include "core/device.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "test_util.h"
 
 namespace nucleus {
@@ -27,7 +27,7 @@ const std::vector<int64_t> kBuckets = {16, 32, 64, 128};
 // (logits of magnitude ~10 on the tiny model).
 constexpr float kPadMaxAbs = 0.5f, kPadMeanAbs = 0.02f;
 
-std::unique_ptr<DeepseekModel> load(std::vector<int64_t> buckets, bool eager_pad) {
+std::unique_ptr<ModelExecutor> load(std::vector<int64_t> buckets, bool eager_pad) {
   ModelOptions o;
   o.device = Device::kCuda;
   o.token_graph_sizes = std::move(buckets);

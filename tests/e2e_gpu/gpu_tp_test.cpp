@@ -17,7 +17,7 @@
 
 #include "core/cuda/context.h"
 #include "core/device.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -33,7 +33,7 @@ json cases() {
   return json::parse(in)["tiny-dsv3"];
 }
 
-std::unique_ptr<DeepseekModel> load(Device device, int tp, bool force_group = false, bool fuse = true) {
+std::unique_ptr<ModelExecutor> load(Device device, int tp, bool force_group = false, bool fuse = true) {
   ModelOptions o;
   o.device = device;
   o.tensor_parallel_size = tp;
@@ -45,7 +45,7 @@ std::unique_ptr<DeepseekModel> load(Device device, int tp, bool force_group = fa
 }
 
 // All-position logits of prompt + greedy tokens as one prefill step (host).
-Tensor teacher_forced(DeepseekModel& m, std::vector<int32_t> tokens) {
+Tensor teacher_forced(ModelExecutor& m, std::vector<int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size()), bs = 16, blocks = (n + bs - 1) / bs;
   KvCache kv = m.make_kv_cache(blocks, bs);
   StepInputs in;
@@ -79,7 +79,7 @@ float max_diff(const Tensor& a, const Tensor& b) {
 
 // Greedy 32 tokens for every reference prompt, batched through the engine
 // (CUDA graphs for decode, token graphs for prefill).
-std::map<std::string, std::vector<int32_t>> engine_greedy(std::unique_ptr<DeepseekModel> model) {
+std::map<std::string, std::vector<int32_t>> engine_greedy(std::unique_ptr<ModelExecutor> model) {
   EngineConfig ec;
   ec.block_size = 16;
   ec.num_kv_blocks = 256;
@@ -121,7 +121,7 @@ class GpuTpTest : public ::testing::Test {
 };
 
 // The backend chosen for node `name` of the decode graph (rank 0's).
-std::string backend_of(DeepseekModel& m, const std::string& name) {
+std::string backend_of(ModelExecutor& m, const std::string& name) {
   for (const auto& n : m.graph(StepKind::kDecode).nodes())
     if (n.name == name) return n.op->backend();
   return "(no node " + name + ")";

@@ -24,7 +24,7 @@
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "kernels/width/mla_front_builds.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
 
@@ -37,7 +37,7 @@ using width::WidthBuildsMode;
 constexpr int64_t kBlockSize = 16, kContext = 5;
 const std::vector<int64_t> kGraphSizes = {1, 2, 4, 8, 16};
 
-StatusOr<std::unique_ptr<DeepseekModel>> try_load(WidthBuildsMode mode, std::vector<int64_t> graph_sizes,
+StatusOr<std::unique_ptr<ModelExecutor>> try_load(WidthBuildsMode mode, std::vector<int64_t> graph_sizes,
                                                   std::optional<KvCacheDtype> cache = std::nullopt) {
   ModelOptions o;
   o.device = Device::kCuda;
@@ -47,7 +47,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> try_load(WidthBuildsMode mode, std::vec
   return load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
 }
 
-std::unique_ptr<DeepseekModel> load(WidthBuildsMode mode, std::vector<int64_t> graph_sizes) {
+std::unique_ptr<ModelExecutor> load(WidthBuildsMode mode, std::vector<int64_t> graph_sizes) {
   auto m = try_load(mode, std::move(graph_sizes));
   NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
   return std::move(*m);
@@ -107,7 +107,7 @@ TEST_F(GpuWidthBuildsTest, DecodeGraphRunsTheFrontEndAsOneOp) {
 // chain). Each size twice (a stale barrier or buffer would show).
 TEST_F(GpuWidthBuildsTest, OnLeanAndOffAgree) {
   const int64_t blocks = (kContext + 1 + kBlockSize - 1) / kBlockSize, max_seqs = 24;
-  std::map<std::string, std::unique_ptr<DeepseekModel>> models;
+  std::map<std::string, std::unique_ptr<ModelExecutor>> models;
   std::map<std::string, KvCache> caches;
   models["off"] = load(WidthBuildsMode::kOff, kGraphSizes);
   models["on"] = load(WidthBuildsMode::kOn, kGraphSizes);

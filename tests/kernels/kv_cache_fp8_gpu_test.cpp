@@ -46,7 +46,7 @@
 #include "kernels/mla/mla_attention_ref.h"
 #include "kernels/rope/rope_kv_cache.cuh"
 #include "kernels/rope/rope_ref.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "ops/gather_kv_b_proj.h"
 #include "ops/kv_cache_dtype.h"
 #include "ops/mla_ops.h"

@@ -13,7 +13,7 @@
 
 #include "gpu_test_util.h"
 #include "kernels/width/mla_front_builds.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 
 namespace nucleus::width {
 namespace {

@@ -20,7 +20,7 @@
 #include "gpu_test_util.h"
 #include "io/tokenizer.h"
 #include "kernels/sampling/token_bitmask.cuh"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "runtime/grammar_mask.h"
 #include "runtime/llm_engine.h"
 #include "runtime/structured_output.h"

@@ -5,7 +5,7 @@
 
 #include <cstdlib>
 
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 
 namespace nucleus {
 namespace {

@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "graph/passes/prezero_pass.h"
-#include "model/deepseek/deepseek_model.h"
+#include "runtime/model_executor.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
 #include "ops/prezero.h"
@@ -17,7 +17,7 @@
 namespace nucleus {
 namespace {
 
-std::unique_ptr<DeepseekModel> load(bool prezero) {
+std::unique_ptr<ModelExecutor> load(bool prezero) {
   ModelOptions o;
   o.enable_prezero = prezero;
   auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);

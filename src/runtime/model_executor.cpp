@@ -1,0 +1,235 @@
+#include "runtime/model_executor.h"
+
+#include <filesystem>
+
+#include "core/check.h"
+#include "core/device.h"
+#include "core/logging.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/tp_shard.h"
+#include "model/weights.h"
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/cuda_backends.h"
+#endif
+
+namespace nucleus {
+
+namespace {
+
+ExecutorOptions executor_options(const ModelOptions& o, int rank) {
+  ExecutorOptions e;
+  e.device = o.device;
+  e.cuda_graph_sizes = o.cuda_graph_sizes;
+  e.token_graph_sizes = o.token_graph_sizes;
+  e.graph_eager_pad = o.graph_eager_pad;
+  e.token_graph_eager_pad = o.token_graph_eager_pad;
+  e.cpu_bf16_emulation = o.cpu_bf16_emulation;
+  e.max_blocks_per_seq = o.max_blocks_per_seq;
+  e.rank = rank;
+  return e;
+}
+
+}  // namespace
+
+ModelExecutor::~ModelExecutor() {
+  // A group's ranks free their device state on their own threads.
+  if (group_) {
+    Status s = group_->run([this](int r) {
+      ranks_[r].executor.reset();
+      ranks_[r].model.reset();
+      return ok_status();
+    });
+    NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
+  }
+}
+
+StatusOr<ModelExecutor::Rank> ModelExecutor::make_rank(std::unique_ptr<DeepseekModel> model) {
+  NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph prefill, model->build_graph(StepKind::kPrefill));
+  NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph decode, model->build_graph(StepKind::kDecode));
+  Rank r;
+  NUCLEUS_ASSIGN_OR_RETURN(r.executor,
+                           StepExecutor::create(std::move(prefill), std::move(decode),
+                                                executor_options(model->options(), model->rank().shard.rank)));
+  r.model = std::move(model);
+  return r;
+}
+
+StatusOr<std::unique_ptr<ModelExecutor>> ModelExecutor::create(std::unique_ptr<DeepseekModel> model) {
+  std::unique_ptr<ModelExecutor> e(new ModelExecutor(model->options()));
+  NUCLEUS_ASSIGN_OR_RETURN(Rank r, make_rank(std::move(model)));
+  e->ranks_.push_back(std::move(r));
+  return e;
+}
+
+std::unique_ptr<ModelExecutor> ModelExecutor::create_group(const ModelOptions& options, std::unique_ptr<TpGroup> group,
+                                                           std::vector<Rank> ranks) {
+  NUCLEUS_CHECK(group && static_cast<int>(ranks.size()) == group->world_size(), "group of {} ranks, {} models",
+                group ? group->world_size() : 0, ranks.size());
+  // Every rank resolves the same cache dtype and k_scale (k_scale tensors are replicated).
+  for (const Rank& r : ranks)
+    NUCLEUS_CHECK(r.model->kv_cache_dtype() == ranks[0].model->kv_cache_dtype() &&
+                      r.model->kv_k_scales() == ranks[0].model->kv_k_scales(),
+                  "tensor-parallel ranks disagree on the KV cache dtype or k_scale");
+  std::unique_ptr<ModelExecutor> e(new ModelExecutor(options));
+  e->group_ = std::move(group);
+  e->ranks_ = std::move(ranks);
+  return e;
+}
+
+Status ModelExecutor::on_ranks(const std::function<Status(Rank&, int)>& fn) {
+  if (!group_) return fn(ranks_[0], 0);
+  return group_->run([&](int r) { return fn(ranks_[r], r); });
+}
+
+StatusOr<Tensor> ModelExecutor::forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, forward_logits(inputs, kv_cache, stats));
+  return logits.device() == Device::kCuda ? to_host(logits) : logits;
+}
+
+StatusOr<Tensor> ModelExecutor::forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
+  for (int32_t p : inputs.positions)
+    NUCLEUS_CHECK(p >= 0 && p < config().max_position_embeddings, "position {} outside [0, {})", p,
+                  config().max_position_embeddings);
+  if (!group_) return ranks_[0].executor->forward_logits(inputs, kv_cache, stats);
+  NUCLEUS_CHECK(kv_cache.ranks.size() == ranks_.size(), "a KV cache of {} ranks for a model of {}",
+                kv_cache.ranks.size(), ranks_.size());
+  if (!broken_.ok()) return broken_;
+  std::vector<Tensor> logits(ranks_.size());
+  std::vector<StepStats> rank_stats(ranks_.size());
+  Status s = on_ranks([&](Rank& rank, int r) -> Status {
+    NUCLEUS_ASSIGN_OR_RETURN(logits[r], rank.executor->forward_logits(inputs, kv_cache.ranks[r],
+                                                                       stats ? &rank_stats[r] : nullptr));
+    return ok_status();
+  });
+  if (!s.ok()) {
+    // A failed rank aborted every communicator of the group (TpGroup::run):
+    // no further step can run its collectives.
+    broken_ = aborted("the tensor-parallel group's communicators were aborted by a failed step (" + s.message() + ")");
+    return s;
+  }
+  if (stats) {
+    stats->moe_layers += rank_stats[0].moe_layers;
+    stats->experts_activated += rank_stats[0].experts_activated;
+  }
+  return logits[0];
+}
+
+Status ModelExecutor::health() {
+  if (!group_) return ranks_[0].executor->health();
+  if (!broken_.ok()) return broken_;
+  for (const Rank& r : ranks_)
+    if (r.executor->fatal_fault_fired()) return aborted("a fatal fault was injected (NUCLEUS_FAULT_INJECT)");
+  return ok_status();
+}
+
+KvCache ModelExecutor::make_kv_cache(int64_t num_blocks, int64_t block_size) {
+  if (!group_) return ranks_[0].model->make_kv_cache(num_blocks, block_size);
+  std::vector<KvCache> caches(ranks_.size());
+  Status s = on_ranks([&](Rank& rank, int r) {
+    caches[r] = rank.model->make_kv_cache(num_blocks, block_size);
+    return ok_status();
+  });
+  NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
+  KvCache kv = caches[0];
+  kv.ranks = std::move(caches);
+  return kv;
+}
+
+void ModelExecutor::reserve_step_buffers(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits) {
+  Status s = on_ranks([&](Rank& rank, int) {
+    rank.executor->reserve(max_tokens, max_logits, max_prefill_logits);
+    return ok_status();
+  });
+  NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
+}
+
+StatusOr<size_t> ModelExecutor::capture_decode_graphs(KvCache& kv_cache) {
+  if (!group_) return ranks_[0].executor->capture(kv_cache);
+  NUCLEUS_CHECK(kv_cache.ranks.size() == ranks_.size(), "a KV cache of {} ranks for a model of {}",
+                kv_cache.ranks.size(), ranks_.size());
+  std::vector<size_t> bytes(ranks_.size());
+  NUCLEUS_RETURN_IF_ERROR(on_ranks([&](Rank& rank, int r) -> Status {
+    NUCLEUS_ASSIGN_OR_RETURN(bytes[r], rank.executor->capture(kv_cache.ranks[r]));
+    return ok_status();
+  }));
+  return bytes[0];
+}
+
+void ModelExecutor::drop_graphs() {
+  Status s = on_ranks([](Rank& rank, int) {
+    rank.executor->drop_graphs();
+    return ok_status();
+  });
+  NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
+}
+
+void ModelExecutor::set_max_blocks_per_seq(int64_t n) {
+  options_.max_blocks_per_seq = n;
+  for (Rank& r : ranks_) r.executor->set_max_blocks_per_seq(n);
+}
+
+StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& model_dir,
+                                                             const ModelOptions& options,
+                                                             const std::vector<std::string>& overrides,
+                                                             bool show_progress) {
+  namespace fs = std::filesystem;
+  NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
+                           load_model_config((fs::path(model_dir) / "config.json").string(), overrides));
+  NUCLEUS_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::open(model_dir));
+  return build_deepseek_model(config, options, [&](WeightBackend& backend, const TpShard& shard) {
+    LoadOptions lo;
+    lo.show_progress = show_progress && shard.rank == 0;
+    lo.check_values = options.check_weights;
+    return load_weights(ckpt, config, backend, lo, shard);
+  });
+}
+
+StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig& config, const ModelOptions& options,
+                                                              const WeightFactory& make_weights) {
+  const int n = static_cast<int>(options.tensor_parallel_size);
+  if (n == 1 && !options.force_tp_group) {
+    auto backend = make_weight_backend(options.device);
+    if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
+    NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, make_weights(*backend, TpShard{}));
+    NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model,
+                             DeepseekModel::create(config, std::move(weights), options));
+    return ModelExecutor::create(std::move(model));
+  }
+  NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, n));
+  NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<TpGroup> group, TpGroup::create(n, options.device));
+  std::vector<void*> signals;
+#ifdef NUCLEUS_HAVE_CUDA
+  if (options.device == Device::kCuda && options.fuse_allreduce_norm) {
+    auto s = group->make_peer_buffers(cuda_ops::fused_allreduce_signal_bytes());
+    if (s.ok()) {
+      signals = std::move(*s);
+    } else {
+      NUCLEUS_LOG_WARN("fused all-reduce + RMSNorm unavailable, using NCCL then add+norm: {}", s.status().message());
+    }
+  }
+#endif
+  std::vector<ModelExecutor::Rank> ranks(n);
+  NUCLEUS_RETURN_IF_ERROR(group->run([&](int r) -> Status {
+    auto backend = make_weight_backend(options.device);
+    if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
+    const TpShard shard{r, n};
+    NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, make_weights(*backend, shard));
+    ModelOptions rank_options = options;
+    rank_options.tensor_parallel_size = 1;  // a rank is one model; the group is the executor's
+    NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model,
+                             DeepseekModel::create(config, std::move(weights), rank_options,
+                                                   {shard, &group->comm(r), signals}));
+    NUCLEUS_ASSIGN_OR_RETURN(ranks[r], ModelExecutor::make_rank(std::move(model)));
+    return ok_status();
+  }));
+  NUCLEUS_LOG_INFO("tensor parallelism: {} ranks on {} ({} communicators{})", n, device_name(options.device),
+                   group->comm(0).backend(),
+                   options.device == Device::kCuda
+                       ? (signals.empty() ? ", all-reduce + RMSNorm unfused" : ", all-reduce + RMSNorm fused")
+                       : "");
+  return ModelExecutor::create_group(options, std::move(group), std::move(ranks));
+}
+
+}  // namespace nucleus

@@ -1,0 +1,134 @@
+// ModelExecutor: the runnable model the engine drives. It holds the ranks of
+// the model (one, or a tensor-parallel group), each a DeepseekModel (weights
+// and graph builder, model/deepseek/deepseek_model.h) with the StepExecutor
+// that runs its graphs (graph/step_executor.h), and fans every call out to
+// the ranks.
+//
+// Tensor parallelism (docs/tp.md): a group's ranks each hold their shard of
+// the weights, their own step graphs and their own KV cache, and are driven
+// by one thread per rank (one GPU each on CUDA); each step runs on every rank
+// at once, with the same padding (their collectives must match).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/tp_group.h"
+#include "core/status.h"
+#include "graph/step_executor.h"
+#include "model/deepseek/deepseek_model.h"
+
+namespace nucleus {
+
+class ModelExecutor {
+ public:
+  // One rank of the executor: its model and the executor of its graphs
+  // (declared in this order: the graphs point into the model's weights and
+  // are destroyed first).
+  struct Rank {
+    std::unique_ptr<DeepseekModel> model;
+    std::unique_ptr<StepExecutor> executor;
+  };
+
+  ~ModelExecutor();
+  // A single model (no group): builds its graphs and their executor.
+  // Errors: a graph that cannot be built (DeepseekModel::build_graph), a
+  // malformed NUCLEUS_FAULT_INJECT.
+  static StatusOr<std::unique_ptr<ModelExecutor>> create(std::unique_ptr<DeepseekModel> model);
+  // The rank `model` of a group as a Rank (graphs built and executor made).
+  // Call on the rank's thread. Errors: as create().
+  static StatusOr<Rank> make_rank(std::unique_ptr<DeepseekModel> model);
+  // A tensor-parallel executor over `ranks` (rank r at r), driven on
+  // `group`'s threads; `options` are the group's (tensor_parallel_size > 1).
+  static std::unique_ptr<ModelExecutor> create_group(const ModelOptions& options, std::unique_ptr<TpGroup> group,
+                                                     std::vector<Rank> ranks);
+
+  const ModelConfig& config() const { return ranks_[0].model->config(); }
+  const ModelOptions& options() const { return options_; }
+  int tensor_parallel_size() const { return static_cast<int>(ranks_.size()); }
+  // Rank r's executor (its graphs, replay counters) and model.
+  StepExecutor& rank(int r) { return *ranks_.at(r).executor; }
+  const DeepseekModel& rank_model(int r) const { return *ranks_.at(r).model; }
+  // Rank 0's step graph of `kind`.
+  StepGraph& graph(StepKind kind) { return rank(0).graph(kind); }
+
+  // Runs one step on every rank: writes the step's latent rows into
+  // `kv_cache` (slots from inputs.slot_mapping; a group's cache holds one
+  // cache per rank in KvCache::ranks) and returns logits [num_logits,
+  // vocab_size] f32 on the host, one row per inputs.logit_indices entry.
+  // Errors: what an op reported (OpContext::fail: a scratch allocation, a
+  // communicator, a plan refusal, an injected fault), naming the node; the
+  // step's KV rows are then partly written. Call health() after a failure.
+  StatusOr<Tensor> forward(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
+  // The same, leaving the logits where they were computed: on CUDA a view of
+  // rank 0's step buffers (valid until the next step), on the CPU a host
+  // tensor. A group's ranks record stats of their own; rank 0's are
+  // reported (routing is the same on every rank).
+  StatusOr<Tensor> forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
+
+  // Whether the model can run further steps: OK, or why not (a fatal
+  // injected fault, a tensor-parallel group whose communicators were
+  // aborted by a failed step, a sticky CUDA error on the device: kAborted).
+  // Synchronises the device on CUDA. Call after a failed forward.
+  Status health();
+
+  // A zeroed cache on every rank's device (DeepseekModel::make_kv_cache); a
+  // group's holds each rank's whole cache in KvCache::ranks.
+  KvCache make_kv_cache(int64_t num_blocks, int64_t block_size);
+  KvCacheDtype kv_cache_dtype() const { return ranks_[0].model->kv_cache_dtype(); }
+  const std::vector<float>& kv_k_scales() const { return ranks_[0].model->kv_k_scales(); }
+  int64_t kv_bytes_per_token() const { return ranks_[0].model->kv_bytes_per_token(); }
+  // One rank's (one GPU's) share of the weights.
+  DeepseekModel::WeightBytes weight_bytes() const { return ranks_[0].model->weight_bytes(); }
+
+  // StepExecutor::reserve on every rank.
+  void reserve_step_buffers(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits = 0);
+  // StepExecutor::capture on every rank at once (their warm-up steps run
+  // collectives); returns rank 0's bytes.
+  StatusOr<size_t> capture_decode_graphs(KvCache& kv_cache);
+  void drop_graphs();
+  // The engine's block-table width (ceil(max_model_len / block_size)).
+  void set_max_blocks_per_seq(int64_t n);
+
+  // Rank 0's counters and routes (every rank takes the same).
+  int64_t graph_replays() const { return ranks_[0].executor->graph_replays(); }
+  int64_t token_graph_replays() const { return ranks_[0].executor->token_graph_replays(); }
+  int64_t graph_size_for(int64_t num_seqs) const { return ranks_[0].executor->graph_size_for(num_seqs); }
+  int64_t token_bucket_for(int64_t num_tokens) const { return ranks_[0].executor->token_bucket_for(num_tokens); }
+  size_t activation_bytes() const { return ranks_[0].executor->activation_bytes(); }
+  // Whether the decode graph runs the MLA front end through width builds (rank 0's).
+  bool width_builds_active() const { return width_builds() != nullptr; }
+  const width::MlaFrontWidthBuilds* width_builds() const { return ranks_[0].model->width_builds(); }
+
+ private:
+  explicit ModelExecutor(const ModelOptions& options) : options_(options) {}
+  // Runs fn(rank, r) for every rank: inline alone, on the rank threads in a
+  // group (a failure aborts every rank's collectives; see TpGroup::run).
+  Status on_ranks(const std::function<Status(Rank&, int)>& fn);
+
+  ModelOptions options_;
+  std::unique_ptr<TpGroup> group_;  // a group: its ranks' threads and communicators; null alone
+  std::vector<Rank> ranks_;
+  Status broken_;  // why the group cannot run more steps (a step failed on some rank)
+};
+
+// The executor for `config` and `options`: at tensor_parallel_size 1 a
+// single model from make_weights({0, 1}); else a group of that many ranks
+// (in-process communicators on the CPU, NCCL over GPUs 0..n-1 on CUDA,
+// peer-mapped signal buffers for the fused all-reduce when the GPUs have peer
+// access), rank r's weights from make_weights(backend, {r, n}) on its
+// thread. Errors: a config that does not split (check_tp_config), too few
+// GPUs, NCCL missing, a weight error of any rank, a graph that cannot be built.
+StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig& config, const ModelOptions& options,
+                                                              const WeightFactory& make_weights);
+
+// Loads config.json (with `overrides`, "key=value") and the checkpoint in
+// `model_dir` for options.device (and options.tensor_parallel_size).
+StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& model_dir,
+                                                             const ModelOptions& options,
+                                                             const std::vector<std::string>& overrides = {},
+                                                             bool show_progress = true);
+
+}  // namespace nucleus
