@@ -2,6 +2,8 @@
 // line L, column C: <what>".
 #include "io/jinja/common.h"
 
+#include "io/utf8.h"
+
 namespace nucleus::jinja {
 
 // "line L, column C" for a byte offset of the (normalized) source; columns
@@ -11,7 +13,7 @@ std::string line_column(const std::string& src, size_t pos) {
   for (size_t i = 0; i < pos && i < src.size(); ++i) {
     if (src[i] == '\n') {
       ++line, col = 1;
-    } else if ((static_cast<unsigned char>(src[i]) & 0xC0) != 0x80) {
+    } else if (!utf8_continuation(static_cast<unsigned char>(src[i]))) {
       ++col;
     }
   }

@@ -14,6 +14,15 @@ namespace nucleus::jinja {
 
 namespace {
 
+// Not io/utf8.h's decoder (utf8_next), on purpose: these helpers read a
+// sequence's length from its lead byte alone and never look at what follows
+// it. On valid UTF-8 the two agree character for character, and a template
+// transformers can load is valid UTF-8 (its file is read as UTF-8, string
+// escapes refuse lone surrogates). A chat_template.jinja that is not valid
+// UTF-8 is still rendered, not refused, and this keeps what it renders
+// (lengths, indexes, strip / split points) as it was; utf8_next would count
+// each ill-formed subpart as one character instead.
+
 // Length of the UTF-8 sequence led by byte `c` (1 for ASCII and stray bytes).
 size_t utf8_len(unsigned char c) {
   if (c >= 0xF0 && c < 0xF8) return 4;
@@ -52,7 +61,7 @@ std::vector<std::string_view> utf8_chars(std::string_view s) {
 
 size_t utf8_count(std::string_view s) {
   size_t n = 0;
-  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  for (char c : s) n += !utf8_continuation(static_cast<unsigned char>(c));
   return n;
 }
 
@@ -78,7 +87,7 @@ std::string py_strip(std::string_view s, const std::string* chars, bool left, bo
   while (left && b < e && strip_cp(decode_at(s, b, &n))) b += n;
   while (right && e > b) {
     size_t start = e - 1;
-    while (start > b && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+    while (start > b && utf8_continuation(static_cast<unsigned char>(s[start]))) --start;
     if (!strip_cp(decode_at(s, start, &n))) break;
     e = start;
   }
