@@ -13,6 +13,8 @@
 
 namespace nucleus::jinja {
 
+// What a token is: template text, a tag delimiter ({{ }} {% %}), or a word,
+// literal or operator inside a tag.
 enum class Tok { kText, kVarBegin, kVarEnd, kBlockBegin, kBlockEnd, kName, kString, kInt, kFloat, kOp, kEof };
 
 // One token; `pos` is its byte offset in the source.

@@ -276,11 +276,14 @@ class Parser {
     return e;
   }
 
-  StatusOr<ExprPtr> parse_or() {
-    NUCLEUS_ASSIGN_OR_RETURN(ExprPtr e, parse_and());
-    while (is_name("or")) {
-      ExprPtr b = make(Expr::Kind::kOr, toks_[i_++].pos);
-      NUCLEUS_ASSIGN_OR_RETURN(ExprPtr r, parse_and());
+  // A left-associative keyword operator (`or`, `and`) at one precedence
+  // level: next (word next)*, as `kind` nodes.
+  template <typename Next>
+  StatusOr<ExprPtr> parse_keyword_binary(std::string_view word, Expr::Kind kind, Next next) {
+    NUCLEUS_ASSIGN_OR_RETURN(ExprPtr e, (this->*next)());
+    while (is_name(word)) {
+      ExprPtr b = make(kind, toks_[i_++].pos);
+      NUCLEUS_ASSIGN_OR_RETURN(ExprPtr r, (this->*next)());
       b->args.push_back(std::move(e));
       b->args.push_back(std::move(r));
       e = std::move(b);
@@ -288,17 +291,8 @@ class Parser {
     return e;
   }
 
-  StatusOr<ExprPtr> parse_and() {
-    NUCLEUS_ASSIGN_OR_RETURN(ExprPtr e, parse_not());
-    while (is_name("and")) {
-      ExprPtr b = make(Expr::Kind::kAnd, toks_[i_++].pos);
-      NUCLEUS_ASSIGN_OR_RETURN(ExprPtr r, parse_not());
-      b->args.push_back(std::move(e));
-      b->args.push_back(std::move(r));
-      e = std::move(b);
-    }
-    return e;
-  }
+  StatusOr<ExprPtr> parse_or() { return parse_keyword_binary("or", Expr::Kind::kOr, &Parser::parse_and); }
+  StatusOr<ExprPtr> parse_and() { return parse_keyword_binary("and", Expr::Kind::kAnd, &Parser::parse_not); }
 
   StatusOr<ExprPtr> parse_not() {
     if (is_name("not")) {
