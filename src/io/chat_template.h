@@ -50,7 +50,7 @@
 namespace nucleus {
 
 namespace detail {
-// The parsed template (defined in chat_template.cpp).
+// The parsed template (defined in io/jinja/ast.h).
 struct TemplateProgram;
 }  // namespace detail
 

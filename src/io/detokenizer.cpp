@@ -3,50 +3,13 @@
 #include <algorithm>
 #include <string_view>
 
+#include "io/utf8.h"
+
 namespace nucleus {
 
 namespace {
 
 constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-// The byte length of the UTF-8 sequence `lead` starts, or 0 when it starts
-// none (a continuation byte, C0, C1, F5..FF).
-size_t sequence_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead >= 0xC2 && lead <= 0xDF) return 2;
-  if (lead >= 0xE0 && lead <= 0xEF) return 3;
-  if (lead >= 0xF0 && lead <= 0xF4) return 4;
-  return 0;
-}
-
-// Whether `b` may follow `lead` as the second byte; the narrower ranges
-// after E0, ED, F0 and F4 exclude overlong forms, surrogates and code points
-// past U+10FFFF.
-bool valid_second(unsigned char lead, unsigned char b) {
-  switch (lead) {
-    case 0xE0: return b >= 0xA0 && b <= 0xBF;
-    case 0xED: return b >= 0x80 && b <= 0x9F;
-    case 0xF0: return b >= 0x90 && b <= 0xBF;
-    case 0xF4: return b >= 0x80 && b <= 0x8F;
-    default: return b >= 0x80 && b <= 0xBF;
-  }
-}
-
-// How many bytes from s[i] form a valid beginning of the sequence that
-// s[i] starts (*need bytes long; 0 when s[i] cannot start one). The result
-// equals *need for a complete character; less is a maximal invalid
-// subpart, or an incomplete sequence when it reaches the end of `s`.
-size_t valid_prefix(std::string_view s, size_t i, size_t* need) {
-  auto lead = static_cast<unsigned char>(s[i]);
-  *need = sequence_length(lead);
-  if (*need == 0) return 0;
-  size_t k = 1;
-  for (; k < *need && i + k < s.size(); ++k) {
-    auto b = static_cast<unsigned char>(s[i + k]);
-    if (k == 1 ? !valid_second(lead, b) : (b & 0xC0) != 0x80) break;
-  }
-  return k;
-}
 
 }  // namespace
 
@@ -79,16 +42,16 @@ std::string IncrementalDetokenizer::advance(bool final) {
   // an incomplete sequence at the end waits for more bytes unless `final`.
   size_t i = 0;
   while (i < bytes_.size()) {
-    size_t need = 0;
-    size_t k = valid_prefix(bytes_, i, &need);
-    if (need != 0 && k == need) {
-      held_.append(bytes_, i, k);
-    } else if (need != 0 && i + k == bytes_.size() && !final) {
+    const size_t start = i;
+    const Utf8Seq seq = utf8_next(bytes_, i);
+    if (seq == Utf8Seq::kValid) {
+      held_.append(bytes_, start, i - start);
+    } else if (seq == Utf8Seq::kTruncated && !final) {
+      i = start;
       break;
     } else {
       held_ += kReplacement;
     }
-    i += std::max<size_t>(k, 1);
   }
   bytes_.erase(0, i);
 

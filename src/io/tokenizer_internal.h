@@ -24,31 +24,8 @@ constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
 // *cp), or 0 when the bytes there are not one (stray continuation byte,
 // truncated or overlong sequence, surrogate, past U+10FFFF).
 inline size_t utf8_char_len(std::string_view s, size_t i, uint32_t* cp = nullptr) {
-  auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) {
-    if (cp) *cp = c;
-    return 1;
-  }
-  size_t len;
-  uint32_t v, min;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, v = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, v = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    auto b = static_cast<unsigned char>(s[i + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  if (cp) *cp = v;
-  return len;
+  size_t next = i;
+  return utf8_next(s, next, cp) == Utf8Seq::kValid ? next - i : 0;
 }
 
 // Bytes to step over at s[i]: one character, or one byte of invalid UTF-8.
@@ -62,7 +39,7 @@ inline size_t char_step(std::string_view s, size_t i) {
 inline size_t prev_char_start(std::string_view s, size_t end) {
   for (size_t back = 1; back <= 4 && back <= end; ++back) {
     auto b = static_cast<unsigned char>(s[end - back]);
-    if ((b & 0xC0) != 0x80) return utf8_char_len(s, end - back) == back ? end - back : end - 1;
+    if (!utf8_continuation(b)) return utf8_char_len(s, end - back) == back ? end - back : end - 1;
   }
   return end - 1;
 }

@@ -26,21 +26,33 @@ inline void append_utf8(uint32_t cp, std::string& out) {
   }
 }
 
+// How one decoding step (utf8_next) ended.
+enum class Utf8Seq {
+  kValid,      // a valid sequence: one character
+  kInvalid,    // a maximal ill-formed subpart: one U+FFFD
+  kTruncated,  // the valid start of a sequence that `bytes` ends inside
+};
+
 // One step of decoding `bytes` from `i` as Python's bytes.decode("utf-8",
-// errors="replace") segments it: advances `i` past one valid sequence (true)
-// or one maximal ill-formed subpart, which decodes to one U+FFFD (false).
-inline bool utf8_step(std::string_view bytes, size_t& i) {
+// errors="replace") segments it: advances `i` past one valid sequence
+// (kValid; its code point in *cp when cp is not null) or one maximal
+// ill-formed subpart, which decodes to one U+FFFD (kInvalid, or kTruncated
+// when the subpart is a valid start cut off by the end of `bytes`: a
+// streaming decoder waits for more bytes there). *cp is only written for
+// kValid. The one UTF-8 decoder of src/; i < bytes.size() on entry.
+inline Utf8Seq utf8_next(std::string_view bytes, size_t& i, uint32_t* cp = nullptr) {
   const auto c = static_cast<unsigned char>(bytes[i++]);
   int need = 0;
   unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+  uint32_t v = c;
   if (c >= 0xC2 && c <= 0xDF) {
-    need = 1;
+    need = 1, v = c & 0x1F;
   } else if (c >= 0xE0 && c <= 0xEF) {
-    need = 2;
+    need = 2, v = c & 0x0F;
     if (c == 0xE0) lo = 0xA0;
     if (c == 0xED) hi = 0x9F;
   } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 3;
+    need = 3, v = c & 0x07;
     if (c == 0xF0) lo = 0x90;
     if (c == 0xF4) hi = 0x8F;
   }
@@ -48,10 +60,23 @@ inline bool utf8_step(std::string_view bytes, size_t& i) {
   for (; need > 0 && i < bytes.size(); --need, lo = 0x80, hi = 0xBF) {
     const auto b = static_cast<unsigned char>(bytes[i]);
     if (b < lo || b > hi) break;
+    v = (v << 6) | (b & 0x3F);
     ++i;
   }
-  return lead_ok && need == 0;
+  if (!lead_ok) return Utf8Seq::kInvalid;
+  if (need == 0) {
+    if (cp) *cp = v;
+    return Utf8Seq::kValid;
+  }
+  return i == bytes.size() ? Utf8Seq::kTruncated : Utf8Seq::kInvalid;
 }
+
+// utf8_next as a yes / no: whether the step from `i` took a valid sequence.
+inline bool utf8_step(std::string_view bytes, size_t& i) { return utf8_next(bytes, i) == Utf8Seq::kValid; }
+
+// Whether byte `b` is a UTF-8 continuation byte (10xxxxxx): one that never
+// starts a character.
+inline bool utf8_continuation(unsigned char b) { return (b & 0xC0) == 0x80; }
 
 // The characters (code points) `bytes` decodes to as Python's
 // bytes.decode("utf-8", errors="replace") counts them (its len): a valid

@@ -84,6 +84,38 @@ TEST(ResponsesTest, Utf8ReplaceInvalidDecodesAsPython) {
   }
 }
 
+// utf8_next, the one decoder the tokenizer, the detokenizer and the above
+// share, by hand: the step's kind, its bytes and the code point.
+TEST(ResponsesTest, Utf8NextStepsAndDecodes) {
+  struct Case {
+    std::string bytes;
+    Utf8Seq seq;
+    size_t len;
+    uint32_t cp;  // kValid only
+  };
+  const std::vector<Case> cases = {
+      {"a", Utf8Seq::kValid, 1, 'a'},
+      {"\xc3\xa9x", Utf8Seq::kValid, 2, 0xE9},              // é
+      {"\xe6\x97\xa5", Utf8Seq::kValid, 3, 0x65E5},         // 日
+      {"\xf0\x9f\x98\x80", Utf8Seq::kValid, 4, 0x1F600},   // 😀
+      {"\xf4\x8f\xbf\xbf", Utf8Seq::kValid, 4, 0x10FFFF},
+      {"\xe6\x97", Utf8Seq::kTruncated, 2, 0},              // waits for its last byte
+      {"\xf0\x9f\x98", Utf8Seq::kTruncated, 3, 0},
+      {"\xe6\x97" "a", Utf8Seq::kInvalid, 2, 0},           // cut short inside the text
+      {"\x80", Utf8Seq::kInvalid, 1, 0},                    // a stray continuation byte
+      {"\xc0\xaf", Utf8Seq::kInvalid, 1, 0},                // overlong: C0 starts nothing
+      {"\xed\xa0\x80", Utf8Seq::kInvalid, 1, 0},            // a surrogate
+      {"\xf4\x90", Utf8Seq::kInvalid, 1, 0},                // past U+10FFFF, even at the end
+  };
+  for (const auto& c : cases) {
+    size_t i = 0;
+    uint32_t cp = 0;
+    EXPECT_EQ(utf8_next(c.bytes, i, &cp), c.seq) << ::testing::PrintToString(c.bytes);
+    EXPECT_EQ(i, c.len) << ::testing::PrintToString(c.bytes);
+    EXPECT_EQ(cp, c.cp) << ::testing::PrintToString(c.bytes);
+  }
+}
+
 // echo with logprobs: the prompt's tokens first (the first unscored), top
 // entries cut to the request's top-N, -inf reported as -9999, offsets in
 // characters; prompt_logprobs as vLLM's choice field.
