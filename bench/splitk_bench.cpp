@@ -16,8 +16,8 @@
 // weight copies, enough copies that a pass reads at least twice the L2 (so
 // weights come from DRAM); events around each graph replay, the median over
 // replays, divided by 20. Bytes = weights + x + out, each once; % of the 4.58
-// TB/s read roofline. Prints markdown tables (docs/perf.md "Split-K and
-// prezero").
+// TB/s read roofline. Prints markdown tables (docs/perf.md "Split-K decode
+// GEMMs and prezero").
 //
 //   splitk_bench [--m 1,4,8,16,32,64] [--model v2lite|v3] [--sweep 0|1]
 #include <cuda_runtime_api.h>

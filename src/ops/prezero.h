@@ -4,7 +4,7 @@
 // residual-add + RMSNorm that runs just before (the "donor"), which leaves
 // most SMs idle in decode: the donor zero-fills one [m, n_total] f32 buffer
 // whose slices are the following GEMMs' outputs ("consumers"), and those run
-// with zero_init = false. (ROCm/ATOM's prezero; design.md "Graph passes".)
+// with zero_init = false. (ROCm/ATOM's prezero; design.md "Graph passes and prezero".)
 //
 // The gate decides per step, from the step's row count m (so each captured
 // graph size decides for itself, never frozen when the graph is built),

@@ -20,7 +20,7 @@ int parse_switch() {
     // Unset: the measured rule when the prezero pass is on (split-K GEMMs are
     // its only consumers on CUDA; with it, auto is 1-5% faster per decode step
     // at batch 1-8 on V2-Lite), else off (split-K with its zeroing memsets is
-    // 0-2% slower than cuBLASLt there). docs/perf.md, "Split-K decode GEMMs".
+    // 0-2% slower than cuBLASLt there). docs/perf.md, "Split-K decode GEMMs and prezero".
     if (!s)
       return static_cast<int>(env_flag("NUCLEUS_ENABLE_PREZERO") ? SplitKSwitch::kAuto : SplitKSwitch::kOff);
     std::string t = *s;

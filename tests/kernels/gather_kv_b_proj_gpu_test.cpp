@@ -115,7 +115,7 @@ const char* kind_name(WeightKind k) {
 
 struct Weight {
   LinearWeight lw;       // host tensors (create() uploads them)
-  std::vector<float> w;  // [n, k]: W by design.md's formula
+  std::vector<float> w;  // [n, k]: W as design.md "FP8 weights" gives it
 };
 
 Weight make_weight(WeightKind kind, const Dims& d, uint64_t seed, int64_t bn = 128, int64_t bk = 128) {

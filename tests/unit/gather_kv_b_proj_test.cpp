@@ -83,7 +83,7 @@ std::vector<int32_t> make_block_table(int64_t num_blocks, uint64_t seed) {
 
 enum class WeightKind { kBf16, kF32, kFp8PerRow, kFp8PerRowN1, kFp8Block, kFp8BlockE8m0, kFp8PerRowE8m0 };
 
-// kv_b_proj in one format, and W[n, k] as the formula in design.md gives it.
+// kv_b_proj in one format, and W[n, k] as design.md "FP8 weights" gives it.
 struct Weight {
   LinearWeight lw;
   std::vector<double> w;  // [n, k]
