@@ -6,6 +6,8 @@
 # Steps:
 #   ctest      ctest -L gpu over the CTest files staged by tools/stage_carry.sh
 #   latency    bench latency, dummy DeepSeek-V2-Lite and a 4-layer FP8 DeepSeek-V3, batch 1,8,32,128 @ 1024/128
+#   beforeafter the latency step's runs with the nucleus of $BEFORE (a staged BUILD-carry of the previous
+#              version) and this build's, alternating before/after BA_ROUNDS times (default 1; same machine, same call)
 #   ttft       single-prompt TTFT at 128..3072 tokens: token graphs, eager, eager-pad
 #   graphs     decode step at batch 1, 8, 64: CUDA graphs against --enforce-eager
 #   profile    per-op device time of eager decode steps at batch 1 and 32 (NUCLEUS_PROFILE_OPS=1)
@@ -57,6 +59,23 @@ step_latency() {
   timeout 250 "$N" bench latency --config $V3 --load-format dummy --override num_hidden_layers=4 --device cuda \
     --batch-sizes 1,8,32,128 --input-len 1024 --output-len 128 > "$out/latency_v3_4l.txt" 2>&1
   tail -7 "$out/latency_v3_4l.txt"
+}
+
+step_beforeafter() {
+  [ -x "${BEFORE:-}/bin/nucleus" ] || { echo "BEFORE=$BEFORE has no bin/nucleus"; return 1; }
+  local v2=(bench latency --config $V2 --load-format dummy --device cuda --batch-sizes 1,8,32,128
+            --input-len 1024 --output-len 128)
+  local v3=(bench latency --config $V3 --load-format dummy --override num_hidden_layers=4 --device cuda
+            --batch-sizes 1,8,32,128 --input-len 1024 --output-len 128)
+  for round in $(seq 1 ${BA_ROUNDS:-1}); do
+    for which in before after; do
+      local bin=$N; [ $which = before ] && bin=$BEFORE/bin/nucleus
+      timeout 280 "$bin" "${v2[@]}" > "$out/ba_v2lite_${which}_$round.txt" 2>&1
+      echo "-- V2-Lite $which (round $round)"; tail -5 "$out/ba_v2lite_${which}_$round.txt"
+      timeout 250 "$bin" "${v3[@]}" > "$out/ba_v3_4l_${which}_$round.txt" 2>&1
+      echo "-- V3 4 layers $which (round $round)"; tail -5 "$out/ba_v3_4l_${which}_$round.txt"
+    done
+  done
 }
 
 step_ttft() {
