@@ -9,7 +9,7 @@
 
 #include "core/check.h"
 #include "core/device.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "graph/op_profiler.h"
 #include "graph/passes/prezero_pass.h"
@@ -112,7 +112,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique
       m->prefill_segments_.push_back({i, i, !eager});
     m->prefill_segments_.back().end = i + 1;
   }
-  const bool dump = env_flag("NUCLEUS_DUMP_GRAPH") && m->rank_.shard.rank == 0;  // one rank's graphs
+  const bool dump = env_flag(Knob::kDumpGraph) && m->rank_.shard.rank == 0;  // one rank's graphs
   if (dump) {
     std::fputs(m->prefill_graph_.dump("prefill").c_str(), stderr);
     std::fputs(m->decode_graph_.dump("decode (before passes)").c_str(), stderr);
@@ -508,7 +508,7 @@ StatusOr<Tensor> DeepseekModel::forward(const StepInputs& inputs, KvCache& kv_ca
 }
 
 Status DeepseekModel::init_fault_injection() {
-  auto plan = parse_fault_plan(env_string("NUCLEUS_FAULT_INJECT").value_or(""));
+  auto plan = parse_fault_plan(env_string(Knob::kFaultInject).value_or(""));
   if (!plan.ok()) return plan.status();
   if (!plan->has_value()) return ok_status();
   std::string kinds;
@@ -739,7 +739,7 @@ StepInputs pad_decode_step(const StepInputs& in, int64_t padded, int32_t width) 
 
 StatusOr<std::vector<int64_t>> token_graph_sizes_from_env(int64_t max_num_batched_tokens) {
   std::vector<int64_t> sizes = {256, 512, 1024, 2048, 3072};
-  if (auto env = env_string("NUCLEUS_TOKEN_GRAPH_SIZES")) {
+  if (auto env = env_string(Knob::kTokenGraphSizes)) {
     sizes.clear();
     std::stringstream ss(*env);
     std::string item;
