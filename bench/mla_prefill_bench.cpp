@@ -24,7 +24,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "core/dtype.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/roofline.h"
 #include "graph/device_inputs.h"
 #include "kernels/mla/mla_prefill.cuh"
@@ -117,7 +117,7 @@ void time_kernel(const Pools& pools, Row* r) {
   for (int s = 0; s < r->num_seqs; ++s)
     seqs.push_back({s * r->num_tokens, r->num_tokens, 0, s * r->num_tokens, 0, r->num_tokens});
   const int64_t tiles_128 = static_cast<int64_t>(r->num_seqs) * ((r->num_tokens + 127) / 128);
-  const bool wgmma_default = env_flag("NUCLEUS_MLA_PREFILL_WGMMA", true);
+  const bool wgmma_default = env_flag(Knob::kMlaPrefillWgmma);
   r->picked = (wgmma_default ? 2 : 0) +
               (kernels::mla_prefill_block_m(tiles_128, r->heads, cuda::context().num_sms) == 128 ? 1 : 0);
   for (int variant = 0; variant < 4; ++variant) {

@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "core/device.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 
 namespace nucleus::cli {
@@ -99,12 +99,12 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   NUCLEUS_ASSIGN_OR_RETURN(mo.attention_mode, parse_attention_mode(attention_mode));
   mo.scratch_rows = std::min<int64_t>(engine.max_num_seqs, 256);
   mo.prefill_context_chunk = prefill_context_chunk;
-  mo.graph_eager_pad = env_flag("NUCLEUS_GRAPH_EAGER_PAD");
-  mo.token_graph_eager_pad = env_flag("NUCLEUS_TOKEN_GRAPH_EAGER_PAD");
-  mo.enable_prezero = env_flag("NUCLEUS_ENABLE_PREZERO");
+  mo.graph_eager_pad = env_flag(Knob::kGraphEagerPad);
+  mo.token_graph_eager_pad = env_flag(Knob::kTokenGraphEagerPad);
+  mo.enable_prezero = env_flag(Knob::kEnablePrezero);
   mo.tensor_parallel_size = tensor_parallel_size;
   mo.check_weights = !skip_weight_check;
-  mo.fuse_allreduce_norm = env_flag("NUCLEUS_FUSE_ALLREDUCE_NORM", true);
+  mo.fuse_allreduce_norm = env_flag(Knob::kFuseAllreduceNorm);
   NUCLEUS_ASSIGN_OR_RETURN(mo.width_builds, width::width_builds_mode_from_env());
   NUCLEUS_ASSIGN_OR_RETURN(mo.kv_cache_dtype, parse_kv_cache_dtype(kv_cache_dtype));
   if (kv_scale) {

@@ -4,6 +4,7 @@
 //   nucleus bench serve --base-url URL   serving benchmark against a running server
 //   nucleus bench latency --model DIR    prefill/decode latency, % of roofline
 //   nucleus prebuild-kernels             compile the decode width builds into the kernel cache
+//   nucleus --help-env                   the NUCLEUS_* environment switches (core/knobs.cpp)
 // Run `nucleus <command> --help` for a command's flags.
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/knobs.h"
 
 namespace {
 void usage() {
@@ -22,7 +24,8 @@ void usage() {
                "  bench serve   serving benchmark (TTFT, TPOT, ITL, throughput) against a server\n"
                "  bench latency prefill/decode latency and %% of roofline at given batch sizes\n"
                "  prebuild-kernels  compile the decode width builds into the kernel cache (no GPU needed)\n"
-               "run 'nucleus <command> --help' for the command's flags\n");
+               "run 'nucleus <command> --help' for the command's flags,\n"
+               "'nucleus --help-env' for the NUCLEUS_* environment switches\n");
 }
 
 // vLLM's short flag -tp (CLI11 allows one-letter short flags only): rewritten
@@ -49,6 +52,10 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  if (cmd == "--help-env") {
+    std::fputs(nucleus::knobs_help_text().c_str(), stdout);
+    return 0;
+  }
   // The subcommand sees argv without the command word.
   if (cmd == "generate") return nucleus::cli::run_generate(argc - 1, argv + 1);
   if (cmd == "serve") return nucleus::cli::run_serve(argc - 1, argv + 1);

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "core/cuda/cuda_check.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 
 namespace nucleus {
@@ -69,9 +70,9 @@ StatusOr<NcclApi> load_nccl() {
     tried.push_back(p + " (" + (err ? err : "not loadable") + ")");
     return false;
   };
-  if (const char* env = std::getenv("NUCLEUS_NCCL_LIBRARY"); env && *env) {
-    if (!try_open(env))
-      return not_found("NUCLEUS_NCCL_LIBRARY='" + std::string(env) + "' could not be loaded: " + tried.back());
+  if (auto env = env_string(Knob::kNcclLibrary); env && !env->empty()) {
+    if (!try_open(*env))
+      return not_found("NUCLEUS_NCCL_LIBRARY='" + *env + "' could not be loaded: " + tried.back());
   } else if (!try_open("libnccl.so.2")) {
     for (const auto& p : wheel_and_toolkit_candidates()) {
       if (access(p.c_str(), R_OK) != 0) continue;

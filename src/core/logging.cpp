@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/knobs.h"
+
 namespace nucleus {
 
 void init_logging() {
@@ -14,8 +16,8 @@ void init_logging() {
     logger->set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
     spdlog::set_default_logger(logger);
     spdlog::level::level_enum level = spdlog::level::info;
-    if (const char* env = std::getenv("NUCLEUS_LOG_LEVEL")) {
-      const std::string v = env;
+    if (auto env = env_string(Knob::kLogLevel)) {
+      const std::string v = *env;
       level = spdlog::level::from_str(v);
       if (level == spdlog::level::off && v != "off") {  // from_str's answer for unknown names
         level = spdlog::level::info;

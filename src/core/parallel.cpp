@@ -8,14 +8,16 @@
 #include <thread>
 #include <vector>
 
+#include "core/knobs.h"
+
 namespace nucleus {
 
 int cpu_threads() {
   static const int n = [] {
-    if (const char* e = std::getenv("NUCLEUS_CPU_THREADS")) {
-      char* end = nullptr;
-      const long v = std::strtol(e, &end, 10);
-      if (*e && !*end && v > 0 && v <= 4096) return static_cast<int>(v);
+    if (auto env = env_string(Knob::kCpuThreads)) {
+      const char* e = env->c_str();
+      const auto v = parse_int(*env);
+      if (v && *v > 0 && *v <= 4096) return static_cast<int>(*v);
       std::fprintf(stderr, "warning: NUCLEUS_CPU_THREADS='%s' is not a positive integer; using the core count\n", e);
     }
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

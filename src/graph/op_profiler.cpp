@@ -7,7 +7,7 @@
 #include <mutex>
 #include <vector>
 
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/tensor.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -60,14 +60,14 @@ bool capturing() {
 
 bool op_profiling_per_node() {
   static const bool on = [] {
-    auto v = env_string("NUCLEUS_PROFILE_OPS");
+    auto v = env_string(Knob::kProfileOps);
     return v && *v == "node";
   }();
   return on;
 }
 
 bool op_profiling_enabled() {
-  static const bool on = env_flag("NUCLEUS_PROFILE_OPS") || op_profiling_per_node();
+  static const bool on = parse_flag(env_string(Knob::kProfileOps).value_or("")) || op_profiling_per_node();
   return on;
 }
 

@@ -5,7 +5,7 @@
 
 #include "core/check.h"
 #include "core/device.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "graph/op_profiler.h"
 
@@ -30,7 +30,7 @@ bool is_attention(const Node& n) {
 // NUCLEUS_FAULT_INJECT's injector when the switch is set; errors when it is
 // malformed or names an op kind no node of `graphs` has.
 StatusOr<std::unique_ptr<FaultInjector>> make_fault_injector(const std::vector<const StepGraph*>& graphs, int rank) {
-  auto plan = parse_fault_plan(env_string("NUCLEUS_FAULT_INJECT").value_or(""));
+  auto plan = parse_fault_plan(env_string(Knob::kFaultInject).value_or(""));
   if (!plan.ok()) return plan.status();
   if (!plan->has_value()) return std::unique_ptr<FaultInjector>();
   std::string kinds;
@@ -313,7 +313,7 @@ std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs) {
 
 StatusOr<std::vector<int64_t>> token_graph_sizes_from_env(int64_t max_num_batched_tokens) {
   std::vector<int64_t> sizes = {256, 512, 1024, 2048, 3072};
-  if (auto env = env_string("NUCLEUS_TOKEN_GRAPH_SIZES")) {
+  if (auto env = env_string(Knob::kTokenGraphSizes)) {
     sizes.clear();
     std::stringstream ss(*env);
     std::string item;

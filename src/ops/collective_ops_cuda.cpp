@@ -6,7 +6,7 @@
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "kernels/allreduce/allreduce_rmsnorm.cuh"
 #include "ops/allreduce_choice.h"
 #include "ops/cuda_backends.h"
@@ -16,7 +16,7 @@ namespace nucleus::cuda_ops {
 
 int64_t fused_allreduce_max_bytes_override() {
   static const int64_t override_bytes = [] {
-    auto v = env_string("NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES");
+    auto v = env_string(Knob::kFusedAllreduceMaxBytes);
     if (!v) return int64_t{-1};
     char* end = nullptr;
     const long long n = std::strtoll(v->c_str(), &end, 10);

@@ -22,7 +22,7 @@
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "kernels/mla/mla_prefill.cuh"
 #include "ops/cuda_backends.h"
 #include "ops/gather_kv_b_proj.h"
@@ -40,7 +40,7 @@ cudaStream_t engine_stream() { return cuda::context().stream; }
 // NUCLEUS_MLA_PREFILL_WGMMA=0 runs the kernel's mma.sync variant instead of
 // the wgmma one (A/B runs; both are tested).
 bool use_wgmma() {
-  static const bool on = env_flag("NUCLEUS_MLA_PREFILL_WGMMA", true);
+  static const bool on = env_flag(Knob::kMlaPrefillWgmma);
   return on;
 }
 

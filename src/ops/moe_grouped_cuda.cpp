@@ -20,7 +20,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "kernels/moe/moe_grouped.cuh"
 #include "ops/cuda_backends.h"
 #include "ops/op_cuda_check.h"
@@ -99,7 +99,7 @@ State& state_of(MoeExpertsOp& op, int64_t num_tokens, int64_t scratch_rows) {
   st->gate_up_fp8 = op.experts().front().gate_up->fp8();
   st->down_fp8 = op.experts().front().down->fp8();
   int64_t capacity = std::max({num_tokens, scratch_rows, kDefaultCapacityTokens});
-  if (auto v = env_string("NUCLEUS_MOE_CHUNK_TOKENS")) capacity = std::max<int64_t>(1, std::stoll(*v));
+  if (auto v = env_string(Knob::kMoeChunkTokens)) capacity = std::max<int64_t>(1, std::stoll(*v));
   const int64_t max_pairs = ((int64_t{1} << 31) - 1) / std::max(st->shape.hidden, st->shape.inter);  // 32-bit offsets
   st->chunk_tokens = std::min(capacity, max_pairs / op.top_k());
   st->workspace = shared_workspace(st->shape, st->chunk_tokens * op.top_k());

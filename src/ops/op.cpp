@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "core/env.h"
+#include "core/knobs.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "core/cuda/try_alloc.h"
@@ -46,7 +46,7 @@ std::string forced_backend(const char* family) {
   static std::once_flag once;
   static std::map<std::string, std::string> forced;
   std::call_once(once, [] {
-    auto v = env_string("NUCLEUS_FORCE_KERNEL");
+    auto v = env_string(Knob::kForceKernel);
     if (!v) return;
     std::stringstream ss(*v);
     std::string item;

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <cstdlib>
 
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/tensor.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -25,7 +25,7 @@ std::atomic<int64_t> g_idle_bytes_override{0};
 // The env value, 0 when unset, -1 when malformed.
 int64_t idle_bytes_env_value() {
   static const int64_t v = [] {
-    auto s = env_string("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM");
+    auto s = env_string(Knob::kPrezeroIdleBytesPerSm);
     if (!s) return int64_t{0};
     char* end = nullptr;
     const long long b = std::strtoll(s->c_str(), &end, 10);
@@ -42,7 +42,7 @@ int64_t idle_bytes_from_env() {
 
 Status prezero_env_status() {
   if (idle_bytes_env_value() < 0)
-    return invalid_argument("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM='" + *env_string("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM") +
+    return invalid_argument("NUCLEUS_PREZERO_IDLE_BYTES_PER_SM='" + *env_string(Knob::kPrezeroIdleBytesPerSm) +
                             "' is not a positive byte count (e.g. 65536)");
   return ok_status();
 }

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <string>
 
-#include "core/env.h"
+#include "core/knobs.h"
 
 namespace nucleus {
 
@@ -15,7 +15,7 @@ constexpr int64_t kMaxRows = 8;  // kernels::kSkinnyMaxRows (the kernel header i
 // -1: malformed.
 int parse_switch() {
   static const int v = [] {
-    auto s = env_string("NUCLEUS_SKINNY");
+    auto s = env_string(Knob::kSkinny);
     if (!s) return static_cast<int>(SkinnySwitch::kAuto);
     std::string t = *s;
     std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
@@ -30,7 +30,7 @@ int parse_switch() {
 // -1: malformed.
 int parse_pdl() {
   static const int v = [] {
-    auto s = env_string("NUCLEUS_PDL");
+    auto s = env_string(Knob::kPdl);
     if (!s || s->empty() || *s == "1") return 1;
     if (*s == "0") return 0;
     return -1;
@@ -47,8 +47,8 @@ SkinnySwitch skinny_switch() {
 
 Status skinny_env_status() {
   if (parse_switch() < 0)
-    return invalid_argument("NUCLEUS_SKINNY='" + *env_string("NUCLEUS_SKINNY") + "' is not auto, 0 or 1");
-  if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string("NUCLEUS_PDL") + "' is not 0 or 1");
+    return invalid_argument("NUCLEUS_SKINNY='" + *env_string(Knob::kSkinny) + "' is not auto, 0 or 1");
+  if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string(Knob::kPdl) + "' is not 0 or 1");
   return ok_status();
 }
 

@@ -5,7 +5,7 @@
 #include <cctype>
 #include <string>
 
-#include "core/env.h"
+#include "core/knobs.h"
 
 namespace nucleus {
 
@@ -16,13 +16,13 @@ constexpr int64_t kMaxRows = 64;  // kernels::kSplitKMaxRows (the kernel header 
 // -1: malformed.
 int parse_switch() {
   static const int v = [] {
-    auto s = env_string("NUCLEUS_SPLITK");
+    auto s = env_string(Knob::kSplitK);
     // Unset: the measured rule when the prezero pass is on (split-K GEMMs are
     // its only consumers on CUDA; with it, auto is 1-5% faster per decode step
     // at batch 1-8 on V2-Lite), else off (split-K with its zeroing memsets is
     // 0-2% slower than cuBLASLt there). docs/perf.md, "Split-K decode GEMMs and prezero".
     if (!s)
-      return static_cast<int>(env_flag("NUCLEUS_ENABLE_PREZERO") ? SplitKSwitch::kAuto : SplitKSwitch::kOff);
+      return static_cast<int>(env_flag(Knob::kEnablePrezero) ? SplitKSwitch::kAuto : SplitKSwitch::kOff);
     std::string t = *s;
     std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
     if (t == "auto" || t.empty()) return static_cast<int>(SplitKSwitch::kAuto);
@@ -44,7 +44,7 @@ SplitKSwitch splitk_switch() {
 
 Status splitk_env_status() {
   if (parse_switch() < 0)
-    return invalid_argument("NUCLEUS_SPLITK='" + *env_string("NUCLEUS_SPLITK") + "' is not auto, 0 or 1");
+    return invalid_argument("NUCLEUS_SPLITK='" + *env_string(Knob::kSplitK) + "' is not auto, 0 or 1");
   return ok_status();
 }
 
@@ -64,7 +64,7 @@ int64_t splitk_max_rows(int64_t n, int64_t k) {
 bool splitk_deterministic() {
   const int v = g_deterministic.load();
   if (v >= 0) return v == 1;
-  static const bool env = env_flag("NUCLEUS_SPLITK_DETERMINISTIC");
+  static const bool env = env_flag(Knob::kSplitKDeterministic);
   return env;
 }
 

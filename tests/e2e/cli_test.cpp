@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "checkpoint_files.h"
+#include "core/knobs.h"
 #include "test_util.h"
 
 namespace nucleus {
@@ -211,6 +212,18 @@ TEST(CliTest, BinaryIsThere) {
   ASSERT_FALSE(binary().empty()) << "NUCLEUS_BIN is not set (run through ctest)";
   RunResult r = run("--help", true);
   EXPECT_NE(r.out.find("generate"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--help-env"), std::string::npos) << r.out;
+}
+
+// `nucleus --help-env` prints the switch registry (core/knobs.cpp) on stdout and exits 0.
+TEST(CliTest, HelpEnvListsEverySwitch) {
+  RunResult r = run("--help-env");
+  EXPECT_EQ(r.status, 0) << r.out;
+  for (const KnobInfo& k : all_knobs()) {
+    const size_t at = r.out.find(std::string(k.name) + "  ");
+    ASSERT_NE(at, std::string::npos) << k.name << " missing from:\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("default: ") + k.default_value, at), std::string::npos) << k.name;
+  }
 }
 
 // `nucleus prebuild-kernels` compiles width builds with NVRTC on a machine

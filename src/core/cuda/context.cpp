@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "core/cuda/cuda_check.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "core/tensor.h"
 
@@ -28,7 +28,7 @@ thread_local int t_device = 0;
 // process, which hide the read). A debugging switch: slow.
 int poison_byte() {
   static const int v = [] {
-    auto s = env_string("NUCLEUS_CUDA_POISON_ALLOCS");
+    auto s = env_string(Knob::kCudaPoisonAllocs);
     if (!s || s->empty() || *s == "0") return -1;
     if (*s == "1") return 0xff;
     char* end = nullptr;

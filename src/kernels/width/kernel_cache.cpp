@@ -10,7 +10,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 
 namespace nucleus::width {
@@ -57,9 +57,9 @@ KernelFigures figures_from_json(const nlohmann::json& j) {
 }  // namespace
 
 std::string KernelCache::dir_from_env() {
-  if (auto d = env_string("NUCLEUS_KERNEL_CACHE_DIR")) return *d;
-  if (auto x = env_string("XDG_CACHE_HOME"); x && !x->empty()) return *x + "/nucleus/kernels";
-  if (auto h = env_string("HOME"); h && !h->empty()) return *h + "/.cache/nucleus/kernels";
+  if (auto d = env_string(Knob::kKernelCacheDir)) return *d;
+  if (auto x = foreign_env("XDG_CACHE_HOME"); x && !x->empty()) return *x + "/nucleus/kernels";
+  if (auto h = foreign_env("HOME"); h && !h->empty()) return *h + "/.cache/nucleus/kernels";
   return "";
 }
 

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <thread>
 
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/mla/mla_decode.cuh"
@@ -30,13 +30,13 @@ std::vector<std::string> kernel_names(BuildVariant v) {
   return {"mla_front_lean_a", "mla_front_lean_b"};
 }
 
-StatusOr<int> reg_cap_from_env(const char* name) {
-  auto v = env_string(name);
+StatusOr<int> reg_cap_from_env(Knob knob) {
+  auto v = env_string(knob);
   if (!v || v->empty()) return 0;
   char* end = nullptr;
   const long n = std::strtol(v->c_str(), &end, 10);
   if (*end != '\0' || n < 16 || n > 255)
-    return invalid_argument(std::string(name) + "='" + *v + "': expected registers a thread, 16..255");
+    return invalid_argument(std::string(knob_name(knob)) + "='" + *v + "': expected registers a thread, 16..255");
   return static_cast<int>(n);
 }
 
@@ -55,10 +55,10 @@ int64_t mla_front_dynamic_smem_bytes(int64_t width, BuildVariant variant) {
 
 StatusOr<MlaFrontBuildOptions> MlaFrontBuildOptions::compile_options_from_env() {
   MlaFrontBuildOptions o;
-  NUCLEUS_ASSIGN_OR_RETURN(o.fused_max_regs, reg_cap_from_env("NUCLEUS_WIDTH_MAXRREGCOUNT"));
-  NUCLEUS_ASSIGN_OR_RETURN(o.lean_max_regs, reg_cap_from_env("NUCLEUS_WIDTH_MAXRREGCOUNT_LEAN"));
+  NUCLEUS_ASSIGN_OR_RETURN(o.fused_max_regs, reg_cap_from_env(Knob::kWidthMaxrregcount));
+  NUCLEUS_ASSIGN_OR_RETURN(o.lean_max_regs, reg_cap_from_env(Knob::kWidthMaxrregcountLean));
   o.cache_dir = KernelCache::dir_from_env();
-  if (auto v = env_string("NUCLEUS_WIDTH_COOPERATIVE"); v && *v != "1") {
+  if (auto v = env_string(Knob::kWidthCooperative); v && *v != "1") {
     if (*v != "0") return invalid_argument("NUCLEUS_WIDTH_COOPERATIVE='" + *v + "' is not 0 or 1");
     o.cooperative = false;
   }

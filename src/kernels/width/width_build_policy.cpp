@@ -7,7 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 
 namespace nucleus::width {
@@ -81,7 +81,7 @@ std::string WidthChoice::log_line() const {
   return s;
 }
 
-bool strict_widths_from_env() { return env_flag("NUCLEUS_STRICT_WIDTHS"); }
+bool strict_widths_from_env() { return env_flag(Knob::kStrictWidths); }
 
 const char* width_builds_mode_name(WidthBuildsMode m) {
   switch (m) {
@@ -93,7 +93,7 @@ const char* width_builds_mode_name(WidthBuildsMode m) {
 }
 
 StatusOr<WidthBuildsMode> width_builds_mode_from_env() {
-  const auto v = env_string("NUCLEUS_WIDTH_BUILDS");
+  const auto v = env_string(Knob::kWidthBuilds);
   if (!v || v->empty() || *v == "0") return WidthBuildsMode::kOff;
   if (*v == "1") return WidthBuildsMode::kOn;
   if (*v == "lean") return WidthBuildsMode::kLeanOnly;

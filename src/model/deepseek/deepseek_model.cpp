@@ -9,7 +9,7 @@
 
 #include "core/check.h"
 #include "core/device.h"
-#include "core/env.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "graph/op_profiler.h"
 #include "graph/passes/prezero_pass.h"
@@ -74,7 +74,7 @@ StatusOr<BuiltGraph> DeepseekModel::build_graph(StepKind kind) {
     for (Node& n : g.nodes())
       if (auto* lin = dynamic_cast<LinearOp*>(n.op.get())) lin->set_splitk_allowed(true);
   NUCLEUS_RETURN_IF_ERROR(g.select_backends(options_.device).with_context(decode ? "decode graph" : "prefill graph"));
-  const bool dump = env_flag("NUCLEUS_DUMP_GRAPH") && rank_.shard.rank == 0;  // one rank's graphs
+  const bool dump = env_flag(Knob::kDumpGraph) && rank_.shard.rank == 0;  // one rank's graphs
   if (!decode) {
     if (dump) std::fputs(g.dump("prefill").c_str(), stderr);
     return b;

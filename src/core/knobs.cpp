@@ -1,0 +1,194 @@
+#include "core/knobs.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace nucleus {
+
+namespace {
+
+// KNOB(kX): the enumerator and its spelling (KnobInfo::knob, KnobInfo::id).
+#define KNOB(id) Knob::id, #id
+
+constexpr KnobInfo kKnobs[] = {
+    {KNOB(kLogLevel), "NUCLEUS_LOG_LEVEL", KnobType::kEnum, "trace, debug, info, warn, error, off", "info",
+     "log level of the stderr logger; another name: a warning, then info", "src/core/logging.cpp"},
+    {KNOB(kCpuThreads), "NUCLEUS_CPU_THREADS", KnobType::kInt, "1..4096", "hardware concurrency",
+     "threads of the CPU reference and the weight check; a malformed value: a warning, then the core count",
+     "src/core/parallel.cpp"},
+    {KNOB(kCudaPoisonAllocs), "NUCLEUS_CUDA_POISON_ALLOCS", KnobType::kInt,
+     "0 (off), 1 (0xff) or a byte 0..255 (e.g. 0x7e)", "0",
+     "debug: fill every new CUDA allocation with the byte (0xff: NaN in bf16, f32, e4m3); slow",
+     "src/core/cuda/context.cpp"},
+    {KNOB(kEnablePrezero), "NUCLEUS_ENABLE_PREZERO", KnobType::kFlag, "", "0",
+     "run the prezero pass on the decode graph (a fused add+RMSNorm zero-fills the split-K GEMMs' output)",
+     "src/cli/engine_args.cpp, src/ops/splitk.cpp"},
+    {KNOB(kPrezeroIdleBytesPerSm), "NUCLEUS_PREZERO_IDLE_BYTES_PER_SM", KnobType::kInt, ">= 1", "65536",
+     "the prezero gate's credit of fill bytes per idle SM; a malformed value is refused at start-up",
+     "src/ops/prezero.cpp"},
+    {KNOB(kSplitK), "NUCLEUS_SPLITK", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)",
+     "auto with NUCLEUS_ENABLE_PREZERO=1, else 0",
+     "bf16 decode GEMMs run the split-K kernel: never, on the measured shapes, or at every m <= 64; "
+     "a malformed value is refused at start-up",
+     "src/ops/splitk.cpp"},
+    {KNOB(kSplitKDeterministic), "NUCLEUS_SPLITK_DETERMINISTIC", KnobType::kFlag, "", "0",
+     "split-K reduces its splits in a fixed order instead of f32 atomics (bit-identical runs; slower)",
+     "src/ops/splitk.cpp"},
+    {KNOB(kSkinny), "NUCLEUS_SKINNY", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "bf16 decode GEMMs at m <= 8 run the skinny kernel: on the measured shapes, never, or always; "
+     "a malformed value is refused at start-up",
+     "src/ops/skinny.cpp"},
+    {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1", "1",
+     "skinny decode GEMMs launch as programmatic dependents (PDL) of the kernel before them; "
+     "a malformed value is refused at start-up",
+     "src/ops/skinny.cpp"},
+    {KNOB(kForceKernel), "NUCLEUS_FORCE_KERNEL", KnobType::kList, "family=backend[,...]", "(none)",
+     "force a backend of an op family for A/B runs; an unknown family or backend is an error", "src/ops/op.cpp"},
+    {KNOB(kDumpGraph), "NUCLEUS_DUMP_GRAPH", KnobType::kFlag, "", "0",
+     "print the prefill and decode step graphs before and after the passes to stderr at start-up",
+     "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kProfileOps), "NUCLEUS_PROFILE_OPS", KnobType::kEnum, "a flag value, or node", "0",
+     "time every eager op and print totals per op family/backend (node: per graph node) at exit",
+     "src/graph/op_profiler.cpp"},
+    {KNOB(kGraphEagerPad), "NUCLEUS_GRAPH_EAGER_PAD", KnobType::kFlag, "", "0",
+     "decode steps that would replay a CUDA graph run the same padded step eagerly", "src/cli/engine_args.cpp"},
+    {KNOB(kTokenGraphSizes), "NUCLEUS_TOKEN_GRAPH_SIZES", KnobType::kList, "N[,N...] (positive integers)",
+     "256,512,1024,2048,3072", "prefill token-graph buckets (empty: none); --token-graph-sizes overrides",
+     "src/graph/step_executor.cpp"},
+    {KNOB(kTokenGraphEagerPad), "NUCLEUS_TOKEN_GRAPH_EAGER_PAD", KnobType::kFlag, "", "0",
+     "padded prefill steps run eagerly instead of replaying the token graphs", "src/cli/engine_args.cpp"},
+    {KNOB(kMlaPrefillWgmma), "NUCLEUS_MLA_PREFILL_WGMMA", KnobType::kFlag, "", "1",
+     "the prefill attention kernel uses wgmma (0: mma.sync)", "src/ops/mla_prefill_cuda.cpp"},
+    {KNOB(kMoeChunkTokens), "NUCLEUS_MOE_CHUNK_TOKENS", KnobType::kInt, ">= 1 (smaller values count as 1)",
+     "max(first step's tokens, 4096)", "tokens per chunk of the grouped MoE path", "src/ops/moe_grouped_cuda.cpp"},
+    {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
+     "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
+     "another value is refused at start-up",
+     "src/kernels/width/width_build_policy.cpp"},
+    {KNOB(kWidthCooperative), "NUCLEUS_WIDTH_COOPERATIVE", KnobType::kEnum, "0, 1", "1",
+     "width builds launch cooperatively (0: plain cuLaunchKernel, for A/B runs)",
+     "src/kernels/width/mla_front_builds.cpp"},
+    {KNOB(kStrictWidths), "NUCLEUS_STRICT_WIDTHS", KnobType::kFlag, "", "0",
+     "a decode width the width builds cannot serve is a start-up error instead of a warning",
+     "src/kernels/width/width_build_policy.cpp"},
+    {KNOB(kKernelCacheDir), "NUCLEUS_KERNEL_CACHE_DIR", KnobType::kString, "a directory",
+     "$XDG_CACHE_HOME/nucleus/kernels, else ~/.cache/nucleus/kernels",
+     "where width builds are cached (set and empty: no cache)", "src/kernels/width/kernel_cache.cpp"},
+    {KNOB(kWidthMaxrregcount), "NUCLEUS_WIDTH_MAXRREGCOUNT", KnobType::kInt, "16..255", "no cap",
+     "debug: cap the fused width builds' registers a thread (to force spills)",
+     "src/kernels/width/mla_front_builds.cpp"},
+    {KNOB(kWidthMaxrregcountLean), "NUCLEUS_WIDTH_MAXRREGCOUNT_LEAN", KnobType::kInt, "16..255", "no cap",
+     "debug: cap the lean width builds' registers a thread", "src/kernels/width/mla_front_builds.cpp"},
+    {KNOB(kFuseAllreduceNorm), "NUCLEUS_FUSE_ALLREDUCE_NORM", KnobType::kFlag, "", "1",
+     "tensor parallelism on CUDA: the fused all-reduce + add + RMSNorm kernel (0: NCCL, then add+RMSNorm)",
+     "src/cli/engine_args.cpp"},
+    {KNOB(kFusedAllreduceMaxBytes), "NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES", KnobType::kInt, ">= 0",
+     "the measured choice (ops/allreduce_choice.h)",
+     "byte limit on the per-rank delta of steps the fused all-reduce + RMSNorm kernel takes",
+     "src/ops/collective_ops_cuda.cpp"},
+    {KNOB(kNcclLibrary), "NUCLEUS_NCCL_LIBRARY", KnobType::kString, "a path to libnccl.so.2",
+     "the loader path, then the Python wheels, then the CUDA toolkit",
+     "the NCCL library tensor parallelism loads (set and empty: the default)", "src/comm/nccl_communicator.cpp"},
+    {KNOB(kFaultInject), "NUCLEUS_FAULT_INJECT", KnobType::kString, "<op kind>:<n>[:fatal]", "(none)",
+     "test only: the n-th run of an op of that kind reports an error (fatal: the model becomes unusable)",
+     "src/graph/step_executor.cpp"},
+};
+
+#undef KNOB
+
+constexpr bool registry_in_order() {
+  for (size_t i = 0; i < std::size(kKnobs); ++i)
+    if (static_cast<size_t>(kKnobs[i].knob) != i) return false;
+  return std::size(kKnobs) == static_cast<size_t>(Knob::kCount);
+}
+static_assert(registry_in_order(), "kKnobs must list every Knob once, in enum order");
+
+constexpr bool flag_defaults_valid() {
+  for (const KnobInfo& k : kKnobs)
+    if (k.type == KnobType::kFlag && std::string_view(k.default_value) != "0" &&
+        std::string_view(k.default_value) != "1")
+      return false;
+  return true;
+}
+static_assert(flag_defaults_valid(), "a flag's default is \"0\" or \"1\"");
+
+constexpr std::string_view kPrefix = "NUCLEUS_";
+
+}  // namespace
+
+std::span<const KnobInfo> all_knobs() { return kKnobs; }
+
+const KnobInfo& knob_info(Knob k) {
+  const auto i = static_cast<size_t>(k);
+  NUCLEUS_CHECK(i < std::size(kKnobs), "knob {} out of range", i);
+  return kKnobs[i];
+}
+
+const char* knob_name(Knob k) { return knob_info(k).name; }
+
+const char* knob_type_name(KnobType t) {
+  switch (t) {
+    case KnobType::kFlag: return "flag";
+    case KnobType::kInt: return "int";
+    case KnobType::kString: return "string";
+    case KnobType::kList: return "list";
+    case KnobType::kEnum: return "enum";
+  }
+  return "?";
+}
+
+std::optional<std::string> env_string(Knob k) {
+  const char* v = std::getenv(knob_name(k));
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+bool env_flag(Knob k) {
+  const KnobInfo& info = knob_info(k);
+  NUCLEUS_CHECK(info.type == KnobType::kFlag, "{} is a {}, not a flag", info.name, knob_type_name(info.type));
+  auto v = env_string(k);
+  return v ? parse_flag(*v) : parse_flag(info.default_value);
+}
+
+std::optional<std::string> foreign_env(const char* name) {
+  NUCLEUS_CHECK(std::string_view(name).substr(0, kPrefix.size()) != kPrefix,
+                "{} is a NUCLEUS_* switch: register it in core/knobs.cpp and read it through its Knob", name);
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+bool parse_flag(std::string_view text) {
+  std::string s(text);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+std::optional<int64_t> parse_int(std::string_view text, int base) {
+  if (text.empty()) return std::nullopt;
+  const std::string s(text);  // strtoll needs the terminator
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, base);
+  if (end == s.c_str() || *end != '\0') return std::nullopt;
+  return static_cast<int64_t>(v);
+}
+
+std::string knobs_help_text() {
+  std::string out =
+      "Environment switches (NUCLEUS_*); docs/flags.md has the details.\n"
+      "flag: 1, true, yes, on (any case) set; anything else, empty included, not set.\n\n";
+  for (const KnobInfo& k : kKnobs) {
+    out += k.name;
+    out += "  ";
+    out += knob_type_name(k.type);
+    if (*k.values) out += std::string(": ") + k.values;
+    out += std::string("  default: ") + k.default_value + "\n    " + k.doc + "\n";
+  }
+  return out;
+}
+
+}  // namespace nucleus

@@ -1,0 +1,104 @@
+// The NUCLEUS_* environment switches ("knobs"): one registry (core/knobs.cpp)
+// holds each switch's name, type, default, one-line doc and the files that read
+// it; `nucleus --help-env` prints it and docs/flags.md follows it.
+//
+// A switch is read only through its Knob: env_string(Knob::kSplitK),
+// env_flag(Knob::kDumpGraph). A name that is not registered has no Knob, so it
+// cannot be read through here; foreign_env reads other variables (HOME, ...)
+// and refuses NUCLEUS_* names. tests/unit/knobs_test.cpp fails when src/ names
+// a NUCLEUS_* variable the registry lacks, reads one with getenv, or when a
+// registered switch has no reader.
+//
+// Each reading site keeps its own validation and error message (several
+// switches are refused at start-up with a message naming the value).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace nucleus {
+
+// One value per NUCLEUS_* switch, in the registry's order (kCount last).
+enum class Knob {
+  kLogLevel,
+  kCpuThreads,
+  kCudaPoisonAllocs,
+  kEnablePrezero,
+  kPrezeroIdleBytesPerSm,
+  kSplitK,
+  kSplitKDeterministic,
+  kSkinny,
+  kPdl,
+  kForceKernel,
+  kDumpGraph,
+  kProfileOps,
+  kGraphEagerPad,
+  kTokenGraphSizes,
+  kTokenGraphEagerPad,
+  kMlaPrefillWgmma,
+  kMoeChunkTokens,
+  kWidthBuilds,
+  kWidthCooperative,
+  kStrictWidths,
+  kKernelCacheDir,
+  kWidthMaxrregcount,
+  kWidthMaxrregcountLean,
+  kFuseAllreduceNorm,
+  kFusedAllreduceMaxBytes,
+  kNcclLibrary,
+  kFaultInject,
+  kCount
+};
+
+// How a switch's value is spelled.
+enum class KnobType {
+  kFlag,    // env_flag rules: 1/true/yes/on (any case) set, anything else not
+  kInt,     // an integer (range in KnobInfo::values)
+  kString,  // free text (a path, a fault plan)
+  kList,    // comma-separated items (form in KnobInfo::values)
+  kEnum,    // one of KnobInfo::values
+};
+
+// One registry row.
+struct KnobInfo {
+  Knob knob;
+  const char* id;             // the enumerator's name ("kSplitK"), for the source scan
+  const char* name;           // "NUCLEUS_SPLITK"
+  KnobType type;
+  const char* values;         // enum: the accepted values; int: the range; list: the item form; else ""
+  const char* default_value;  // the behaviour when unset; flags: "0" or "1"
+  const char* doc;            // one line
+  const char* readers;        // the src/ files that read it, comma-separated
+};
+
+// The registry, in Knob order.
+std::span<const KnobInfo> all_knobs();
+const KnobInfo& knob_info(Knob k);
+// "NUCLEUS_..." of `k`.
+const char* knob_name(Knob k);
+// "flag", "int", "string", "list", "enum".
+const char* knob_type_name(KnobType t);
+
+// The variable's value, or nullopt when unset (set and empty: "").
+std::optional<std::string> env_string(Knob k);
+// A kFlag switch (a NUCLEUS_CHECK otherwise): unset gives the registry default;
+// set, parse_flag of the value (so set and empty is false, even for a default-on flag).
+bool env_flag(Knob k);
+// A variable that is not a NUCLEUS_* switch (HOME, XDG_CACHE_HOME, ...); a
+// NUCLEUS_* name is a NUCLEUS_CHECK failure (read it through its Knob).
+std::optional<std::string> foreign_env(const char* name);
+
+// "1", "true", "yes", "on" (any case) are true; everything else ("0", "", "off", "2") false.
+bool parse_flag(std::string_view text);
+// The whole of `text` as an integer in `base` (strtoll rules: leading blanks and a
+// sign are accepted, 0 base takes 0x/0 prefixes; out-of-range values clamp to the
+// int64 limits as strtoll does); nullopt when empty or anything follows the digits.
+std::optional<int64_t> parse_int(std::string_view text, int base = 10);
+
+// The registry as a text table (name, type, default, doc), for `nucleus --help-env`.
+std::string knobs_help_text();
+
+}  // namespace nucleus
