@@ -229,8 +229,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mla_decode_bench: %s\n", c.status().to_string().c_str());
     return 1;
   }
-  // Every replay here has the captured rows and key counts.
-  kernels::flashinfer_mla_set_capture_static(true);
   std::printf("# mla_decode_bench on %s (%d SMs), page %d, bf16 kv_b_proj\n", (*c)->name.c_str(), (*c)->num_sms,
               kBlock);
   for (KvCacheDtype d : cache_dtypes) {

@@ -101,6 +101,8 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::build_graphs(std::unique
   // Decode GEMMs may run split-K (ops/splitk.h); prefill GEMMs never do.
   for (Node& n : m->decode_graph_.nodes())
     if (auto* lin = dynamic_cast<LinearOp*>(n.op.get())) lin->set_splitk_allowed(true);
+  // Captured decode graphs: backends that cannot be captured refuse.
+  for (Node& n : m->decode_graph_.nodes()) n.op->set_captured(!options.cuda_graph_sizes.empty());
   NUCLEUS_RETURN_IF_ERROR(m->prefill_graph_.select_backends(options.device).with_context("prefill graph"));
   NUCLEUS_RETURN_IF_ERROR(m->decode_graph_.select_backends(options.device).with_context("decode graph"));
   // Prefill segments: attention and the logits tail run eagerly.
@@ -470,6 +472,10 @@ void DeepseekModel::reserve_step_buffers(int64_t max_tokens, int64_t max_logits,
     const int64_t width = std::max<int64_t>(options_.max_blocks_per_seq, 1), seqs = max_logits + 1;
     uploader_->reserve({std::max(max_tokens, max_logits), seqs, seqs * width, prefill_logits});
   }
+  NUCLEUS_CHECK_OK(step_resources_.reserve({&prefill_graph_, &decode_graph_},
+                                           {std::max(max_tokens, max_logits), max_logits + 1, prefill_logits,
+                                            options_.max_blocks_per_seq, 0},
+                                           options_.device));
 }
 
 int64_t DeepseekModel::kv_bytes_per_token() const {
@@ -590,6 +596,7 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
   if (options_.device != Device::kCuda) {
     const std::vector<Tensor>& buffers = sb.for_step(g, inputs.num_tokens(), inputs.num_logits(), options_.device);
     ctx.inputs = &inputs;
+    NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(g, ctx));
     if (!options_.cpu_bf16_emulation) {
       NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, 0, g.nodes().size()));
     } else {
@@ -625,6 +632,7 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
     if (options_.graph_eager_pad) {
       ctx.inputs = &p;
       ctx.dev = &dev;
+      NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(g, ctx));
       NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, 0, g.nodes().size()));
     } else {
       decode_graphs_.at(padded).replay();
@@ -642,6 +650,7 @@ StatusOr<Tensor> DeepseekModel::forward_logits(const StepInputs& inputs, KvCache
   DeviceStepInputs dev = uploader_->upload(inputs);
   ctx.inputs = &inputs;
   ctx.dev = &dev;
+  NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(g, ctx));
   NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, 0, g.nodes().size()));
   return buffers[g.find_buffer("logits")];
 }
@@ -666,6 +675,7 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
     ectx.inputs = &inputs;
     ectx.dev = &eager_dev;
     ectx.faults = faults_.get();
+    NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(g, ectx));
     NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ectx, buffers, 0, g.nodes().size()));
     return buffers[g.find_buffer("logits")];
   }
@@ -680,6 +690,9 @@ StatusOr<Tensor> DeepseekModel::forward_token_graph(const StepInputs& inputs, Kv
   ctx.kv_cache = &kv_cache;
   ctx.faults = faults_.get();
   const int attn_out = g.find_buffer("attn_out");
+  ctx.inputs = &inputs;  // the plans serve the eager regions' real rows
+  ctx.dev = &dev_real;
+  NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(g, ctx));
   size_t graph_index = 0;
   for (const Segment& seg : prefill_segments_) {
     if (seg.graph) {
@@ -811,6 +824,8 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
   const int32_t width = static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1));
   uploader_->reserve({largest, largest, largest * width, largest});
   decode_buffers_.for_step(decode_graph_, largest, largest, options_.device);
+  NUCLEUS_RETURN_IF_ERROR(step_resources_.reserve({&decode_graph_}, {largest, largest + 1, largest, width, kv_cache.block_size},
+                                                  options_.device));
   size_t free_before = 0, total = 0, free_after = 0;
   synchronize_device();
   device_memory_info(&free_before, &total);
@@ -828,9 +843,13 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
     ctx.inputs = &dummy;
     ctx.dev = &dev;
     // Warm-up (plans, lazy state), then the capture; neither counts toward NUCLEUS_FAULT_INJECT.
+    NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(decode_graph_, ctx));
     NUCLEUS_RETURN_IF_ERROR(run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size())
                                 .with_context("decode graph warm-up of batch " + std::to_string(size)));
-    auto g = CudaGraph::capture([&] { return run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size()); });
+    auto g = CudaGraph::capture([&] {
+      NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(decode_graph_, ctx));
+      return run_nodes(decode_graph_, ctx, buffers, 0, decode_graph_.nodes().size());
+    });
     if (!g.ok()) return g.status().with_context("decode graph of batch " + std::to_string(size));
     decode_graphs_.emplace(size, std::move(*g));
   }
@@ -850,6 +869,7 @@ StatusOr<size_t> DeepseekModel::capture_decode_graphs(KvCache& kv_cache) {
     ctx.inputs = &dummy;
     ctx.dev = &dev;
     std::vector<CudaGraph> graphs;
+    NUCLEUS_RETURN_IF_ERROR(step_resources_.begin_step(prefill_graph_, ctx));  // the segments' ops plan nothing
     for (const Segment& seg : prefill_segments_) {
       if (!seg.graph) continue;
       NUCLEUS_RETURN_IF_ERROR(run_nodes(prefill_graph_, ctx, views, seg.begin, seg.end)  // warm-up

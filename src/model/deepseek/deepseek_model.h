@@ -26,6 +26,7 @@
 #include "graph/device_inputs.h"
 #include "graph/fault_injection.h"
 #include "graph/step_graph.h"
+#include "graph/step_resources.h"
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
 #include "kernels/width/width_build_policy.h"
@@ -237,7 +238,8 @@ class DeepseekModel {
   }
   // Device bytes the step buffers take at the current capacity (rank 0's).
   size_t activation_bytes() const {
-    return ranks_.empty() ? prefill_buffers_.bytes() + decode_buffers_.bytes() : ranks_[0]->activation_bytes();
+    return ranks_.empty() ? prefill_buffers_.bytes() + decode_buffers_.bytes() + step_resources_.bytes()
+                          : ranks_[0]->activation_bytes();
   }
 
  private:
@@ -273,6 +275,7 @@ class DeepseekModel {
   std::shared_ptr<width::MlaFrontWidthBuilds> width_builds_;  // CUDA, NUCLEUS_WIDTH_BUILDS: the planned widths
   Tensor width_barrier_;                                      // their grid barrier: [2] u32, zero
   StepBuffers prefill_buffers_, decode_buffers_;
+  StepResources step_resources_;  // the ops' workspace arena and per-step plans (graph/step_resources.h)
   std::vector<int> bf16_buffers_prefill_, bf16_buffers_decode_;  // cpu_bf16_emulation
   std::map<int64_t, CudaGraph> decode_graphs_;  // by padded batch size
   // Prefill graph segments: node ranges replayed as graphs, with the eager
