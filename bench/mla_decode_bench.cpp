@@ -28,6 +28,7 @@
 #include "core/dtype.h"
 #include "core/roofline.h"
 #include "graph/device_inputs.h"
+#include "graph/step_resources.h"
 #include "kernels/mla/flashinfer_mla.cuh"
 #include "ops/mla_ops.h"
 
@@ -134,11 +135,17 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   std::vector<std::unique_ptr<MlaDecodeAttentionOp>> ops;
   for (int l = 0; l < s.layers; ++l)
     ops.push_back(std::make_unique<MlaDecodeAttentionOp>(l, &s.w, dims, AttentionMode::kAuto, s.cache_dtype));
-  Status st = b->supports ? b->supports(*ops[0]) : ok_status();
-  if (!st.ok()) {
-    r.why = st.message();
-    return r;
+  std::vector<Op*> reserved;
+  for (auto& op : ops) {
+    const Status st = op->use_backend(*b);
+    if (!st.ok()) {
+      r.why = st.message();
+      return r;
+    }
+    reserved.push_back(op.get());
   }
+  StepResources res;  // the layers' workspace and plans, as the engine's
+  NUCLEUS_CHECK_OK(res.reserve_ops(reserved, StepLimits{}, Device::kCuda));
   cudaStream_t stream = cuda::context().stream;
   OpContext ctx;
   ctx.device = Device::kCuda;
@@ -146,9 +153,16 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   ctx.inputs = &s.si;
   ctx.dev = &dev;
   ctx.kv_cache = &s.kv;
-  auto call = [&](int l) { b->run(*ops[l % s.layers], ctx, {s.q}, {s.out, s.q_lat, s.o_lat}); };
+  // Every call (and replay) here is the one step: planned once, before the
+  // warm-up, which makes flashinfer's per-batch plans outside the capture.
+  NUCLEUS_CHECK_OK(res.begin_step(ctx));
+  auto call = [&](int l) { ops[l % s.layers]->run(ctx, {s.q}, {s.out, s.q_lat, s.o_lat}); };
   // Warm-up: states, plans, cuBLASLt heuristics; estimate one call's time.
   for (int l = 0; l < s.layers; ++l) call(l);
+  if (!ctx.error.ok()) {
+    r.why = ctx.error.message();
+    return r;
+  }
   cudaEvent_t e0, e1;
   NUCLEUS_CUDA_CHECK(cudaEventCreate(&e0));
   NUCLEUS_CUDA_CHECK(cudaEventCreate(&e1));
@@ -229,8 +243,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mla_decode_bench: %s\n", c.status().to_string().c_str());
     return 1;
   }
-  // Every replay here has the captured rows and key counts.
-  kernels::flashinfer_mla_set_capture_static(true);
   std::printf("# mla_decode_bench on %s (%d SMs), page %d, bf16 kv_b_proj\n", (*c)->name.c_str(), (*c)->num_sms,
               kBlock);
   for (KvCacheDtype d : cache_dtypes) {

@@ -27,6 +27,7 @@
 #include "core/knobs.h"
 #include "core/roofline.h"
 #include "graph/device_inputs.h"
+#include "graph/step_resources.h"
 #include "kernels/mla/mla_prefill.cuh"
 #include "ops/mla_ops.h"
 
@@ -187,6 +188,9 @@ double time_op(const Pools& pools, const Row& r, const char* backend) {
   const auto& list = MlaPrefillAttentionOp::backends();
   auto it = std::find_if(list.begin(), list.end(), [&](const auto& b) { return std::strcmp(b.name, backend) == 0; });
   NUCLEUS_CHECK(it != list.end(), "no backend {}", backend);
+  NUCLEUS_CHECK_OK(op.use_backend(*it));
+  StepResources res;  // the step's workspace and plan, as the engine's
+  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
   DeviceInputUploader uploader;
   DeviceStepInputs dev = uploader.upload(si);
   OpContext ctx;
@@ -199,7 +203,12 @@ double time_op(const Pools& pools, const Row& r, const char* backend) {
   Tensor o = Tensor::empty({rows, r.heads * kV}, DType::kBF16, Device::kCuda);
   fill(q, pools.unit);
   TensorList in = {q}, out = {o};
-  return time_ms([&] { it->run(op, ctx, in, out); });
+  // Planned once, as the engine plans a step once for all its layers: the
+  // time is one layer's.
+  NUCLEUS_CHECK_OK(res.begin_step(ctx));
+  const double ms = time_ms([&] { op.run(ctx, in, out); });
+  NUCLEUS_CHECK_OK(ctx.error);
+  return ms;
 }
 
 }  // namespace

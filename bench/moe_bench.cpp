@@ -28,6 +28,7 @@
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "core/roofline.h"
+#include "graph/step_resources.h"
 #include "ops/cuda_backends.h"
 #include "ops/moe_ops.h"
 
@@ -146,6 +147,8 @@ void bench_model(const Model& m, int reps) {
   MoeExpertsOp grouped(experts, m.inter, m.top_k), naive(experts, m.inter, m.top_k);
   NUCLEUS_CHECK(grouped.select_backend(Device::kCuda).ok(), "select");
   const std::string chosen = grouped.backend();
+  StepResources res;  // the op's workspace, as the engine's; sized for the largest T below
+  NUCLEUS_CHECK_OK(res.reserve_ops({&grouped}, StepLimits{.max_tokens = 4096}, Device::kCuda));
   std::mt19937_64 rng(7);
   for (int64_t T : {1, 8, 32, 128, 512, 4096}) {
     std::vector<int32_t> ids(T * m.top_k);
@@ -172,6 +175,7 @@ void bench_model(const Model& m, int reps) {
     OpContext ctx;
     ctx.device = Device::kCuda;
     ctx.stream = cuda::context().stream;
+    NUCLEUS_CHECK_OK(res.begin_step(ctx));  // sets ctx.workspace
     const double bytes = static_cast<double>(touched.size()) * expert_bytes;
     const double flops = 6.0 * static_cast<double>(T * m.top_k) * static_cast<double>(m.hidden * m.inter);
     auto report = [&](const char* backend, double us) {
@@ -182,6 +186,7 @@ void bench_model(const Model& m, int reps) {
       std::fflush(stdout);
     };
     report(chosen.c_str(), time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
+    NUCLEUS_CHECK_OK(ctx.error);
     if (T <= 32)
       report("cuda_naive", time_us([&] { cuda_ops::moe_experts_naive(naive, ctx, {d_x, d_ids, d_w}, {out, scratch}); },
                                    std::max(3, reps / 4)));

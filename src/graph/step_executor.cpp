@@ -174,7 +174,13 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& inputs, KvCache&
                          : route == Route::kTokenGraph ? options_.token_graph_eager_pad
                                                        : false;
 
-  // 4. Segments in order.
+  // 4. The step's plans, once for every layer (a replayed decode graph runs
+  // the capturable plans it captured), then the segments in order.
+  if (route != Route::kDecodeGraph || eager_pad) {
+    ctx.inputs = route == Route::kDecodeGraph ? &run_in : &inputs;
+    ctx.dev = uploader_ ? (route == Route::kDecodeGraph ? &dev : &dev_real) : nullptr;
+    NUCLEUS_RETURN_IF_ERROR(resources_.begin_step(g, ctx));
+  }
   const int attn_out = g.find_buffer("attn_out");
   size_t graph_index = 0;
   for (const Segment& seg : segments(kind, route)) {
@@ -219,6 +225,10 @@ void StepExecutor::reserve(int64_t max_tokens, int64_t max_logits, int64_t max_p
     const int64_t width = std::max<int64_t>(options_.max_blocks_per_seq, 1), seqs = max_logits + 1;
     uploader_->reserve({std::max(max_tokens, max_logits), seqs, seqs * width, prefill_logits});
   }
+  NUCLEUS_CHECK_OK(resources_.reserve({&prefill_.graph, &decode_.graph},
+                                      {std::max(max_tokens, max_logits), max_logits + 1, prefill_logits,
+                                       options_.max_blocks_per_seq, 0},
+                                      options_.device));
 }
 
 void StepExecutor::drop_graphs() {
@@ -252,6 +262,8 @@ StatusOr<size_t> StepExecutor::capture(KvCache& kv_cache) {
   const int32_t width = static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1));
   uploader_->reserve({largest, largest, largest * width, largest});
   decode_buffers_.for_step(decode_.graph, largest, largest, options_.device);
+  NUCLEUS_RETURN_IF_ERROR(resources_.reserve({&decode_.graph}, {largest, largest + 1, largest, width, kv_cache.block_size},
+                                             options_.device));
   size_t free_before = 0, total = 0, free_after = 0;
   synchronize_device();
   device_memory_info(&free_before, &total);
@@ -270,10 +282,18 @@ StatusOr<size_t> StepExecutor::capture(KvCache& kv_cache) {
     ctx.inputs = &dummy;
     ctx.dev = &dev;
     std::vector<CudaGraph> graphs;
+    // The warm-up's plans; a decode graph also captures its (capturable)
+    // plans, so a replay plans its own step. A token graph's segments plan
+    // nothing (attention, whose ops plan, runs eagerly).
+    const bool whole = kind == StepKind::kDecode;
+    NUCLEUS_RETURN_IF_ERROR(resources_.begin_step(g, ctx).with_context(what + " warm-up"));
     for (const Segment& seg : segs) {
       if (!seg.graph) continue;
       NUCLEUS_RETURN_IF_ERROR(run_nodes(g, ctx, buffers, seg.begin, seg.end).with_context(what + " warm-up"));
-      auto cg = CudaGraph::capture([&] { return run_nodes(g, ctx, buffers, seg.begin, seg.end); });
+      auto cg = CudaGraph::capture([&] {
+        if (whole) NUCLEUS_RETURN_IF_ERROR(resources_.begin_step(g, ctx));
+        return run_nodes(g, ctx, buffers, seg.begin, seg.end);
+      });
       if (!cg.ok()) return cg.status().with_context(what);
       graphs.push_back(std::move(*cg));
     }

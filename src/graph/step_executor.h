@@ -29,6 +29,7 @@
 #include "graph/device_inputs.h"
 #include "graph/fault_injection.h"
 #include "graph/step_graph.h"
+#include "graph/step_resources.h"
 
 namespace nucleus {
 
@@ -95,8 +96,10 @@ class StepExecutor {
 
   // Allocates the step buffers of both graphs for steps of up to
   // `max_tokens` tokens and `max_logits` logit rows (prefill steps up to
-  // max(max_logits, max_prefill_logits): prompt logprobs), and the metadata
-  // upload buffer, so memory is known before the KV pool is sized.
+  // max(max_logits, max_prefill_logits): prompt logprobs), the metadata
+  // upload buffer and the ops' workspaces (StepResources), so memory is
+  // known before the KV pool is sized. A workspace that cannot be allocated
+  // stops the process (start-up).
   void reserve(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits);
   // Captures one decode graph per cuda_graph_sizes entry and the token-graph
   // segments per bucket against `kv_cache` (whose addresses the graphs keep);
@@ -120,8 +123,11 @@ class StepExecutor {
   int64_t token_bucket_for(int64_t num_tokens) const;
   int64_t graph_replays() const { return graph_replays_; }
   int64_t token_graph_replays() const { return token_graph_replays_; }
-  // Device bytes the step buffers take at the current capacity.
-  size_t activation_bytes() const { return prefill_buffers_.bytes() + decode_buffers_.bytes(); }
+  // Device bytes the step buffers and the ops' workspace arena take at the
+  // current capacity.
+  size_t activation_bytes() const {
+    return prefill_buffers_.bytes() + decode_buffers_.bytes() + resources_.bytes();
+  }
 
  private:
   enum class Route { kEager, kDecodeGraph, kTokenGraph };
@@ -144,6 +150,7 @@ class StepExecutor {
   ExecutorOptions options_;
   BuiltGraph prefill_, decode_;
   StepBuffers prefill_buffers_, decode_buffers_;
+  StepResources resources_;  // the ops' workspace arena and per-step plans
   std::vector<Segment> prefill_segments_;     // attention and logits eager, the rest graphed
   std::vector<Segment> whole_prefill_, whole_decode_;  // one segment of every node
   std::map<int64_t, CudaGraph> decode_graphs_;               // by padded batch size

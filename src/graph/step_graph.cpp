@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "core/check.h"
 #include "core/op_cuda_error.h"
@@ -57,9 +58,14 @@ Node& StepGraph::add(std::string name, std::unique_ptr<Op> op, std::vector<int> 
 }
 
 Status StepGraph::select_backends(Device device) {
+  std::map<std::string, std::shared_ptr<StepPlan>> plans;  // family/backend/step_plan_key -> the shared plan
   for (auto& n : nodes_) {
     Status s = n.op->select_backend(device);
     if (!s.ok()) return s.with_context("node " + n.name);
+    if (!n.op->shared_step_plan()) continue;
+    auto [it, fresh] = plans.emplace(std::string(n.op->kind()) + "/" + n.op->backend() + "/" + n.op->step_plan_key(),
+                                     n.op->shared_step_plan());
+    if (!fresh) n.op->share_step_plan(it->second);
   }
   return ok_status();
 }

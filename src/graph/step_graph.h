@@ -61,7 +61,8 @@ class StepGraph {
   Node& add(std::string name, std::unique_ptr<Op> op, std::vector<int> inputs, std::vector<int> outputs);
 
   // Picks every node's backend for `device` (first supporter in its family's
-  // ordered list). Errors name the node and every refusal.
+  // ordered list); ops of one family, backend and Op::step_plan_key() then
+  // share one StepPlan. Errors name the node and every refusal.
   Status select_backends(Device device);
 
   const std::vector<BufferDesc>& buffers() const { return buffers_; }

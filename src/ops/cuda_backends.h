@@ -88,23 +88,36 @@ void moe_experts_naive(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, c
 
 // Expanded-form MLA prefill on tensor cores, all served sequences in one
 // attention launch per scratch-sized batch (ops/mla_prefill_cuda.cpp).
+// Its K/V expansion scratch and LSE live in the step workspace; the batching
+// of the step's sequences is a per-step plan (host, uploaded once per step).
 Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+size_t mla_prefill_flash_workspace(const MlaPrefillAttentionOp& op, const StepLimits& limits);
+std::shared_ptr<StepPlan> mla_prefill_flash_plan(const MlaPrefillAttentionOp& op);
 
 // mla_decode fast backends (ops/mla_decode_cuda.cpp): "nucleus" (own
-// split-KV kernel) and "flashinfer" (FlashInfer's Hopper MLA kernel, planned on
-// the host; under CUDA-graph capture it runs the nucleus kernel). Both need kv_lora 512, qk_rope 64, qk_nope 128,
-// v_head 128 and a bf16 or FP8 kv_b_proj. nucleus reads a bf16 or an FP8
-// (e4m3 x k_scale) cache; flashinfer reads bf16 rows only and refuses an FP8 cache.
+// split-KV kernel, its split partials in the step workspace) and "flashinfer"
+// (FlashInfer's Hopper MLA kernel, planned on the host once per step; it
+// refuses an op of a captured graph). Both need kv_lora 512, qk_rope 64,
+// qk_nope 128, v_head 128 and a bf16 or FP8 kv_b_proj. nucleus reads a bf16
+// or an FP8 (e4m3 x k_scale) cache; flashinfer reads bf16 rows only and
+// refuses an FP8 cache.
 Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+size_t mla_decode_nucleus_workspace(const MlaDecodeAttentionOp& op, const StepLimits& limits);
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+size_t mla_decode_flashinfer_workspace(const MlaDecodeAttentionOp& op, const StepLimits& limits);
+std::shared_ptr<StepPlan> mla_decode_flashinfer_plan(const MlaDecodeAttentionOp& op);
 
 // cuda_grouped (ops/moe_grouped_cuda.cpp): grouped tensor-core GEMMs over
 // expert-sorted tokens, bf16 or FP8 block-scaled weights.
+// Its pass workspace lives in the step workspace, sized for the tokens per
+// pass that reserve() fixes from the step limits.
 Status moe_experts_grouped_supports(const MoeExpertsOp& op);
 void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+size_t moe_experts_grouped_workspace(const MoeExpertsOp& op, const StepLimits& limits);
+Status moe_experts_grouped_reserve(MoeExpertsOp& op, const StepLimits& limits, Device device);
 
 // FP8 block-scaled linears (ops/linear_fp8_cuda.cpp). W: f8e4m3 with 128x128
 // f32 block scales; x: [m, k] bf16; out: [m, n] bf16 or f32.

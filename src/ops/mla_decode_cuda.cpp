@@ -10,15 +10,16 @@
 // Scratch: out[1] (q_lat, f32 [W, H * 512]) holds q_full bf16 [W, H, 576] and
 // q_nope bf16 [W, H, 128]; out[2] (o_lat, f32 [W, H * 512]) holds o_lat bf16
 // [W, H, 512] and the compact output bf16 [W, H * 128]. Rows are processed W
-// at a time. The nucleus backend's split partials live in one buffer shared
-// by every decode op of the process (the ops run one after another on the
-// engine stream), sized on first use for W rows. FlashInfer plans on the host
-// from the step's key counts, which a CUDA graph replay cannot follow: under
-// capture the flashinfer backend runs the nucleus attention kernel instead.
+// at a time. The nucleus backend's split partials live in the step workspace
+// (OpContext::workspace). FlashInfer plans on the host from the step's key
+// counts, once per step (FlashInferDecodePlan), which a CUDA graph replay
+// cannot follow: the flashinfer backend refuses an op of a captured graph.
 // Caches: nucleus reads bf16 or FP8 e4m3 rows (times the layer's k_scale);
 // flashinfer reads bf16 rows only, so it refuses an op built for an FP8 cache.
 #ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
+#include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -168,37 +169,26 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
   }
 }
 
-// The split-partial buffer shared by the decode ops, at least `floats` long;
-// kResourceExhausted when it cannot grow (the old one is kept).
-StatusOr<Tensor> shared_partials(int64_t floats) {
-  static Tensor bufs[cuda::kMaxDevices];  // per device: one thread per GPU under tensor parallelism
-  Tensor& buf = bufs[cuda::thread_device()];
-  if (!buf.defined() || buf.numel() < floats) {
-    NUCLEUS_ASSIGN_OR_RETURN(buf, try_empty({floats}, DType::kF32, Device::kCuda, "mla_decode split partials"));
+// Floats of split partials (outputs and LSEs) a chunk of at most
+// `max_rows` rows may use, at least 1.
+int64_t partial_floats(int H, int64_t max_rows) {
+  const int hpc = kernels::mla_decode_heads_per_cta(H);
+  const int sms = cuda::context().num_sms;
+  int64_t most = 0;
+  for (int64_t n = 1; n <= max_rows; ++n) {
+    const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms);
+    if (splits > 1) most = std::max(most, n * splits);
   }
-  return buf;
+  return std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1));
 }
 
-// The nucleus attention step (split-KV kernel + combine) for one chunk of rows.
-// A failed scratch allocation is reported on ctx.
-void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache, int64_t W,
+// The nucleus attention step (split-KV kernel + combine) for one chunk of
+// rows; its split partials live in ctx.workspace.
+void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache,
                     const kernels::MlaDecodeRows& r, const Scratch& s) {
   const int H = static_cast<int>(op.dims().num_heads);
   const int hpc = kernels::mla_decode_heads_per_cta(H);
   const int sms = cuda::context().num_sms;
-  auto& st = op.state();
-  if (st.size() < 2) st.resize(2);
-  if (!st[1].defined()) {
-    // Partials for the largest rows x splits any chunk of <= W rows uses.
-    int64_t most = 0;
-    for (int64_t n = 1; n <= W; ++n) {
-      const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms);
-      if (splits > 1) most = std::max(most, n * splits);
-    }
-    auto partials = shared_partials(std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1)));
-    if (!partials.ok()) return ctx.fail(partials.status());
-    st[1] = std::move(*partials);
-  }
   kernels::MlaDecodeAttnParams p;
   p.r = r;
   p.num_heads = H;
@@ -211,9 +201,11 @@ void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& 
   p.heads_per_cta = hpc;
   p.o_lat = s.o_lat;
   if (p.num_splits > 1) {
-    NUCLEUS_CHECK(r.num_rows * p.num_splits * H * (kernels::kMlaDecodeLora + 1) <= st[1].numel(),
-                  "mla_decode split partials too small for {} rows x {} splits", r.num_rows, p.num_splits);
-    p.part_o = st[1].data<float>();
+    const int64_t floats = r.num_rows * p.num_splits * H * (kernels::kMlaDecodeLora + 1);
+    NUCLEUS_CHECK(static_cast<size_t>(floats) * sizeof(float) <= ctx.workspace.bytes,
+                  "mla_decode split partials ({} rows x {} splits) exceed the step workspace of {} bytes", r.num_rows,
+                  p.num_splits, ctx.workspace.bytes);
+    p.part_o = static_cast<float*>(ctx.workspace.data);
     p.part_lse = p.part_o + r.num_rows * p.num_splits * H * kernels::kMlaDecodeLora;
   }
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_attention(p, stream()));
@@ -226,13 +218,82 @@ Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) {
   return check_dims(op);
 }
 
+size_t mla_decode_nucleus_workspace(const MlaDecodeAttentionOp& op, const StepLimits& limits) {
+  return static_cast<size_t>(partial_floats(static_cast<int>(op.dims().num_heads), std::max<int64_t>(1, limits.max_tokens))) *
+         sizeof(float);
+}
+
 void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const LayerCache cache = layer_cache(op, ctx);
-  const int64_t W = out[1].dim(0);
   run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t, const Scratch& s) {
-    nucleus_attend(op, ctx, cache, W, r, s);
+    nucleus_attend(op, ctx, cache, r, s);
   });
 }
+
+namespace {
+
+// The step's FlashInfer plans, shared by the decode ops of one head count and
+// mode: plan() lists the rows they serve (host copies of each row's sequence
+// and key count); each batch of rows (the ops process W at a time) is planned
+// on the host by its first layer this step and reused by the others.
+class FlashInferDecodePlan : public StepPlan {
+ public:
+  FlashInferDecodePlan(AttentionMode mode, int num_heads) : mode_(mode), num_heads_(num_heads) {}
+
+  Status plan(OpContext& ctx) override {
+    const StepInputs& si = *ctx.inputs;
+    const int64_t T = si.num_tokens();
+    const bool all = !(mode_ == AttentionMode::kAuto && ctx.dev->num_single_token_rows != T);
+    seq_h_.clear();
+    keys_h_.clear();
+    for (int64_t s = 0; s < si.num_seqs(); ++s) {
+      const int32_t nq = si.query_len(s);
+      if (nq == 0 || (!all && nq != 1)) continue;
+      for (int32_t j = 0; j < nq; ++j) {
+        seq_h_.push_back(static_cast<int32_t>(s));
+        keys_h_.push_back(si.context_lens[s] + j + 1);
+      }
+    }
+    for (auto& b : batches_) b.planned = false;
+    return ok_status();
+  }
+
+  // The plan of rows [r0, r0 + n) of this step, made on the first call.
+  StatusOr<const kernels::FlashInferMlaPlan*> batch(int64_t r0, int64_t n, int max_blocks, cudaStream_t stream) {
+    NUCLEUS_CHECK(r0 + n <= static_cast<int64_t>(seq_h_.size()), "flashinfer rows out of step");
+    Batch* b = nullptr;
+    for (auto& x : batches_)
+      if (x.r0 == r0) b = &x;
+    if (!b) {
+      batches_.push_back({r0, 0, false, std::make_unique<kernels::FlashInferMlaPlan>()});
+      b = &batches_.back();
+    }
+    if (!b->planned || b->n != n) {
+      const cudaError_t e = b->plan->plan(seq_h_.data() + r0, keys_h_.data() + r0, n, num_heads_, max_blocks, stream);
+      if (e != cudaSuccess) {
+        cudaGetLastError();  // not sticky
+        return internal_error(std::string("FlashInfer MLA plan of ") + std::to_string(n) +
+                              " rows failed: " + cudaGetErrorString(e));
+      }
+      b->n = n;
+      b->planned = true;
+    }
+    return b->plan.get();
+  }
+
+ private:
+  struct Batch {
+    int64_t r0 = 0, n = 0;
+    bool planned = false;  // this step
+    std::unique_ptr<kernels::FlashInferMlaPlan> plan;
+  };
+  AttentionMode mode_;
+  int num_heads_;
+  std::vector<int32_t> seq_h_, keys_h_;
+  std::deque<Batch> batches_;  // stable addresses
+};
+
+}  // namespace
 
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
   if (!kernels::flashinfer_mla_available())
@@ -240,28 +301,33 @@ Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
   if (op.cache_dtype() != KvCacheDtype::kBF16)
     return unsupported(std::string("KV cache dtype ") + kv_cache_dtype_name(op.cache_dtype()) +
                        ": this FlashInfer kernel reads bf16 rows only (it would misread e4m3 bytes)");
+  if (op.captured())
+    return unsupported("plans on the host every step, which a CUDA graph replay cannot follow (the decode graph is "
+                       "captured)");
   return check_dims(op);
 }
 
+size_t mla_decode_flashinfer_workspace(const MlaDecodeAttentionOp&, const StepLimits&) {
+  return kernels::kFlashInferMlaFloatWorkspaceBytes;
+}
+
+std::shared_ptr<StepPlan> mla_decode_flashinfer_plan(const MlaDecodeAttentionOp& op) {
+  return std::make_shared<FlashInferDecodePlan>(op.mode(), static_cast<int>(op.dims().num_heads));
+}
+
 void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
-  const StepInputs& si = *ctx.inputs;
-  const int64_t T = in[0].dim(0);
-  // Host copies of the rows' sequences and key counts, for FlashInfer's planner.
-  std::vector<int32_t> seq_h, keys_h;
-  for (int64_t s = 0; s < si.num_seqs(); ++s) {
-    const int32_t nq = si.query_len(s);
-    const bool all = !(op.mode() == AttentionMode::kAuto && ctx.dev->num_single_token_rows != T);
-    if (nq == 0 || (!all && nq != 1)) continue;
-    for (int32_t j = 0; j < nq; ++j) {
-      seq_h.push_back(static_cast<int32_t>(s));
-      keys_h.push_back(si.context_lens[s] + j + 1);
-    }
-  }
+  auto* plan = dynamic_cast<FlashInferDecodePlan*>(op.step_plan());
+  if (!plan)
+    return ctx.fail(failed_precondition("flashinfer mla_decode without its step plan (select the backend and begin "
+                                        "the step with StepResources)"));
+  NUCLEUS_CHECK(ctx.workspace.bytes >= kernels::kFlashInferMlaFloatWorkspaceBytes,
+                "flashinfer mla_decode: step workspace of {} bytes (needs {})", ctx.workspace.bytes,
+                kernels::kFlashInferMlaFloatWorkspaceBytes);
   const LayerCache cache = layer_cache(op, ctx);
   NUCLEUS_CHECK(!cache.fp8, "flashinfer mla_decode run on an FP8 cache (supports() refuses it)");
-  const int64_t W = out[1].dim(0);
   run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t r0, const Scratch& s) {
-    NUCLEUS_CHECK(r0 + r.num_rows <= static_cast<int64_t>(seq_h.size()), "flashinfer rows out of step");
+    auto batch = plan->batch(r0, r.num_rows, r.max_blocks, stream());
+    if (!batch.ok()) return ctx.fail(batch.status());
     kernels::FlashInferMlaParams p;
     p.num_heads = static_cast<int>(op.dims().num_heads);
     p.scale = op.dims().scale;
@@ -270,16 +336,9 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
     p.cache = static_cast<const __nv_bfloat16*>(cache.rows);
     p.block_size = r.block_size;
     p.block_tables = r.block_tables;
-    p.max_blocks = r.max_blocks;
-    p.row_seq_h = seq_h.data() + r0;
-    p.row_keys_h = keys_h.data() + r0;
     p.o_lat = s.o_lat;
-    const cudaError_t e = kernels::flashinfer_mla_decode(p, stream());
-    if (e == cudaErrorStreamCaptureUnsupported) {  // FlashInfer's host plan cannot be replayed: own kernel
-      nucleus_attend(op, ctx, cache, W, r, s);
-      return;
-    }
-    NUCLEUS_OP_CUDA_CHECK(e);
+    p.float_workspace = ctx.workspace.data;
+    NUCLEUS_OP_CUDA_CHECK(kernels::flashinfer_mla_decode(**batch, p, stream()));
   });
 }
 

@@ -147,11 +147,13 @@ const std::vector<Backend<MlaDecodeAttentionOp>>& MlaDecodeAttentionOp::backends
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       // nucleus first although FlashInfer is faster at most shapes (docs/perf.md,
-      // "MLA decode attention"): FlashInfer plans on the host, so under graph
-      // capture it runs the nucleus kernel, and a replay would then differ from
-      // the eager step (the graphs must be bit-identical to eager runs).
-      {"nucleus", Device::kCuda, cuda_ops::mla_decode_nucleus_supports, cuda_ops::mla_decode_nucleus},
-      {"flashinfer", Device::kCuda, cuda_ops::mla_decode_flashinfer_supports, cuda_ops::mla_decode_flashinfer},
+      // "MLA decode attention"): FlashInfer plans on the host, so it refuses
+      // a captured graph, and a graph replay (nucleus) would then differ from
+      // an eager step (the graphs must be bit-identical to eager runs).
+      {"nucleus", Device::kCuda, cuda_ops::mla_decode_nucleus_supports, cuda_ops::mla_decode_nucleus,
+       cuda_ops::mla_decode_nucleus_workspace},
+      {"flashinfer", Device::kCuda, cuda_ops::mla_decode_flashinfer_supports, cuda_ops::mla_decode_flashinfer,
+       cuda_ops::mla_decode_flashinfer_workspace, nullptr, cuda_ops::mla_decode_flashinfer_plan},
       {"cuda_naive", Device::kCuda, cuda_ops::mla_decode_naive_supports, cuda_ops::mla_decode_naive},
 #endif
   };
@@ -171,7 +173,8 @@ const std::vector<Backend<MlaPrefillAttentionOp>>& MlaPrefillAttentionOp::backen
          run_reference(op, false, ctx, in[0], out[0], kernels::mla_attention_expanded_ref);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
-      {"cuda_flash", Device::kCuda, cuda_ops::mla_prefill_flash_supports, cuda_ops::mla_prefill_flash},
+      {"cuda_flash", Device::kCuda, cuda_ops::mla_prefill_flash_supports, cuda_ops::mla_prefill_flash,
+       cuda_ops::mla_prefill_flash_workspace, nullptr, cuda_ops::mla_prefill_flash_plan},
       {"cuda_naive", Device::kCuda, cuda_ops::mla_prefill_naive_supports, cuda_ops::mla_prefill_naive},
 #endif
   };

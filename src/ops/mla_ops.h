@@ -105,6 +105,10 @@ class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public
   using MlaAttentionBase::MlaAttentionBase;
   const char* kind() const override { return "mla_decode"; }
   std::string attrs() const override;
+  // A plan serves the ops of one head count and mode.
+  std::string step_plan_key() const override {
+    return "heads=" + std::to_string(dims().num_heads) + " mode=" + attention_mode_name(mode());
+  }
   static const std::vector<Backend<MlaDecodeAttentionOp>>& backends();
 };
 
@@ -120,6 +124,12 @@ class MlaPrefillAttentionOp : public OpWithBackends<MlaPrefillAttentionOp>, publ
       : MlaAttentionBase(layer, kv_b, dims, mode, cache_dtype), context_chunk_(context_chunk) {}
   const char* kind() const override { return "mla_prefill"; }
   std::string attrs() const override;
+  // A plan serves the ops of one head shape, mode and context chunk.
+  std::string step_plan_key() const override {
+    return "heads=" + std::to_string(dims().num_heads) + " qk=" + std::to_string(dims().qk_head()) +
+           " v=" + std::to_string(dims().v_head) + " mode=" + attention_mode_name(mode()) +
+           " chunk=" + std::to_string(context_chunk_);
+  }
   static const std::vector<Backend<MlaPrefillAttentionOp>>& backends();
   int64_t context_chunk() const { return context_chunk_; }
 

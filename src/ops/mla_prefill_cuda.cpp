@@ -1,12 +1,13 @@
 // "cuda_flash": expanded-form MLA prefill attention on tensor cores.
 //
-// Per call (one layer of one step), for the sequences the op serves:
+// Per step (PrefillPlan, shared by the layers), for the sequences the ops serve:
 //  1. plan on the host: each sequence needs the K/V of its key positions
 //     [0, context_len + query_len); sequences are packed (first-fit,
 //     longest first) into batches whose keys fit the K/V scratch
 //     (context_chunk keys); a sequence with more keys than that runs alone,
 //     in key pieces of context_chunk merged by log-sum-exp;
 //  2. one upload of every launch's descriptors (sequences, work list);
+// then per call (one layer), the K/V scratch in the step workspace:
 //  3. per batch: the K/V of each sequence expanded from the latent cache into
 //     the scratch (GatherKvBProj layout: k [keys, heads, 192], v [keys, heads,
 //     128]), then ONE attention launch for all of the batch's sequences.
@@ -44,14 +45,6 @@ bool use_wgmma() {
   return on;
 }
 
-// Grows `t` to `bytes`; kResourceExhausted naming `what` when the device has
-// no room (the step fails, the process goes on).
-Status ensure_bytes(Tensor& t, int64_t bytes, const char* what) {
-  if (t.defined() && static_cast<int64_t>(t.nbytes()) >= bytes) return ok_status();
-  t = Tensor();  // the old buffer goes first, so its memory counts toward the new one
-  NUCLEUS_ASSIGN_OR_RETURN(t, try_empty({std::max<int64_t>(bytes, 16)}, DType::kU8, Device::kCuda, what));
-  return ok_status();
-}
 
 GatherKvBProjSpec expansion_spec(const MlaPrefillAttentionOp& op) {
   const auto& d = op.dims();
@@ -81,22 +74,6 @@ FlashState& state_of(MlaPrefillAttentionOp& op) {
     s->expand = std::move(*expand);
   }
   return *static_cast<FlashState*>(st[0].raw());
-}
-
-// Scratch shared by every layer's op: layers run one after another on the
-// engine stream, so one K/V scratch serves them all (a per-layer one would
-// cost num_layers x context_chunk x heads x 640 bytes). Growing it frees the
-// old buffers, which waits for the kernels still reading them.
-struct FlashScratch {
-  Tensor k, v;  // [capacity keys, heads, 192] / [capacity keys, heads, 128] bf16
-  Tensor lse;   // [rows, heads] f32: running LSE of a long sequence's pieces
-  Tensor meta;  // device copy of `host`
-  std::vector<uint8_t> host;
-};
-
-FlashScratch& scratch() {
-  static FlashScratch s[cuda::kMaxDevices];  // per device: one thread per GPU under tensor parallelism
-  return s[cuda::thread_device()];
 }
 
 // One sequence's K/V expansion into the scratch.
@@ -150,53 +127,46 @@ void add_descriptors(const std::vector<MlaPrefillSeq>& seqs, int num_heads, int 
   l->num_work = static_cast<int>(work.size());
 }
 
-}  // namespace
+// The step's batching (step 1 and 2 above), shared by the prefill ops of one
+// head shape, mode and context chunk: every layer runs the same launches.
+class PrefillPlan : public StepPlan {
+ public:
+  PrefillPlan(AttentionMode mode, int num_heads, int64_t capacity) : mode_(mode), num_heads_(num_heads), capacity_(capacity) {}
 
-Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op) {
-  const auto& d = op.dims();
-  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
-  if (d.qk_nope != 128 || d.qk_rope != 64 || d.v_head != 128)
-    return unsupported("head dims nope/rope/v = " + std::to_string(d.qk_nope) + "/" + std::to_string(d.qk_rope) +
-                       "/" + std::to_string(d.v_head) + " (the kernel is built for 128/64/128)");
-  if (d.num_heads < 1 || d.num_heads > 65535) return unsupported("num_heads " + std::to_string(d.num_heads));
-  if (d.kv_lora % 8 != 0) return unsupported("kv_lora " + std::to_string(d.kv_lora) + " is not a multiple of 8");
-  if (!(d.scale > 0.0f)) return unsupported("softmax scale is not set");
-  auto format = read_kv_b_weight_format(op.kv_b(), expansion_spec(op));
-  if (!format.ok()) return unsupported("K/V expansion: " + format.status().message());
-  if (op.context_chunk() < 1) return unsupported("context chunk " + std::to_string(op.context_chunk()) + " < 1");
-  return ok_status();
-}
+  Status plan(OpContext& ctx) override;
 
-void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  std::vector<Launch> launches;
+  int64_t need_keys = 0, longest_q = 0;
+  Tensor meta;  // device copy of `host`, grown as steps need (kept: read by every layer)
+  std::vector<uint8_t> host;
+
+ private:
+  AttentionMode mode_;
+  int num_heads_;
+  int64_t capacity_;
+};
+
+Status PrefillPlan::plan(OpContext& ctx) {
   const StepInputs& si = *ctx.inputs;
-  const DeviceStepInputs& dev = *ctx.dev;
-  KvCache& kv = *ctx.kv_cache;
-  check_cache_dtype(kv, op.cache_dtype(), "mla_prefill cuda_flash");
-  const auto& d = op.dims();
-  const int num_heads = static_cast<int>(d.num_heads);
-  const Tensor& q = in[0];
-  const Tensor& o = out[0];
-
+  launches.clear();
+  host.clear();
+  need_keys = longest_q = 0;
   std::vector<Served> served;
   for (int64_t s = 0; s < si.num_seqs(); ++s) {
     const int32_t num_q = si.query_len(s);
-    if (num_q == 0 || !serves_sequence(op.mode(), false, num_q)) continue;
+    if (num_q == 0 || !serves_sequence(mode_, false, num_q)) continue;
     served.push_back({s, si.query_start[s], num_q, si.context_lens[s]});
   }
-  if (served.empty()) return;
+  if (served.empty()) return ok_status();
   std::stable_sort(served.begin(), served.end(), [](const Served& a, const Served& b) { return a.keys() > b.keys(); });
 
-  FlashState& state = state_of(op);
-  FlashScratch& fs = scratch();
   const int num_sms = cuda::context().num_sms;
-  const int64_t capacity = op.context_chunk();
-  fs.host.clear();
-  std::vector<Launch> launches;
+  const int num_heads = num_heads_;
+  const int64_t capacity = capacity_;
 
   // Batches: first-fit decreasing into scratch-sized bins.
   std::vector<std::vector<const Served*>> bins;
   std::vector<int64_t> bin_keys;
-  int64_t longest_q = 0;
   for (const auto& s : served) {
     if (s.keys() > capacity) {  // pieces of `capacity` keys, merged by LSE
       longest_q = std::max<int64_t>(longest_q, s.num_q);
@@ -208,7 +178,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
         l.keys = std::min(capacity, s.keys() - k0);
         l.expansions.push_back({s.seq, k0, l.keys, 0});
         MlaPrefillSeq desc{0, s.num_q, s.context, 0, static_cast<int32_t>(k0), static_cast<int32_t>(k0 + l.keys)};
-        add_descriptors({desc}, num_heads, num_sms, &l, &fs.host);
+        add_descriptors({desc}, num_heads, num_sms, &l, &host);
         launches.push_back(std::move(l));
       }
       continue;
@@ -231,25 +201,93 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
                        static_cast<int32_t>(s->keys())});
       l.keys += s->keys();
     }
-    add_descriptors(descs, num_heads, num_sms, &l, &fs.host);
+    add_descriptors(descs, num_heads, num_sms, &l, &host);
     launches.push_back(std::move(l));
   }
-
-  // Scratch and one upload of every launch's descriptors.
-  int64_t need_keys = 0;
   for (const auto& l : launches) need_keys = std::max(need_keys, l.keys);
-  for (Status e : {ensure_bytes(fs.k, need_keys * d.num_heads * d.qk_head() * 2, "mla_prefill expanded keys"),
-                   ensure_bytes(fs.v, need_keys * d.num_heads * d.v_head * 2, "mla_prefill expanded values"),
-                   longest_q > 0 ? ensure_bytes(fs.lse, longest_q * d.num_heads * 4, "mla_prefill LSE") : ok_status(),
-                   ensure_bytes(fs.meta, static_cast<int64_t>(fs.host.size()), "mla_prefill descriptors")})
-    if (!e.ok()) return ctx.fail(std::move(e));
+
+  // One upload of every launch's descriptors.
+  if (!meta.defined() || meta.nbytes() < host.size()) {
+    meta = Tensor();  // the old buffer goes first, so its memory counts toward the new one
+    NUCLEUS_ASSIGN_OR_RETURN(meta, try_empty({std::max<int64_t>(static_cast<int64_t>(host.size()), 16)}, DType::kU8,
+                                             Device::kCuda, "mla_prefill descriptors"));
+  }
+  NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(meta.raw(), host.data(), host.size(), cudaMemcpyHostToDevice, engine_stream()));
+  return ok_status();
+}
+
+// The step workspace's layout: K [keys, heads, qk_head] and V [keys, heads,
+// v_head] bf16, then the LSE [rows, heads] f32, each 256-byte aligned.
+struct ScratchLayout {
+  size_t k = 0, v = 0, lse = 0, end = 0;
+};
+ScratchLayout scratch_layout(const kernels::MlaDims& d, int64_t keys, int64_t lse_rows) {
+  auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+  ScratchLayout l;
+  l.v = up(static_cast<size_t>(keys * d.num_heads * d.qk_head() * 2));
+  l.lse = l.v + up(static_cast<size_t>(keys * d.num_heads * d.v_head * 2));
+  l.end = l.lse + up(static_cast<size_t>(lse_rows * d.num_heads * 4));
+  return l;
+}
+
+}  // namespace
+
+Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op) {
+  const auto& d = op.dims();
+  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
+  if (d.qk_nope != 128 || d.qk_rope != 64 || d.v_head != 128)
+    return unsupported("head dims nope/rope/v = " + std::to_string(d.qk_nope) + "/" + std::to_string(d.qk_rope) +
+                       "/" + std::to_string(d.v_head) + " (the kernel is built for 128/64/128)");
+  if (d.num_heads < 1 || d.num_heads > 65535) return unsupported("num_heads " + std::to_string(d.num_heads));
+  if (d.kv_lora % 8 != 0) return unsupported("kv_lora " + std::to_string(d.kv_lora) + " is not a multiple of 8");
+  if (!(d.scale > 0.0f)) return unsupported("softmax scale is not set");
+  auto format = read_kv_b_weight_format(op.kv_b(), expansion_spec(op));
+  if (!format.ok()) return unsupported("K/V expansion: " + format.status().message());
+  if (op.context_chunk() < 1) return unsupported("context chunk " + std::to_string(op.context_chunk()) + " < 1");
+  return ok_status();
+}
+
+size_t mla_prefill_flash_workspace(const MlaPrefillAttentionOp& op, const StepLimits& limits) {
+  int64_t keys = op.context_chunk();  // a batch's or piece's keys
+  if (limits.block_size > 0 && limits.max_blocks_per_seq > 0 && limits.max_seqs > 0)
+    keys = std::min(keys, limits.max_seqs * limits.max_blocks_per_seq * limits.block_size);
+  return scratch_layout(op.dims(), keys, std::max<int64_t>(limits.max_tokens, 1)).end;
+}
+
+std::shared_ptr<StepPlan> mla_prefill_flash_plan(const MlaPrefillAttentionOp& op) {
+  return std::make_shared<PrefillPlan>(op.mode(), static_cast<int>(op.dims().num_heads), op.context_chunk());
+}
+
+void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const StepInputs& si = *ctx.inputs;
+  const DeviceStepInputs& dev = *ctx.dev;
+  KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.cache_dtype(), "mla_prefill cuda_flash");
+  const auto& d = op.dims();
+  const int num_heads = static_cast<int>(d.num_heads);
+  const Tensor& q = in[0];
+  const Tensor& o = out[0];
+  auto* plan = dynamic_cast<PrefillPlan*>(op.step_plan());
+  if (!plan)
+    return ctx.fail(failed_precondition("cuda_flash mla_prefill without its step plan (select the backend and begin "
+                                        "the step with StepResources)"));
+  if (plan->launches.empty()) return;
+  FlashState& state = state_of(op);
+  const ScratchLayout lay = scratch_layout(d, plan->need_keys, plan->longest_q);
+  if (lay.end > ctx.workspace.bytes)
+    return ctx.fail(resource_exhausted("mla_prefill: the step's K/V expansion needs " + std::to_string(lay.end) +
+                                       " bytes of workspace, the step reserved " +
+                                       std::to_string(ctx.workspace.bytes)));
+  auto* base = static_cast<uint8_t*>(ctx.workspace.data);
+  auto* k_scratch = reinterpret_cast<__nv_bfloat16*>(base + lay.k);
+  auto* v_scratch = reinterpret_cast<__nv_bfloat16*>(base + lay.v);
+  auto* lse = reinterpret_cast<float*>(base + lay.lse);
   cudaStream_t stream = engine_stream();
-  NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(fs.meta.raw(), fs.host.data(), fs.host.size(), cudaMemcpyHostToDevice, stream));
 
   const void* cache = kv.layer_data(op.layer());
   const float k_scale = kv.layer_k_scale(op.layer());
-  const auto* meta = static_cast<const uint8_t*>(fs.meta.raw());
-  for (const auto& l : launches) {
+  const auto* meta = static_cast<const uint8_t*>(plan->meta.raw());
+  for (const auto& l : plan->launches) {
     for (const auto& e : l.expansions) {
       GatherKvBProjArgs a;
       a.cache = cache;
@@ -258,21 +296,21 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
       a.block_size = kv.block_size;
       a.key_begin = e.key_begin;
       a.num_keys = e.num_keys;
-      a.k = fs.k.data<__nv_bfloat16>() + e.kv_row0 * d.num_heads * d.qk_head();
-      a.v = fs.v.data<__nv_bfloat16>() + e.kv_row0 * d.num_heads * d.v_head;
+      a.k = k_scratch + e.kv_row0 * d.num_heads * d.qk_head();
+      a.v = v_scratch + e.kv_row0 * d.num_heads * d.v_head;
       a.stream = stream;
       state.expand->run(a);
     }
     kernels::MlaPrefillParams p;
     p.q = q.data<__nv_bfloat16>() + (l.piece ? l.q_begin * q.row_numel() : 0);
     p.q_stride = q.row_numel();
-    p.k = fs.k.data<__nv_bfloat16>();
+    p.k = k_scratch;
     p.k_stride = d.num_heads * d.qk_head();
-    p.v = fs.v.data<__nv_bfloat16>();
+    p.v = v_scratch;
     p.v_stride = d.num_heads * d.v_head;
     p.out = o.data<__nv_bfloat16>() + (l.piece ? l.q_begin * o.row_numel() : 0);
     p.out_stride = o.row_numel();
-    p.lse = l.piece ? fs.lse.data<float>() : nullptr;
+    p.lse = l.piece ? lse : nullptr;
     p.merge = l.merge;
     p.seqs = reinterpret_cast<const MlaPrefillSeq*>(meta + l.seq_offset);
     p.work = reinterpret_cast<const MlaPrefillWork*>(meta + l.work_offset);

@@ -34,49 +34,11 @@ namespace {
 // NUCLEUS_MOE_CHUNK_TOKENS=N overrides it (tests use it to force chunking).
 constexpr int64_t kDefaultCapacityTokens = 4096;
 
-struct Workspace {
-  kernels::MoeGroupedShape shape;  // the largest sizes it serves
-  int64_t max_pairs = 0;
-  Tensor storage;
-  kernels::MoeGroupedWorkspace ptrs;
-
-  bool fits(const kernels::MoeGroupedShape& s, int64_t pairs) const {
-    return s.num_experts <= shape.num_experts && s.hidden <= shape.hidden && s.inter <= shape.inter &&
-           pairs <= max_pairs;
-  }
-};
-
-// The device's most recent workspace when it fits, else a new one at least
-// as large as both (the old one lives on while ops that hold it do).
-std::shared_ptr<Workspace> shared_workspace(const kernels::MoeGroupedShape& s, int64_t pairs) {
-  static std::mutex mu;
-  static std::weak_ptr<Workspace> latest_per_device[cuda::kMaxDevices];  // one thread per GPU under TP
-  std::lock_guard<std::mutex> lock(mu);
-  std::weak_ptr<Workspace>& latest = latest_per_device[cuda::thread_device()];
-  auto old = latest.lock();
-  if (old && old->fits(s, pairs)) return old;
-  auto w = std::make_shared<Workspace>();
-  w->shape = s;
-  w->max_pairs = pairs;
-  if (old) {
-    w->shape.num_experts = std::max(w->shape.num_experts, old->shape.num_experts);
-    w->shape.hidden = std::max(w->shape.hidden, old->shape.hidden);
-    w->shape.inter = std::max(w->shape.inter, old->shape.inter);
-    w->max_pairs = std::max(w->max_pairs, old->max_pairs);
-  }
-  const size_t bytes = kernels::moe_grouped_workspace_bytes(w->shape, w->max_pairs);
-  w->storage = Tensor::empty({static_cast<int64_t>(bytes)}, DType::kU8, Device::kCuda);
-  w->ptrs = kernels::moe_grouped_workspace_carve(w->storage.raw(), w->shape, w->max_pairs);
-  latest = w;
-  return w;
-}
-
 struct State {
   Tensor views;  // device kernels::ExpertView [num_experts]
-  std::shared_ptr<Workspace> workspace;
   kernels::MoeGroupedShape shape;
   bool gate_up_fp8 = false, down_fp8 = false;
-  int64_t chunk_tokens = 0;
+  int64_t chunk_tokens = 0;  // tokens per pass (the workspace's size); 0: not reserved
 };
 
 kernels::MoeGroupedShape shape_of(const MoeExpertsOp& op) {
@@ -84,9 +46,19 @@ kernels::MoeGroupedShape shape_of(const MoeExpertsOp& op) {
   return {gu.in_features, op.inter(), static_cast<int64_t>(op.experts().size()), op.top_k()};
 }
 
-// Built on the first run (num_tokens: that run's rows; scratch_rows: the
-// rows of the op's scratch buffer, the engine's per-pass token count).
-State& state_of(MoeExpertsOp& op, int64_t num_tokens, int64_t scratch_rows) {
+// Tokens per pass for steps of at most `max_tokens` rows: all of them, at
+// least kDefaultCapacityTokens (NUCLEUS_MOE_CHUNK_TOKENS overrides), within
+// the kernels' 32-bit offsets.
+int64_t chunk_tokens_for(const MoeExpertsOp& op, int64_t max_tokens) {
+  const kernels::MoeGroupedShape shape = shape_of(op);
+  int64_t capacity = std::max(max_tokens, kDefaultCapacityTokens);
+  if (auto v = env_string(Knob::kMoeChunkTokens)) capacity = std::max<int64_t>(1, std::stoll(*v));
+  const int64_t max_pairs = ((int64_t{1} << 31) - 1) / std::max(shape.hidden, shape.inter);  // 32-bit offsets
+  return std::min(capacity, max_pairs / op.top_k());
+}
+
+// Built at reservation: the experts' device views.
+State& state_of(MoeExpertsOp& op) {
   Tensor& holder = op.device_state();
   if (holder.defined()) return *holder.data<State>();
   auto st = std::make_shared<State>();
@@ -98,11 +70,6 @@ State& state_of(MoeExpertsOp& op, int64_t num_tokens, int64_t scratch_rows) {
   st->shape = shape_of(op);
   st->gate_up_fp8 = op.experts().front().gate_up->fp8();
   st->down_fp8 = op.experts().front().down->fp8();
-  int64_t capacity = std::max({num_tokens, scratch_rows, kDefaultCapacityTokens});
-  if (auto v = env_string(Knob::kMoeChunkTokens)) capacity = std::max<int64_t>(1, std::stoll(*v));
-  const int64_t max_pairs = ((int64_t{1} << 31) - 1) / std::max(st->shape.hidden, st->shape.inter);  // 32-bit offsets
-  st->chunk_tokens = std::min(capacity, max_pairs / op.top_k());
-  st->workspace = shared_workspace(st->shape, st->chunk_tokens * op.top_k());
   holder = Tensor::wrap(st.get(), {static_cast<int64_t>(sizeof(State))}, DType::kU8, Device::kCpu, st);
   return *st;
 }
@@ -131,18 +98,34 @@ Status moe_experts_grouped_supports(const MoeExpertsOp& op) {
   return ok_status();
 }
 
-void moe_experts_grouped(MoeExpertsOp& op, OpContext&, const TensorList& in, const TensorList& out) {
+size_t moe_experts_grouped_workspace(const MoeExpertsOp& op, const StepLimits& limits) {
+  return kernels::moe_grouped_workspace_bytes(shape_of(op), chunk_tokens_for(op, limits.max_tokens) * op.top_k());
+}
+
+Status moe_experts_grouped_reserve(MoeExpertsOp& op, const StepLimits& limits, Device) {
+  state_of(op).chunk_tokens = chunk_tokens_for(op, limits.max_tokens);
+  return ok_status();
+}
+
+void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const Tensor& x = in[0];
   const int64_t T = x.dim(0), hidden = x.dim(1), top_k = op.top_k();
   if (T == 0) return;
-  State& st = state_of(op, T, out[1].dim(0));
+  State& st = state_of(op);
+  if (st.chunk_tokens == 0)
+    return ctx.fail(failed_precondition("cuda_grouped moe_experts run before its reservation (StepResources)"));
+  NUCLEUS_CHECK(kernels::moe_grouped_workspace_bytes(st.shape, st.chunk_tokens * top_k) <= ctx.workspace.bytes,
+                "moe_experts: step workspace of {} bytes too small for {} tokens per pass", ctx.workspace.bytes,
+                st.chunk_tokens);
+  const kernels::MoeGroupedWorkspace ws =
+      kernels::moe_grouped_workspace_carve(ctx.workspace.data, st.shape, st.chunk_tokens * top_k);
   NUCLEUS_CHECK(hidden == st.shape.hidden, "moe_experts x width {} vs hidden {}", hidden, st.shape.hidden);
   for (int64_t t0 = 0; t0 < T; t0 += st.chunk_tokens) {
     const int64_t n = std::min(st.chunk_tokens, T - t0);
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_grouped(
         x.data<__nv_bfloat16>() + t0 * hidden, n, in[1].data<int32_t>() + t0 * top_k,
         in[2].data<float>() + t0 * top_k, st.shape, st.views.data<kernels::ExpertView>(), st.gate_up_fp8,
-        st.down_fp8, st.workspace->ptrs, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream));
+        st.down_fp8, ws, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream));
   }
 }
 

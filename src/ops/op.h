@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,26 @@ struct StepStats {
 
 class FaultInjector;
 
+// The largest step the engine runs: what an op's workspace and persistent
+// state are sized for (StepResources::reserve). Counts, not bytes.
+struct StepLimits {
+  int64_t max_tokens = 0;          // rows of a step (RowSpace::kTokens)
+  int64_t max_seqs = 0;            // sequences of a step
+  int64_t max_logits = 0;          // logit rows of a step (RowSpace::kLogits)
+  int64_t max_blocks_per_seq = 0;  // block-table width
+  int64_t block_size = 0;          // KV-cache rows per block; 0: unknown
+};
+
+// Device memory an op may use during its run: one arena shared by every op
+// of the step (graph/step_resources.h), so its contents do not survive from
+// one op to the next. Allocated once before any CUDA-graph capture (its
+// address stays fixed). At least the largest Op::workspace_bytes of the
+// graph; null and 0 when no op declares any.
+struct OpWorkspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
 // Everything an op may read besides its buffers, and where it reports an
 // error.
 //
@@ -47,6 +68,7 @@ struct OpContext {
   KvCache* kv_cache = nullptr;
   StepStats* stats = nullptr;  // non-null: ops record what the step touched (benchmarks; syncs)
   FaultInjector* faults = nullptr;  // NUCLEUS_FAULT_INJECT (graph/fault_injection.h); null: none
+  OpWorkspace workspace;  // the step's arena (StepResources::begin_step)
   // The first error an op reported since the executor last took it.
   Status error;
 
@@ -64,6 +86,23 @@ struct OpContext {
 // (instead of stopping the process as Tensor::empty does). On the CPU, host
 // memory. Not under CUDA graph capture (allocating there is a bug).
 StatusOr<Tensor> try_empty(std::vector<int64_t> shape, DType dtype, Device device, const std::string& what);
+
+// Work shared by the ops of one family and backend that depends only on the
+// step (e.g. a host-side attention schedule): made once per step, before the
+// layers run (StepResources::begin_step), and read by each op's run. The ops
+// that share one return the same object from Op::step_plan() (the graph
+// shares them at StepGraph::select_backends by Op::step_plan_key()).
+class StepPlan {
+ public:
+  virtual ~StepPlan() = default;
+  // Plans the step `ctx` describes (ctx.inputs, ctx.dev, ctx.workspace set).
+  // Errors: the step cannot be planned (it then fails, the engine goes on).
+  virtual Status plan(OpContext& ctx) = 0;
+  // Whether plan() only launches device work from the step's device
+  // metadata, so a CUDA graph may capture it; a host plan (the default) may
+  // not run under capture.
+  virtual bool capturable() const { return false; }
+};
 
 class Op {
  public:
@@ -85,8 +124,32 @@ class Op {
   // declared one (out of place). False unless the op says so.
   virtual bool accepts_f32_input(size_t index) const { return false; }
 
+  // Device bytes of ctx.workspace the chosen backend needs during a run of a
+  // step within `limits` (0: none). Called after select_backend.
+  virtual size_t workspace_bytes(const StepLimits& limits) const { return 0; }
+  // Allocates the state the chosen backend keeps across runs (e.g. counters a
+  // captured graph keeps), for steps within `limits`, on `device`; called
+  // once per reservation, before any capture. Errors: an allocation failing.
+  virtual Status reserve(const StepLimits& limits, Device device) { return ok_status(); }
+  // The chosen backend's per-step plan, or null when it plans nothing.
+  virtual StepPlan* step_plan() const { return step_plan_.get(); }
+  // What decides whether two ops of this family and backend can share a plan
+  // (their attributes that the plan reads), e.g. "heads=16 mode=auto".
+  virtual std::string step_plan_key() const { return {}; }
+  // Replaces this op's plan with `plan` (a plan of another op of the same
+  // family, backend and step_plan_key()).
+  void share_step_plan(std::shared_ptr<StepPlan> plan) { step_plan_ = std::move(plan); }
+  const std::shared_ptr<StepPlan>& shared_step_plan() const { return step_plan_; }
+
+  // Whether the op's graph is captured in CUDA graphs (set by the model
+  // before select_backend): backends that cannot run under capture refuse.
+  void set_captured(bool captured) { captured_ = captured; }
+  bool captured() const { return captured_; }
+
  protected:
   std::string backend_;
+  std::shared_ptr<StepPlan> step_plan_;
+  bool captured_ = false;
 };
 
 using TensorList = std::vector<Tensor>;
@@ -99,6 +162,13 @@ struct Backend {
   Device device;
   Status (*supports)(const OpT& op);  // OK, or why not; null: always
   void (*run)(OpT& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+  // Optional (null: none). Bytes of ctx.workspace a run needs (Op::workspace_bytes).
+  size_t (*workspace)(const OpT& op, const StepLimits& limits) = nullptr;
+  // State kept across runs, allocated once (Op::reserve).
+  Status (*reserve)(OpT& op, const StepLimits& limits, Device device) = nullptr;
+  // A new per-step plan for the op (Op::step_plan); ops of the same
+  // step_plan_key() then share one.
+  std::shared_ptr<StepPlan> (*make_plan)(const OpT& op) = nullptr;
 };
 
 // The first backend in `list` for `device` whose supports(spec) is OK, as an
@@ -162,9 +232,21 @@ class OpWithBackends : public Op {
     const auto& list = Derived::backends();
     auto i = choose_backend(kind(), list, device, static_cast<const Derived&>(*this));
     if (!i.ok()) return i.status();
-    chosen_ = &list[*i];
-    backend_ = chosen_->name;
+    adopt(list[*i]);
     return ok_status();
+  }
+  // Uses `b` (an entry of Derived::backends()) without the dispatch: kernel
+  // tests and benchmarks that run each backend. Errors: b refuses the op.
+  Status use_backend(const Backend<Derived>& b) {
+    if (b.supports) NUCLEUS_RETURN_IF_ERROR(b.supports(static_cast<const Derived&>(*this)));
+    adopt(b);
+    return ok_status();
+  }
+  size_t workspace_bytes(const StepLimits& limits) const override {
+    return chosen_ && chosen_->workspace ? chosen_->workspace(static_cast<const Derived&>(*this), limits) : 0;
+  }
+  Status reserve(const StepLimits& limits, Device device) override {
+    return chosen_ && chosen_->reserve ? chosen_->reserve(static_cast<Derived&>(*this), limits, device) : ok_status();
   }
   void run(OpContext& ctx, const TensorList& in, const TensorList& out) override {
     NUCLEUS_CHECK(chosen_ != nullptr, "op {} run before select_backend", kind());
@@ -172,6 +254,11 @@ class OpWithBackends : public Op {
   }
 
  private:
+  void adopt(const Backend<Derived>& b) {
+    chosen_ = &b;
+    backend_ = b.name;
+    step_plan_ = b.make_plan ? b.make_plan(static_cast<const Derived&>(*this)) : nullptr;
+  }
   const Backend<Derived>* chosen_ = nullptr;
 };
 

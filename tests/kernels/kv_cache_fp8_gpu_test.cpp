@@ -41,6 +41,7 @@
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "graph/device_inputs.h"
+#include "graph/step_resources.h"
 #include "io/hf_config.h"
 #include "kernels/mla/gather_kv_b_proj_ref.h"
 #include "kernels/mla/mla_attention_ref.h"
@@ -402,11 +403,13 @@ std::vector<float> run_decode(const std::string& name, DecodeProblem& p, bool fp
     return {};
   }
   MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode, fp8 ? KvCacheDtype::kFp8E4M3 : KvCacheDtype::kBF16);
-  const Status s = b->supports ? b->supports(op) : ok_status();
+  const Status s = op.use_backend(*b);
   if (!s.ok()) {
     *why = s.message();
     return {};
   }
+  StepResources res;  // the step's workspace and plans, as the engine's
+  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
   const int64_t H = p.dims.num_heads, T = p.si.num_tokens();
   Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
   Tensor q_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
@@ -419,7 +422,9 @@ std::vector<float> run_decode(const std::string& name, DecodeProblem& p, bool fp
   ctx.inputs = &p.si;
   ctx.dev = &dev;
   ctx.kv_cache = fp8 ? &p.kv_fp8 : &p.kv_bf16;
-  b->run(op, ctx, {p.q_dev.view({T, H * kQk})}, {out, q_lat, o_lat});
+  NUCLEUS_CHECK_OK(res.begin_step(ctx));  // grows the workspace to this step
+  op.run(ctx, {p.q_dev.view({T, H * kQk})}, {out, q_lat, o_lat});
+  NUCLEUS_CHECK_OK(ctx.error);
   return from_bf16(host_copy<uint16_t>(out));
 }
 
@@ -516,8 +521,12 @@ TEST_F(KvCacheFp8Gpu, DecodeGraphReplayFollowsNewContexts) {
     const std::vector<float> want = decode_reference(p, decode_fp8(p.fp8, p.k_scale));
     StepInputs shorter = p.si;
     for (auto& c : shorter.context_lens) c = c / 3;
-    const auto* b = decode_backend("nucleus");
     MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode, KvCacheDtype::kFp8E4M3);
+    op.set_captured(true);
+    ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+    ASSERT_EQ(op.backend(), "nucleus");
+    StepResources res;
+    ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{}, Device::kCuda).ok());
     const int64_t H = heads, T = p.si.num_tokens(), W = 8;
     Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
     Tensor q_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
@@ -531,13 +540,18 @@ TEST_F(KvCacheFp8Gpu, DecodeGraphReplayFollowsNewContexts) {
     ctx.dev = &dev;
     ctx.kv_cache = &p.kv_fp8;
     Tensor q = p.q_dev.view({T, H * kQk});
-    b->run(op, ctx, {q}, {out, q_lat, o_lat});  // eager first: state
+    ASSERT_TRUE(res.begin_step(ctx).ok());  // before capture: sizes the workspace for this step
+    op.run(ctx, {q}, {out, q_lat, o_lat});  // eager first
+    ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
     ASSERT_EQ(cudaStreamSynchronize(stream()), cudaSuccess);
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     ASSERT_EQ(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    b->run(op, ctx, {q}, {out, q_lat, o_lat});
+    const Status begun = res.begin_step(ctx);  // within the reserved limits: no allocation
+    op.run(ctx, {q}, {out, q_lat, o_lat});
     ASSERT_EQ(cudaStreamEndCapture(stream(), &graph), cudaSuccess);
+    ASSERT_TRUE(begun.ok()) << begun.to_string();
+    ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     const DeviceStepInputs dev2 = uploader.upload(p.si);
     ASSERT_EQ(dev2.context_lens, dev.context_lens);
@@ -640,14 +654,18 @@ std::vector<float> run_prefill(const PrefillProblem& p, bool fp8, const std::str
   if (backend == "cuda_flash") {
     NUCLEUS_CHECK_OK(op.select_backend(Device::kCuda));
     NUCLEUS_CHECK(op.backend() == "cuda_flash", "dispatch chose {}", op.backend());
-    op.run(ctx, {q}, {o});
   } else {
+    const Backend<MlaPrefillAttentionOp>* chosen = nullptr;
     for (const auto& b : MlaPrefillAttentionOp::backends())
-      if (b.device == Device::kCuda && backend == b.name) {
-        NUCLEUS_CHECK_OK(b.supports ? b.supports(op) : ok_status());
-        b.run(op, ctx, {q}, {o});
-      }
+      if (b.device == Device::kCuda && backend == b.name) chosen = &b;
+    NUCLEUS_CHECK(chosen != nullptr, "no mla_prefill backend {}", backend);
+    NUCLEUS_CHECK_OK(op.use_backend(*chosen));
   }
+  StepResources res;  // the step's workspace and plans, as the engine's
+  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
+  NUCLEUS_CHECK_OK(res.begin_step(ctx));
+  op.run(ctx, {q}, {o});
+  NUCLEUS_CHECK_OK(ctx.error);
   return from_bf16(host_copy<uint16_t>(o));
 }
 

@@ -20,7 +20,9 @@
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "graph/device_inputs.h"
+#include "graph/step_resources.h"
 #include "kernels/gemm/gemm_ref.h"
+#include "kernels/mla/flashinfer_mla.cuh"
 #include "kernels/mla/mla_attention_ref.h"
 #include "ops/mla_ops.h"
 
@@ -182,11 +184,13 @@ std::vector<float> run_backend(const std::string& name, Problem& p, int64_t scra
     return {};
   }
   MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
-  Status s = b->supports ? b->supports(op) : ok_status();
+  Status s = op.use_backend(*b);
   if (!s.ok()) {
     *why = s.message();
     return {};
   }
+  StepResources res;  // the step's workspace and plans, as the engine's
+  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
   const int64_t H = p.dims.num_heads, T = p.si.num_tokens();
   Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
   Tensor q_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
@@ -200,7 +204,9 @@ std::vector<float> run_backend(const std::string& name, Problem& p, int64_t scra
   ctx.dev = &dev;
   ctx.kv_cache = &p.kv;
   Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
-  b->run(op, ctx, {q}, {out, q_lat, o_lat});
+  NUCLEUS_CHECK_OK(res.begin_step(ctx));  // grows the workspace to this step
+  op.run(ctx, {q}, {out, q_lat, o_lat});
+  NUCLEUS_CHECK_OK(ctx.error);
   return from_bf16(host_copy<uint16_t>(out));
 }
 
@@ -285,50 +291,63 @@ TEST_F(MlaDecodeGpu, ForcedAbsorbedPrefillRowsAreCausal) {
 }
 
 // A CUDA graph captured on one step replays correctly on a step with the
-// same rows but other contexts (the split plan is derived on the device; the
-// flashinfer backend runs the nucleus kernel under capture).
+// same rows but other contexts (the split plan is derived on the device).
+// Only nucleus serves an op of a captured graph: flashinfer plans on the host
+// every step, so it refuses one (the graph's dispatch then picks nucleus).
 TEST_F(MlaDecodeGpu, GraphReplayFollowsNewContexts) {
-  for (const char* backend : {"nucleus", "flashinfer"}) {
-    for (int heads : {16, 128}) {
-      Problem p = make_problem({8, 3000, heads, 16, false, 1, true}, 900 + heads);
-      const std::vector<float> want = reference(p);
-      StepInputs shorter = p.si;  // the captured step: every context shorter
-      for (auto& c : shorter.context_lens) c = c / 3;
-      const Backend<MlaDecodeAttentionOp>* b = find_backend(backend);
-      ASSERT_NE(b, nullptr);
-      MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
-      if (!b->supports(op).ok()) continue;
-      const int64_t H = heads, T = p.si.num_tokens(), W = 8;
-      Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
-      Tensor q_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
-      Tensor o_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
-      DeviceInputUploader uploader;
-      DeviceStepInputs dev = uploader.upload(shorter);
-      OpContext ctx;
-      ctx.device = Device::kCuda;
-      ctx.stream = cuda::context().stream;
-      ctx.inputs = &shorter;
-      ctx.dev = &dev;
-      ctx.kv_cache = &p.kv;
-      Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
-      auto cs = static_cast<cudaStream_t>(ctx.stream);
-      b->run(op, ctx, {q}, {out, q_lat, o_lat});  // eager first: plans, state
-      ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      b->run(op, ctx, {q}, {out, q_lat, o_lat});
-      ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess) << backend;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      const DeviceStepInputs dev2 = uploader.upload(p.si);  // same sizes: same device buffer
-      ASSERT_EQ(dev2.context_lens, dev.context_lens);
-      ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
-      auto r = matches(from_bf16(host_copy<uint16_t>(out)), want, H * kVHead);
-      EXPECT_TRUE(r) << backend << " heads " << heads;
-      printf("mla_decode %-10s graph replay h%-3d compared: %s\n", backend, heads, r.message());
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
+  for (int heads : {16, 128}) {
+    Problem p = make_problem({8, 3000, heads, 16, false, 1, true}, 900 + heads);
+    const std::vector<float> want = reference(p);
+    StepInputs shorter = p.si;  // the captured step: every context shorter
+    for (auto& c : shorter.context_lens) c = c / 3;
+    MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
+    op.set_captured(true);
+    if (kernels::flashinfer_mla_available()) {
+      const Backend<MlaDecodeAttentionOp>* fi = find_backend("flashinfer");
+      ASSERT_NE(fi, nullptr);
+      const Status refused = op.use_backend(*fi);
+      EXPECT_FALSE(refused.ok()) << "flashinfer accepted an op of a captured graph";
+      EXPECT_NE(refused.message().find("CUDA graph replay"), std::string::npos) << refused.message();
     }
+    ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+    ASSERT_EQ(op.backend(), "nucleus");
+    StepResources res;
+    ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{}, Device::kCuda).ok());
+    const int64_t H = heads, T = p.si.num_tokens(), W = 8;
+    Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
+    Tensor q_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
+    Tensor o_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
+    DeviceInputUploader uploader;
+    DeviceStepInputs dev = uploader.upload(shorter);
+    OpContext ctx;
+    ctx.device = Device::kCuda;
+    ctx.stream = cuda::context().stream;
+    ctx.inputs = &shorter;
+    ctx.dev = &dev;
+    ctx.kv_cache = &p.kv;
+    Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
+    auto cs = static_cast<cudaStream_t>(ctx.stream);
+    ASSERT_TRUE(res.begin_step(ctx).ok());  // before capture: sizes the workspace for this step
+    op.run(ctx, {q}, {out, q_lat, o_lat});  // eager first
+    ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
+    ASSERT_EQ(cudaStreamSynchronize(cs), cudaSuccess);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const Status begun = res.begin_step(ctx);  // within the reserved limits: no allocation, no host plan
+    op.run(ctx, {q}, {out, q_lat, o_lat});
+    ASSERT_EQ(cudaStreamEndCapture(cs, &graph), cudaSuccess);
+    ASSERT_TRUE(begun.ok()) << begun.to_string();
+    ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    const DeviceStepInputs dev2 = uploader.upload(p.si);  // same sizes: same device buffer
+    ASSERT_EQ(dev2.context_lens, dev.context_lens);
+    ASSERT_EQ(cudaGraphLaunch(exec, cs), cudaSuccess);
+    auto r = matches(from_bf16(host_copy<uint16_t>(out)), want, H * kVHead);
+    EXPECT_TRUE(r) << "heads " << heads;
+    printf("mla_decode nucleus    graph replay h%-3d compared: %s\n", heads, r.message());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
   }
 }
 

@@ -25,6 +25,7 @@
 #include "core/device.h"
 #include "gpu_test_util.h"
 #include "graph/device_inputs.h"
+#include "graph/step_resources.h"
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/mla/mla_attention_ref.h"
 #include "kernels/mla/mla_prefill.cuh"
@@ -304,6 +305,8 @@ void check_backend(const std::string& name, const Problem& p, int block_size, in
   MlaPrefillAttentionOp op(1, &kv_b, p.d, mode, chunk);
   ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
   ASSERT_EQ(op.backend(), "cuda_flash");
+  StepResources res;  // the step's workspace and plans, as the engine's
+  ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{}, Device::kCuda).ok());
   DeviceInputUploader uploader;
   DeviceStepInputs dev = uploader.upload(si);
   OpContext ctx;
@@ -314,8 +317,12 @@ void check_backend(const std::string& name, const Problem& p, int block_size, in
   ctx.kv_cache = &kv;
   Tensor q = device_copy(to_bf16(p.q), DType::kBF16).view({p.rows(), heads * kQk});
   Tensor o = device_poisoned(p.rows() * heads * kVHead, DType::kBF16).view({p.rows(), heads * kVHead});
-  op.run(ctx, {q}, {o});
-  op.run(ctx, {q}, {o});  // again: reused state and scratch give the same result
+  for (int pass = 0; pass < 2; ++pass) {  // again: reused state, plan and workspace give the same result
+    const Status begun = res.begin_step(ctx);
+    ASSERT_TRUE(begun.ok()) << name << ": " << begun.to_string();
+    op.run(ctx, {q}, {o});
+    ASSERT_TRUE(ctx.error.ok()) << name << ": " << ctx.error.to_string();
+  }
   std::vector<float> got = from_bf16(host_copy<uint16_t>(o)), want, want_lse;
   reference(p, &want, &want_lse);
   // Unserved rows: the poison pattern must still be there.

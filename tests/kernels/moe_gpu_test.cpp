@@ -23,6 +23,7 @@
 #include "core/device.h"
 #include "core/parallel.h"
 #include "gpu_test_util.h"
+#include "graph/step_resources.h"
 #include "kernels/moe/moe_grouped.cuh"
 #include "kernels/moe/moe_naive.cuh"
 #include "kernels/moe/moe_ref.h"
@@ -377,11 +378,15 @@ Step make_step(const MoeShape& s, int64_t T, bool skewed, uint64_t seed) {
   return st;
 }
 
-void run_op(MoeExpertsOp& op, Step& st) {
+// Runs `op` (reserved in `res`, as the engine's ops) on `st`.
+void run_op(MoeExpertsOp& op, StepResources& res, Step& st) {
   OpContext ctx;
   ctx.device = Device::kCuda;
   ctx.stream = cuda::context().stream;
+  const Status begun = res.begin_step(ctx);  // sets ctx.workspace (no step inputs: the reserved limits)
+  ASSERT_TRUE(begun.ok()) << begun.to_string();
   op.run(ctx, {st.x, st.ids, st.weights}, {st.out, st.scratch});
+  ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
 }
 
 void check_shape(const MoeShape& s) {
@@ -389,6 +394,8 @@ void check_shape(const MoeShape& s) {
   MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
   ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
   ASSERT_EQ(op.backend(), "cuda_grouped") << s.name;
+  StepResources res;
+  ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{.max_tokens = 2048}, Device::kCuda).ok());  // the largest T below
   for (bool skewed : {false, true}) {
     for (int64_t T : {1, 3, 64, 300, 2048}) {
       if (skewed && T == 1) continue;
@@ -396,7 +403,7 @@ void check_shape(const MoeShape& s) {
                                " bm=" + std::to_string(moe_grouped_pick_bm(T, {s.hidden, s.inter, s.num_experts,
                                                                                 s.top_k}));
       Step st = make_step(s, T, skewed, 7 * T + skewed);
-      run_op(op, st);
+      run_op(op, res, st);
       const auto got = from_bf16(host_copy<uint16_t>(st.out));
       const auto rows = sample_rows(T, s.max_ref_tokens);
       expect_close(got, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what);
@@ -406,7 +413,7 @@ void check_shape(const MoeShape& s) {
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        run_op(op, st);
+        run_op(op, res, st);
         ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
         ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
         NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
@@ -463,11 +470,13 @@ TEST_F(MoeGpu, ExpertsChunked) {
   setenv("NUCLEUS_MOE_CHUNK_TOKENS", "100", 1);
   MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
   ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
-  Step st = make_step(s, 50, false, 99);
-  run_op(op, st);  // first run (50 tokens) sets the capacity from the variable: 100
+  StepResources res;
+  ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{.max_tokens = 50}, Device::kCuda).ok());  // capacity from the variable: 100
   unsetenv("NUCLEUS_MOE_CHUNK_TOKENS");
+  Step st = make_step(s, 50, false, 99);
+  run_op(op, res, st);
   Step big = make_step(s, 333, false, 98);
-  run_op(op, big);
+  run_op(op, res, big);
   const auto rows = sample_rows(333, 4096);
   expect_close(from_bf16(host_copy<uint16_t>(big.out)), reference_rows(set, big.x_host, big.routing, rows), rows,
                s.hidden, "chunked T=333");

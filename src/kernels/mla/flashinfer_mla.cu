@@ -8,7 +8,7 @@
 #include <flashinfer/attention/mla_hopper.cuh>
 #include <flashinfer/attention/scheduler.cuh>
 
-#include <mutex>
+#include <memory>
 #include <vector>
 
 namespace nucleus::kernels {
@@ -17,74 +17,7 @@ namespace {
 
 using Params = flashinfer::MLAParams<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, int32_t>;
 
-constexpr size_t kFloatWorkspaceBytes = 64ull << 20;  // partial outputs (bf16) + LSE
-constexpr size_t kIntWorkspaceBytes = 8ull << 20;     // plan arrays
-
-// Per-device workspace and the last plan (the layers of a step share it; one
-// thread per GPU under tensor parallelism, each on its own device's).
-struct Workspace {
-  void* float_buf = nullptr;
-  void* int_buf = nullptr;
-  void* int_host = nullptr;  // page-locked staging of the plan
-  cudaEvent_t staged = nullptr;
-  bool have_plan = false;
-  int heads = 0;
-  std::vector<int32_t> kv_indptr, kv_len;
-  flashinfer::MLAPlanInfo info{};
-};
-std::mutex g_mu;
-constexpr int kMaxDevices = 64;
-Workspace g_workspaces[kMaxDevices];
-
-Workspace& device_workspace() {
-  int device = 0;
-  cudaGetDevice(&device);
-  return g_workspaces[device];
-}
-bool g_capture_static = false;
-
-cudaError_t ensure_workspace() {
-  Workspace& ws = device_workspace();
-  if (ws.float_buf) return cudaSuccess;
-  cudaError_t e = cudaMalloc(&ws.float_buf, kFloatWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaMalloc(&ws.int_buf, kIntWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaMallocHost(&ws.int_host, kIntWorkspaceBytes);
-  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ws.staged, cudaEventDisableTiming);
-  return e;
-}
-
-cudaError_t plan(const FlashInferMlaParams& p, cudaStream_t stream) {
-  Workspace& ws = device_workspace();
-  const int64_t n = p.num_rows;
-  std::vector<int32_t> kv_indptr(n), kv_len(p.row_keys_h, p.row_keys_h + n);
-  for (int64_t i = 0; i < n; ++i) kv_indptr[i] = p.row_seq_h[i] * p.max_blocks;
-  if (ws.have_plan && ws.heads == p.num_heads && ws.kv_indptr == kv_indptr && ws.kv_len == kv_len)
-    return cudaSuccess;
-  // The previous plan's copy must have left the staging buffer.
-  cudaError_t e = cudaEventSynchronize(ws.staged);
-  if (e != cudaSuccess) return e;
-  std::vector<int32_t> qo_indptr(n + 1);
-  for (int64_t i = 0; i <= n; ++i) qo_indptr[i] = static_cast<int32_t>(i);
-  size_t staged_bytes = 0;
-  ws.have_plan = false;
-  try {
-    e = flashinfer::MLAPlan<int32_t>(ws.float_buf, kFloatWorkspaceBytes, ws.int_buf, ws.int_host,
-                                     kIntWorkspaceBytes, ws.info, staged_bytes, qo_indptr.data(),
-                                     kv_indptr.data(), kv_len.data(), static_cast<uint32_t>(n),
-                                     static_cast<uint32_t>(p.num_heads), 512, /*causal=*/false, stream);
-  } catch (const std::exception&) {
-    return cudaErrorInvalidValue;  // FlashInfer refused the plan (workspace too small, too many works)
-  }
-  if (e != cudaSuccess) return e;
-  e = cudaMemcpyAsync(ws.int_buf, ws.int_host, staged_bytes, cudaMemcpyHostToDevice, stream);
-  if (e == cudaSuccess) e = cudaEventRecord(ws.staged, stream);
-  if (e != cudaSuccess) return e;
-  ws.have_plan = true;
-  ws.heads = p.num_heads;
-  ws.kv_indptr = std::move(kv_indptr);
-  ws.kv_len = std::move(kv_len);
-  return cudaSuccess;
-}
+constexpr size_t kIntWorkspaceBytes = 8ull << 20;  // plan arrays
 
 template <typename T>
 T* at(void* base, int64_t offset) {
@@ -93,25 +26,77 @@ T* at(void* base, int64_t offset) {
 
 }  // namespace
 
-bool flashinfer_mla_available() { return true; }
+// The plan's buffers and the last plan (FlashInferMlaPlan).
+struct FlashInferMlaPlan::Impl {
+  void* int_buf = nullptr;
+  void* int_host = nullptr;  // page-locked staging of the plan
+  cudaEvent_t staged = nullptr;
+  bool have_plan = false;
+  int heads = 0;
+  std::vector<int32_t> kv_indptr, kv_len;
+  flashinfer::MLAPlanInfo info{};
+};
 
-void flashinfer_mla_set_capture_static(bool static_plan) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_capture_static = static_plan;
+FlashInferMlaPlan::FlashInferMlaPlan() : impl_(std::make_unique<Impl>()) {}
+
+FlashInferMlaPlan::~FlashInferMlaPlan() {
+  if (impl_->staged) cudaEventSynchronize(impl_->staged);
+  if (impl_->int_buf) cudaFree(impl_->int_buf);
+  if (impl_->int_host) cudaFreeHost(impl_->int_host);
+  if (impl_->staged) cudaEventDestroy(impl_->staged);
 }
 
-cudaError_t flashinfer_mla_decode(const FlashInferMlaParams& p, cudaStream_t stream) {
+cudaError_t FlashInferMlaPlan::plan(const int32_t* row_seq_h, const int32_t* row_keys_h, int64_t n, int num_heads,
+                                    int max_blocks, cudaStream_t stream) {
+  Impl& ws = *impl_;
+  if (!ws.int_buf) {
+    cudaError_t e = cudaMalloc(&ws.int_buf, kIntWorkspaceBytes);
+    if (e == cudaSuccess) e = cudaMallocHost(&ws.int_host, kIntWorkspaceBytes);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ws.staged, cudaEventDisableTiming);
+    if (e != cudaSuccess) return e;
+  }
+  std::vector<int32_t> kv_indptr(n), kv_len(row_keys_h, row_keys_h + n);
+  for (int64_t i = 0; i < n; ++i) kv_indptr[i] = row_seq_h[i] * max_blocks;
+  if (ws.have_plan && ws.heads == num_heads && ws.kv_indptr == kv_indptr && ws.kv_len == kv_len)
+    return cudaSuccess;
+  // The previous plan's copy must have left the staging buffer.
+  cudaError_t e = cudaEventSynchronize(ws.staged);
+  if (e != cudaSuccess) return e;
+  std::vector<int32_t> qo_indptr(n + 1);
+  for (int64_t i = 0; i <= n; ++i) qo_indptr[i] = static_cast<int32_t>(i);
+  size_t staged_bytes = 0;
+  ws.have_plan = false;
+  // MLAPlan only lays out offsets into the float workspace (the run's
+  // partials), relative to a base it never dereferences; any 256-byte
+  // aligned workspace (a cudaMalloc'd arena) then takes them.
+  static char* const kFloatBase = reinterpret_cast<char*>(256);
+  try {
+    e = flashinfer::MLAPlan<int32_t>(kFloatBase, kFlashInferMlaFloatWorkspaceBytes, ws.int_buf, ws.int_host,
+                                     kIntWorkspaceBytes, ws.info, staged_bytes, qo_indptr.data(),
+                                     kv_indptr.data(), kv_len.data(), static_cast<uint32_t>(n),
+                                     static_cast<uint32_t>(num_heads), 512, /*causal=*/false, stream);
+  } catch (const std::exception&) {
+    return cudaErrorInvalidValue;  // FlashInfer refused the plan (workspace too small, too many works)
+  }
+  if (e != cudaSuccess) return e;
+  e = cudaMemcpyAsync(ws.int_buf, ws.int_host, staged_bytes, cudaMemcpyHostToDevice, stream);
+  if (e == cudaSuccess) e = cudaEventRecord(ws.staged, stream);
+  if (e != cudaSuccess) return e;
+  ws.have_plan = true;
+  ws.heads = num_heads;
+  ws.kv_indptr = std::move(kv_indptr);
+  ws.kv_len = std::move(kv_len);
+  return cudaSuccess;
+}
+
+bool flashinfer_mla_available() { return true; }
+
+cudaError_t flashinfer_mla_decode(const FlashInferMlaPlan& plan, const FlashInferMlaParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
-  std::lock_guard<std::mutex> lock(g_mu);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  cudaError_t ce = cudaStreamIsCapturing(stream, &capture);
-  if (ce != cudaSuccess) return ce;
-  if (capture != cudaStreamCaptureStatusNone && !g_capture_static) return cudaErrorStreamCaptureUnsupported;
-  cudaError_t e = ensure_workspace();
-  if (e != cudaSuccess) return e;
-  e = plan(p, stream);
-  if (e != cudaSuccess) return e;
-  Workspace& ws = device_workspace();
+  const FlashInferMlaPlan::Impl& ws = *plan.impl();
+  if (!ws.have_plan || ws.heads != p.num_heads || static_cast<int64_t>(ws.kv_len.size()) != p.num_rows ||
+      !p.float_workspace)
+    return cudaErrorInvalidValue;
   const flashinfer::MLAPlanInfo& info = ws.info;
   void* ib = ws.int_buf;
   Params params;
@@ -136,8 +121,9 @@ cudaError_t flashinfer_mla_decode(const FlashInferMlaParams& p, cudaStream_t str
   params.merge_partial_stride = at<int32_t>(ib, info.merge_partial_stride_offset);
   params.final_o = p.o_lat;
   params.final_lse = nullptr;
-  params.partial_o = at<__nv_bfloat16>(ws.float_buf, info.partial_o_offset);
-  params.partial_lse = at<float>(ws.float_buf, info.partial_lse_offset);
+  // Offsets relative to the (256-byte aligned) base the plan was given.
+  params.partial_o = at<__nv_bfloat16>(p.float_workspace, info.partial_o_offset);
+  params.partial_lse = at<float>(p.float_workspace, info.partial_lse_offset);
   params.num_heads = flashinfer::uint_fastdiv(static_cast<uint32_t>(p.num_heads));
   params.block_size = flashinfer::uint_fastdiv(static_cast<uint32_t>(p.block_size));
   const uint32_t q_row = static_cast<uint32_t>(p.num_heads) * 576, kv_row = 576;
@@ -162,9 +148,16 @@ cudaError_t flashinfer_mla_decode(const FlashInferMlaParams& p, cudaStream_t str
 #else  // no FlashInfer headers in this build
 
 namespace nucleus::kernels {
+struct FlashInferMlaPlan::Impl {};
+FlashInferMlaPlan::FlashInferMlaPlan() : impl_(std::make_unique<Impl>()) {}
+FlashInferMlaPlan::~FlashInferMlaPlan() = default;
+cudaError_t FlashInferMlaPlan::plan(const int32_t*, const int32_t*, int64_t, int, int, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
 bool flashinfer_mla_available() { return false; }
-void flashinfer_mla_set_capture_static(bool) {}
-cudaError_t flashinfer_mla_decode(const FlashInferMlaParams&, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t flashinfer_mla_decode(const FlashInferMlaPlan&, const FlashInferMlaParams&, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
 }  // namespace nucleus::kernels
 
 #endif

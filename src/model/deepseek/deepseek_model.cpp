@@ -70,9 +70,13 @@ StatusOr<BuiltGraph> DeepseekModel::build_graph(StepKind kind) {
   build(g, kind, &b.bf16_buffers);
   const bool decode = kind == StepKind::kDecode;
   // Decode GEMMs may run split-K (ops/splitk.h); prefill GEMMs never do.
+  // Decode graphs are captured (unless every step runs eagerly): backends
+  // that cannot be captured refuse their ops.
   if (decode)
-    for (Node& n : g.nodes())
+    for (Node& n : g.nodes()) {
       if (auto* lin = dynamic_cast<LinearOp*>(n.op.get())) lin->set_splitk_allowed(true);
+      n.op->set_captured(!options_.cuda_graph_sizes.empty());
+    }
   NUCLEUS_RETURN_IF_ERROR(g.select_backends(options_.device).with_context(decode ? "decode graph" : "prefill graph"));
   const bool dump = env_flag(Knob::kDumpGraph) && rank_.shard.rank == 0;  // one rank's graphs
   if (!decode) {
