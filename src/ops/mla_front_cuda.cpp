@@ -1,8 +1,8 @@
 // CUDA backend of the mla_front op: a width build when one serves the step's
-// rows, else the plain chain (both in kernels/width/mla_front_builds.cpp).
+// rows, else the plain chain (both in jit/mla_front_builds.cpp).
 #ifdef NUCLEUS_HAVE_CUDA
 #include "core/cuda/context.h"
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {

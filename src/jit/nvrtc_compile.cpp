@@ -1,5 +1,5 @@
 #ifdef NUCLEUS_HAVE_CUDA
-#include "kernels/width/nvrtc_compile.h"
+#include "jit/nvrtc_compile.h"
 
 #include <cuda.h>
 #include <dlfcn.h>

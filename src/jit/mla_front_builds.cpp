@@ -1,5 +1,5 @@
 #ifdef NUCLEUS_HAVE_CUDA
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
 #include "kernels/rope/rope_kv_cache.cuh"
-#include "kernels/width/nvrtc_compile.h"
+#include "jit/nvrtc_compile.h"
 
 namespace nucleus {
 namespace embedded {
