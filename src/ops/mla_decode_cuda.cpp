@@ -17,7 +17,6 @@
 // capture the flashinfer backend runs the nucleus attention kernel instead.
 // Caches: nucleus reads bf16 or FP8 e4m3 rows (times the layer's k_scale);
 // flashinfer reads bf16 rows only, so it refuses an op built for an FP8 cache.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -284,4 +283,3 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

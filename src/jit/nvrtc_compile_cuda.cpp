@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include "jit/nvrtc_compile.h"
 
 #include <cuda.h>
@@ -230,4 +229,3 @@ Status LoadedModule::launch(int i, unsigned grid, unsigned threads, int64_t dyna
 }
 
 }  // namespace nucleus::width
-#endif  // NUCLEUS_HAVE_CUDA

@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include "jit/mla_front_builds.h"
 
 #include <algorithm>
@@ -311,4 +310,3 @@ Status launch_mla_front_plain(const MlaFrontParams& p, void* q_nope_c, cudaStrea
 
 }  // namespace width
 }  // namespace nucleus
-#endif  // NUCLEUS_HAVE_CUDA
