@@ -30,15 +30,22 @@ else()
   message(STATUS "nucleus: CPU-only build (no CUDA compiler)")
 endif()
 
-function(nucleus_add_cuda_sources target)
+# CUDA's usage requirements for an INTERFACE library `target` (what every
+# engine source compiles and links with): NUCLEUS_HAVE_CUDA=1, the static CUDA
+# runtime and cuBLASLt. Nothing without CUDA.
+function(nucleus_add_cuda_usage target)
   if(NOT NUCLEUS_HAVE_CUDA)
     return()
   endif()
-  file(GLOB_RECURSE cu_sources CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/*.cu)
-  target_sources(${target} PRIVATE ${cu_sources})
-  target_compile_definitions(${target} PUBLIC NUCLEUS_HAVE_CUDA=1)
-  target_link_libraries(${target} PUBLIC CUDA::cudart_static CUDA::cublasLt)
+  target_compile_definitions(${target} INTERFACE NUCLEUS_HAVE_CUDA=1)
+  target_link_libraries(${target} INTERFACE CUDA::cudart_static CUDA::cublasLt)
+endfunction()
+
+# nvcc options of `target`'s own CUDA sources. Nothing without CUDA.
+function(nucleus_add_cuda_options target)
+  if(NOT NUCLEUS_HAVE_CUDA)
+    return()
+  endif()
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo -Xcompiler=-Wno-unused-parameter>)
-  nucleus_add_flashinfer(${target})
 endfunction()

@@ -64,10 +64,11 @@ else()
   message(STATUS "nucleus: structured output off (NUCLEUS_XGRAMMAR=OFF): response_format other than text is refused")
 endif()
 
-# Links xgrammar into `target` and defines NUCLEUS_HAVE_XGRAMMAR there.
+# Links xgrammar into the INTERFACE library `target` and defines
+# NUCLEUS_HAVE_XGRAMMAR there.
 function(nucleus_add_xgrammar target)
   if(NUCLEUS_HAVE_XGRAMMAR)
-    target_link_libraries(${target} PUBLIC nucleus_xgrammar)
-    target_compile_definitions(${target} PUBLIC NUCLEUS_HAVE_XGRAMMAR=1)
+    target_link_libraries(${target} INTERFACE nucleus_xgrammar)
+    target_compile_definitions(${target} INTERFACE NUCLEUS_HAVE_XGRAMMAR=1)
   endif()
 endfunction()

@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "cli/commands.h"
-#include "kernels/width/width_build_policy.h"
+#include "jit/width_build_policy.h"
 #include "runtime/model_executor.h"
 #ifdef NUCLEUS_HAVE_CUDA
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 #endif
 
 namespace nucleus::cli {

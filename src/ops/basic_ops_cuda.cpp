@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 
 #include "core/cuda/context.h"
@@ -94,4 +93,3 @@ void gather_logit_rows(GatherLogitRowsOp&, OpContext& ctx, const TensorList& in,
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

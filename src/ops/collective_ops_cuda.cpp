@@ -1,6 +1,5 @@
 // CUDA backends for tensor parallelism: the fused all-reduce + residual add +
 // RMSNorm, and the logits all-gather.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <cstdlib>
 
@@ -101,4 +100,3 @@ void all_gather_vocab(AllGatherVocabOp& op, OpContext& ctx, const TensorList& in
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

@@ -77,7 +77,7 @@ Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
 // The MLA decode front end (ops/mla_front_op.h): the width build serving the
-// step's rows (kernels/width/mla_front_builds.h), else the plain chain.
+// step's rows (jit/mla_front_builds.h), else the plain chain.
 Status mla_front_supports(const MlaFrontOp& op);
 void mla_front(MlaFrontOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op);

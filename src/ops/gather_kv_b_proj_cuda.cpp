@@ -1,7 +1,6 @@
 // gather_kv_b_proj's CUDA implementations: the fused kernel (one launch) and
 // the unfused path of plain steps (gather + dequantize -> cuBLASLt GEMM ->
 // split/concat). See ops/gather_kv_b_proj.h.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -207,4 +206,3 @@ StatusOr<std::unique_ptr<GatherKvBProj>> unfused_make(const LinearWeight& kv_b, 
 }
 
 }  // namespace nucleus::gather_kv_b_proj_impl
-#endif  // NUCLEUS_HAVE_CUDA

@@ -12,7 +12,6 @@
 //   multiple of 4 (zero rows) into an f32 scratch that is then copied out,
 //   unless that copy would move more bytes than reading the weight again, in
 //   which case the last m % 4 rows go to the own kernels.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include <mutex>
@@ -260,4 +259,3 @@ void linear_cublaslt_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, con
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "kernels/gemm/gemm_cublaslt.h"
@@ -76,4 +75,3 @@ void linear_naive(LinearOp& op, OpContext&, const TensorList& in, const TensorLi
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

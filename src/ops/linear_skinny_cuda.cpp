@@ -4,7 +4,6 @@
 // (accumulate). Rows above that count, and outputs of another dtype, run
 // cuBLASLt in the same call (the rule is per row count; a decode graph's
 // width fixes it per graph).
-#ifdef NUCLEUS_HAVE_CUDA
 #include "core/cuda/context.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
@@ -67,4 +66,3 @@ void linear_skinny(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

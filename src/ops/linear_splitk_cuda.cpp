@@ -4,7 +4,6 @@
 // Rows above splitk_max_rows() run cuBLASLt into the same f32 output
 // (overwriting, or adding for a genuine accumulator: what cuBLASLt writes
 // does not depend on whether the buffer was zeroed).
-#ifdef NUCLEUS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
 #include <mutex>
@@ -102,4 +101,3 @@ void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

@@ -16,7 +16,6 @@
 // cannot follow: the flashinfer backend refuses an op of a captured graph.
 // Caches: nucleus reads bf16 or FP8 e4m3 rows (times the layer's k_scale);
 // flashinfer reads bf16 rows only, so it refuses an op built for an FP8 cache.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -343,4 +342,3 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

@@ -1,8 +1,7 @@
 // CUDA backend of the mla_front op: a width build when one serves the step's
-// rows, else the plain chain (both in kernels/width/mla_front_builds.cpp).
-#ifdef NUCLEUS_HAVE_CUDA
+// rows, else the plain chain (both in jit/mla_front_builds_cuda.cpp).
 #include "core/cuda/context.h"
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 #include "ops/cuda_backends.h"
 
 namespace nucleus::cuda_ops {
@@ -61,4 +60,3 @@ void mla_front(MlaFrontOp& op, OpContext& ctx, const TensorList& in, const Tenso
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

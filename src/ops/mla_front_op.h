@@ -3,7 +3,7 @@
 //   kv_a_layernorm, rope_kv_cache_write, and the attention's gather of q_nope
 //   and its W_UK absorption
 // computes between the input RMSNorm and the decode attention, served per
-// step width by a width build (kernels/width/mla_front_builds.h: the fused
+// step width by a width build (jit/mla_front_builds.h: the fused
 // persistent kernel, else the lean pair) or, for a width both were refused
 // at or a step wider than every width, by the plain chain of the same
 // kernels the separate ops run (width::launch_mla_front_plain). The decode

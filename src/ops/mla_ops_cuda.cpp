@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 
 #include "core/cuda/context.h"
@@ -185,4 +184,3 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

@@ -15,7 +15,6 @@
 // attention launch per layer. Every key, the chunk's own included, is read
 // back from the latent cache, so an FP8 cache (e4m3 x k_scale, dequantized by
 // GatherKvBProj) gives prefill the values decode will read.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -324,4 +323,3 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

@@ -10,7 +10,6 @@
 // of it is allocated on an op's first run; later runs (and CUDA-graph
 // captures of them) never allocate. A step with more tokens than the
 // workspace holds runs in chunks of that many tokens.
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -130,4 +129,3 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

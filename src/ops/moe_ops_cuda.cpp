@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include <algorithm>
 #include <vector>
 
@@ -39,4 +38,3 @@ void moe_experts_naive(MoeExpertsOp& op, OpContext&, const TensorList& in, const
 }
 
 }  // namespace nucleus::cuda_ops
-#endif  // NUCLEUS_HAVE_CUDA

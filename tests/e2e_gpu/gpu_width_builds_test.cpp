@@ -23,7 +23,7 @@
 
 #include "core/device.h"
 #include "gpu_test_util.h"
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 #include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"

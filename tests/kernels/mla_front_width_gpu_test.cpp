@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "gpu_test_util.h"
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 #include "runtime/model_executor.h"
 
 namespace nucleus::width {

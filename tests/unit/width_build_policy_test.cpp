@@ -4,7 +4,7 @@
 // corrupt entries as misses, atomic writes, directory from the environment).
 //
 // The planner runs on recorded figures: what ptxas reports for
-// src/kernels/width/mla_front_kernel.cuh (nvcc 13.0.88, -arch=sm_90a,
+// src/jit/mla_front_kernel.cuh (nvcc 13.0.88, -arch=sm_90a,
 // `nvcc -x cu -cubin -Xptxas -v -DNUCLEUS_WIDTH=W -DNUCLEUS_LEAN=0|1
 // [-DNUCLEUS_MAX_REGS=N]`), registers and stack bytes per thread. The
 // fused build spills from W = 224; the lean build (two kernels) never does
@@ -16,8 +16,8 @@
 #include <fstream>
 #include <map>
 
-#include "kernels/width/kernel_cache.h"
-#include "kernels/width/width_build_policy.h"
+#include "jit/kernel_cache.h"
+#include "jit/width_build_policy.h"
 
 namespace nucleus::width {
 namespace {

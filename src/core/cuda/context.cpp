@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include "core/cuda/context.h"
 #include "core/cuda/try_alloc.h"
 
@@ -173,4 +172,3 @@ int device_count() {
 size_t allocated_bytes() { return g_allocated.load(); }
 
 }  // namespace nucleus::cuda
-#endif  // NUCLEUS_HAVE_CUDA

@@ -24,7 +24,7 @@
 #include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 #include "ops/cuda_backends.h"
 #endif
 

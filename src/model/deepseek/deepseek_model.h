@@ -24,7 +24,7 @@
 #include "graph/step_executor.h"
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
-#include "kernels/width/width_build_policy.h"
+#include "jit/width_build_policy.h"
 #include "model/weights.h"
 #include "ops/mla_ops.h"
 #include "ops/step_inputs.h"

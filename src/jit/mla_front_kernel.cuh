@@ -1,5 +1,5 @@
 // The MLA decode front end for a step of W rows, compiled per width through
-// NVRTC (kernels/width/mla_front_builds.h) with
+// NVRTC (jit/mla_front_builds.h) with
 //   -DNUCLEUS_WIDTH=W      the build's width (rows at most)
 //   -DNUCLEUS_LEAN=0|1     fused (one persistent kernel) or lean (two)
 // It computes what this chain of plain kernels computes (deepseek_model.cpp,

@@ -1,5 +1,4 @@
-#ifdef NUCLEUS_HAVE_CUDA
-#include "kernels/width/nvrtc_compile.h"
+#include "jit/nvrtc_compile.h"
 
 #include <cuda.h>
 #include <dlfcn.h>
@@ -230,4 +229,3 @@ Status LoadedModule::launch(int i, unsigned grid, unsigned threads, int64_t dyna
 }
 
 }  // namespace nucleus::width
-#endif  // NUCLEUS_HAVE_CUDA

@@ -1,4 +1,4 @@
-#include "kernels/width/width_build_policy.h"
+#include "jit/width_build_policy.h"
 
 #include <xxhash.h>
 

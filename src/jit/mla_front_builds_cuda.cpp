@@ -1,5 +1,4 @@
-#ifdef NUCLEUS_HAVE_CUDA
-#include "kernels/width/mla_front_builds.h"
+#include "jit/mla_front_builds.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +12,7 @@
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
 #include "kernels/rope/rope_kv_cache.cuh"
-#include "kernels/width/nvrtc_compile.h"
+#include "jit/nvrtc_compile.h"
 
 namespace nucleus {
 namespace embedded {
@@ -311,4 +310,3 @@ Status launch_mla_front_plain(const MlaFrontParams& p, void* q_nope_c, cudaStrea
 
 }  // namespace width
 }  // namespace nucleus
-#endif  // NUCLEUS_HAVE_CUDA

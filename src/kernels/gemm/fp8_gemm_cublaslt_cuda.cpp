@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include "kernels/gemm/fp8_gemm_cublaslt.h"
 
 #include <cublasLt.h>
@@ -132,4 +131,3 @@ Status gemm_fp8_cublaslt(const Fp8CublasArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace nucleus::kernels
-#endif  // NUCLEUS_HAVE_CUDA

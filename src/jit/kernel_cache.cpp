@@ -1,4 +1,4 @@
-#include "kernels/width/kernel_cache.h"
+#include "jit/kernel_cache.h"
 
 #include <unistd.h>
 #include <xxhash.h>

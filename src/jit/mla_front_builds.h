@@ -1,4 +1,4 @@
-// Width builds of the MLA decode front end (kernels/width/mla_front_kernel.cuh):
+// Width builds of the MLA decode front end (jit/mla_front_kernel.cuh):
 // per decode-graph width W the fused kernel compiled through NVRTC with W
 // fixed, refused when it spills or cannot be co-resident, then the lean build,
 // then the plain chain of existing kernels (policy: width_build_policy.h).
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "core/status.h"
-#include "kernels/width/kernel_cache.h"
-#include "kernels/width/mla_front_params.h"
-#include "kernels/width/width_build_policy.h"
+#include "jit/kernel_cache.h"
+#include "jit/mla_front_params.h"
+#include "jit/width_build_policy.h"
 
 namespace nucleus::width {
 

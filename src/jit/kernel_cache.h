@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "kernels/width/width_build_policy.h"
+#include "jit/width_build_policy.h"
 
 namespace nucleus::width {
 

@@ -1,4 +1,3 @@
-#ifdef NUCLEUS_HAVE_CUDA
 #include "kernels/gemm/gemm_cublaslt.h"
 
 #include <cublasLt.h>
@@ -76,4 +75,3 @@ Status gemm_bf16_cublaslt(const GemmArgs& a, cudaStream_t stream) {
 }
 
 }  // namespace nucleus::kernels
-#endif  // NUCLEUS_HAVE_CUDA
