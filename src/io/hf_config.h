@@ -12,12 +12,10 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/dtype.h"
+#include "core/moe_routing_kinds.h"
 #include "core/status.h"
 
 namespace nucleus {
-
-enum class ScoringFunc { kSoftmax, kSigmoid };
-enum class TopkMethod { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 
 const char* scoring_func_name(ScoringFunc f);
 const char* topk_method_name(TopkMethod m);

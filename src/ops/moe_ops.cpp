@@ -3,6 +3,7 @@
 #include <set>
 
 #include "core/device.h"
+#include "io/hf_config.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/cuda_backends.h"

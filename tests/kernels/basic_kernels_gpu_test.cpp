@@ -18,6 +18,7 @@
 #include "kernels/rmsnorm/rmsnorm_ref.h"
 #include "kernels/rope/rope_kv_cache.cuh"
 #include "kernels/rope/rope_ref.h"
+#include "model/deepseek/kernel_params.h"
 #include "io/hf_config.h"
 #include "test_util.h"
 
@@ -125,7 +126,7 @@ TEST_F(GpuKernels, RopeAndKvCacheWrite) {
   auto config = load_model_config(testing::model_path("configs/deepseek-v2-lite.config.json"));
   ASSERT_TRUE(config.ok());
   const int nh = 16, nope = 128, rope = 64, lora = 512, width = lora + rope;
-  RopeTable table = make_rope_table(*config, 5000);
+  RopeTable table = make_rope_table(rope_params(*config), 5000);
   const int64_t T = 37, slots = 64;
   auto q = random_bf16_values(T * nh * (nope + rope), 1.0f, 8);
   auto kv_a = random_bf16_values(T * width, 1.0f, 9);
@@ -147,7 +148,7 @@ TEST_F(GpuKernels, RopeAndKvCacheWrite) {
   p.positions = d_pos.data<int32_t>();
   p.slot_mapping = d_slot.data<int64_t>();
   p.inv_freq = d_inv.data<float>();
-  p.attention_factor = static_cast<float>(rope_attention_factor(*config));
+  p.attention_factor = static_cast<float>(rope_params(*config).attention_factor);
   p.cache = d_cache.data<__nv_bfloat16>();
   p.num_tokens = T;
   p.num_heads = nh;

@@ -47,6 +47,7 @@
 #include "kernels/mla/mla_attention_ref.h"
 #include "kernels/rope/rope_kv_cache.cuh"
 #include "kernels/rope/rope_ref.h"
+#include "model/deepseek/kernel_params.h"
 #include "runtime/model_executor.h"
 #include "ops/gather_kv_b_proj.h"
 #include "ops/kv_cache_dtype.h"
@@ -135,9 +136,9 @@ RopeSetup rope_setup() {
   auto c = load_model_config(testing::model_path("configs/deepseek-v3.config.json"));
   NUCLEUS_CHECK(c.ok(), "{}", c.status().to_string());
   s.config = *c;
-  s.table = kernels::make_rope_table(s.config, 5000);
+  s.table = kernels::make_rope_table(rope_params(s.config), 5000);
   s.inv_freq = device_copy(s.table.inv_freq, DType::kF32);
-  s.attention_factor = static_cast<float>(kernels::rope_attention_factor(s.config));
+  s.attention_factor = static_cast<float>(rope_params(s.config).attention_factor);
   return s;
 }
 

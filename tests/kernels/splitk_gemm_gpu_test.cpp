@@ -28,6 +28,7 @@
 #include "kernels/rmsnorm/rmsnorm_ref.h"
 #include "kernels/rope/rope_kv_cache.cuh"
 #include "kernels/rope/rope_ref.h"
+#include "model/deepseek/kernel_params.h"
 #include "test_util.h"
 
 namespace nucleus::kernels {
@@ -285,7 +286,7 @@ TEST_F(SplitKGpu, RopeFromF32QEqualsInPlace) {
   auto config = load_model_config(testing::model_path("configs/deepseek-v2-lite.config.json"));
   ASSERT_TRUE(config.ok());
   const int nh = 16, nope = 128, rope = 64, lora = 512, width = lora + rope;
-  RopeTable table = make_rope_table(*config, 5000);
+  RopeTable table = make_rope_table(rope_params(*config), 5000);
   const int64_t T = 19, qw = nh * (nope + rope);
   auto q = random_bf16_values(T * qw, 1.0f, 40);
   auto kv_a = random_bf16_values(T * width, 1.0f, 41);
@@ -314,7 +315,7 @@ TEST_F(SplitKGpu, RopeFromF32QEqualsInPlace) {
     p.positions = d_pos.data<int32_t>();
     p.slot_mapping = d_slot.data<int64_t>();
     p.inv_freq = d_inv.data<float>();
-    p.attention_factor = static_cast<float>(rope_attention_factor(*config));
+    p.attention_factor = static_cast<float>(rope_params(*config).attention_factor);
     p.cache = d_cache.data<__nv_bfloat16>();
     p.num_tokens = T;
     p.num_heads = nh;

@@ -10,6 +10,7 @@
 
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
+#include "model/deepseek/kernel_params.h"
 #include "test_util.h"
 
 namespace nucleus {
@@ -81,7 +82,7 @@ TEST(ConfigTest, KimiK2IsDeepSeekV3) {
   // Equal betas: Hugging Face's ramp, a step at the correction dimension
   // (low == high gets high += 0.001): every frequency is either the
   // extrapolated or the interpolated one.
-  const std::vector<float> inv = kernels::rope_inv_freq(*c);
+  const std::vector<float> inv = kernels::rope_inv_freq(rope_params(*c));
   const int64_t d = c->qk_rope_head_dim;
   int extrapolated = 0, interpolated = 0;
   for (int64_t i = 0; i < d / 2; ++i) {
@@ -233,8 +234,8 @@ TEST(ConfigTest, ValuesOutOfRangeNameTheField) {
 TEST(ConfigTest, RopePastTheTableEqualsTheTable) {
   auto config = parse_model_config(tiny_config());
   ASSERT_TRUE(config.ok());
-  const kernels::RopeTable small = kernels::make_rope_table(*config, 16);
-  const kernels::RopeTable large = kernels::make_rope_table(*config, 1024);
+  const kernels::RopeTable small = kernels::make_rope_table(rope_params(*config), 16);
+  const kernels::RopeTable large = kernels::make_rope_table(rope_params(*config), 1024);
   for (int64_t pos : {int64_t{15}, int64_t{16}, int64_t{17}, int64_t{300}, int64_t{1023}}) {
     std::vector<float> a(64), b(64);
     for (int i = 0; i < 64; ++i) a[i] = b[i] = 0.25f * static_cast<float>(i % 7) - 0.6f;

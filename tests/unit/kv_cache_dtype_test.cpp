@@ -33,6 +33,7 @@
 #include "core/dtype.h"
 #include "io/hf_config.h"
 #include "kernels/rope/rope_ref.h"
+#include "model/deepseek/kernel_params.h"
 #include "ops/kv_cache_dtype.h"
 #include "ops/mla_ops.h"
 #include "test_util.h"
@@ -185,7 +186,7 @@ std::vector<uint8_t> slot_bytes(const KvCache& kv, int64_t layer, int64_t slot) 
 
 TEST(KvCacheFp8, CpuWriteStoresScaledE4m3AndPrefillRowEqualsDecodeRow) {
   const ModelConfig config = v3_config();
-  const kernels::RopeTable rope = kernels::make_rope_table(config, 4096);
+  const kernels::RopeTable rope = kernels::make_rope_table(rope_params(config), 4096);
   const kernels::MlaDims dims{2, kNope, kRope, kVHead, kLora, 0.1f};
   const int64_t T = 9;
   std::vector<float> kv_a = normal_values(T * kLatent, 1.0f, 7);

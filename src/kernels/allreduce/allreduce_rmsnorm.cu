@@ -72,25 +72,11 @@ __device__ __forceinline__ void load8_uncached(const float* p, float (&v)[kVec])
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-// The prezero fill on CTAs [row_blocks, gridDim.x): grid-stride over them.
-__device__ void zero_fill_blocks(float* dst, int64_t count, int row_blocks) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x - row_blocks) * blockDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x - row_blocks) * blockDim.x + threadIdx.x;
-  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
-    const int64_t n4 = count / 4;
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    for (int64_t i = first; i < n4; i += stride) d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int64_t i = n4 * 4 + first; i < count; i += stride) dst[i] = 0.0f;
-  } else {
-    for (int64_t i = first; i < count; i += stride) dst[i] = 0.0f;
-  }
-}
-
 // CTAs [0, row_blocks) reduce the rows; the rest (if any) do the prezero fill.
 template <typename Delta>
 __global__ void __launch_bounds__(kThreads) allreduce_add_rmsnorm_kernel(AllReduceNormParams p, int row_blocks) {
   if (static_cast<int>(blockIdx.x) >= row_blocks) {  // a fill CTA: no signals, no barriers
-    zero_fill_blocks(p.zero_fill, p.zero_fill_count, row_blocks);
+    add_norm_row::zero_fill_blocks(p.zero_fill, p.zero_fill_count, row_blocks);
     return;
   }
   __shared__ float scratch[32];

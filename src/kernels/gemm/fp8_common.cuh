@@ -1,5 +1,6 @@
 // Device helpers of the FP8 GEMM kernels: e4m3 -> bf16 conversion in
-// registers, the bf16 tensor-core MMA, and output stores. Only for .cu files.
+// registers, streamed loads and output stores (the bf16 tensor-core MMA is
+// ptx::mma_m16n8k16_bf16 in kernels/common/ptx.cuh). Only for .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,15 +27,30 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t w, uint32_t& lo, uint3
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(hi) : "r"(r1), "r"(k2p120));
 }
 
-// d += a * b, m16n8k16, bf16 inputs, f32 accumulators (PTX fragment layouts:
-// a: rows g / g+8, k pairs 2t / 2t+8; b: k pairs 2t / 2t+8, column g;
-// d: rows g / g+8, columns 2t, 2t+1; g = lane / 4, t = lane % 4).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+// Zeroes a warp's accumulator fragments [row tiles][token tiles][4].
+template <int R, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[R][NT][4]) {
+#pragma unroll
+  for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[rt][j][i] = 0.0f;
+}
+
+// Copies the operand fields every GEMM's kernel parameters share (x,
+// x_stride, w, out, out_stride, m, n, k; the sizes narrowed to int) from the
+// launch arguments. Host side.
+template <typename Params, typename Args>
+inline void copy_gemm_operands(Params& p, const Args& a) {
+  p.x = a.x;
+  p.x_stride = a.x_stride;
+  p.w = a.w;
+  p.out = a.out;
+  p.out_stride = a.out_stride;
+  p.m = static_cast<int>(a.m);
+  p.n = static_cast<int>(a.n);
+  p.k = static_cast<int>(a.k);
 }
 
 // 16 bytes of weights, streamed: read-only, not kept in L1 (it holds x).

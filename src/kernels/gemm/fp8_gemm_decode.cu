@@ -28,6 +28,7 @@
 #include <algorithm>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/ptx.cuh"
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/fp8_gemm.cuh"
 
@@ -65,16 +66,6 @@ __device__ __forceinline__ int ring_offset(int row, int chunk) {
   return row * kStageK + ((chunk ^ ((row & 1) << 2)) << 4);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");  // later smem reads stay after it
-}
-
 // NT: token tiles of 8 (m <= 8 NT).
 template <int NT, typename Out>
 __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? kCtasPerSm : 2) fp8_decode_kernel(const DecodeParams p) {
@@ -91,12 +82,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? kCtasPerSm : 2) fp8_dec
   uint8_t* ring = smem + warp * kStages * kStageBytes;
 
   float acc[R][NT][4];
-#pragma unroll
-  for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][j][i] = 0.0f;
+  zero_acc(acc);
 
   if (active) {
     const __nv_bfloat16* xrow[NT];
@@ -123,19 +109,20 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? kCtasPerSm : 2) fp8_dec
         const int row = i * 2 + (lane >> 4);
         const int r = row_base + row;
         const bool ok = kvalid && r < p.n;
-        cp_async16(dst + ring_offset(row, chunk), ok ? p.w + static_cast<int64_t>(r) * p.k + kk : p.w, ok ? 16 : 0);
+        ptx::cp_async_16(dst + ring_offset(row, chunk), ok ? p.w + static_cast<int64_t>(r) * p.k + kk : p.w,
+                         ok ? 16 : 0);
       }
     };
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
       if (st < num_stages) issue(st, st);
-      cp_async_commit();
+      ptx::cp_async_commit();
     }
 
     for (int st = 0; st < num_stages; ++st) {
       const int buf = st % kStages;
       const uint8_t* src = ring + buf * kStageBytes;
-      cp_async_wait<kStages - 1>();  // this lane's copies of stage st landed (one group per stage)
+      ptx::cp_async_wait<kStages - 1>();  // this lane's copies of stage st landed (one group per stage)
       __syncwarp();                  // ... and every other lane's
 #pragma unroll 1
       for (int hf = 0; hf < 2; ++hf) {  // the stage's two 128-wide blocks
@@ -151,7 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? kCtasPerSm : 2) fp8_dec
         if (hf == 1) {  // the whole stage is in registers: refill it
           __syncwarp();
           if (st + kStages < num_stages) issue(buf, st + kStages);
-          cp_async_commit();
+          ptx::cp_async_commit();
         }
         if (kb >= kb_end) continue;  // the range's last stage may hold one block
 
@@ -185,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? kCtasPerSm : 2) fp8_dec
               e4m3x4_to_bf16x4(word_of(cur[c][rt][0], t), a[0], a[2]);
               e4m3x4_to_bf16x4(word_of(cur[c][rt][1], t), a[1], a[3]);
 #pragma unroll
-              for (int j = 0; j < NT; ++j) mma_bf16_16816(part[rt][j], a, b[j]);
+              for (int j = 0; j < NT; ++j) ptx::mma_m16n8k16_bf16(part[rt][j], a, b[j][0], b[j][1]);
             }
           }
         }
@@ -198,7 +185,7 @@ __global__ void __launch_bounds__(kWarps * 32, NT <= 2 ? kCtasPerSm : 2) fp8_dec
             for (int e = 0; e < 4; ++e) acc[rt][j][e] = fmaf(part[rt][j][e], sc, acc[rt][j][e]);
       }
     }
-    cp_async_wait<0>();
+    ptx::cp_async_wait<0>();
   }
 
   // Lane (g, q) holds rows row_base + 16rt + g (+8 for i >= 2) and tokens

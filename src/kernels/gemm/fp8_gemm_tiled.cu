@@ -11,6 +11,7 @@
 // {2, 3} (q = lane % 4) — one 8-byte load per x row, one 4-byte load of
 // weights. Partial sums of a 128-wide k block are scaled by scale_inv once.
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/ptx.cuh"
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/fp8_gemm.cuh"
 
@@ -46,16 +47,6 @@ struct TiledParams {
   bool accumulate;
 };
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");  // later smem reads stay after it
-}
-
 // kVec: k % 16 == 0, x_stride % 8 == 0, x and w 16-byte aligned.
 template <bool kVec>
 __device__ __forceinline__ void load_stage(const TiledParams& p, uint8_t* stage, int64_t tok0, int64_t row0,
@@ -67,7 +58,7 @@ __device__ __forceinline__ void load_stage(const TiledParams& p, uint8_t* stage,
     uint8_t* dst = stage + kXStageBytes + r * kWRow + c;
     if (kVec) {
       const bool ok = gr < p.n && gk < p.k;
-      cp_async16(dst, ok ? p.w + gr * p.k + gk : p.w, ok ? 16 : 0);
+      ptx::cp_async_16(dst, ok ? p.w + gr * p.k + gk : p.w, ok ? 16 : 0);
     } else {
 #pragma unroll
       for (int i = 0; i < 16; ++i) dst[i] = gr < p.n && gk + i < p.k ? p.w[gr * p.k + gk + i] : 0;
@@ -82,7 +73,7 @@ __device__ __forceinline__ void load_stage(const TiledParams& p, uint8_t* stage,
     __nv_bfloat16* dst = xs + r * kXRow + c;
     if (kVec) {
       const bool ok = gt < p.m && gk < p.k;
-      cp_async16(dst, ok ? p.x + gt * p.x_stride + gk : p.x, ok ? 16 : 0);
+      ptx::cp_async_16(dst, ok ? p.x + gt * p.x_stride + gk : p.x, ok ? 16 : 0);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -115,17 +106,17 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_tiled_kernel(const TiledParam
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_kt) load_stage<kVec>(p, smem + s * kStageBytes, tok0, row0, static_cast<int64_t>(s) * kBk);
-    cp_async_commit();
+    ptx::cp_async_commit();
   }
 
   for (int kt = 0; kt < num_kt; ++kt) {
-    cp_async_wait<kStages - 2>();
+    ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // stage kt landed; stage kt-1 is free
     {
       const int nk = kt + kStages - 1;
       if (nk < num_kt)
         load_stage<kVec>(p, smem + (nk % kStages) * kStageBytes, tok0, row0, static_cast<int64_t>(nk) * kBk);
-      cp_async_commit();
+      ptx::cp_async_commit();
     }
     const uint8_t* stage = smem + (kt % kStages) * kStageBytes;
     const __nv_bfloat16* xs = reinterpret_cast<const __nv_bfloat16*>(stage);
@@ -153,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_tiled_kernel(const TiledParam
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) mma_bf16_16816(part[mt][nt], a[mt], b[nt]);
+        for (int nt = 0; nt < 4; ++nt) ptx::mma_m16n8k16_bf16(part[mt][nt], a[mt], b[nt][0], b[nt][1]);
     }
     const bool block_end = ((kt + 1) * kBk) % kFp8Block == 0 || kt == num_kt - 1;
     if (block_end) {
@@ -169,7 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_tiled_kernel(const TiledParam
           }
     }
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait<0>();
 
   // Lane (g, q): tokens warp_m*64 + 16mt + g (+8 for i >= 2), rows
   // warp_n*32 + 8nt + 2q (+1 for odd i).

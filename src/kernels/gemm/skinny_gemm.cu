@@ -198,14 +198,7 @@ int skinny_default_slices(int64_t m, int64_t n, int64_t k, int num_sms) {
 cudaError_t launch_skinny_gemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   if (cudaError_t e = skinny_gemm_check(a); e != cudaSuccess) return e;
   Params p{};
-  p.x = a.x;
-  p.x_stride = a.x_stride;
-  p.w = a.w;
-  p.out = a.out;
-  p.out_stride = a.out_stride;
-  p.m = static_cast<int>(a.m);
-  p.n = static_cast<int>(a.n);
-  p.k = static_cast<int>(a.k);
+  fp8_detail::copy_gemm_operands(p, a);
   p.slices = a.slices > 0 ? a.slices : skinny_default_slices(a.m, a.n, a.k, current_device_sms());
   const int64_t chunks = a.k / 8;
   p.chunks_per_slice = static_cast<int>(ceil_div64(ceil_div64(chunks, p.slices), 32) * 32);

@@ -12,6 +12,7 @@
 #include <atomic>
 
 #include "kernels/common/device_sms.h"
+#include "kernels/common/ptx.cuh"
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/splitk_gemm.cuh"
 
@@ -20,7 +21,6 @@ namespace nucleus::kernels {
 namespace {
 
 using fp8_detail::ld_stream_v4;
-using fp8_detail::mma_bf16_16816;
 using fp8_detail::word_of;
 
 constexpr int kWarps = kSplitKBlockK / 32;  // 4: a split's K is dealt to the warps 32 at a time
@@ -83,12 +83,7 @@ __global__ void __launch_bounds__(kThreads) splitk_gemm_kernel(const Params p) {
   }
 
   float acc[kRowTiles][NT][4];
-#pragma unroll
-  for (int rt = 0; rt < kRowTiles; ++rt)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[rt][j][i] = 0.0f;
+  fp8_detail::zero_acc(acc);
 
   constexpr int kStep = kWarps * kChunk;  // consecutive chunks of one warp are this far apart
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -122,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) splitk_gemm_kernel(const Params p) {
 #pragma unroll
           for (int j = 0; j < NT; ++j) {
             const uint32_t b[2] = {word_of(xv[j], 2 * t), word_of(xv[j], 2 * t + 1)};
-            mma_bf16_16816(acc[rt][j], a, b);
+            ptx::mma_m16n8k16_bf16(acc[rt][j], a, b[0], b[1]);
           }
         }
     }
@@ -223,14 +218,7 @@ int splitk_effective_splits(const SplitKGemmArgs& a, const SplitKWorkspace& ws) 
 cudaError_t launch_splitk_gemm(const SplitKGemmArgs& a, const SplitKWorkspace& ws, cudaStream_t stream) {
   if (cudaError_t e = splitk_check(a); e != cudaSuccess) return e;
   Params p{};
-  p.x = a.x;
-  p.x_stride = a.x_stride;
-  p.w = a.w;
-  p.out = a.out;
-  p.out_stride = a.out_stride;
-  p.m = static_cast<int>(a.m);
-  p.n = static_cast<int>(a.n);
-  p.k = static_cast<int>(a.k);
+  fp8_detail::copy_gemm_operands(p, a);
   p.splits = splitk_effective_splits(a, ws);
   const int64_t k_blocks = ceil_div64(a.k, kSplitKBlockK);
   p.k_per_split = static_cast<int>(ceil_div64(k_blocks, p.splits) * kSplitKBlockK);

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/ptx.cuh"
 #include "kernels/mla/gather_kv_b_proj.cuh"
 
 namespace nucleus::kernels {
@@ -47,38 +48,6 @@ struct FusedLaunch {
   int tiles_per_cta = 0;  // column tiles each of them walks
   float out_scale = 1.0f; // k_scale for an FP8 cache, else 1
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, zero-filled when !valid (src must still be a valid address).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// c += a * b (m16n8k16, bf16 inputs, f32 accumulators).
-// Not volatile: a pure register operation, so the compiler may interleave it
-// with the (volatile) fragment loads of the next k slice.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -201,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
       const int64_t n = n0 + r;
       const bool valid = n < L.n;
       const unsigned char* src = wbytes + ((valid ? n : 0) * p.kv_lora + ld_ks * kBK) * kElemBytes + cc * 16;
-      cp_async16(dst + r * (kFp8 ? kBStrideFp8 : kBStrideBf16 * 2) + cc * 16, src, valid);
+      ptx::cp_async_16(dst + r * (kFp8 ? kBStrideFp8 : kBStrideBf16 * 2) + cc * 16, src, valid ? 16 : 0);
     }
     if (++ld_ks == ksteps) ld_ks = 0, ++ld_t;
     if (++ld_stage == kStages) ld_stage = 0;
@@ -215,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
       for (int c = tid; c < kBM * cpr; c += kThreads) {
         const int r = c / cpr, cc = c - r * cpr;
         const int64_t slot = row_slot[r];
-        cp_async16(As + r * as + cc * 8, cache + (slot >= 0 ? slot * width + cc * 8 : 0), slot >= 0);
+        ptx::cp_async_16(As + r * as + cc * 8, cache + (slot >= 0 ? slot * width + cc * 8 : 0), slot >= 0 ? 16 : 0);
       }
     } else {
 #pragma unroll 4
@@ -230,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
 #pragma unroll 1
   for (int s = 0; s < kStages - 1; ++s) {  // groups 0 .. kStages - 2 (group 0 holds the latent rows too)
     if (s < total) load_b();
-    cp_async_commit();
+    ptx::cp_async_commit();
   }
 
   const bool e8m0 = p.format.scale_e8m0;
@@ -273,10 +242,10 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
         blk_scale = load_scale(p.scale, e8m0, (n0 / p.format.block_n) * k_blocks + (ks * kBK) / p.format.block_k);
       }
     }
-    cp_async_wait<kStages - 2>();
+    ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // step i landed for all; the stage step i - 1 used is free
     if (i + kStages - 1 < total) load_b();
-    cp_async_commit();
+    ptx::cp_async_commit();
 
     const unsigned char* bst = Bs + stage * kStageBytes;
     const int k_base = ks * kBK;
@@ -284,13 +253,13 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
     auto load_frags = [&](int kk, uint32_t (&af)[4][4], uint32_t (&bf)[4][2]) {
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
-        ldmatrix_x4(af[mt], As + (wm * 64 + mt * 16 + (lane & 15)) * as + k_base + kk + (lane >> 4) * 8);
+        ptx::ldmatrix_x4(af[mt], As + (wm * 64 + mt * 16 + (lane & 15)) * as + k_base + kk + (lane >> 4) * 8);
       if constexpr (!kFp8) {
         const auto* bb = reinterpret_cast<const __nv_bfloat16*>(bst);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           uint32_t r[4];
-          ldmatrix_x4(r, bb + (wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kBStrideBf16 + kk +
+          ptx::ldmatrix_x4(r, bb + (wn * 32 + np * 16 + (lane & 7) + ((lane >> 4) << 3)) * kBStrideBf16 + kk +
                              ((lane >> 3) & 1) * 8);
           bf[2 * np][0] = r[0];
           bf[2 * np][1] = r[1];
@@ -316,8 +285,10 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
-          if constexpr (kMode == kModeFp8Block) mma_bf16(part[mt][nt], af[sl & 1][mt], bf[sl & 1][nt][0], bf[sl & 1][nt][1]);
-          else mma_bf16(acc[mt][nt], af[sl & 1][mt], bf[sl & 1][nt][0], bf[sl & 1][nt][1]);
+          if constexpr (kMode == kModeFp8Block)
+            ptx::mma_m16n8k16_bf16_unordered(part[mt][nt], af[sl & 1][mt], bf[sl & 1][nt][0], bf[sl & 1][nt][1]);
+          else
+            ptx::mma_m16n8k16_bf16_unordered(acc[mt][nt], af[sl & 1][mt], bf[sl & 1][nt][0], bf[sl & 1][nt][1]);
         }
     }
     if constexpr (kMode == kModeFp8Block) {
@@ -370,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1) gather_kv_b_proj_fused_kernel(con
       }
     }
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait<0>();
 }
 
 template <int kMode>

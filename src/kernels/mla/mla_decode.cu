@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/ptx.cuh"
 #include "kernels/mla/mla_decode.cuh"
 
 #include <algorithm>
@@ -53,42 +54,6 @@ __device__ __forceinline__ int64_t row_of(const MlaDecodeRows& r, int64_t i) {
 __device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int* seq) {
   *seq = r.token_seq[row];
   return r.context_lens[*seq] + static_cast<int>(row - r.query_start[*seq]) + 1;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; zero-fills when !valid.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                  uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr));
-}
-
-// c += a (16x16, row) * b (16x8, col); bf16 in, f32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -177,23 +142,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
     const bool valid = src != nullptr;
     const unsigned char* s0 = valid ? src + ld_part * 16 : cache_bytes;
     if constexpr (kFp8) {
-      const uint32_t dst = smem_u32(raw_smem + stage * kFp8TileBytes + ld_row * kMlaDecodeLatent + ld_part * 16);
+      const uint32_t dst = ptx::smem_u32(raw_smem + stage * kFp8TileBytes + ld_row * kMlaDecodeLatent + ld_part * 16);
 #pragma unroll
       for (int j = 0; j < (kFp8ChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow; ++j)
         if (ld_part + j * kThreadsPerRow < kFp8ChunksPerRow)
-          cp_async16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid);
+          ptx::cp_async_16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid ? 16 : 0);
     } else {
-      const uint32_t dst = smem_u32(kv_smem + stage * kTileElems + ld_row * kRowElems + ld_part * 8);
+      const uint32_t dst = ptx::smem_u32(kv_smem + stage * kTileElems + ld_row * kRowElems + ld_part * 8);
 #pragma unroll
       for (int j = 0; j < kChunksPerThread; ++j)
-        cp_async16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid);
+        ptx::cp_async_16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid ? 16 : 0);
     }
   };
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_tiles) load_tile(row_src(s), s);
-    cp_async_commit();
+    ptx::cp_async_commit();
   }
   const unsigned char* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
 
@@ -224,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
   const int r_lo = lane >> 2, c0 = (lane & 3) * 2;
 
   for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<kStages - 2>();
+    ptx::cp_async_wait<kStages - 2>();
     __syncthreads();
     {
       const int nt = t + kStages - 1;
@@ -232,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
         load_tile(next_src, nt % kStages);
         next_src = nt + 1 < num_tiles ? row_src(nt + 1) : nullptr;  // its latency hides behind this tile
       }
-      cp_async_commit();
+      ptx::cp_async_commit();
     }
     const __nv_bfloat16* kv;
     if constexpr (kFp8) {
@@ -265,9 +230,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
         for (int jp = 0; jp < kNtS / 2; ++jp) {
           const int key = kh * 16 * M + (2 * jp + (lane >> 4)) * 8 + (lane & 7);
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(smem_u32(kv + key * kRowElems + kd), b0, b1, b2, b3);
-          mma_bf16(s[2 * jp], qf[ks], b0, b1);
-          mma_bf16(s[2 * jp + 1], qf[ks], b2, b3);
+          ptx::ldmatrix_x4(ptx::smem_u32(kv + key * kRowElems + kd), b0, b1, b2, b3);
+          ptx::mma_m16n8k16_bf16(s[2 * jp], qf[ks], b0, b1);
+          ptx::mma_m16n8k16_bf16(s[2 * jp + 1], qf[ks], b2, b3);
         }
       }
 #pragma unroll
@@ -343,13 +308,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
       for (int np = 0; np < kNtO / 2; ++np) {
         const int col = wi * 64 * M + (2 * np + (lane >> 4)) * 8;
         uint32_t b0, b1, b2, b3;
-        ldmatrix_x4_trans(smem_u32(kv + key * kRowElems + col), b0, b1, b2, b3);
-        mma_bf16(o[2 * np], a, b0, b1);
-        mma_bf16(o[2 * np + 1], a, b2, b3);
+        ptx::ldmatrix_x4_trans(ptx::smem_u32(kv + key * kRowElems + col), b0, b1, b2, b3);
+        ptx::mma_m16n8k16_bf16(o[2 * np], a, b0, b1);
+        ptx::mma_m16n8k16_bf16(o[2 * np + 1], a, b2, b3);
       }
     }
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait<0>();
 
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
   l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);

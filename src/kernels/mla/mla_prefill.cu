@@ -25,6 +25,7 @@
 #include <cmath>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/ptx.cuh"
 
 namespace nucleus::kernels {
 
@@ -35,10 +36,6 @@ constexpr int kV = kMlaPrefillVDim;     // 128
 constexpr int kBlockN = 64;             // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Byte offset of 16-byte chunk `chunk` (8 bf16) of row `row` in a tile of
 // kRows rows: column block chunk / 8 ([kRows][128 B]), 128-byte swizzle.
@@ -82,37 +79,6 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-
-// 16 bytes global -> shared; zero-filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                                  uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(addr)
-               : "memory");
-}
-
-// d += a (16x16, row) * b (16x8, col), bf16 in, f32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
   return *reinterpret_cast<uint32_t*>(&v);
@@ -137,7 +103,7 @@ __device__ __forceinline__ void load_tile(uint32_t s_tile, const __nv_bfloat16* 
     const __nv_bfloat16* gi = g0 + i * kRowStep * stride;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
-      cp_async16(s0 + b * (kRows * 128) + i * kRowStep * 128, ok ? gi + b * 64 : dummy, ok);
+      ptx::cp_async_16(s0 + b * (kRows * 128) + i * kRowStep * 128, ok ? gi + b * 64 : dummy, ok ? 16 : 0);
   }
 }
 
@@ -149,7 +115,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
   constexpr int kBlockM = kWarps * 16;
   constexpr int kThreads = kWarps * 32;
   extern __shared__ __align__(1024) uint8_t smem[];
-  const uint32_t s_q = (smem_addr(smem) + 1023u) & ~1023u;  // 1024-aligned for the 128-byte swizzle
+  const uint32_t s_q = (ptx::smem_u32(smem) + 1023u) & ~1023u;  // 1024-aligned for the 128-byte swizzle
   const uint32_t s_k = s_q + kBlockM * kQk * 2;
   const uint32_t s_v = s_k + 2 * kBlockN * kQk * 2;  // after two K buffers
 
@@ -181,7 +147,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
                                           p.v_stride, key_stop - sq.key_begin - t * kBlockN, p.v);
   };
   if (num_key_tiles > 0) load_k(0);
-  cp_async_commit();
+  ptx::cp_async_commit();
 
   // This thread's rows of the C fragments: g and g + 8 of the warp's 16.
   const int g = lane >> 2, t4 = lane & 3;
@@ -199,13 +165,13 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
   for (int t = 0; t < num_key_tiles; ++t) {
     const int key0 = sq.key_begin + t * kBlockN;
     const uint32_t s_kt = s_k + (t & 1) * (kBlockN * kQk * 2);
-    cp_async_wait_all();
+    ptx::cp_async_wait<0>();
     if (kWgmma) fence_proxy_async();
     __syncthreads();  // K(t) (and Q) visible to all; every warp is done with V(t-1) and K(t-1)
     load_v(t);
-    cp_async_commit();
+    ptx::cp_async_commit();
     if (t + 1 < num_key_tiles) load_k(t + 1);  // into K(t-1)'s buffer
-    cp_async_commit();
+    ptx::cp_async_commit();
 
     // S = Q K^T: 16 x 64 per warp, 12 k-steps of 16.
     float s[kBlockN / 8][4];
@@ -225,14 +191,15 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk) {
         uint32_t a[4];
-        ldmatrix_x4(s_q + tile_off<kBlockM>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[0], a[1], a[2], a[3]);
+        ptx::ldmatrix_x4(s_q + tile_off<kBlockM>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[0], a[1], a[2],
+                         a[3]);
 #pragma unroll
         for (int nn = 0; nn < kBlockN / 16; ++nn) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4(s_kt + tile_off<kBlockN>(nn * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)),
-                      b0, b1, b2, b3);
-          mma_bf16(s[2 * nn], a, b0, b1);
-          mma_bf16(s[2 * nn + 1], a, b2, b3);
+          const int k_row = nn * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ptx::ldmatrix_x4(s_kt + tile_off<kBlockN>(k_row, kk * 2 + ((lane >> 3) & 1)), b0, b1, b2, b3);
+          ptx::mma_m16n8k16_bf16_unordered(s[2 * nn], a, b0, b1);
+          ptx::mma_m16n8k16_bf16_unordered(s[2 * nn + 1], a, b2, b3);
         }
       }
     }
@@ -284,7 +251,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
       o[j][3] *= corr[1];
     }
 
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");  // V(t) landed; K(t+1) may be in flight
+    ptx::cp_async_wait<1>();  // V(t) landed; K(t+1) may be in flight
     if (kWgmma) fence_proxy_async();
     __syncthreads();  // V(t) visible to all
 
@@ -312,15 +279,15 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
 #pragma unroll
         for (int dn = 0; dn < kV / 16; ++dn) {
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(s_v + tile_off<kBlockN>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dn * 2 + (lane >> 4)),
-                            b0, b1, b2, b3);
-          mma_bf16(o[2 * dn], pa[kk], b0, b1);
-          mma_bf16(o[2 * dn + 1], pa[kk], b2, b3);
+          const int v_row = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+          ptx::ldmatrix_x4_trans(s_v + tile_off<kBlockN>(v_row, dn * 2 + (lane >> 4)), b0, b1, b2, b3);
+          ptx::mma_m16n8k16_bf16_unordered(o[2 * dn], pa[kk], b0, b1);
+          ptx::mma_m16n8k16_bf16_unordered(o[2 * dn + 1], pa[kk], b2, b3);
         }
       }
     }
   }
-  cp_async_wait_all();  // nothing may be in flight at exit
+  ptx::cp_async_wait<0>();  // nothing may be in flight at exit
 
   // Epilogue: normalise, merge, store.
   float lse[2], inv_l[2], lse_old[2] = {-INFINITY, -INFINITY};

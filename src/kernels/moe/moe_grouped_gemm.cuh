@@ -29,36 +29,12 @@
 #include <cstdint>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/ptx.cuh"
 #include "kernels/moe/moe_grouped.cuh"
 
 namespace nucleus::kernels::moe_grouped {
 
 constexpr int kBlockK = 64;  // k per pipeline stage: one 128-byte bf16 row
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(s));
-}
-
-__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Element offset of 16-byte chunk `chunk` (0..7) of row `row` in a tile of
 // 64-element bf16 rows, XOR-swizzled so that ldmatrix's 8 rows hit 8 banks.
@@ -156,16 +132,16 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
     for (int it = 0; it < A_ITERS; ++it) {
       const int i = tid + it * NT, row = i >> 3, c = i & 7;
       const bool valid = a_off[it] >= 0;
-      cp_async_16(as + swz(row, c), args.a + (valid ? a_off[it] + kt * kBlockK : 0), valid ? 16 : 0);
+      ptx::cp_async_16(as + swz(row, c), args.a + (valid ? a_off[it] + kt * kBlockK : 0), valid ? 16 : 0);
     }
     unsigned char* bs = b_smem + slot * B_STAGE_BYTES;
 #pragma unroll
     for (int it = 0; it < B_ITERS; ++it) {
       const int i = tid + it * NT, row = i / B_CHUNKS_PER_ROW, c = i % B_CHUNKS_PER_ROW;
       if constexpr (kFp8) {
-        cp_async_16(bs + row * kBlockK + c * 16, b_base + b_off[it] + kt * kBlockK, 16);
+        ptx::cp_async_16(bs + row * kBlockK + c * 16, b_base + b_off[it] + kt * kBlockK, 16);
       } else {
-        cp_async_16(reinterpret_cast<__nv_bfloat16*>(bs) + swz(row, c), b_base + b_off[it] + kt * kBlockK * 2, 16);
+        ptx::cp_async_16(reinterpret_cast<__nv_bfloat16*>(bs) + swz(row, c), b_base + b_off[it] + kt * kBlockK * 2, 16);
       }
     }
   };
@@ -182,7 +158,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
+    ptx::cp_async_commit();
   }
 
   // Shared-memory row of the first B row of n-fragment f of this warp.
@@ -192,12 +168,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
   };
 
   for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<STAGES - 2>();
+    ptx::cp_async_wait<STAGES - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt-1 fully consumed
     {
       const int next = kt + STAGES - 1;
       if (next < k_tiles) load_stage(next % STAGES, next);
-      cp_async_commit();
+      ptx::cp_async_commit();
     }
     const int slot = kt % STAGES;
     const __nv_bfloat16* as = a_smem + slot * A_STAGE;
@@ -247,14 +223,14 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         const int row = wm * WM + mi * 16 + (lane & 15);
-        ldmatrix_x4(af[mi], as + swz(row, ks * 2 + (lane >> 4)));
+        ptx::ldmatrix_x4(af[mi], as + swz(row, ks * 2 + (lane >> 4)));
       }
       uint32_t bf[NI][2];
 #pragma unroll
       for (int fp = 0; fp < NI / 2; ++fp) {
         const int row = b_frag_row(2 * fp) + (lane & 7) + ((lane >> 4) << 3);
         uint32_t r[4];
-        ldmatrix_x4(r, bs + swz(row, ks * 2 + ((lane >> 3) & 1)));
+        ptx::ldmatrix_x4(r, bs + swz(row, ks * 2 + ((lane >> 3) & 1)));
         bf[2 * fp][0] = r[0];
         bf[2 * fp][1] = r[1];
         bf[2 * fp + 1][0] = r[2];
@@ -263,10 +239,10 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < NI; ++ni) mma_bf16_16816(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        for (int ni = 0; ni < NI; ++ni) ptx::mma_m16n8k16_bf16(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
     }
   }
-  cp_async_wait<0>();  // no copies outstanding at exit
+  ptx::cp_async_wait<0>();  // no copies outstanding at exit
 
   // Epilogue: fragment element (mi, ni, v) is row g (+8 for v >= 2), column 2q (+1 for odd v).
   const int g = lane >> 2, q = lane & 3;

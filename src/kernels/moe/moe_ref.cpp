@@ -13,19 +13,6 @@
 
 namespace nucleus::kernels {
 
-MoeRoutingParams MoeRoutingParams::from_config(const ModelConfig& c) {
-  MoeRoutingParams p;
-  p.scoring = c.scoring_func;
-  p.method = c.topk_method;
-  p.num_experts = c.n_routed_experts;
-  p.top_k = c.num_experts_per_tok;
-  p.n_group = c.n_group;
-  p.topk_group = c.topk_group;
-  p.norm_topk_prob = c.norm_topk_prob;
-  p.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  return p;
-}
-
 namespace {
 // Indices of the k largest values, by decreasing value, ties to lower index.
 std::vector<int64_t> top_indices(const std::vector<float>& v, int64_t k) {

@@ -18,21 +18,21 @@
 
 #include <cstdint>
 
-#include "io/hf_config.h"
+#include "core/moe_routing_kinds.h"
 
 namespace nucleus::kernels {
 
+// The routing hyper-parameters (config.json's names; built from a ModelConfig
+// by moe_routing_params in model/deepseek/kernel_params.h).
 struct MoeRoutingParams {
-  ScoringFunc scoring = ScoringFunc::kSoftmax;
-  TopkMethod method = TopkMethod::kGreedy;
-  int64_t num_experts = 0;
-  int64_t top_k = 0;
-  int64_t n_group = 1;
-  int64_t topk_group = 1;
+  ScoringFunc scoring = ScoringFunc::kSoftmax;  // scoring_func
+  TopkMethod method = TopkMethod::kGreedy;      // topk_method
+  int64_t num_experts = 0;                      // n_routed_experts
+  int64_t top_k = 0;                            // num_experts_per_tok
+  int64_t n_group = 1;                          // expert groups
+  int64_t topk_group = 1;                       // groups kept per token
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
-
-  static MoeRoutingParams from_config(const ModelConfig& c);
 };
 
 // logits: [num_tokens, num_experts] f32; bias: [num_experts] f32 or null.

@@ -55,4 +55,23 @@ __device__ __forceinline__ void add_rmsnorm_row(float* res, bool has_delta, Delt
   }
 }
 
+// The prezero fill both kernels run on their spare blocks: blocks
+// [rows, gridDim.x) zero dst[0, count), grid-stride over them (float4 stores
+// when dst is 16-byte aligned). Rows is the caller's block-count type (int or
+// int64_t; the index arithmetic follows it, so each kernel keeps its code).
+template <typename Rows>
+__device__ inline void zero_fill_blocks(float* __restrict__ dst, int64_t count, Rows rows) {
+  const int64_t fill_block = blockIdx.x - rows;
+  const int64_t stride = (gridDim.x - rows) * static_cast<int64_t>(blockDim.x);
+  const int64_t first = fill_block * blockDim.x + threadIdx.x;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
+    const int64_t n4 = count / 4;
+    float4* d4 = reinterpret_cast<float4*>(dst);
+    for (int64_t i = first; i < n4; i += stride) d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t i = n4 * 4 + first; i < count; i += stride) dst[i] = 0.0f;
+  } else {
+    for (int64_t i = first; i < count; i += stride) dst[i] = 0.0f;
+  }
+}
+
 }  // namespace nucleus::kernels::add_norm_row

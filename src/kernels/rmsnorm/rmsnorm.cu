@@ -18,21 +18,6 @@ static_assert(kThreads == add_norm_row::kThreads && kMaxPerThread == add_norm_ro
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
 
-// Blocks [rows, gridDim.x) zero dst[0, count): grid-stride over them.
-__device__ void zero_fill_blocks(float* __restrict__ dst, int64_t count, int64_t rows) {
-  const int64_t fill_block = blockIdx.x - rows;
-  const int64_t stride = (gridDim.x - rows) * static_cast<int64_t>(blockDim.x);
-  const int64_t first = fill_block * blockDim.x + threadIdx.x;
-  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0) {
-    const int64_t n4 = count / 4;
-    float4* d4 = reinterpret_cast<float4*>(dst);
-    for (int64_t i = first; i < n4; i += stride) d4[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int64_t i = n4 * 4 + first; i < count; i += stride) dst[i] = 0.0f;
-  } else {
-    for (int64_t i = first; i < count; i += stride) dst[i] = 0.0f;
-  }
-}
-
 template <typename Delta>
 __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __restrict__ delta,
                                    const float* __restrict__ w, int64_t rows, int64_t width, float eps,
@@ -40,7 +25,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
                                    int64_t zero_fill_count) {
   pdl::launch_dependents();  // a skinny GEMM after the norm may start streaming its weights
   if (blockIdx.x >= rows) {  // a prezero fill block
-    zero_fill_blocks(zero_fill, zero_fill_count, rows);
+    add_norm_row::zero_fill_blocks(zero_fill, zero_fill_count, rows);
     return;
   }
   __shared__ float scratch[32];

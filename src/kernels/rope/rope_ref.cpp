@@ -13,20 +13,19 @@ double correction_dim(double num_rotations, double dim, double base, double max_
 }
 }  // namespace
 
-std::vector<float> rope_inv_freq(const ModelConfig& c) {
-  const int64_t d = c.qk_rope_head_dim, half = d / 2;
+std::vector<float> rope_inv_freq(const RopeParams& rs) {
+  const int64_t d = rs.rope_dim, half = d / 2;
   std::vector<float> inv(half);
-  const RopeScaling& rs = c.rope_scaling;
   double low = 0, high = 0;
   if (rs.yarn) {
     auto L0 = static_cast<double>(rs.original_max_position_embeddings);
-    low = std::max(0.0, std::floor(correction_dim(rs.beta_fast, d, c.rope_theta, L0)));
-    high = std::min(static_cast<double>(d - 1), std::ceil(correction_dim(rs.beta_slow, d, c.rope_theta, L0)));
+    low = std::max(0.0, std::floor(correction_dim(rs.beta_fast, d, rs.theta, L0)));
+    high = std::min(static_cast<double>(d - 1), std::ceil(correction_dim(rs.beta_slow, d, rs.theta, L0)));
     if (low == high) high += 0.001;
   }
   for (int64_t i = 0; i < half; ++i) {
     // f32 like the reference implementations: pos_freqs = theta ** (2i / d) in f32.
-    float pos_freq = static_cast<float>(std::pow(c.rope_theta, static_cast<double>(2 * i) / d));
+    float pos_freq = static_cast<float>(std::pow(rs.theta, static_cast<double>(2 * i) / d));
     float extra = 1.0f / pos_freq;
     if (!rs.yarn) {
       inv[i] = extra;
@@ -40,20 +39,12 @@ std::vector<float> rope_inv_freq(const ModelConfig& c) {
   return inv;
 }
 
-double rope_attention_factor(const ModelConfig& c) {
-  const RopeScaling& rs = c.rope_scaling;
-  if (!rs.yarn) return 1.0;
-  if (rs.mscale != 0.0 && rs.mscale_all_dim != 0.0)
-    return yarn_get_mscale(rs.factor, rs.mscale) / yarn_get_mscale(rs.factor, rs.mscale_all_dim);
-  return yarn_get_mscale(rs.factor, 1.0);
-}
-
-RopeTable make_rope_table(const ModelConfig& c, int64_t max_positions) {
+RopeTable make_rope_table(const RopeParams& params, int64_t max_positions) {
   RopeTable t;
-  t.rope_dim = c.qk_rope_head_dim;
+  t.rope_dim = params.rope_dim;
   t.max_positions = max_positions;
-  t.inv_freq = rope_inv_freq(c);
-  const auto factor = static_cast<float>(rope_attention_factor(c));
+  t.inv_freq = rope_inv_freq(params);
+  const auto factor = static_cast<float>(params.attention_factor);
   t.attention_factor = factor;
   const int64_t half = t.rope_dim / 2;
   t.cos.resize(max_positions * half);

@@ -16,9 +16,22 @@
 #include <cstdint>
 #include <vector>
 
-#include "io/hf_config.h"
-
 namespace nucleus::kernels {
+
+// What the RoPE math needs of a model config (config.json's names; built from
+// a ModelConfig by rope_params in model/deepseek/kernel_params.h).
+struct RopeParams {
+  int64_t rope_dim = 0;        // qk_rope_head_dim (even)
+  double theta = 10000.0;      // rope_theta
+  bool yarn = false;           // rope_scaling type yarn; false: plain RoPE, the fields below unused
+  double factor = 1.0;         // rope_scaling.factor
+  int64_t original_max_position_embeddings = 0;  // L0
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  // The YaRN cos/sin multiplier mscale(factor, mscale) / mscale(factor,
+  // mscale_all_dim) (yarn_get_mscale, io/hf_config.h); 1 without YaRN.
+  double attention_factor = 1.0;
+};
 
 // Per-position cos/sin table for one model: [max_positions, rope_dim / 2]
 // each. Later positions are computed when asked, to the same f32 values, so
@@ -33,12 +46,10 @@ struct RopeTable {
   std::vector<float> sin;
 };
 
-// Inverse frequencies for the config (plain RoPE or YaRN), f32.
-std::vector<float> rope_inv_freq(const ModelConfig& config);
-// The YaRN cos/sin multiplier (1 without YaRN).
-double rope_attention_factor(const ModelConfig& config);
+// Inverse frequencies [rope_dim / 2] (plain RoPE or YaRN), f32.
+std::vector<float> rope_inv_freq(const RopeParams& params);
 // Builds the table for positions [0, max_positions).
-RopeTable make_rope_table(const ModelConfig& config, int64_t max_positions);
+RopeTable make_rope_table(const RopeParams& params, int64_t max_positions);
 
 // Rotates x[0:rope_dim] in place at position `pos` (>= 0; from the table when
 // pos < table.max_positions, else computed).

@@ -14,6 +14,7 @@
 #include "graph/op_profiler.h"
 #include "graph/passes/prezero_pass.h"
 #include "graph/passes/splitk_pass.h"
+#include "model/deepseek/kernel_params.h"
 #include "ops/basic_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/linear_op.h"
@@ -35,7 +36,8 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, ModelWeights weights, co
     : config_(config), weights_(std::move(weights)), options_(options), rank_(std::move(rank)) {
   // The CPU reference's cos/sin cache: 2^16 positions at most (16 MiB at
   // qk_rope_head_dim 64); later positions are computed (rope_ref.h).
-  rope_ = kernels::make_rope_table(config_, std::min<int64_t>(config_.max_position_embeddings, int64_t{1} << 16));
+  rope_ = kernels::make_rope_table(rope_params(config_),
+                                  std::min<int64_t>(config_.max_position_embeddings, int64_t{1} << 16));
   if (options_.device == Device::kCuda)
     rope_inv_freq_device_ = to_device(Tensor::from_f32({static_cast<int64_t>(rope_.inv_freq.size())}, rope_.inv_freq));
 }
@@ -294,7 +296,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       g.add(p + "self_attn.mla_front",
             std::make_unique<MlaFrontOp>(
                 l, front_weights(aw), H, aw.q_a_proj ? c.q_lora_rank : 0, nh, eps,
-                rope_inv_freq_device_.data<float>(), static_cast<float>(kernels::rope_attention_factor(c)),
+                rope_inv_freq_device_.data<float>(), static_cast<float>(rope_params(c).attention_factor),
                 kv_cache_dtype_, width_builds_.get(), width_barrier_.raw()),
             {x_norm}, {q, q_full, kv_a, q_a, q_nope});
       g.add(p + "self_attn.attn_decode",
@@ -315,7 +317,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       g.add(p + "self_attn.rope_kv_cache_write",
             std::make_unique<RopeKvCacheWriteOp>(
                 l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
-                static_cast<float>(kernels::rope_attention_factor(c)), kv_cache_dtype_),
+                static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_),
             {q, kv_a}, {q});
       // The decode graph has only single-token sequences: no prefill op
       // unless expanded attention is forced.
@@ -341,7 +343,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       const int weights = g.buffer("topk_weights", k, DType::kF32);
       g.add(p + "mlp.gate", std::make_unique<LinearOp>(&m.router, false), {x_norm}, {logits});
       g.add(p + "mlp.route",
-            std::make_unique<MoeRouteOp>(kernels::MoeRoutingParams::from_config(c), m.e_score_correction_bias),
+            std::make_unique<MoeRouteOp>(moe_routing_params(c), m.e_score_correction_bias),
             {logits}, {ids, weights});
       std::vector<ExpertWeights> experts;
       for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
