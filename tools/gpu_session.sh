@@ -4,7 +4,7 @@
 # tools/stage_carry.sh and carried as ["BUILD-carry"] (see docs/gpu.md):
 #   tools/gpu_session.sh BUILD-carry STEP [STEP ...]
 # Steps:
-#   ctest      ctest -L gpu over the CTest files staged by tools/stage_carry.sh
+#   ctest      ctest -L gpu over the CTest files staged by tools/stage_carry.sh (CTEST_EXCLUDE: a -E regex)
 #   latency    bench latency, dummy DeepSeek-V2-Lite and a 4-layer FP8 DeepSeek-V3, batch 1,8,32,128 @ 1024/128
 #   beforeafter the latency step's runs with the nucleus of $BEFORE (a staged BUILD-carry of the previous
 #              version) and this build's, alternating before/after BA_ROUNDS times (default 1; same machine, same call)
@@ -36,7 +36,8 @@ step_ctest() {
   [ -d "$dir" ] || { echo "no $dir: run tools/stage_carry.sh here first"; return 1; }
   local src; src=$(cat "$dir/SOURCE_ROOT")
   find "$dir" -name CTestTestfile.cmake -exec sed -i "s#$src#$PWD#g" {} +
-  ctest --test-dir "$dir" -L gpu --output-on-failure --timeout 400 > "$out/ctest.txt" 2>&1
+  ctest --test-dir "$dir" -L gpu ${CTEST_EXCLUDE:+-E "$CTEST_EXCLUDE"} --output-on-failure --timeout 400 \
+    > "$out/ctest.txt" 2>&1
   local rc=$?
   grep -E "tests passed|Test +#|Total Test time" "$out/ctest.txt" | tail -30
   return $rc
