@@ -16,12 +16,13 @@
 //
 // Families covered: linear (bf16 and FP8 block-scaled weights), rmsnorm,
 // add_rmsnorm, silu_mul, embedding, gather_rows, moe_route, moe_experts,
-// mla_decode (bf16 and FP8 latent caches).
-// Not covered yet: mla_prefill, rope_kv_cache_write (needs a RopeTable and
-// the device inverse frequencies), mla_front (the fused q/kv front: many
-// weights), all_gather_vocab (needs a communicator: tests/kernels/
-// allreduce_norm_gpu_test.cpp covers the collectives), and gather_kv_b_proj
-// (not an OpWithBackends family; gather_kv_b_proj_gpu_test.cpp covers it).
+// mla_decode and mla_prefill (bf16 and FP8 kv_b_proj weights, bf16 and FP8
+// latent caches).
+// Not covered yet: rope_kv_cache_write (needs a RopeTable and the device
+// inverse frequencies), mla_front (the fused q/kv front: many weights),
+// all_gather_vocab (needs a communicator and several ranks; not run
+// anywhere through its op), and gather_kv_b_proj (a class without a
+// backends() list; gather_kv_b_proj_gpu_test.cpp covers it).
 // add_rmsnorm's cuda_allreduce_fused needs a communicator: it is reported as
 // a skip here (allreduce_norm_gpu_test.cpp runs it on two GPUs).
 #include <gtest/gtest.h>
@@ -707,9 +708,13 @@ TEST_F(BackendOps, MoeExperts) {
 constexpr int64_t kHeads = 16, kNope = 128, kRope = 64, kVHead = 128, kLora = 512, kLatent = kLora + kRope;
 constexpr float kSoftmaxScale = 0.0721688f;  // 1 / sqrt(192)
 
-// Sequences with keys[s] cached rows each (the last its query token's),
-// blocks of `block_size` in a shuffled order; block tables padded with -1.
-StepInputs decode_step(const std::vector<int32_t>& keys, int64_t block_size, int64_t* num_blocks, uint64_t seed) {
+// Sequences with keys[s] cached rows each, the last qlens[s] of them its
+// query rows (context_lens[s] = keys[s] - qlens[s]), in blocks of
+// `block_size` in a shuffled order; block tables padded with -1.
+StepInputs attention_step(const std::vector<int32_t>& keys, const std::vector<int32_t>& qlens, int64_t block_size,
+                          int64_t* num_blocks, uint64_t seed) {
+  NUCLEUS_CHECK(keys.size() == qlens.size(), "attention_step: {} sequences, {} query lengths", keys.size(),
+                qlens.size());
   std::mt19937_64 rng(seed);
   int32_t max_blocks = 0, total = 0;
   for (int32_t k : keys) {
@@ -729,14 +734,45 @@ StepInputs decode_step(const std::vector<int32_t>& keys, int64_t block_size, int
   for (size_t s = 0; s < keys.size(); ++s) {
     const int32_t nb = static_cast<int32_t>((keys[s] + block_size - 1) / block_size);
     for (int32_t b = 0; b < nb; ++b) si.block_tables[s * max_blocks + b] = perm[next++];
-    si.context_lens.push_back(keys[s] - 1);
-    si.token_ids.push_back(1);
-    si.positions.push_back(keys[s] - 1);
-    si.slot_mapping.push_back(-1);  // attention writes nothing (rope_kv_cache_write did)
-    si.query_start.push_back(static_cast<int32_t>(s + 1));
-    si.logit_indices.push_back(static_cast<int32_t>(s));
+    si.context_lens.push_back(keys[s] - qlens[s]);
+    for (int32_t j = 0; j < qlens[s]; ++j) {
+      si.token_ids.push_back(1);
+      si.positions.push_back(keys[s] - qlens[s] + j);
+      si.slot_mapping.push_back(-1);  // attention writes nothing (rope_kv_cache_write did)
+    }
+    si.query_start.push_back(si.query_start.back() + qlens[s]);
+    si.logit_indices.push_back(si.query_start.back() - 1);
   }
   return si;
+}
+
+// The same latent cache (`slots` rows of kLatent, one layer) on the host and
+// on the device: random bf16 rows, or FP8 rows (e4m3(value * 400), read
+// with k_scale 1/400).
+void make_latent_caches(int64_t num_blocks, int64_t block_size, bool fp8, uint64_t seed, KvCache* host_kv,
+                        KvCache* dev_kv) {
+  const DType storage = fp8 ? DType::kF8E4M3 : DType::kBF16;
+  const int64_t slots = num_blocks * block_size;
+  std::vector<uint8_t> bytes(slots * kLatent * dtype_size(storage));
+  const std::vector<float> v = random_bf16_values(slots * kLatent, 1.0f, seed);
+  if (fp8) {
+    for (size_t i = 0; i < v.size(); ++i) bytes[i] = f32_to_fp8e4m3(v[i] * 400.0f);
+  } else {
+    const std::vector<uint16_t> b = to_bf16(v);
+    std::memcpy(bytes.data(), b.data(), bytes.size());
+  }
+  for (KvCache* kv : {host_kv, dev_kv}) {
+    kv->num_layers = 1;
+    kv->num_blocks = num_blocks;
+    kv->block_size = block_size;
+    kv->width = kLatent;
+    kv->k_scale.clear();
+    if (fp8) kv->k_scale = {1.0f / 400.0f};
+  }
+  host_kv->data = Tensor::empty({1, num_blocks, block_size, kLatent}, storage);
+  std::memcpy(host_kv->data.raw(), bytes.data(), bytes.size());
+  dev_kv->data = Tensor::empty({1, num_blocks, block_size, kLatent}, storage, Device::kCuda);
+  copy_to_device(dev_kv->data.raw(), bytes.data(), bytes.size());
 }
 
 TEST_F(BackendOps, MlaDecode) {
@@ -752,35 +788,14 @@ TEST_F(BackendOps, MlaDecode) {
       for (bool fp8_cache : {false, true}) {
         std::string name = std::string(fp8_w ? "kv_b fp8" : "kv_b bf16") + (fp8_cache ? " cache fp8" : " cache bf16") +
                            " keys";
-        for (int32_t k : keys) name += " " + std::to_string(k);
+        for (int32_t k : keys) name.append(" ").append(std::to_string(k));
         int64_t num_blocks = 0;
-        const StepInputs si = decode_step(keys, block_size, &num_blocks, seed++);
-        const int64_t T = si.num_tokens(), slots = num_blocks * block_size;
-        // The cache's bytes, shared by both sides.
+        const StepInputs si = attention_step(keys, std::vector<int32_t>(keys.size(), 1), block_size, &num_blocks,
+                                             seed++);
+        const int64_t T = si.num_tokens();
         const KvCacheDtype cache_dtype = fp8_cache ? KvCacheDtype::kFp8E4M3 : KvCacheDtype::kBF16;
-        const DType storage = fp8_cache ? DType::kF8E4M3 : DType::kBF16;
-        std::vector<uint8_t> bytes(slots * kLatent * dtype_size(storage));
-        {
-          const std::vector<float> v = random_bf16_values(slots * kLatent, 1.0f, seed++);
-          if (fp8_cache) {
-            for (size_t i = 0; i < v.size(); ++i) bytes[i] = f32_to_fp8e4m3(v[i] * 400.0f);  // read * k_scale
-          } else {
-            const std::vector<uint16_t> b = to_bf16(v);
-            std::memcpy(bytes.data(), b.data(), bytes.size());
-          }
-        }
         KvCache host_kv, dev_kv;
-        for (KvCache* kv : {&host_kv, &dev_kv}) {
-          kv->num_layers = 1;
-          kv->num_blocks = num_blocks;
-          kv->block_size = block_size;
-          kv->width = kLatent;
-          if (fp8_cache) kv->k_scale = {1.0f / 400.0f};
-        }
-        host_kv.data = Tensor::empty({1, num_blocks, block_size, kLatent}, storage);
-        std::memcpy(host_kv.data.raw(), bytes.data(), bytes.size());
-        dev_kv.data = Tensor::empty({1, num_blocks, block_size, kLatent}, storage, Device::kCuda);
-        copy_to_device(dev_kv.data.raw(), bytes.data(), bytes.size());
+        make_latent_caches(num_blocks, block_size, fp8_cache, seed++, &host_kv, &dev_kv);
 
         const std::vector<float> q = random_bf16_values(T * kHeads * (kNope + kRope), 2.0f, seed++);
         MlaDecodeAttentionOp ref(0, &kv_b.host, dims, AttentionMode::kAbsorbed, cache_dtype);
@@ -816,6 +831,80 @@ TEST_F(BackendOps, MlaDecode) {
     }
   }
   check_family("mla_decode");
+}
+
+
+// ---------------------------------------------------------------------------
+// mla_prefill: expanded causal attention of each sequence's query rows over
+// its cached prefix and its own rows (kv_b_proj applied to the latent rows),
+// mode kExpanded (every sequence served), context chunk 8192 and 64 (the
+// CUDA backend then expands the prefix in pieces merged by log-sum-exp).
+// Tolerance as mla_decode's, 3e-2 max|want|: the GPU rounds K/V, P and,
+// across pieces, the running output to bf16 (mla_prefill_gpu_test bounds
+// elements by 8e-3 + 2e-2 |want| at its scales).
+
+TEST_F(BackendOps, MlaPrefill) {
+  const kernels::MlaDims dims{kHeads, kNope, kRope, kVHead, kLora, kSoftmaxScale};
+  const Tol tol{0, 3e-2f, 0};
+  const int64_t block_size = 64;
+  struct Case {
+    const char* name;
+    std::vector<int32_t> keys, qlens;
+  };
+  const Case cases[] = {
+      {"q5 no prefix", {5}, {5}},
+      {"q30 prefix 70", {100}, {30}},
+      {"ragged q40/17/3 prefix 0/283/62", {40, 300, 65}, {40, 17, 3}},
+  };
+  uint64_t seed = 900;
+  for (bool fp8_w : {false, true}) {
+    const LinearWeightPair kv_b =
+        make_linear_weight_pair("kv_b_proj", kHeads * (kNope + kVHead), kLora, fp8_w, 0.1f, seed++);
+    for (const Case& c : cases) {
+      for (bool fp8_cache : {false, true}) {
+        for (int64_t chunk : {int64_t{8192}, int64_t{64}}) {
+          const std::string name = std::string(fp8_w ? "kv_b fp8" : "kv_b bf16") +
+                                   (fp8_cache ? " cache fp8 " : " cache bf16 ") + c.name + " chunk " +
+                                   std::to_string(chunk);
+          int64_t num_blocks = 0;
+          const StepInputs si = attention_step(c.keys, c.qlens, block_size, &num_blocks, seed++);
+          const int64_t T = si.num_tokens();
+          const KvCacheDtype cache_dtype = fp8_cache ? KvCacheDtype::kFp8E4M3 : KvCacheDtype::kBF16;
+          KvCache host_kv, dev_kv;
+          make_latent_caches(num_blocks, block_size, fp8_cache, seed++, &host_kv, &dev_kv);
+
+          const std::vector<float> q = random_bf16_values(T * kHeads * (kNope + kRope), 2.0f, seed++);
+          MlaPrefillAttentionOp ref(0, &kv_b.host, dims, AttentionMode::kExpanded, chunk, cache_dtype);
+          Tensor out_h = Tensor::zeros({T, kHeads * kVHead}, DType::kF32);
+          StepSetup st;
+          st.si = &si;
+          st.host_kv = &host_kv;
+          run_cpu_reference(ref, st, {Tensor::from_f32({T, kHeads * (kNope + kRope)}, q)}, {out_h});
+          const std::vector<float> want(out_h.data<float>(), out_h.data<float>() + T * kHeads * kVHead);
+
+          DeviceInputUploader uploader;
+          const DeviceStepInputs dev = uploader.upload(si);
+          synchronize_device();
+          st.dev = &dev;
+          st.dev_kv = &dev_kv;
+          st.limits = limits_for(si, block_size);
+          const Tensor q_d = device_tensor(q, T, kHeads * (kNope + kRope), DType::kBF16);
+          run_cuda_backends<MlaPrefillAttentionOp>(
+              "mla_prefill", name, st, want, kHeads * kVHead, tol,
+              [&] {
+                return std::make_unique<MlaPrefillAttentionOp>(0, &kv_b.device, dims, AttentionMode::kExpanded, chunk,
+                                                               cache_dtype);
+              },
+              [&](MlaPrefillAttentionOp& op, OpContext& ctx) {
+                Tensor out = poisoned(T, kHeads * kVHead, DType::kBF16);
+                op.run(ctx, {q_d}, {out});
+                return read_f32(out);
+              });
+        }
+      }
+    }
+  }
+  check_family("mla_prefill");
 }
 
 }  // namespace
