@@ -17,9 +17,8 @@
 // Families covered: linear (bf16 and FP8 block-scaled weights), rmsnorm,
 // add_rmsnorm, silu_mul, embedding, gather_rows, moe_route, moe_experts,
 // mla_decode and mla_prefill (bf16 and FP8 kv_b_proj weights, bf16 and FP8
-// latent caches).
-// Not covered yet: rope_kv_cache_write (needs a RopeTable and the device
-// inverse frequencies), mla_front (the fused q/kv front: many weights),
+// latent caches), rope_kv_cache_write (bf16 and FP8 caches).
+// Not covered yet: mla_front (the fused q/kv front: many weights),
 // all_gather_vocab (needs a communicator and several ranks; not run
 // anywhere through its op), and gather_kv_b_proj (a class without a
 // backends() list; gather_kv_b_proj_gpu_test.cpp covers it).
@@ -42,6 +41,9 @@
 #include "gpu_test_util.h"
 #include "graph/device_inputs.h"
 #include "graph/step_resources.h"
+#include "io/hf_config.h"
+#include "kernels/rope/rope_ref.h"
+#include "model/deepseek/kernel_params.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
 #include "ops/mla_ops.h"
@@ -905,6 +907,92 @@ TEST_F(BackendOps, MlaPrefill) {
     }
   }
   check_family("mla_prefill");
+}
+
+
+// ---------------------------------------------------------------------------
+// rope_kv_cache_write: RoPE (V2-Lite's YaRN table) on q's rope columns and
+// on kv_a's k_pe, and the latent row [c_kv | rope(k_pe)] stored into the
+// cache at slot_mapping (-1: no write), bf16 or FP8. Two comparisons per
+// backend: q, and the whole cache decoded to f32 (slots never written keep
+// their initial bytes on both sides). q and a bf16 cache: rotation of bf16
+// values in f32 stored as bf16, 8e-3 |want| + 2e-3 rms (as
+// basic_kernels_gpu_test). FP8 cache: the same rotated value may round to a
+// neighbouring e4m3 code (2^-3 relative apart): 0.13 |want| + 2e-3 rms.
+
+TEST_F(BackendOps, RopeKvCacheWrite) {
+  auto config = load_model_config(testing::model_path("configs/deepseek-v2-lite.config.json"));
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  const kernels::RopeParams rp = rope_params(*config);
+  const kernels::RopeTable table = kernels::make_rope_table(rp, 4096);
+  const Tensor inv_freq_d = device_copy(table.inv_freq, DType::kF32);
+  const kernels::MlaDims dims{kHeads, kNope, kRope, kVHead, kLora, kSoftmaxScale};
+  const int64_t q_width = kHeads * (kNope + kRope), block_size = 64, num_blocks = 8;
+  uint64_t seed = 1000;
+  for (bool fp8_cache : {false, true}) {
+    const KvCacheDtype cache_dtype = fp8_cache ? KvCacheDtype::kFp8E4M3 : KvCacheDtype::kBF16;
+    const Tol tol_q{2e-3f, 0, 8e-3f};
+    const Tol tol_cache{2e-3f, 0, fp8_cache ? 0.13f : 8e-3f};
+    for (int64_t T : {1, 37, 300}) {
+      const std::string name = std::string(fp8_cache ? "cache fp8" : "cache bf16") + " T=" + std::to_string(T);
+      StepInputs si = rows_step(T, 100, seed++);
+      for (int64_t t = 0; t < T; ++t) {  // distinct slots (T <= 512); every fifth row writes nothing
+        si.positions[t] = static_cast<int32_t>((t * 131) % 4096);
+        si.slot_mapping[t] = t % 5 == 2 ? -1 : t;
+      }
+      KvCache host_kv, dev_kv;
+      make_latent_caches(num_blocks, block_size, fp8_cache, seed++, &host_kv, &dev_kv);
+      const Tensor initial_cache = to_host(dev_kv.data);
+      const std::vector<float> q = random_bf16_values(T * q_width, 1.0f, seed++);
+      // |rope(k_pe)| <= sqrt(2) * 0.5 * attention_factor: within e4m3's 448 at k_scale 1/400.
+      const std::vector<float> kv_a = random_bf16_values(T * kLatent, 0.5f, seed++);
+
+      RopeKvCacheWriteOp ref(0, &table, dims, nullptr, 1.0f, cache_dtype);
+      Tensor q_h = Tensor::from_f32({T, q_width}, q);
+      StepSetup st;
+      st.si = &si;
+      st.host_kv = &host_kv;
+      run_cpu_reference(ref, st, {q_h, Tensor::from_f32({T, kLatent}, kv_a)}, {q_h});
+      const std::vector<float> want_q(q_h.data<float>(), q_h.data<float>() + T * q_width);
+      // The cache as f32 values (decoded as attention reads it).
+      auto decode_cache = [&](const Tensor& data) {
+        std::vector<float> v(data.numel());
+        if (fp8_cache) {
+          const auto* b = data.data<uint8_t>();
+          for (size_t i = 0; i < v.size(); ++i) v[i] = fp8e4m3_to_f32(b[i]) * (1.0f / 400.0f);
+        } else {
+          const auto* b = data.data<uint16_t>();
+          for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_f32(b[i]);
+        }
+        return v;
+      };
+      const std::vector<float> want_cache = decode_cache(host_kv.data);
+
+      DeviceInputUploader uploader;
+      const DeviceStepInputs dev = uploader.upload(si);
+      synchronize_device();
+      st.dev = &dev;
+      st.dev_kv = &dev_kv;
+      st.limits = limits_for(si, block_size);
+      for (bool check_cache : {false, true}) {
+        run_cuda_backends<RopeKvCacheWriteOp>(
+            "rope_kv_cache_write", name + (check_cache ? " cache" : " q"), st, check_cache ? want_cache : want_q,
+            check_cache ? kLatent : q_width, check_cache ? tol_cache : tol_q,
+            [&] {
+              return std::make_unique<RopeKvCacheWriteOp>(0, &table, dims, inv_freq_d.data<float>(),
+                                                          static_cast<float>(rp.attention_factor), cache_dtype);
+            },
+            [&](RopeKvCacheWriteOp& op, OpContext& ctx) {
+              copy_to_device(dev_kv.data.raw(), initial_cache.raw(), initial_cache.nbytes());  // fresh cache
+              Tensor q_d = device_tensor(q, T, q_width, DType::kBF16);
+              op.run(ctx, {q_d, device_tensor(kv_a, T, kLatent, DType::kBF16)}, {q_d});
+              synchronize_device();
+              return check_cache ? decode_cache(to_host(dev_kv.data)) : read_f32(q_d);
+            });
+      }
+    }
+  }
+  check_family("rope_kv_cache_write");
 }
 
 }  // namespace
