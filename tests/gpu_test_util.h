@@ -12,6 +12,8 @@
 
 #include "core/device.h"
 #include "core/dtype.h"
+#include "core/tensor.h"
+#include "ops/linear_weight.h"
 #include "ops/step_inputs.h"
 
 namespace nucleus::testing {
@@ -79,6 +81,72 @@ inline ::testing::AssertionResult all_close(const std::vector<float>& got, const
     }
   }
   return ::testing::AssertionSuccess() << "max abs error " << worst;
+}
+
+// A linear weight [n, k] twice: `host`, f32 on the CPU (what the CPU
+// reference backends read), and `device`, on the GPU as the CUDA backends
+// read it: bf16, or (fp8) F8E4M3 codes with 128x128 f32 scale_inv blocks
+// whose scales vary by a factor 0.5 .. 1.5 (wrong block indexing shows).
+// host holds exactly the value device represents (the bf16 value, or code *
+// scale). Values about uniform in [-a, a]; the same seed gives the same weight.
+struct LinearWeightPair {
+  LinearWeight host;
+  LinearWeight device;
+};
+
+inline LinearWeightPair make_linear_weight_pair(const std::string& name, int64_t n, int64_t k, bool fp8, float a,
+                                                uint64_t seed) {
+  LinearWeightPair p;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> ref(n * k);
+  for (LinearWeight* w : {&p.host, &p.device}) {
+    w->name = name;
+    w->out_features = n;
+    w->in_features = k;
+  }
+  if (!fp8) {
+    std::vector<uint16_t> bits(n * k);
+    for (size_t i = 0; i < bits.size(); ++i) {
+      bits[i] = f32_to_bf16(a * u(rng));
+      ref[i] = bf16_to_f32(bits[i]);
+    }
+    p.device.weight = device_copy(bits, DType::kBF16).view({n, k});
+  } else {
+    const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128;
+    std::vector<float> scale(nb * kb);
+    for (auto& s : scale) s = a / 448.0f * (1.0f + 0.5f * u(rng));
+    std::vector<uint8_t> codes(n * k);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t i = r * k + c;
+        codes[i] = f32_to_fp8e4m3(448.0f * u(rng));
+        ref[i] = fp8e4m3_to_f32(codes[i]) * scale[(r / 128) * kb + c / 128];
+      }
+    p.device.weight = device_copy(codes, DType::kF8E4M3).view({n, k});
+    p.device.scale_inv = device_copy(scale, DType::kF32).view({nb, kb});
+    p.device.block_n = p.device.block_k = 128;
+  }
+  p.host.weight = Tensor::from_f32({n, k}, ref);
+  return p;
+}
+
+// Activations [m, k] (bf16 values, k > 0) that the per-1x128 FP8 activation
+// quantizer (kernels/gemm/fp8_act_quant) represents exactly: every 128-column
+// group holds e4m3 values times 2^-8 and reaches its amax, 448 * 2^-8, at its
+// first column, so its scale is 2^-8 and each value is an e4m3 code times it.
+// A W8A8 GEMM (cuBLASLt FP8) then computes the same products as a W8A16 one
+// and the f32 reference: only the summation order differs.
+inline std::vector<float> fp8_exact_activations(int64_t m, int64_t k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-448.0f, 448.0f);
+  const float unit = 1.0f / 256.0f;
+  std::vector<float> x(m * k);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      x[r * k + c] = c % 128 == 0 ? ((r + c / 128) % 2 ? -448.0f : 448.0f) * unit
+                                  : fp8e4m3_to_f32(f32_to_fp8e4m3(u(rng))) * unit;
+  return x;
 }
 
 inline bool have_gpu() { return cuda_available(); }
