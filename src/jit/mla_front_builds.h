@@ -119,6 +119,17 @@ class MlaFrontWidthBuilds {
   mutable std::atomic<int64_t> launches_{0};
 };
 
+// The start-up plan of the width builds for the decode graph sizes `widths`
+// (ascending): build options from the switches (a cache directory that is
+// not writable is dropped with a warning), on a cold cache the first builds
+// compiled in parallel (one job a hardware thread) into the cache, then
+// MlaFrontWidthBuilds::create over every width (kLeanOnly: lean builds
+// only), logged once by rank 0. Tensor-parallel ranks plan one after another
+// (the first compiles, the others load from the cache). Errors: a malformed
+// register-cap switch, strict mode with a width left to the plain path.
+StatusOr<std::unique_ptr<MlaFrontWidthBuilds>> plan_mla_front_builds(const std::vector<int64_t>& widths,
+                                                                     WidthBuildsMode mode, bool strict, int rank);
+
 // The plain path: the existing kernels in the decode graph's order (cuBLASLt
 // q_a / kv_a / q_b, RMSNorm in place, RoPE + cache write, gather + cuBLASLt
 // absorption). q_nope_c: scratch [p.rows, num_heads, 128] bf16. Ignores

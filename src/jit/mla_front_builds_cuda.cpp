@@ -308,5 +308,55 @@ Status launch_mla_front_plain(const MlaFrontParams& p, void* q_nope_c, cudaStrea
   return ok_status();
 }
 
+
+StatusOr<std::unique_ptr<MlaFrontWidthBuilds>> plan_mla_front_builds(const std::vector<int64_t>& widths,
+                                                                     WidthBuildsMode mode, bool strict, int rank) {
+  NUCLEUS_ASSIGN_OR_RETURN(MlaFrontBuildOptions bo, MlaFrontBuildOptions::from_env());
+  if (!bo.cache_dir.empty()) {
+    if (Status w = KernelCache(bo.cache_dir).check_writable(); !w.ok()) {
+      NUCLEUS_LOG_WARN("{}; width builds are compiled without a cache (set NUCLEUS_KERNEL_CACHE_DIR)", w.message());
+      bo.cache_dir.clear();
+    }
+  }
+  MlaFrontBuilder builder(bo);
+  OnlyVariantBuilder lean_only(builder, BuildVariant::kLean, "NUCLEUS_WIDTH_BUILDS=lean");
+  WidthPlanOptions po;
+  po.strict = strict;
+  // Tensor-parallel ranks plan one after another: the first compiles (in
+  // parallel, below), the others then load every build from the cache.
+  static std::mutex plan_mutex;
+  std::lock_guard<std::mutex> plan_lock(plan_mutex);
+  const auto t0 = std::chrono::steady_clock::now();
+  // A cold cache: the first builds the plan asks for, compiled in parallel
+  // (one job per hardware thread) into the cache; the plan then loads them
+  // and compiles lean rebuilds where it must (small).
+  int prebuilt = 0;
+  if (!bo.cache_dir.empty()) {
+    const BuildVariant first = mode == WidthBuildsMode::kLeanOnly ? BuildVariant::kLean : BuildVariant::kFused;
+    const int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    for (const PrebuildResult& r : prebuild_widths(builder, widths, {first}, jobs)) {
+      prebuilt += r.compiled ? 1 : 0;
+      if (!r.status.ok())  // the plan compiles it again and records the refusal
+        NUCLEUS_LOG_DEBUG("width {} {} prebuild: {}", r.width, variant_name(r.variant), r.status.message());
+    }
+  }
+  NUCLEUS_ASSIGN_OR_RETURN(
+      std::unique_ptr<MlaFrontWidthBuilds> builds,
+      MlaFrontWidthBuilds::create(widths,
+                                  mode == WidthBuildsMode::kLeanOnly ? static_cast<WidthBuilder&>(lean_only)
+                                                                     : static_cast<WidthBuilder&>(builder),
+                                  po, bo.sm_count, bo.cooperative));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int fused = 0, lean = 0, plain = 0;
+  for (const WidthChoice& ch : builds->choices())
+    (ch.served == BuildVariant::kFused ? fused : ch.served == BuildVariant::kLean ? lean : plain)++;
+  if (rank == 0)
+    NUCLEUS_LOG_INFO("width builds: {} widths ({} fused, {} lean, {} plain) ready in {:.2f} s, {} NVRTC compiles "
+                     "(cache {})",
+                     builds->choices().size(), fused, lean, plain, secs, prebuilt + builder.compiles(),
+                     bo.cache_dir.empty() ? std::string("off") : bo.cache_dir);
+  return builds;
+}
+
 }  // namespace width
 }  // namespace nucleus

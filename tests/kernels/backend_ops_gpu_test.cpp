@@ -843,11 +843,14 @@ TEST_F(BackendOps, MlaDecode) {
 // CUDA backend then expands the prefix in pieces merged by log-sum-exp).
 // Tolerance as mla_decode's, 3e-2 max|want|: the GPU rounds K/V, P and,
 // across pieces, the running output to bf16 (mla_prefill_gpu_test bounds
-// elements by 8e-3 + 2e-2 |want| at its scales).
+// elements by 8e-3 + 2e-2 |want| at its scales). With FP8 kv_b, 6e-2: the
+// cuda_naive backend expands the latent rows through linear_forward, which
+// takes the W8A8 path (rows quantized to e4m3 per 128 columns, relative
+// error up to 2^-4 an element) from about a hundred rows; measured on the
+// H200 (2026-12-02): 0.9-1.23x of 3e-2 there, cuda_flash (W8A16) 0.1-0.2x.
 
 TEST_F(BackendOps, MlaPrefill) {
   const kernels::MlaDims dims{kHeads, kNope, kRope, kVHead, kLora, kSoftmaxScale};
-  const Tol tol{0, 3e-2f, 0};
   const int64_t block_size = 64;
   struct Case {
     const char* name;
@@ -860,6 +863,7 @@ TEST_F(BackendOps, MlaPrefill) {
   };
   uint64_t seed = 900;
   for (bool fp8_w : {false, true}) {
+    const Tol tol{0, fp8_w ? 6e-2f : 3e-2f, 0};
     const LinearWeightPair kv_b =
         make_linear_weight_pair("kv_b_proj", kHeads * (kNope + kVHead), kLora, fp8_w, 0.1f, seed++);
     for (const Case& c : cases) {

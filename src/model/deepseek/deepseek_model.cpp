@@ -1,10 +1,7 @@
 #include "model/deepseek/deepseek_model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
-#include <mutex>
-#include <thread>
 #include <sstream>
 
 #include "core/check.h"
@@ -172,54 +169,8 @@ Status DeepseekModel::prepare_width_builds() {
                                    kv_cache_dtype_);
     if (!s.ok()) return off(s.message());
   }
-  NUCLEUS_ASSIGN_OR_RETURN(width::MlaFrontBuildOptions bo, width::MlaFrontBuildOptions::from_env());
-  if (!bo.cache_dir.empty()) {
-    if (Status w = width::KernelCache(bo.cache_dir).check_writable(); !w.ok()) {
-      NUCLEUS_LOG_WARN("{}; width builds are compiled without a cache (set NUCLEUS_KERNEL_CACHE_DIR)", w.message());
-      bo.cache_dir.clear();
-    }
-  }
-  width::MlaFrontBuilder builder(bo);
-  width::OnlyVariantBuilder lean_only(builder, width::BuildVariant::kLean, "NUCLEUS_WIDTH_BUILDS=lean");
-  width::WidthPlanOptions po;
-  po.strict = strict;
-  // Tensor-parallel ranks plan one after another: the first compiles (in
-  // parallel, below), the others then load every build from the cache.
-  static std::mutex plan_mutex;
-  std::lock_guard<std::mutex> plan_lock(plan_mutex);
-  const auto t0 = std::chrono::steady_clock::now();
-  // A cold cache: the first builds the plan asks for, compiled in parallel
-  // (one job per hardware thread) into the cache; the plan then loads them
-  // and compiles lean rebuilds where it must (small).
-  int prebuilt = 0;
-  if (!bo.cache_dir.empty()) {
-    const width::BuildVariant first = options_.width_builds == width::WidthBuildsMode::kLeanOnly
-                                          ? width::BuildVariant::kLean
-                                          : width::BuildVariant::kFused;
-    const int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    for (const width::PrebuildResult& r : width::prebuild_widths(builder, options_.cuda_graph_sizes, {first}, jobs)) {
-      prebuilt += r.compiled ? 1 : 0;
-      if (!r.status.ok())  // the plan compiles it again and records the refusal
-        NUCLEUS_LOG_DEBUG("width {} {} prebuild: {}", r.width, width::variant_name(r.variant), r.status.message());
-    }
-  }
-  NUCLEUS_ASSIGN_OR_RETURN(
-      std::unique_ptr<width::MlaFrontWidthBuilds> builds,
-      width::MlaFrontWidthBuilds::create(options_.cuda_graph_sizes,
-                                         options_.width_builds == width::WidthBuildsMode::kLeanOnly
-                                             ? static_cast<width::WidthBuilder&>(lean_only)
-                                             : static_cast<width::WidthBuilder&>(builder),
-                                         po, bo.sm_count, bo.cooperative));
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  int fused = 0, lean = 0, plain = 0;
-  for (const width::WidthChoice& ch : builds->choices())
-    (ch.served == width::BuildVariant::kFused ? fused : ch.served == width::BuildVariant::kLean ? lean : plain)++;
-  if (rank_.shard.rank == 0)
-    NUCLEUS_LOG_INFO("width builds: {} widths ({} fused, {} lean, {} plain) ready in {:.2f} s, {} NVRTC compiles "
-                     "(cache {})",
-                     builds->choices().size(), fused, lean, plain, secs, prebuilt + builder.compiles(),
-                     bo.cache_dir.empty() ? std::string("off") : bo.cache_dir);
-  width_builds_ = std::move(builds);
+  NUCLEUS_ASSIGN_OR_RETURN(width_builds_, width::plan_mla_front_builds(options_.cuda_graph_sizes, options_.width_builds,
+                                                                        strict, rank_.shard.rank));
   width_barrier_ = Tensor::empty({2}, DType::kI32, Device::kCuda);
   zero_device(width_barrier_);
   return ok_status();
