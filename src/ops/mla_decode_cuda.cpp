@@ -26,7 +26,9 @@
 #include "core/cuda/cuda_check.h"
 #include "kernels/mla/flashinfer_mla.cuh"
 #include "kernels/mla/mla_decode.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
+#include "ops/mla_decode_cuda.h"
+#include "ops/mla_ops_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

@@ -6,7 +6,9 @@
 #include "core/check.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/mla_decode_cuda.h"
+#include "ops/mla_ops_cuda.h"
+#include "ops/mla_prefill_cuda.h"
 #endif
 
 namespace nucleus {

@@ -5,7 +5,10 @@
 #include "kernels/mla/gather_kv_b_proj.cuh"
 #include "kernels/mla/mla_attention_naive.cuh"
 #include "kernels/rope/rope_kv_cache.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
+#include "ops/mla_decode_cuda.h"
+#include "ops/mla_ops_cuda.h"
+#include "ops/mla_prefill_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

@@ -24,8 +24,9 @@
 #include "core/cuda/cuda_check.h"
 #include "core/knobs.h"
 #include "kernels/mla/mla_prefill.cuh"
-#include "ops/cuda_backends.h"
 #include "ops/gather_kv_b_proj.h"
+#include "ops/mla_ops_cuda.h"
+#include "ops/mla_prefill_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

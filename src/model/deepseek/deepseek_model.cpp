@@ -26,7 +26,6 @@
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "jit/mla_front_builds.h"
-#include "ops/cuda_backends.h"
 #endif
 
 namespace nucleus {
