@@ -28,7 +28,7 @@
 #include "kernels/mla/mla_decode.cuh"
 #include "ops/linear_cuda.h"
 #include "ops/mla_decode_cuda.h"
-#include "ops/mla_ops_cuda.h"
+#include "ops/rope_kv_cache_write_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

@@ -1,12 +1,12 @@
 // The CUDA backends of the mla_decode op family: "nucleus" and "flashinfer"
-// (ops/mla_decode_cuda.cpp), "cuda_naive" (ops/mla_ops_cuda.cpp).
+// (ops/mla_decode_cuda.cpp), "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
 #include "core/status.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 
 namespace nucleus::cuda_ops {
 
@@ -25,7 +25,7 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 size_t mla_decode_flashinfer_workspace(const MlaDecodeAttentionOp& op, const StepLimits& limits);
 std::shared_ptr<StepPlan> mla_decode_flashinfer_plan(const MlaDecodeAttentionOp& op);
 
-// "cuda_naive" (ops/mla_ops_cuda.cpp): the plain absorbed-form kernel over
+// "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp): the plain absorbed-form kernel over
 // the served rows, out[1].dim(0) rows per launch; bf16 or FP8 cache.
 Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

@@ -3,7 +3,7 @@
 #include "core/cuda/context.h"
 #include "jit/mla_front_builds.h"
 #include "ops/mla_front_cuda.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 
 namespace nucleus::cuda_ops {
 

@@ -25,7 +25,7 @@
 #include "core/knobs.h"
 #include "kernels/mla/mla_prefill.cuh"
 #include "ops/gather_kv_b_proj.h"
-#include "ops/mla_ops_cuda.h"
+#include "ops/rope_kv_cache_write_cuda.h"
 #include "ops/mla_prefill_cuda.h"
 #include "ops/op_cuda_check.h"
 

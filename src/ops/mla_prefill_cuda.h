@@ -1,12 +1,12 @@
 // The CUDA backends of the mla_prefill op family: "cuda_flash"
-// (ops/mla_prefill_cuda.cpp) and "cuda_naive" (ops/mla_ops_cuda.cpp).
+// (ops/mla_prefill_cuda.cpp) and "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
 #include "core/status.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 
 namespace nucleus::cuda_ops {
 
@@ -19,7 +19,7 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 size_t mla_prefill_flash_workspace(const MlaPrefillAttentionOp& op, const StepLimits& limits);
 std::shared_ptr<StepPlan> mla_prefill_flash_plan(const MlaPrefillAttentionOp& op);
 
-// "cuda_naive" (ops/mla_ops_cuda.cpp): expanded-form attention on the plain
+// "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp): expanded-form attention on the plain
 // kernels, K/V expanded from the latent cache at most context_chunk rows (and
 // 256 MiB of scratch) at a time; bf16 or FP8 cache.
 Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op);

@@ -51,7 +51,7 @@
 #include "runtime/model_executor.h"
 #include "ops/gather_kv_b_proj.h"
 #include "ops/kv_cache_dtype.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 #include "test_util.h"
 
 

@@ -16,7 +16,7 @@
 #include "graph/passes/splitk_pass.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 #include "ops/prezero.h"
 #include "ops/splitk.h"
 

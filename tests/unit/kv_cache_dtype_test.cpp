@@ -35,7 +35,7 @@
 #include "kernels/rope/rope_ref.h"
 #include "model/deepseek/kernel_params.h"
 #include "ops/kv_cache_dtype.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 #include "test_util.h"
 
 namespace nucleus {

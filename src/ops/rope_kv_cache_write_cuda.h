@@ -1,10 +1,10 @@
 // The CUDA backend of rope_kv_cache_write and the naive CUDA backends of
-// mla_decode and mla_prefill (ops/mla_ops_cuda.cpp).
+// mla_decode and mla_prefill (ops/rope_kv_cache_write_cuda.cpp).
 #pragma once
 
 #include "core/status.h"
 #include "ops/kv_cache_dtype.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 
 namespace nucleus::cuda_ops {
 

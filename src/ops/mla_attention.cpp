@@ -1,4 +1,4 @@
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 
 #include <cstring>
 #include <vector>
@@ -7,7 +7,7 @@
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/mla_decode_cuda.h"
-#include "ops/mla_ops_cuda.h"
+#include "ops/rope_kv_cache_write_cuda.h"
 #include "ops/mla_prefill_cuda.h"
 #endif
 

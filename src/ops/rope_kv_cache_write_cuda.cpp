@@ -7,7 +7,7 @@
 #include "kernels/rope/rope_kv_cache.cuh"
 #include "ops/linear_cuda.h"
 #include "ops/mla_decode_cuda.h"
-#include "ops/mla_ops_cuda.h"
+#include "ops/rope_kv_cache_write_cuda.h"
 #include "ops/mla_prefill_cuda.h"
 #include "ops/op_cuda_check.h"
 
