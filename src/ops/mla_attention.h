@@ -1,56 +1,17 @@
-// Multi-head latent attention ops: RoPE fused with the latent KV-cache write,
-// and attention over the cache in expanded or absorbed form.
+// Multi-head latent attention: what the mla_decode and mla_prefill op
+// families (ops/mla_decode.h, ops/mla_prefill.h) share: the attention mode,
+// the ops' common fields, the cache dtype check and the CPU reference run.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "kernels/mla/mla_attention_ref.h"
-#include "kernels/rope/rope_ref.h"
+#include "ops/kv_cache_dtype.h"
 #include "ops/linear_weight.h"
 #include "ops/op.h"
 
 namespace nucleus {
-
-// For each token t (position p = positions[t]):
-//   q[t, h, qk_nope:] = rope(q[t, h, qk_nope:], p) for every head h;
-//   k_pe = rope(kv_a[t, kv_lora:], p);
-//   if slot_mapping[t] >= 0: cache[layer, slot] = stored([kv_a[t, :kv_lora] | k_pe])
-// where stored() is the cache dtype's encoding (ops/kv_cache_dtype.h): the
-// value (f32), its bf16 rounding, or e4m3(value / k_scale[layer]) (FP8).
-// kv_a's first kv_lora columns must already be normalised (kv_a_layernorm).
-// Buffers: in = {q [T, num_heads * qk_head], kv_a [T, kv_lora + qk_rope]};
-// out = {q} (in place), or, when in[0] is a split-K GEMM's f32 output
-// (graph/passes/splitk_pass.h), out = {the declared q buffer}: q written whole
-// from in[0] (q_nope copied, q_pe rotated). The same kernel writes prefill and
-// decode rows, so a token's row does not depend on the step that wrote it.
-class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
- public:
-  // `inv_freq_device` ([qk_rope / 2] f32 on the device, CUDA only) and
-  // `attention_factor` give the CUDA kernel the same rotation as `rope`.
-  // `cache_dtype`: the cache this op writes (backends refuse dtypes they
-  // cannot encode; run() checks the cache it is given against it).
-  RopeKvCacheWriteOp(int64_t layer, const kernels::RopeTable* rope, kernels::MlaDims dims,
-                     const float* inv_freq_device = nullptr, float attention_factor = 1.0f,
-                     KvCacheDtype cache_dtype = KvCacheDtype::kBF16)
-      : layer_(layer), rope_(rope), dims_(dims), inv_freq_device_(inv_freq_device),
-        attention_factor_(attention_factor), cache_dtype_(cache_dtype) {}
-  const char* kind() const override { return "rope_kv_cache_write"; }
-  std::string attrs() const override;
-  bool accepts_f32_input(size_t index) const override { return index == 0; }
-  static const std::vector<Backend<RopeKvCacheWriteOp>>& backends();
-  int64_t layer() const { return layer_; }
-  const kernels::RopeTable& rope() const { return *rope_; }
-  const kernels::MlaDims& dims() const { return dims_; }
-  const float* inv_freq_device() const { return inv_freq_device_; }
-  float attention_factor() const { return attention_factor_; }
-  KvCacheDtype cache_dtype() const { return cache_dtype_; }
-
- private:
-  int64_t layer_;
-  const kernels::RopeTable* rope_;
-  kernels::MlaDims dims_;
-  const float* inv_freq_device_;
-  float attention_factor_;
-  KvCacheDtype cache_dtype_;
-};
 
 // How attention reads the latent cache.
 //   kExpanded: kv_b_proj applied to every cached latent (prefill form).
@@ -95,46 +56,20 @@ class MlaAttentionBase {
 // Checks (a bug if not) that `kv` stores `expected` rows; `who` names the op.
 void check_cache_dtype(const KvCache& kv, KvCacheDtype expected, const char* who);
 
-// Absorbed-form (decode) attention over the paged latent cache for the rows of
-// the sequences it serves (run after RopeKvCacheWriteOp, so a row sees its own
-// key). Buffers: in = {q [T, num_heads * qk_head]}; out = {attn_out
-// [T, num_heads * v_head] (only its rows written), q_lat, o_lat scratch
-// [W, num_heads * kv_lora] f32 (backends may use them, W rows at a time)}.
-class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public MlaAttentionBase {
- public:
-  using MlaAttentionBase::MlaAttentionBase;
-  const char* kind() const override { return "mla_decode"; }
-  std::string attrs() const override;
-  // A plan serves the ops of one head count and mode.
-  std::string step_plan_key() const override {
-    return "heads=" + std::to_string(dims().num_heads) + " mode=" + attention_mode_name(mode());
-  }
-  static const std::vector<Backend<MlaDecodeAttentionOp>>& backends();
-};
+// The CPU reference of an attention op: `ref` (kernels::mla_attention_absorbed_ref
+// or mla_attention_expanded_ref) for every sequence the op serves
+// (serves_sequence() with `decode_op`), over its latent rows [0, context +
+// query) gathered through its block table and decoded to f32. q: [T,
+// num_heads * qk_head] f32; o: [T, num_heads * v_head] f32, only the served
+// sequences' rows written. A bug (check) when the cache is not the op's
+// dtype or a sequence lacks a block for one of its positions.
+using MlaReferenceFn = void (*)(const kernels::MlaDims& dims, const float* q, int64_t q_stride, int64_t num_queries,
+                                int64_t context_len, const float* latent, const float* w_kv_b, float* out,
+                                int64_t out_stride, float* lse);
+void run_mla_reference(const MlaAttentionBase& op, bool decode_op, OpContext& ctx, const Tensor& q, const Tensor& o,
+                       MlaReferenceFn ref);
 
-// Expanded-form (prefill) causal attention for the sequences it serves: each
-// query attends to the sequence's cached rows (earlier chunks, prefix-cache
-// hits) and its own chunk, K_nope / V rebuilt from the latent rows by
-// kv_b_proj. CUDA expands at most `context_chunk` cached rows at a time and
-// merges the pieces by log-sum-exp. Buffers: in = {q}; out = {attn_out}.
-class MlaPrefillAttentionOp : public OpWithBackends<MlaPrefillAttentionOp>, public MlaAttentionBase {
- public:
-  MlaPrefillAttentionOp(int64_t layer, const LinearWeight* kv_b, kernels::MlaDims dims, AttentionMode mode,
-                        int64_t context_chunk, KvCacheDtype cache_dtype = KvCacheDtype::kBF16)
-      : MlaAttentionBase(layer, kv_b, dims, mode, cache_dtype), context_chunk_(context_chunk) {}
-  const char* kind() const override { return "mla_prefill"; }
-  std::string attrs() const override;
-  // A plan serves the ops of one head shape, mode and context chunk.
-  std::string step_plan_key() const override {
-    return "heads=" + std::to_string(dims().num_heads) + " qk=" + std::to_string(dims().qk_head()) +
-           " v=" + std::to_string(dims().v_head) + " mode=" + attention_mode_name(mode()) +
-           " chunk=" + std::to_string(context_chunk_);
-  }
-  static const std::vector<Backend<MlaPrefillAttentionOp>>& backends();
-  int64_t context_chunk() const { return context_chunk_; }
-
- private:
-  int64_t context_chunk_;
-};
+// OK when the CPU reference reads the op's kv_b_proj (an F32 weight).
+Status cpu_kv_b_supported(const MlaAttentionBase& op);
 
 }  // namespace nucleus

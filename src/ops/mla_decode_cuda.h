@@ -1,12 +1,12 @@
-// The CUDA backends of the mla_decode op family: "nucleus" and "flashinfer"
-// (ops/mla_decode_cuda.cpp), "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp).
+// The CUDA backends of the mla_decode op family: "nucleus",
+// "flashinfer" and "cuda_naive" (ops/mla_decode_cuda.cpp).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
 #include "core/status.h"
-#include "ops/mla_attention.h"
+#include "ops/mla_decode.h"
 
 namespace nucleus::cuda_ops {
 
@@ -25,8 +25,8 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 size_t mla_decode_flashinfer_workspace(const MlaDecodeAttentionOp& op, const StepLimits& limits);
 std::shared_ptr<StepPlan> mla_decode_flashinfer_plan(const MlaDecodeAttentionOp& op);
 
-// "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp): the plain absorbed-form kernel over
-// the served rows, out[1].dim(0) rows per launch; bf16 or FP8 cache.
+// "cuda_naive": the plain absorbed-form kernel over the served rows,
+// out[1].dim(0) rows per launch; bf16 or FP8 cache.
 Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op);
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 

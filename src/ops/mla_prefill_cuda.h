@@ -1,12 +1,12 @@
-// The CUDA backends of the mla_prefill op family: "cuda_flash"
-// (ops/mla_prefill_cuda.cpp) and "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp).
+// The CUDA backends of the mla_prefill op family: "cuda_flash" and
+// "cuda_naive" (ops/mla_prefill_cuda.cpp).
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
 #include "core/status.h"
-#include "ops/mla_attention.h"
+#include "ops/mla_prefill.h"
 
 namespace nucleus::cuda_ops {
 
@@ -19,9 +19,9 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
 size_t mla_prefill_flash_workspace(const MlaPrefillAttentionOp& op, const StepLimits& limits);
 std::shared_ptr<StepPlan> mla_prefill_flash_plan(const MlaPrefillAttentionOp& op);
 
-// "cuda_naive" (ops/rope_kv_cache_write_cuda.cpp): expanded-form attention on the plain
-// kernels, K/V expanded from the latent cache at most context_chunk rows (and
-// 256 MiB of scratch) at a time; bf16 or FP8 cache.
+// "cuda_naive": expanded-form attention on the plain kernels, K/V expanded
+// from the latent cache at most context_chunk rows (and 256 MiB of scratch)
+// at a time; bf16 or FP8 cache.
 Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 

@@ -29,7 +29,7 @@
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/mla/mla_attention_ref.h"
 #include "kernels/mla/mla_prefill.cuh"
-#include "ops/mla_attention.h"
+#include "ops/mla_prefill.h"
 #include "ops/mla_prefill_cuda.h"
 
 namespace nucleus::kernels {

@@ -18,9 +18,12 @@
 #include "ops/basic_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/linear_op.h"
+#include "ops/mla_decode.h"
 #include "ops/mla_front_op.h"
+#include "ops/mla_prefill.h"
 #include "ops/moe_ops.h"
 #include "ops/prezero.h"
+#include "ops/rope_kv_cache_write.h"
 #include "ops/skinny.h"
 #include "ops/splitk.h"
 
