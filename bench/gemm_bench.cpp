@@ -30,7 +30,7 @@
 #include "core/roofline.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
 
 using namespace nucleus;
 

@@ -30,7 +30,7 @@
 #include "graph/device_inputs.h"
 #include "graph/step_resources.h"
 #include "kernels/mla/flashinfer_mla.cuh"
-#include "ops/mla_ops.h"
+#include "ops/mla_decode.h"
 
 using namespace nucleus;
 

@@ -29,7 +29,7 @@
 #include "graph/device_inputs.h"
 #include "graph/step_resources.h"
 #include "kernels/mla/mla_prefill.cuh"
-#include "ops/mla_ops.h"
+#include "ops/mla_prefill.h"
 
 namespace nucleus {
 namespace {

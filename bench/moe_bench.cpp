@@ -29,7 +29,7 @@
 #include "core/device.h"
 #include "core/roofline.h"
 #include "graph/step_resources.h"
-#include "ops/cuda_backends.h"
+#include "ops/moe_cuda.h"
 #include "ops/moe_ops.h"
 
 using namespace nucleus;

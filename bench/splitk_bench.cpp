@@ -42,7 +42,7 @@
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/splitk_gemm.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/basic_ops_cuda.h"
 #include "ops/prezero.h"
 
 using namespace nucleus;

@@ -8,7 +8,8 @@
 #include "kernels/rmsnorm/rmsnorm_ref.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/basic_ops_cuda.h"
+#include "ops/collective_ops_cuda.h"
 #endif
 
 namespace nucleus {

@@ -6,7 +6,7 @@
 #include "kernels/embedding/embedding.cuh"
 #include "kernels/gather/gather_rows.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/basic_ops_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

@@ -3,7 +3,7 @@
 #include <cstring>
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/collective_ops_cuda.h"
 #endif
 
 namespace nucleus {

@@ -8,7 +8,8 @@
 #include "core/knobs.h"
 #include "kernels/allreduce/allreduce_rmsnorm.cuh"
 #include "ops/allreduce_choice.h"
-#include "ops/cuda_backends.h"
+#include "ops/basic_ops_cuda.h"
+#include "ops/collective_ops_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

@@ -11,6 +11,10 @@
 #include "core/device.h"
 #include "ops/op.h"
 
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/gather_kv_b_proj_cuda.h"
+#endif
+
 namespace nucleus {
 
 namespace {

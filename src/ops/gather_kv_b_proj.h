@@ -93,19 +93,11 @@ StatusOr<kernels::KvBWeightFormat> read_kv_b_weight_format(const LinearWeight& k
 std::string describe_kv_b_weight_format(const kernels::KvBWeightFormat& f);
 
 // The implementations as the dispatch lists them (internal; the CUDA ones are
-// in gather_kv_b_proj_cuda.cpp). supports() returns OK or why not.
+// declared in gather_kv_b_proj_cuda.h). supports() returns OK or why not.
 namespace gather_kv_b_proj_impl {
 using Format = StatusOr<kernels::KvBWeightFormat>;
 // What every implementation refuses: a shuffled cache, an unreadable format.
 Status common_refusal(const Format& format, const GatherKvBProjSpec& spec);
-#ifdef NUCLEUS_HAVE_CUDA
-Status fused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, const Format& format);
-StatusOr<std::unique_ptr<GatherKvBProj>> fused_make(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
-                                                    const kernels::KvBWeightFormat& format);
-Status unfused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, const Format& format);
-StatusOr<std::unique_ptr<GatherKvBProj>> unfused_make(const LinearWeight& kv_b, const GatherKvBProjSpec& spec,
-                                                      const kernels::KvBWeightFormat& format);
-#endif
 }  // namespace gather_kv_b_proj_impl
 
 }  // namespace nucleus

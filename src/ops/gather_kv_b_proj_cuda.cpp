@@ -12,6 +12,7 @@
 #include "kernels/gemm/gemm_naive.cuh"
 #include "kernels/mla/gather_kv_b_proj.cuh"
 #include "ops/gather_kv_b_proj.h"
+#include "ops/gather_kv_b_proj_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::gather_kv_b_proj_impl {

@@ -22,7 +22,7 @@
 #include "core/logging.h"
 #include "kernels/gemm/fp8_gemm.cuh"
 #include "kernels/gemm/fp8_gemm_cublaslt.h"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
 #include "ops/op_cuda_check.h"
 #include "ops/split_workspace_cuda.h"
 

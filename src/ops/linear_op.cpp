@@ -5,7 +5,7 @@
 #include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
 #endif
 
 namespace nucleus {

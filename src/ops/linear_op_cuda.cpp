@@ -2,7 +2,7 @@
 #include "core/cuda/cuda_check.h"
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

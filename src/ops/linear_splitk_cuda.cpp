@@ -13,7 +13,7 @@
 #include "kernels/gemm/gemm_cublaslt.h"
 #include "kernels/gemm/gemm_naive.cuh"
 #include "kernels/gemm/splitk_gemm.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
 #include "ops/op_cuda_check.h"
 #include "ops/split_workspace_cuda.h"
 #include "ops/splitk.h"

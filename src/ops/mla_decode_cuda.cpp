@@ -1,6 +1,7 @@
-// The fast CUDA backends of the mla_decode op family: "nucleus" (own split-KV
-// flash-decoding kernel, kernels/mla/mla_decode.cuh) and "flashinfer"
-// (FlashInfer's Hopper MLA kernel, kernels/mla/flashinfer_mla.cuh). Both
+// The CUDA backends of the mla_decode op family: "nucleus" (own split-KV
+// flash-decoding kernel, kernels/mla/mla_decode.cuh), "flashinfer"
+// (FlashInfer's Hopper MLA kernel, kernels/mla/flashinfer_mla.cuh) and, at the
+// end, "cuda_naive" (the plain absorbed-form kernel). The fast two
 // share the absorption: q_lat = q_nope . W_UK and out = o_lat . W_UV as
 // cuBLASLt batched GEMMs over heads, with a bf16 copy of an FP8 kv_b_proj
 // made once on first use (op.state()[0]).
@@ -25,8 +26,11 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "kernels/mla/flashinfer_mla.cuh"
+#include "kernels/mla/mla_attention_naive.cuh"
 #include "kernels/mla/mla_decode.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
+#include "ops/mla_decode_cuda.h"
+#include "ops/mla_attention_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
@@ -339,6 +343,50 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
     p.float_workspace = ctx.workspace.data;
     NUCLEUS_OP_CUDA_CHECK(kernels::flashinfer_mla_decode(**batch, p, stream()));
   });
+}
+
+// "cuda_naive": the plain absorbed-form kernel (kernels/mla/mla_attention_naive.cuh).
+Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
+
+void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const StepInputs& si = *ctx.inputs;
+  const DeviceStepInputs& dev = *ctx.dev;
+  KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.cache_dtype(), "mla_decode cuda_naive");
+  const Tensor& q = in[0];
+  const int64_t T = q.dim(0);
+  // All rows (forced absorbed), or the single-token sequences' rows (auto).
+  const int32_t* rows = nullptr;
+  int64_t num_rows = T;
+  if (op.mode() == AttentionMode::kAuto && dev.num_single_token_rows != T) {
+    rows = dev.single_token_rows;
+    num_rows = dev.num_single_token_rows;
+  }
+  const int64_t chunk_rows = out[1].dim(0);
+  for (int64_t r0 = 0; r0 < num_rows; r0 += chunk_rows) {
+    kernels::MlaAbsorbedParams p;
+    p.s = mla_naive_shape(op.dims());
+    p.q = q.data<__nv_bfloat16>();
+    p.q_stride = q.row_numel();
+    p.rows = rows ? rows + r0 : nullptr;
+    p.row_offset = rows ? 0 : r0;
+    p.num_rows = std::min(chunk_rows, num_rows - r0);
+    p.token_seq = dev.token_seq;
+    p.query_start = dev.query_start;
+    p.context_lens = dev.context_lens;
+    p.block_tables = dev.block_tables;
+    p.max_blocks = si.max_blocks_per_seq;
+    p.block_size = static_cast<int>(kv.block_size);
+    p.cache = kv.layer_data(op.layer());
+    p.cache_fp8 = kv.dtype() == KvCacheDtype::kFp8E4M3;
+    p.k_scale = kv.layer_k_scale(op.layer());
+    p.kv_b = weight_view(op.kv_b());
+    p.q_lat = out[1].data<float>();
+    p.o_lat = out[2].data<float>();
+    p.out = out[0].data<__nv_bfloat16>();
+    p.out_stride = out[0].row_numel();
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_absorbed_naive(p, stream()));
+  }
 }
 
 }  // namespace nucleus::cuda_ops

@@ -2,7 +2,8 @@
 // rows, else the plain chain (both in jit/mla_front_builds_cuda.cpp).
 #include "core/cuda/context.h"
 #include "jit/mla_front_builds.h"
-#include "ops/cuda_backends.h"
+#include "ops/mla_attention.h"
+#include "ops/mla_front_cuda.h"
 
 namespace nucleus::cuda_ops {
 

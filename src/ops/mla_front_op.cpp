@@ -3,7 +3,7 @@
 #include <string>
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/mla_front_cuda.h"
 #endif
 
 namespace nucleus {

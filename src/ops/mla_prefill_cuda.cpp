@@ -1,4 +1,5 @@
-// "cuda_flash": expanded-form MLA prefill attention on tensor cores.
+// "cuda_flash": expanded-form MLA prefill attention on tensor cores (the
+// plain-kernel "cuda_naive" is at the end of the file).
 //
 // Per step (PrefillPlan, shared by the layers), for the sequences the ops serve:
 //  1. plan on the host: each sequence needs the K/V of its key positions
@@ -23,9 +24,13 @@
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "core/knobs.h"
+#include "kernels/mla/gather_kv_b_proj.cuh"
+#include "kernels/mla/mla_attention_naive.cuh"
 #include "kernels/mla/mla_prefill.cuh"
-#include "ops/cuda_backends.h"
 #include "ops/gather_kv_b_proj.h"
+#include "ops/linear_cuda.h"
+#include "ops/mla_attention_cuda.h"
+#include "ops/mla_prefill_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
@@ -319,6 +324,88 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
     p.block_m = l.block_m;
     p.use_wgmma = use_wgmma();
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_prefill(p, stream));
+  }
+}
+
+// "cuda_naive": expanded-form attention on the plain kernels
+// (kernels/mla/mla_attention_naive.cuh).
+namespace {
+
+// Grows `t` to `shape`; kResourceExhausted when the device has no room (the
+// step fails, the process goes on).
+Status ensure(Tensor& t, std::vector<int64_t> shape, DType dtype) {
+  if (t.defined() && t.numel() >= shape_numel(shape)) return ok_status();
+  t = Tensor();  // the old buffer goes first, so its memory counts toward the new one
+  NUCLEUS_ASSIGN_OR_RETURN(t, try_empty(std::move(shape), dtype, Device::kCuda, "mla_prefill cuda_naive scratch"));
+  return ok_status();
+}
+
+constexpr int64_t kQueryGroup = 512;           // query rows per expanded launch
+constexpr int64_t kKvBudgetBytes = 256ll << 20;  // expanded K/V scratch
+}  // namespace
+
+Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op) {
+  return cuda_cache_dtype_supported(op.cache_dtype());
+}
+
+void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const StepInputs& si = *ctx.inputs;
+  const DeviceStepInputs& dev = *ctx.dev;
+  KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.cache_dtype(), "mla_prefill cuda_naive");
+  const kernels::MlaShape s = mla_naive_shape(op.dims());
+  const void* cache = kv.layer_data(op.layer());
+  const DType cache_dtype = kv.data.dtype();
+  const float k_scale = kv.layer_k_scale(op.layer());
+  const Tensor& q = in[0];
+  const Tensor& o = out[0];
+  // state: latent rows, expanded K/V, running output, running LSE.
+  auto& st = op.state();
+  st.resize(4);
+  const int64_t kv_width = s.num_heads * (s.qk_nope + s.v_head);
+  const int64_t chunk = std::max<int64_t>(
+      64, std::min<int64_t>(op.context_chunk(), kKvBudgetBytes / (kv_width * 2)));
+  for (int64_t seq = 0; seq < si.num_seqs(); ++seq) {
+    const int32_t num_q = si.query_len(seq);
+    if (num_q == 0 || !serves_sequence(op.mode(), false, num_q)) continue;
+    const int64_t q_begin = si.query_start[seq], ctx_len = si.context_lens[seq];
+    const int32_t* table = dev.block_tables + seq * si.max_blocks_per_seq;
+    for (Status e : {ensure(st[0], {chunk, s.latent()}, DType::kBF16), ensure(st[1], {chunk, kv_width}, DType::kBF16),
+                     ensure(st[2], {kQueryGroup, s.num_heads, s.v_head}, DType::kF32),
+                     ensure(st[3], {kQueryGroup, s.num_heads}, DType::kF32)})
+      if (!e.ok()) return ctx.fail(std::move(e));
+    for (int64_t i0 = 0; i0 < num_q; i0 += kQueryGroup) {
+      const int64_t nq = std::min<int64_t>(kQueryGroup, num_q - i0);
+      const int64_t keys = ctx_len + i0 + nq;  // causal: the group's last query sees these
+      for (int64_t k0 = 0; k0 < keys; k0 += chunk) {
+        const int64_t nk = std::min(chunk, keys - k0);
+        // Latent rows as bf16 (an FP8 row times k_scale, rounded once).
+        NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_dequant_latent(cache, cache_dtype, s.latent(), k_scale, table,
+                                                                 static_cast<int>(kv.block_size), k0, nk,
+                                                                 st[0].data<__nv_bfloat16>(), engine_stream()));
+        if (Status ls = linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width,
+                                       false);
+            !ls.ok())
+          return ctx.fail(ls.with_context("mla_prefill kv_b expansion"));
+        kernels::MlaExpandedPieceParams p;
+        p.s = s;
+        p.q = q.data<__nv_bfloat16>() + (q_begin + i0) * q.row_numel();
+        p.q_stride = q.row_numel();
+        p.num_q = nq;
+        p.q_pos0 = ctx_len + i0;
+        p.kv = st[1].data<__nv_bfloat16>();
+        p.latent = st[0].data<__nv_bfloat16>();
+        p.key_begin = k0;
+        p.num_keys = nk;
+        p.acc = st[2].data<float>();
+        p.lse = st[3].data<float>();
+        p.first = k0 == 0;
+        NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_expanded_piece_naive(p, engine_stream()));
+      }
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_store_output(st[2].data<float>(), nq, s.num_heads, s.v_head,
+                                                          o.data<__nv_bfloat16>() + (q_begin + i0) * o.row_numel(),
+                                                          o.row_numel(), engine_stream()));
+    }
   }
 }
 

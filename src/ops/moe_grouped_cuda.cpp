@@ -21,7 +21,8 @@
 #include "core/device.h"
 #include "core/knobs.h"
 #include "kernels/moe/moe_grouped.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
+#include "ops/moe_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

@@ -6,7 +6,7 @@
 #include "io/hf_config.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/moe_cuda.h"
 #endif
 
 namespace nucleus {

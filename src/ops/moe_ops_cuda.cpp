@@ -5,7 +5,8 @@
 #include "core/cuda/cuda_check.h"
 #include "core/device.h"
 #include "kernels/moe/moe_naive.cuh"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
+#include "ops/moe_cuda.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {

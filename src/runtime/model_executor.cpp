@@ -11,7 +11,7 @@
 #include "model/weights.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
-#include "ops/cuda_backends.h"
+#include "ops/collective_ops_cuda.h"
 #endif
 
 namespace nucleus {

@@ -26,7 +26,7 @@
 #include "kernels/gemm/fp8_gemm.cuh"
 #include "kernels/gemm/fp8_gemm_cublaslt.h"
 #include "kernels/gemm/gemm_ref.h"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
 #include "ops/linear_op.h"
 
 namespace nucleus::kernels {

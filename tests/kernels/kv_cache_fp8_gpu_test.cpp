@@ -51,7 +51,9 @@
 #include "runtime/model_executor.h"
 #include "ops/gather_kv_b_proj.h"
 #include "ops/kv_cache_dtype.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_decode.h"
+#include "ops/mla_prefill.h"
+#include "ops/rope_kv_cache_write.h"
 #include "test_util.h"
 
 

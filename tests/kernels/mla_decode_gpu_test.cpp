@@ -24,7 +24,7 @@
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/mla/flashinfer_mla.cuh"
 #include "kernels/mla/mla_attention_ref.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_decode.h"
 
 namespace nucleus {
 namespace {

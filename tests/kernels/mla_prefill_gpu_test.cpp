@@ -29,8 +29,8 @@
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/mla/mla_attention_ref.h"
 #include "kernels/mla/mla_prefill.cuh"
-#include "ops/cuda_backends.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_prefill.h"
+#include "ops/mla_prefill_cuda.h"
 
 namespace nucleus::kernels {
 namespace {

@@ -27,7 +27,8 @@
 #include "kernels/moe/moe_grouped.cuh"
 #include "kernels/moe/moe_naive.cuh"
 #include "kernels/moe/moe_ref.h"
-#include "ops/cuda_backends.h"
+#include "ops/linear_cuda.h"
+#include "ops/moe_cuda.h"
 #include "ops/moe_ops.h"
 
 namespace nucleus::kernels {

@@ -16,8 +16,8 @@
 #include "graph/passes/splitk_pass.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
-#include "ops/mla_ops.h"
 #include "ops/prezero.h"
+#include "ops/rope_kv_cache_write.h"
 #include "ops/splitk.h"
 
 // Split-K is off by default until measured; these tests exercise its "auto"

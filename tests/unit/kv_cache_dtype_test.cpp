@@ -35,7 +35,9 @@
 #include "kernels/rope/rope_ref.h"
 #include "model/deepseek/kernel_params.h"
 #include "ops/kv_cache_dtype.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_decode.h"
+#include "ops/mla_prefill.h"
+#include "ops/rope_kv_cache_write.h"
 #include "test_util.h"
 
 namespace nucleus {

@@ -1,5 +1,5 @@
 // CUDA RoPE on q_pe and k_pe fused with the latent KV-cache write
-// (semantics: ops/mla_ops.h RopeKvCacheWriteOp; math: kernels/rope/rope_ref.h).
+// (semantics: ops/rope_kv_cache_write.h RopeKvCacheWriteOp; math: kernels/rope/rope_ref.h).
 // The cache row is stored as bf16 (c_kv copied, k_pe rotated in f32 and
 // rounded once), or as FP8 e4m3 (ops/kv_cache_dtype.h): each element
 // e4m3(value / k_scale) with value the bf16 c_kv or the f32 rotated k_pe, the

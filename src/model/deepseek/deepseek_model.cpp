@@ -15,15 +15,17 @@
 #include "ops/basic_ops.h"
 #include "ops/collective_ops.h"
 #include "ops/linear_op.h"
+#include "ops/mla_decode.h"
 #include "ops/mla_front_op.h"
+#include "ops/mla_prefill.h"
 #include "ops/moe_ops.h"
 #include "ops/prezero.h"
+#include "ops/rope_kv_cache_write.h"
 #include "ops/skinny.h"
 #include "ops/splitk.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "jit/mla_front_builds.h"
-#include "ops/cuda_backends.h"
 #endif
 
 namespace nucleus {

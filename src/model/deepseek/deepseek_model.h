@@ -26,7 +26,7 @@
 #include "kernels/rope/rope_ref.h"
 #include "jit/width_build_policy.h"
 #include "model/weights.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_attention.h"
 #include "ops/step_inputs.h"
 
 namespace nucleus {
