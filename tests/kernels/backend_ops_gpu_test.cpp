@@ -46,7 +46,9 @@
 #include "model/deepseek/kernel_params.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
-#include "ops/mla_ops.h"
+#include "ops/mla_decode.h"
+#include "ops/mla_prefill.h"
+#include "ops/rope_kv_cache_write.h"
 #include "ops/moe_ops.h"
 #include "test_util.h"
 
