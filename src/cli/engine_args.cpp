@@ -112,6 +112,10 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
     NUCLEUS_RETURN_IF_ERROR(check_k_scale(f, "--kv-scale"));
     mo.kv_scale = f;
   }
+  // NUCLEUS_TOKEN_GRAPH_SIZES is checked on every device (a malformed switch
+  // is refused, not ignored), used on CUDA without --enforce-eager.
+  NUCLEUS_ASSIGN_OR_RETURN(std::vector<int64_t> env_token_graph_sizes,
+                           token_graph_sizes_from_env(engine.max_num_batched_tokens));
   if (device == Device::kCuda && !enforce_eager) {
     if (token_graph_sizes) {
       for (int64_t s : *token_graph_sizes)
@@ -120,7 +124,7 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
         if (s <= engine.max_num_batched_tokens) mo.token_graph_sizes.push_back(s);
       std::sort(mo.token_graph_sizes.begin(), mo.token_graph_sizes.end());
     } else {
-      NUCLEUS_ASSIGN_OR_RETURN(mo.token_graph_sizes, token_graph_sizes_from_env(engine.max_num_batched_tokens));
+      mo.token_graph_sizes = std::move(env_token_graph_sizes);
     }
   }
   if (device == Device::kCuda && !enforce_eager) {

@@ -18,7 +18,7 @@ int cpu_threads() {
       const char* e = env->c_str();
       const auto v = parse_int(*env);
       if (v && *v > 0 && *v <= 4096) return static_cast<int>(*v);
-      std::fprintf(stderr, "warning: NUCLEUS_CPU_THREADS='%s' is not a positive integer; using the core count\n", e);
+      std::fprintf(stderr, "warning: NUCLEUS_CPU_THREADS='%s' is not an integer in 1..4096; using the core count\n", e);
     }
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }();

@@ -314,6 +314,10 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   RunResult r = run("generate --device cpu --max-tokens 2", true, "NUCLEUS_FORCE_KERNEL=linearr=cpu_ref");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("no kernel family 'linearr'"), std::string::npos) << r.out;
+  // A malformed NUCLEUS_TOKEN_GRAPH_SIZES is refused on the CPU too (token graphs are CUDA's).
+  r = run("generate --device cpu --max-tokens 2", true, "NUCLEUS_TOKEN_GRAPH_SIZES=1,x");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("NUCLEUS_TOKEN_GRAPH_SIZES: 'x' is not a positive integer"), std::string::npos) << r.out;
 }
 
 }  // namespace
