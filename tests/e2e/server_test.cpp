@@ -705,12 +705,12 @@ TEST_F(ServerTest, MetricsCountWhatWasSent) {
 
   const std::string ok = "nucleus_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}";
   const std::string bad = "nucleus_http_requests_total{endpoint=\"/v1/completions\",status=\"400\"}";
-  // The HTTP counter is bumped by the connection's thread after the last byte;
-  // give it a moment.
+  // The HTTP counters are bumped by the connection's thread after the last
+  // byte, so the client can see a response before its count: wait for both.
   std::map<std::string, double> after;
   for (int i = 0; i < 100; ++i) {
     after = metrics();
-    if (after[ok] - before[ok] >= 3) break;
+    if (after[ok] - before[ok] >= 3 && after[bad] - before[bad] >= 1) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   auto delta = [&](const std::string& k) { return after[k] - before[k]; };
