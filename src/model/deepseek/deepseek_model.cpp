@@ -1,14 +1,11 @@
 #include "model/deepseek/deepseek_model.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <sstream>
 
 #include "core/check.h"
 #include "core/device.h"
 #include "core/knobs.h"
 #include "core/logging.h"
-#include "graph/op_profiler.h"
 #include "graph/passes/prezero_pass.h"
 #include "graph/passes/splitk_pass.h"
 #include "model/deepseek/kernel_params.h"
