@@ -138,15 +138,21 @@ int main(int argc, char** argv) {
         std::function<Status(int)> launch;
       };
       std::vector<Variant> variants;
+      // The FP8 paths' scratch, as the step executor reserves it for the op.
+      cuda_ops::Fp8LinearScratchOwner own_scratch, cublas_scratch;
       if (L.fp8) {
+        NUCLEUS_CHECK_OK(cuda_ops::Fp8LinearScratchOwner::create(m, L.n, L.k, cuda_ops::Fp8Path::kOwn, &own_scratch));
+        NUCLEUS_CHECK_OK(
+            cuda_ops::Fp8LinearScratchOwner::create(m, L.n, L.k, cuda_ops::Fp8Path::kCublas, &cublas_scratch));
         variants.push_back({"cuda_fp8", [&](int i) {
                               return cuda_ops::fp8_linear_forward(weights[i], x.raw(), L.k, m, out.raw(), DType::kBF16,
-                                                                  L.n, false, cuda_ops::Fp8Path::kOwn);
+                                                                  L.n, false, own_scratch.scratch(),
+                                                                  cuda_ops::Fp8Path::kOwn);
                             }});
         if (cuda_ops::fp8_cublaslt_layout_supported(L.n, L.k).ok())
           variants.push_back({"cublaslt_fp8", [&](int i) {
                                 return cuda_ops::fp8_linear_forward(weights[i], x.raw(), L.k, m, out.raw(),
-                                                                    DType::kBF16, L.n, false,
+                                                                    DType::kBF16, L.n, false, cublas_scratch.scratch(),
                                                                     cuda_ops::Fp8Path::kCublas);
                               }});
       } else {

@@ -43,11 +43,14 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
                            op.accumulate_for(in[0].dim(0)));
        }},
 #ifdef NUCLEUS_HAVE_CUDA
-      {"cuda_splitk", Device::kCuda, cuda_ops::linear_splitk_supports, cuda_ops::linear_splitk},
+      {"cuda_splitk", Device::kCuda, cuda_ops::linear_splitk_supports, cuda_ops::linear_splitk,
+       cuda_ops::linear_splitk_workspace, cuda_ops::linear_splitk_reserve},
       {"cuda_skinny", Device::kCuda, cuda_ops::linear_skinny_supports, cuda_ops::linear_skinny},
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
-      {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8},
-      {"cuda_fp8", Device::kCuda, cuda_ops::linear_cuda_fp8_supports, cuda_ops::linear_cuda_fp8},
+      {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8,
+       cuda_ops::linear_cublaslt_fp8_workspace, cuda_ops::linear_fp8_reserve},
+      {"cuda_fp8", Device::kCuda, cuda_ops::linear_cuda_fp8_supports, cuda_ops::linear_cuda_fp8,
+       cuda_ops::linear_cuda_fp8_workspace, cuda_ops::linear_fp8_reserve},
       {"cuda_naive", Device::kCuda, nullptr, cuda_ops::linear_naive},
 #endif
   };

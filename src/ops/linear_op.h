@@ -62,12 +62,21 @@ class LinearOp : public OpWithBackends<LinearOp> {
   // Whether the chosen backend writes f32 only (cuda_splitk).
   bool needs_f32_output() const { return backend_ == "cuda_splitk"; }
 
+  // State the chosen backend keeps across runs (Op::reserve): the split-K
+  // counters (device ints, zero between runs) and the most rows a step's
+  // workspace was sized for (0: not reserved).
+  Tensor& split_counters() { return split_counters_; }
+  int64_t reserved_rows() const { return reserved_rows_; }
+  void set_reserved_rows(int64_t rows) { reserved_rows_ = rows; }
+
  private:
   const LinearWeight* weight_;  // owned by the model
   bool accumulate_;
   int64_t prezero_gate_n_ = 0;
   int64_t prezero_max_rows_ = INT64_MAX;
   bool splitk_allowed_ = false;
+  Tensor split_counters_;
+  int64_t reserved_rows_ = 0;
 };
 
 }  // namespace nucleus

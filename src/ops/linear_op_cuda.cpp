@@ -19,7 +19,7 @@ kernels::WeightView weight_view(const LinearWeight& w) {
 }
 
 Status linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, int64_t m, void* out, DType out_dtype,
-                      int64_t out_stride, bool accumulate) {
+                      int64_t out_stride, bool accumulate, const Fp8LinearScratch* fp8_scratch) {
   cudaStream_t stream = cuda::context().stream;
   if (!w.fp8()) {
     kernels::GemmArgs a;
@@ -36,7 +36,9 @@ Status linear_forward(const LinearWeight& w, const void* x, int64_t x_stride, in
     if (kernels::gemm_bf16_cublaslt(a, stream).ok()) return ok_status();
   }
   if (fp8_linear_supported(w).ok())
-    return fp8_linear_forward(w, x, x_stride, m, out, out_dtype, out_stride, accumulate).with_context(w.name);
+    return fp8_linear_forward(w, x, x_stride, m, out, out_dtype, out_stride, accumulate,
+                              fp8_scratch ? *fp8_scratch : Fp8LinearScratch{})
+        .with_context(w.name);
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_gemm_naive(static_cast<const __nv_bfloat16*>(x), x_stride, weight_view(w), m, out,
                                                 out_dtype, out_stride, accumulate, stream));
   return ok_status();

@@ -3,10 +3,12 @@
 // zero_init (a prezero consumer skips it when its donor zeroed the output).
 // Rows above splitk_max_rows() run cuBLASLt into the same f32 output
 // (overwriting, or adding for a genuine accumulator: what cuBLASLt writes
-// does not depend on whether the buffer was zeroed).
+// does not depend on whether the buffer was zeroed). The deterministic mode's
+// partial sums are the op's share of the step workspace, its per-tile
+// counters the op's own (allocated at reservation).
 #include <cuda_runtime_api.h>
 
-#include <mutex>
+#include <algorithm>
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
@@ -15,33 +17,12 @@
 #include "kernels/gemm/splitk_gemm.cuh"
 #include "ops/linear_cuda.h"
 #include "ops/op_cuda_check.h"
-#include "ops/split_workspace_cuda.h"
 #include "ops/splitk.h"
 
 namespace nucleus::cuda_ops {
 
 namespace {
-
-constexpr int64_t kPartialFloats = int64_t{8} << 20;  // 32 MB of deterministic-mode partial sums
-constexpr int64_t kCounters = 4096;                   // row tiles: n up to 131072
-
-// The deterministic mode's workspace, allocated on its first use (an eager
-// step, before any graph capture) and never freed: graphs keep its address.
-// One per device (one thread per GPU under tensor parallelism: its partials
-// and counters must be on the rank's own GPU and not shared between ranks).
-// Null when its allocation fails (*error says why; a later step retries).
-const kernels::SplitKWorkspace* deterministic_workspace(cudaStream_t stream, Status* error) {
-  static std::mutex mu;
-  static kernels::SplitKWorkspace workspaces[cuda::kMaxDevices];
-  std::lock_guard<std::mutex> lock(mu);
-  kernels::SplitKWorkspace& ws = workspaces[cuda::thread_device()];
-  if (ws.partial == nullptr) {
-    *error = allocate_split_workspace(ws, kPartialFloats, kCounters, stream, "the split-K deterministic workspace");
-    if (!error->ok()) return nullptr;
-  }
-  return &ws;
-}
-
+constexpr int64_t kMaxPartialFloats = int64_t{8} << 20;  // at most 32 MB of deterministic-mode partial sums
 }  // namespace
 
 Status linear_splitk_supports(const LinearOp& op) {
@@ -56,6 +37,26 @@ Status linear_splitk_supports(const LinearOp& op) {
                            ? std::string("NUCLEUS_SPLITK=0")
                            : "weight of " + std::to_string(w.weight.nbytes() >> 20) +
                                  " MiB: cuBLASLt streams it (NUCLEUS_SPLITK=1 forces split-K)");
+  return ok_status();
+}
+
+size_t linear_splitk_workspace(const LinearOp& op, const StepLimits& limits) {
+  const LinearWeight& w = op.weight();
+  const int64_t rows = std::min(limits.max_tokens, splitk_max_rows(w.out_features, w.in_features));
+  if (rows <= 0) return 0;
+  return static_cast<size_t>(std::min(
+             kMaxPartialFloats, kernels::splitk_workspace_partial_floats(rows, w.out_features, w.in_features))) *
+         sizeof(float);
+}
+
+Status linear_splitk_reserve(LinearOp& op, const StepLimits& limits, Device device) {
+  const int64_t counters = kernels::splitk_workspace_counters(op.weight().out_features);
+  if (!op.split_counters().defined() || op.split_counters().numel() < counters) {
+    NUCLEUS_ASSIGN_OR_RETURN(op.split_counters(),
+                             try_empty({counters}, DType::kI32, device, op.weight().name + " split-K counters"));
+    NUCLEUS_OP_CUDA_CHECK(cudaMemset(op.split_counters().raw(), 0, counters * sizeof(int)));
+  }
+  op.set_reserved_rows(limits.max_tokens);
   return ok_status();
 }
 
@@ -76,12 +77,16 @@ void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
   if (a.out && m <= splitk_max_rows(a.n, a.k) && kernels::splitk_check(a) == cudaSuccess) {
     a.zero_init = !op.accumulate_for(m);
     a.mode = splitk_deterministic() ? kernels::SplitKMode::kDeterministic : kernels::SplitKMode::kAtomic;
-    static const kernels::SplitKWorkspace kNone;
-    Status error;
-    const kernels::SplitKWorkspace* ws =
-        a.mode == kernels::SplitKMode::kDeterministic ? deterministic_workspace(stream, &error) : &kNone;
-    if (!ws) return ctx.fail(error.with_context(w.name));
-    NUCLEUS_OP_CUDA_CHECK(kernels::launch_splitk_gemm(a, *ws, stream));
+    // kDeterministic: the partial sums in the step workspace, the op's own
+    // counters; unreserved (or kAtomic), none: one split.
+    kernels::SplitKWorkspace ws;
+    if (a.mode == kernels::SplitKMode::kDeterministic && op.split_counters().defined() && ctx.workspace.data) {
+      ws.partial = static_cast<float*>(ctx.workspace.data);
+      ws.partial_floats = static_cast<int64_t>(ctx.workspace.bytes / sizeof(float));
+      ws.counters = op.split_counters().data<int>();
+      ws.num_counters = op.split_counters().numel();
+    }
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_splitk_gemm(a, ws, stream));
     return;
   }
   kernels::GemmArgs g;

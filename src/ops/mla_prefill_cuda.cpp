@@ -359,12 +359,25 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
   const float k_scale = kv.layer_k_scale(op.layer());
   const Tensor& q = in[0];
   const Tensor& o = out[0];
-  // state: latent rows, expanded K/V, running output, running LSE.
+  // state: latent rows, expanded K/V, running output, running LSE, and for
+  // an FP8 kv_b the expansion's scratch and its split counters.
   auto& st = op.state();
-  st.resize(4);
+  st.resize(6);
   const int64_t kv_width = s.num_heads * (s.qk_nope + s.v_head);
   const int64_t chunk = std::max<int64_t>(
       64, std::min<int64_t>(op.context_chunk(), kKvBudgetBytes / (kv_width * 2)));
+  Fp8LinearScratch fp8_scratch;
+  if (op.kv_b().fp8()) {
+    const size_t bytes = fp8_linear_scratch_bytes(chunk, kv_width, s.latent(), Fp8Path::kAuto);
+    const int64_t counters = fp8_linear_scratch_counters(kv_width);
+    const bool fresh = !st[5].defined() || st[5].numel() < counters;
+    for (Status e : {ensure(st[4], {std::max<int64_t>(1, static_cast<int64_t>(bytes))}, DType::kU8),
+                     ensure(st[5], {counters}, DType::kI32)})
+      if (!e.ok()) return ctx.fail(std::move(e));
+    if (fresh) NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(st[5].raw(), 0, counters * sizeof(int), engine_stream()));
+    fp8_scratch = fp8_linear_scratch_carve(st[4].raw(), bytes, chunk, kv_width, s.latent(), Fp8Path::kAuto,
+                                           st[5].data<int>(), counters);
+  }
   for (int64_t seq = 0; seq < si.num_seqs(); ++seq) {
     const int32_t num_q = si.query_len(seq);
     if (num_q == 0 || !serves_sequence(op.mode(), false, num_q)) continue;
@@ -384,7 +397,7 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
                                                                  static_cast<int>(kv.block_size), k0, nk,
                                                                  st[0].data<__nv_bfloat16>(), engine_stream()));
         if (Status ls = linear_forward(op.kv_b(), st[0].raw(), s.latent(), nk, st[1].raw(), DType::kBF16, kv_width,
-                                       false);
+                                       false, &fp8_scratch);
             !ls.ok())
           return ctx.fail(ls.with_context("mla_prefill kv_b expansion"));
         kernels::MlaExpandedPieceParams p;

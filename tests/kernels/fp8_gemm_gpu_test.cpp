@@ -255,8 +255,18 @@ bool row_on_cublas(cuda_ops::Fp8Path path, bool cublas_accepts, int64_t m, int64
   return cublas_accepts && r < cuda_ops::fp8_cublas_rows(m, n, k, path);
 }
 
+// Scratch for fp8_linear_forward calls of up to m rows, as the step executor
+// reserves it for the linear op (kept alive by the caller while its kernels run).
+cuda_ops::Fp8LinearScratchOwner scratch_for(int64_t m, int64_t n, int64_t k, cuda_ops::Fp8Path path) {
+  cuda_ops::Fp8LinearScratchOwner o;
+  Status s = cuda_ops::Fp8LinearScratchOwner::create(m, n, k, path, &o);
+  NUCLEUS_CHECK(s.ok(), "FP8 scratch: {}", s.to_string());
+  return o;
+}
+
 // Runs `path` with accumulate off (poisoned output) and on; checks the rows
 // against the reference of the numerics each row got.
+
 void check_path(const Fp8Weight& w, const Problem& p, cuda_ops::Fp8Path path, bool cublas_accepts, DType out_dtype,
                 const std::string& what) {
   const float rtol = out_dtype == DType::kBF16 ? 8e-3f : 1e-5f;
@@ -276,7 +286,9 @@ void check_path(const Fp8Weight& w, const Problem& p, cuda_ops::Fp8Path path, bo
     } else {
       out = testing::device_poisoned(p.m * w.n, out_dtype);
     }
-    Status s = cuda_ops::fp8_linear_forward(w.dev, p.d_x.raw(), w.k, p.m, out.raw(), out_dtype, w.n, accumulate, path);
+    const auto scratch = scratch_for(p.m, w.n, w.k, path);
+    Status s = cuda_ops::fp8_linear_forward(w.dev, p.d_x.raw(), w.k, p.m, out.raw(), out_dtype, w.n, accumulate,
+                                            scratch.scratch(), path);
     ASSERT_TRUE(s.ok()) << what << ": " << s.to_string();
     auto got = read_rows(out, w.n, w.n, p.rows);
     std::vector<float> want = ref;
@@ -309,8 +321,9 @@ TEST_F(Fp8Gemm, BackendsMatchReference) {
       if (cublas_layout) {
         // Direct cuBLASLt (reports, rather than hides, a refusal).
         Tensor probe = testing::device_poisoned(m * sh.n, out_dtype);
+        const auto scratch = scratch_for(m, sh.n, sh.k, cuda_ops::Fp8Path::kCublas);
         Status s = cuda_ops::fp8_linear_forward(w.dev, p.d_x.raw(), sh.k, m, probe.raw(), out_dtype, sh.n, false,
-                                                cuda_ops::Fp8Path::kCublas);
+                                                scratch.scratch(), cuda_ops::Fp8Path::kCublas);
         accepts = s.ok();
         if (accepts) check_path(w, p, cuda_ops::Fp8Path::kCublas, true, out_dtype, "cublaslt_fp8 " + what);
         else std::printf("cublaslt-refused %s: %s\n", what.c_str(), s.message().c_str());
@@ -335,17 +348,54 @@ TEST_F(Fp8Gemm, CublasPaddedAndTailRows) {
   }
 }
 
+// The caller's scratch decides what runs, never the result: without split
+// partials the decode kernel runs unsplit, a short partial buffer takes fewer
+// splits, and without room for cuBLASLt's activations Fp8Path::kAuto runs
+// the own kernels (W8A16) while Fp8Path::kCublas refuses by name.
+TEST_F(Fp8Gemm, ScratchMissingOrShort) {
+  Fp8Weight w = make_weight(1536, 7168, 61);
+  for (int64_t m : {1, 8, 64}) {
+    Problem p = make_problem(w, m, 62 + m);
+    const auto full = scratch_for(m, w.n, w.k, cuda_ops::Fp8Path::kOwn);
+    cuda_ops::Fp8LinearScratch shortened = full.scratch();
+    shortened.split.partial_floats = m * w.n * 2;  // two splits at most
+    for (const auto& [name, scratch] : {std::pair<const char*, cuda_ops::Fp8LinearScratch>{"none", {}},
+                                        {"short", shortened}, {"full", full.scratch()}})
+      for (cuda_ops::Fp8Path path : {cuda_ops::Fp8Path::kOwn, cuda_ops::Fp8Path::kAuto}) {
+        if (path == cuda_ops::Fp8Path::kAuto && std::string(name) == "full") continue;  // checked elsewhere
+        Tensor out = testing::device_poisoned(m * w.n, DType::kF32);
+        ASSERT_TRUE(cuda_ops::fp8_linear_forward(w.dev, p.d_x.raw(), w.k, m, out.raw(), DType::kF32, w.n, false,
+                                                 scratch, path)
+                        .ok());
+        EXPECT_TRUE(close_to(read_rows(out, w.n, w.n, p.rows), p.ref_w8a16, 2e-3f, 1e-5f, w.n))
+            << "m=" << m << " scratch " << name << " path " << static_cast<int>(path);
+      }
+  }
+  Problem p = make_problem(w, 64, 70);
+  Tensor out = testing::device_poisoned(64 * w.n, DType::kF32);
+  Status s = cuda_ops::fp8_linear_forward(w.dev, p.d_x.raw(), w.k, 64, out.raw(), DType::kF32, w.n, false, {},
+                                          cuda_ops::Fp8Path::kCublas);
+  EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.to_string();
+  EXPECT_NE(s.message().find("scratch"), std::string::npos) << s.message();
+  // The sizes: an own-kernel-only scratch holds no cuBLASLt buffers; kAuto's
+  // grows with the rows cuBLASLt takes.
+  EXPECT_EQ(cuda_ops::fp8_linear_scratch_bytes(0, w.n, w.k, cuda_ops::Fp8Path::kAuto), 0u);
+  EXPECT_LT(cuda_ops::fp8_linear_scratch_bytes(4096, w.n, w.k, cuda_ops::Fp8Path::kOwn),
+            cuda_ops::fp8_linear_scratch_bytes(4096, w.n, w.k, cuda_ops::Fp8Path::kAuto));
+}
+
 // Batch invariance of the own kernels: a row's result does not depend on m.
 TEST_F(Fp8Gemm, OwnKernelsRowsIndependentOfBatch) {
   Fp8Weight w = make_weight(1536, 7168, 77);
   Problem big = make_problem(w, 64, 78);
   Tensor out64 = testing::device_poisoned(64 * w.n, DType::kF32);
+  const auto scratch = scratch_for(64, w.n, w.k, cuda_ops::Fp8Path::kOwn);
   ASSERT_TRUE(cuda_ops::fp8_linear_forward(w.dev, big.d_x.raw(), w.k, 64, out64.raw(), DType::kF32, w.n, false,
-                                           cuda_ops::Fp8Path::kOwn).ok());
+                                           scratch.scratch(), cuda_ops::Fp8Path::kOwn).ok());
   for (int64_t m : {1, 5, 17, 33}) {
     Tensor out = testing::device_poisoned(m * w.n, DType::kF32);
     ASSERT_TRUE(cuda_ops::fp8_linear_forward(w.dev, big.d_x.raw(), w.k, m, out.raw(), DType::kF32, w.n, false,
-                                             cuda_ops::Fp8Path::kOwn).ok());
+                                             scratch.scratch(), cuda_ops::Fp8Path::kOwn).ok());
     std::vector<int64_t> rows(m);
     for (int64_t r = 0; r < m; ++r) rows[r] = r;
     EXPECT_EQ(read_rows(out, w.n, w.n, rows), read_rows(out64, w.n, w.n, rows)) << "m=" << m;
@@ -366,8 +416,9 @@ TEST_F(Fp8Gemm, OwnKernelsStridedRows) {
       const int64_t out_stride = w.n + 40;
       Tensor d_x = testing::device_copy(to_bf16(x), DType::kBF16);
       Tensor out = testing::device_poisoned(m * out_stride, DType::kF32);
+      const auto scratch = scratch_for(m, w.n, w.k, cuda_ops::Fp8Path::kOwn);
       ASSERT_TRUE(cuda_ops::fp8_linear_forward(w.dev, d_x.raw(), x_stride, m, out.raw(), DType::kF32, out_stride, false,
-                                               cuda_ops::Fp8Path::kOwn).ok());
+                                               scratch.scratch(), cuda_ops::Fp8Path::kOwn).ok());
       std::vector<int64_t> rows(m);
       for (int64_t r = 0; r < m; ++r) rows[r] = r;
       auto got = read_rows(out, w.n, out_stride, rows);

@@ -52,6 +52,14 @@ struct Fp8SplitWorkspace {
   int64_t num_counters = 0;
 };
 
+// The counters an Fp8SplitWorkspace needs for outputs n wide (one per
+// 128-row tile of the decode kernel).
+int64_t fp8_decode_split_counters(int64_t n);
+// The partial floats that let every decode launch of at most `max_m` rows
+// (capped at the decode kernel's 64) on an [n, k] weight use its full split
+// count: [ceil(k / 128), min(max_m, 64), n].
+int64_t fp8_decode_split_partial_floats(int64_t max_m, int64_t n, int64_t k);
+
 // Whether the decode kernel takes `a`: m <= 64, k % 16 == 0 (16-byte weight
 // rows), x rows 8-byte aligned (x_stride % 4 == 0, x 8-byte aligned), w
 // 16-byte aligned.

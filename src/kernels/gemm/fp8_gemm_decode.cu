@@ -324,6 +324,15 @@ cudaError_t launch_fp8_gemm_decode(const Fp8GemmArgs& a, const Fp8SplitWorkspace
   return cudaErrorInvalidValue;
 }
 
+int64_t fp8_decode_split_counters(int64_t n) {
+  const int64_t rows_per_cta = kWarps * kRowsPerWarp;
+  return (n + rows_per_cta - 1) / rows_per_cta;
+}
+
+int64_t fp8_decode_split_partial_floats(int64_t max_m, int64_t n, int64_t k) {
+  return (k + kFp8Block - 1) / kFp8Block * std::min<int64_t>(max_m, kFp8DecodeMaxRows) * n;
+}
+
 cudaError_t launch_fp8_gemm(const Fp8GemmArgs& a, const Fp8SplitWorkspace& ws, cudaStream_t stream) {
   if (fp8_decode_eligible(a)) return launch_fp8_gemm_decode(a, ws, stream);
   return launch_fp8_gemm_tiled(a, stream);

@@ -29,6 +29,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace nucleus::kernels {
@@ -64,6 +65,16 @@ struct SplitKWorkspace {
   int* counters = nullptr;
   int64_t num_counters = 0;
 };
+
+// The counters a kDeterministic workspace needs for outputs n wide: one per
+// 32-row tile.
+inline int64_t splitk_workspace_counters(int64_t n) { return (n + kSplitKRowsPerCta - 1) / kSplitKRowsPerCta; }
+// The partial floats that let every launch of at most `max_m` rows on an
+// [n, k] weight use its full split count: [min(32, ceil(k / 128)), max_m, n].
+inline int64_t splitk_workspace_partial_floats(int64_t max_m, int64_t n, int64_t k) {
+  const int64_t splits = std::min<int64_t>(kSplitKMaxSplits, (k + kSplitKBlockK - 1) / kSplitKBlockK);
+  return splits * max_m * n;
+}
 
 // cudaSuccess when the kernel takes `a`: 1 <= m <= 64, k % 8 == 0,
 // x_stride % 8 == 0, x and w 16-byte aligned, out_stride >= n, n and k below
