@@ -15,8 +15,9 @@
 #include "core/knobs.h"
 
 namespace {
-void usage() {
-  std::fprintf(stderr,
+// To stdout when asked for (--help), to stderr after a usage error.
+void usage(std::FILE* to) {
+  std::fprintf(to,
                "usage: nucleus <command> [flags]\n"
                "commands:\n"
                "  generate      offline batch generation (prompts in, text or JSON lines out)\n"
@@ -48,7 +49,7 @@ void expand_short_flags(int argc, char** argv) {
 int main(int argc, char** argv) {
   expand_short_flags(argc, argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
-    usage();
+    usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
@@ -69,6 +70,6 @@ int main(int argc, char** argv) {
     return argc >= 3 && (!std::strcmp(argv[2], "--help") || !std::strcmp(argv[2], "-h")) ? 0 : 2;
   }
   std::fprintf(stderr, "nucleus: unknown command '%s'\n", cmd.c_str());
-  usage();
+  usage(stderr);
   return 2;
 }

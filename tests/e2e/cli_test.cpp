@@ -210,9 +210,13 @@ TEST(CliTest, NanWeightFailsTheLoadUnlessTheCheckIsSkipped) {
 
 TEST(CliTest, BinaryIsThere) {
   ASSERT_FALSE(binary().empty()) << "NUCLEUS_BIN is not set (run through ctest)";
-  RunResult r = run("--help", true);
+  RunResult r = run("--help");  // asked for: on stdout, exit 0
+  EXPECT_EQ(r.status, 0);
   EXPECT_NE(r.out.find("generate"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--help-env"), std::string::npos) << r.out;
+  RunResult none = run("");  // a usage error: on stderr, exit 2
+  EXPECT_EQ(none.status, 2);
+  EXPECT_EQ(none.out.find("generate"), std::string::npos) << none.out;
 }
 
 // `nucleus --help-env` prints the switch registry (core/knobs.cpp) on stdout and exits 0.
