@@ -94,7 +94,9 @@ def encode_files(tok, stdlib, files):
 
 def load_main(model_dir, device, dtype=torch.float32):
     from transformers import DeepseekV3ForCausalLM
-    m = DeepseekV3ForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    # "eager" experts: transformers' per-expert loop, which autocasts like any nn.Linear (its
+    # default grouped_mm path casts activations to the weights' dtype instead)
+    m = DeepseekV3ForCausalLM.from_pretrained(model_dir, dtype=dtype, experts_implementation="eager")
     m.to(device).eval()
     for p in m.parameters():
         p.requires_grad_(False)
@@ -410,6 +412,37 @@ def logits_identical_check(base_dir, mtp_dir, cases, name):
     return b
 
 
+def crosscheck(mtp, main, cases):
+    """The MTP's decoder layer, shared_head.norm and head run again as a one-layer
+    DeepseekV3ForCausalLM (first_k_dense_replace 0, so the layer is an MoE) on inputs_embeds =
+    eh_proj(...): its own causal mask and rotary embedding must give the same logits."""
+    import copy
+    from transformers import DeepseekV3ForCausalLM
+    cfg = copy.deepcopy(mtp.config)
+    cfg.num_hidden_layers, cfg.first_k_dense_replace = 1, 0
+    one = DeepseekV3ForCausalLM(cfg).float().eval()
+    sd = {"model.layers.0." + k: v for k, v in mtp.layer.state_dict().items()}
+    sd.update({"model.norm.weight": mtp.shared_head_norm.weight, "lm_head.weight": mtp.head_weight,
+               "model.embed_tokens.weight": mtp.embed_weight})
+    missing, unexpected = one.load_state_dict(sd, strict=False)
+    if [k for k in missing if "rotary" not in k] or unexpected:
+        raise RuntimeError(f"crosscheck: missing {missing}, unexpected {unexpected}")
+    worst = 0.0
+    for c in cases:
+        ids = torch.tensor([c["prompt_token_ids"] + c["greedy_token_ids"]])
+        with torch.no_grad():
+            h = main.model(input_ids=ids).last_hidden_state[:, :-1]
+            e = F.embedding(ids[:, 1:], mtp.embed_weight)
+            x = mtp.eh_proj(torch.cat([mtp.enorm(e), mtp.hnorm(h)], dim=-1))
+            a = one(inputs_embeds=x).logits
+            b, _ = mtp(h, ids[:, 1:], torch.arange(h.shape[1])[None, :])
+        worst = max(worst, (a - b).abs().max().item())
+    if worst > 1e-4:
+        raise RuntimeError(f"crosscheck: MTP logits differ from a one-layer transformers model by {worst}")
+    log(f"crosscheck against a one-layer transformers model: max |diff| {worst:.2e}")
+    return worst
+
+
 def ref_outputs(main, mtp, cases, name, ref_logits, full_logit_prompts):
     """Per prompt: tokens = prompt_token_ids + greedy_token_ids (length L); MTP rows i = 0..L-2 with
     h_i from the main model over tokens[:i+1] and t_{i+1} = tokens[i+1]."""
@@ -488,6 +521,7 @@ def main_():
     mtp = MTPLayer(cfg, main.model.embed_tokens.weight, main.lm_head.weight)
     mtp.init_random(args.seed)
     mtp.to(device)
+    log(f"attention {cfg._attn_implementation}, experts {mtp.layer.mlp.experts.config._experts_implementation}")
 
     report = {"args": vars(args), "torch": torch.__version__}
     train_on = args.seconds > 0 or args.steps > 0
@@ -548,6 +582,7 @@ def main_():
             ck = MTPLayer(m.config, m.model.embed_tokens.weight, m.lm_head.weight)
             ck.load_hub_state(sd, prefix)
             ck.eval()
+            meta[name + ".crosscheck_max_abs"] = crosscheck(ck, m, cases[name])
             r, mm = ref_outputs(m, ck, cases[name], name, ref_logits, full_logit_prompts={0})
             ref.update(r)
             meta[name] = mm
