@@ -439,11 +439,12 @@ TEST(LoadWeightsTest, UnexpectedTopLevelTensor) {
 
 TEST(LoadWeightsTest, LayersPastNumHiddenLayersAreAccepted) {
   // DeepSeek-V3 ships its multi-token-prediction layer as model.layers.61.*
-  // with num_hidden_layers 61; the tiny model has 4 layers (0..3).
+  // with num_hidden_layers 61; the tiny model has 4 layers (0..3) and may hold its own MTP layer
+  // as model.layers.4.* (tools/train_tiny_mtp.py), so the extra tensors here use layer 5.
   ModelCopy m("tiny-dsv3");
   m.edit_shard_of("model.layers.3.input_layernorm.weight", [&](std::vector<StTensor>& ts) {
-    ts.push_back({"model.layers.4.input_layernorm.weight", "BF16", {256}, std::string(512, '\0')});
-    ts.push_back({"model.layers.4.eh_proj.weight", "BF16", {256, 512}, std::string(256 * 512 * 2, '\0')});
+    ts.push_back({"model.layers.5.input_layernorm.weight", "BF16", {256}, std::string(512, '\0')});
+    ts.push_back({"model.layers.5.eh_proj.weight", "BF16", {256, 512}, std::string(256 * 512 * 2, '\0')});
     ts.push_back({"model.layers.61.shared_head.norm.weight", "BF16", {256}, std::string(512, '\0')});
     ts.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", "F32", {32}, std::string(128, '\0')});
   });
