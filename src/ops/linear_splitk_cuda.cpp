@@ -78,9 +78,12 @@ void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
     a.zero_init = !op.accumulate_for(m);
     a.mode = splitk_deterministic() ? kernels::SplitKMode::kDeterministic : kernels::SplitKMode::kAtomic;
     // kDeterministic: the partial sums in the step workspace, the op's own
-    // counters; unreserved (or kAtomic), none: one split.
+    // counters (kAtomic needs neither).
+    if (a.mode == kernels::SplitKMode::kDeterministic && (op.reserved_rows() == 0 || !op.split_counters().defined()))
+      return ctx.fail(failed_precondition(w.name + ": cuda_splitk linear run before its reservation "
+                                          "(StepResources::reserve_ops)"));
     kernels::SplitKWorkspace ws;
-    if (a.mode == kernels::SplitKMode::kDeterministic && op.split_counters().defined() && ctx.workspace.data) {
+    if (a.mode == kernels::SplitKMode::kDeterministic && ctx.workspace.data) {
       ws.partial = static_cast<float*>(ctx.workspace.data);
       ws.partial_floats = static_cast<int64_t>(ctx.workspace.bytes / sizeof(float));
       ws.counters = op.split_counters().data<int>();

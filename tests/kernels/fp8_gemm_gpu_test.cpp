@@ -26,6 +26,7 @@
 #include "kernels/gemm/fp8_gemm.cuh"
 #include "kernels/gemm/fp8_gemm_cublaslt.h"
 #include "kernels/gemm/gemm_ref.h"
+#include "graph/step_resources.h"
 #include "ops/linear_cuda.h"
 #include "ops/linear_op.h"
 
@@ -479,7 +480,23 @@ TEST_F(Fp8Gemm, LinearOpDispatchAndRefusals) {
       Tensor out = testing::device_copy(p.acc0, DType::kF32).view({m, c->n});
       OpContext ctx;
       ctx.device = Device::kCuda;
+      // Unreserved, the op refuses to run (its scratch is the step's).
       op.run(ctx, {in}, {out});
+      EXPECT_EQ(ctx.error.code(), StatusCode::kFailedPrecondition) << ctx.error.to_string();
+      ctx.error = ok_status();
+      // Reserved and begun as the engine does.
+      StepInputs si;
+      si.token_ids.assign(m, 1);
+      StepLimits limits;
+      limits.max_tokens = m;
+      limits.max_seqs = 1;
+      limits.max_logits = 1;
+      StepResources res;
+      ASSERT_TRUE(res.reserve_ops({&op}, limits, Device::kCuda).ok());
+      ctx.inputs = &si;
+      ASSERT_TRUE(res.begin_step(ctx).ok());
+      op.run(ctx, {in}, {out});
+      ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
       auto got = read_rows(out, c->n, c->n, p.rows);
       const auto path = op.backend() == "cublaslt_fp8" ? cuda_ops::Fp8Path::kAuto : cuda_ops::Fp8Path::kOwn;
       std::vector<float> want(p.rows.size() * c->n);
