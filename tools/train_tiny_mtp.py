@@ -26,7 +26,7 @@ cross-entropy of t_{i+2}.
 Outputs under --out (only the files that are new or changed, to be copied over the model dirs):
     tiny-dsv3/{config.json, model.safetensors.index.json, model-mtp.safetensors}
     tiny-dsv3-fp8/{config.json, model.safetensors.index.json, model-mtp.safetensors}
-    ref/mtp.safetensors, ref/mtp.json    (reference draft outputs; layout in docs/mtp-checkpoint.md)
+    ref/mtp/{mtp.safetensors, mtp.json}  (reference draft outputs; layout in docs/mtp-checkpoint.md)
 
 Example (GPU machine):  python3 tools/train_tiny_mtp.py --device cuda --seconds 150 --out $OUT/mtp
 Random init, no training: python3 tools/train_tiny_mtp.py --seconds 0 --out /tmp/mtp
@@ -587,18 +587,18 @@ def main_():
             ref.update(r)
             meta[name] = mm
             log(f"{name}: " + json.dumps(mm))
-    os.makedirs(os.path.join(args.out, "ref"), exist_ok=True)
-    save_file(ref, os.path.join(args.out, "ref", "mtp.safetensors"),
+    os.makedirs(os.path.join(args.out, "ref", "mtp"), exist_ok=True)
+    save_file(ref, os.path.join(args.out, "ref", "mtp", "mtp.safetensors"),
               metadata={"format": "pt", "produced_by": f"tools/train_tiny_mtp.py, torch {torch.__version__}, "
                         "float32 CPU", "trained": str(train_on)})
     report["ref"] = meta
     report["layout"] = ("see docs/mtp-checkpoint.md; per model M and prompt j: M.promptj.tokens [L] i32, "
                         "draft_argmax [L-1] i32, draft_topk_ids/logits [L-1, 8], main_argmax [L] i32, "
                         "prompt0 also draft_logits/draft_hidden [P-1, ...] f32")
-    with open(os.path.join(args.out, "ref", "mtp.json"), "w") as fh:
+    with open(os.path.join(args.out, "ref", "mtp", "mtp.json"), "w") as fh:
         json.dump(report, fh, indent=1)
         fh.write("\n")
-    log(f"wrote {os.path.join(args.out, 'ref')}/mtp.safetensors and mtp.json")
+    log(f"wrote {os.path.join(args.out, 'ref', 'mtp')}/mtp.safetensors and mtp.json")
 
 
 if __name__ == "__main__":
