@@ -45,6 +45,7 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda_splitk", Device::kCuda, cuda_ops::linear_splitk_supports, cuda_ops::linear_splitk},
       {"cuda_skinny", Device::kCuda, cuda_ops::linear_skinny_supports, cuda_ops::linear_skinny},
+      {"cuda_skinny_fp8", Device::kCuda, cuda_ops::linear_skinny_fp8_supports, cuda_ops::linear_skinny_fp8},
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
       {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8},
       {"cuda_fp8", Device::kCuda, cuda_ops::linear_cuda_fp8_supports, cuda_ops::linear_cuda_fp8},
