@@ -42,8 +42,13 @@ constexpr KnobInfo kKnobs[] = {
      "bf16 decode GEMMs at m <= 8 run the skinny kernel: on the measured shapes, never, or always; "
      "a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
+    {KNOB(kSkinnyFp8), "NUCLEUS_SKINNY_FP8", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)",
+     "auto",
+     "FP8 block-scaled decode GEMMs at m <= 16 (k a multiple of 128) run the FP8 skinny kernel: by the rule, "
+     "never, or always; a malformed value is refused at start-up",
+     "src/ops/skinny.cpp"},
     {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1", "1",
-     "skinny decode GEMMs launch as programmatic dependents (PDL) of the kernel before them; "
+     "skinny decode GEMMs (bf16 and FP8) launch as programmatic dependents (PDL) of the kernel before them; "
      "a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
     {KNOB(kForceKernel), "NUCLEUS_FORCE_KERNEL", KnobType::kList, "family=backend[,...]", "(none)",

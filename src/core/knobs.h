@@ -31,6 +31,7 @@ enum class Knob {
   kSplitK,
   kSplitKDeterministic,
   kSkinny,
+  kSkinnyFp8,
   kPdl,
   kForceKernel,
   kDumpGraph,

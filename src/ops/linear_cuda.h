@@ -41,6 +41,14 @@ void linear_splitk(LinearOp& op, OpContext& ctx, const TensorList& in, const Ten
 Status linear_skinny_supports(const LinearOp& op);
 void linear_skinny(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// cuda_skinny_fp8 (ops/linear_skinny_fp8_cuda.cpp): decode GEMMs of FP8
+// block-scaled weights at the row counts skinny_fp8_max_rows() takes
+// (ops/skinny.h), other rows through fp8_linear_forward (Fp8Path::kAuto).
+// Refused (naming why) for a non-decode GEMM, a weight that is not FP8 with
+// 128x128 f32 scales, in_features not a multiple of 128, NUCLEUS_SKINNY_FP8=0.
+Status linear_skinny_fp8_supports(const LinearOp& op);
+void linear_skinny_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
 Status linear_cublaslt_supports(const LinearOp& op);
 void linear_cublaslt(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void linear_naive(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

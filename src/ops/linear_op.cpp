@@ -46,6 +46,7 @@ const std::vector<Backend<LinearOp>>& LinearOp::backends() {
       {"cuda_splitk", Device::kCuda, cuda_ops::linear_splitk_supports, cuda_ops::linear_splitk,
        cuda_ops::linear_splitk_workspace, cuda_ops::linear_splitk_reserve},
       {"cuda_skinny", Device::kCuda, cuda_ops::linear_skinny_supports, cuda_ops::linear_skinny},
+      {"cuda_skinny_fp8", Device::kCuda, cuda_ops::linear_skinny_fp8_supports, cuda_ops::linear_skinny_fp8},
       {"cublaslt", Device::kCuda, cuda_ops::linear_cublaslt_supports, cuda_ops::linear_cublaslt},
       {"cublaslt_fp8", Device::kCuda, cuda_ops::linear_cublaslt_fp8_supports, cuda_ops::linear_cublaslt_fp8,
        cuda_ops::linear_cublaslt_fp8_workspace, cuda_ops::linear_fp8_reserve},

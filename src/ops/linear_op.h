@@ -22,6 +22,10 @@ namespace nucleus {
 //   cuda_skinny   decode GEMMs of bf16 weights at the row counts the skinny
 //                 choice takes (ops/skinny.h, m <= 8): bf16 or f32 out,
 //                 overwrite or add; rows it does not take run cuBLASLt.
+//   cuda_skinny_fp8  decode GEMMs of FP8 block-scaled weights at the row
+//                 counts the FP8 skinny choice takes (ops/skinny.h, m <= 16):
+//                 bf16 or f32 out, overwrite or add; other rows run the FP8
+//                 linear's other paths (cuBLASLt FP8 or the own kernels).
 //   cublaslt, cublaslt_fp8, cuda_fp8, cuda_naive: overwrite or add (accumulate).
 class LinearOp : public OpWithBackends<LinearOp> {
  public:

@@ -13,17 +13,25 @@ namespace {
 constexpr int64_t kMaxRows = 8;  // kernels::kSkinnyMaxRows (the kernel header is CUDA-only)
 
 // -1: malformed.
+int parse_switch_value(Knob knob) {
+  auto s = env_string(knob);
+  if (!s) return static_cast<int>(SkinnySwitch::kAuto);
+  std::string t = *s;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t == "auto" || t.empty()) return static_cast<int>(SkinnySwitch::kAuto);
+  if (t == "0" || t == "off" || t == "false") return static_cast<int>(SkinnySwitch::kOff);
+  if (t == "1" || t == "on" || t == "true") return static_cast<int>(SkinnySwitch::kOn);
+  return -1;
+}
+
+int parse_fp8_switch() {
+  static const int v = parse_switch_value(Knob::kSkinnyFp8);
+  return v;
+}
+
+// -1: malformed.
 int parse_switch() {
-  static const int v = [] {
-    auto s = env_string(Knob::kSkinny);
-    if (!s) return static_cast<int>(SkinnySwitch::kAuto);
-    std::string t = *s;
-    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (t == "auto" || t.empty()) return static_cast<int>(SkinnySwitch::kAuto);
-    if (t == "0" || t == "off" || t == "false") return static_cast<int>(SkinnySwitch::kOff);
-    if (t == "1" || t == "on" || t == "true") return static_cast<int>(SkinnySwitch::kOn);
-    return -1;
-  }();
+  static const int v = parse_switch_value(Knob::kSkinny);
   return v;
 }
 
@@ -48,11 +56,28 @@ SkinnySwitch skinny_switch() {
 Status skinny_env_status() {
   if (parse_switch() < 0)
     return invalid_argument("NUCLEUS_SKINNY='" + *env_string(Knob::kSkinny) + "' is not auto, 0 or 1");
+  if (parse_fp8_switch() < 0)
+    return invalid_argument("NUCLEUS_SKINNY_FP8='" + *env_string(Knob::kSkinnyFp8) + "' is not auto, 0 or 1");
   if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string(Knob::kPdl) + "' is not 0 or 1");
   return ok_status();
 }
 
 bool skinny_pdl() { return parse_pdl() == 1; }
+
+SkinnySwitch skinny_fp8_switch() {
+  const int v = parse_fp8_switch();
+  return v < 0 ? SkinnySwitch::kOff : static_cast<SkinnySwitch>(v);
+}
+
+int64_t skinny_fp8_max_rows(int64_t n, int64_t k) {
+  if (n < 1 || k < 128 || k % 128 != 0) return 0;
+  switch (skinny_fp8_switch()) {
+    case SkinnySwitch::kOff: return 0;
+    case SkinnySwitch::kOn: return kSkinnyFp8MaxRows;
+    case SkinnySwitch::kAuto: break;
+  }
+  return kSkinnyFp8MaxRows;  // every shape (the reasoning is in ops/skinny.h)
+}
 
 int64_t skinny_max_rows(int64_t n, int64_t k) {
   switch (skinny_switch()) {

@@ -7,7 +7,7 @@
 //                   measured rule below);
 //   0               never (every bf16 decode GEMM on cuBLASLt, as before);
 //   1               every bf16 decode GEMM at m <= 8.
-// NUCLEUS_PDL=0|1 (default 1): skinny GEMMs are launched as programmatic
+// NUCLEUS_PDL=0|1 (default 1): skinny GEMMs (bf16 and FP8) are launched as programmatic
 // dependents (kernels/common/pdl.cuh) of the kernel before them, so they start
 // streaming their weights while it finishes; 0 launches them normally.
 #pragma once
@@ -20,8 +20,9 @@ namespace nucleus {
 
 enum class SkinnySwitch { kAuto, kOff, kOn };
 SkinnySwitch skinny_switch();
-// OK, or invalid_argument naming a malformed NUCLEUS_SKINNY (checked when a
-// model is built, which then fails; skinny_switch() reads it as off).
+// OK, or invalid_argument naming a malformed NUCLEUS_SKINNY, NUCLEUS_SKINNY_FP8
+// or NUCLEUS_PDL (checked when a model is built, which then fails;
+// skinny_switch() and skinny_fp8_switch() read a malformed value as off).
 Status skinny_env_status();
 
 // Whether skinny GEMMs are launched with PDL (NUCLEUS_PDL, read once).
@@ -41,5 +42,28 @@ bool skinny_pdl();
 constexpr int64_t kSkinnyLargeWeightBytes = int64_t{256} << 20;
 constexpr int64_t kSkinnyMediumWeightBytes = int64_t{32} << 20;
 int64_t skinny_max_rows(int64_t n, int64_t k);
+
+// The FP8 skinny GEMM (kernels/gemm/skinny_fp8_gemm.cuh, backend
+// cuda_skinny_fp8) for decode GEMMs of FP8 block-scaled weights.
+// NUCLEUS_SKINNY_FP8 (read once; a malformed value is refused by
+// skinny_env_status):
+//   auto (default)  the row counts skinny_fp8_max_rows() takes;
+//   0               never (the FP8 decode GEMMs on cublaslt_fp8 / cuda_fp8, as before);
+//   1               every FP8 decode GEMM at m <= 16 whose k is a multiple of 128.
+SkinnySwitch skinny_fp8_switch();
+
+// The largest row count m (0..16) at which an FP8 decode GEMM with weight
+// [n, k] (128x128 block scales) runs the FP8 skinny kernel; rows above it run
+// the FP8 linear's other paths (ops/linear_cuda.h, Fp8Path::kAuto). 0 when k
+// is not a positive multiple of 128 (the kernel needs whole scale blocks).
+// Under kAuto a reasoned rule, to be confirmed by bench/skinny_fp8_gemm_bench
+// on the H200: the kernel's MMAs compute 16 token rows whatever m is, so its
+// time is the weight's bytes over the bandwidth it reaches plus a fixed launch
+// cost, flat in m <= 16; the paths it replaces cost >= 7.6 us (the own decode
+// kernel, 41-57% of the roofline at m = 1) or >= 16 us and 62-68% (cuBLASLt's
+// FP8 GEMM plus an activation-quantization kernel), docs/perf.md "Dense
+// GEMMs". So every shape at m <= 16.
+constexpr int64_t kSkinnyFp8MaxRows = 16;  // kernels::kSkinnyFp8MaxRows (the kernel header is CUDA-only)
+int64_t skinny_fp8_max_rows(int64_t n, int64_t k);
 
 }  // namespace nucleus

@@ -1,8 +1,10 @@
-// The skinny decode GEMM switch end to end on the GPU: `nucleus generate`
+// The skinny decode GEMM switches end to end on the GPU: `nucleus generate`
 // on the shipped tiny model (bf16) with NUCLEUS_SKINNY=1 (every bf16 decode
 // GEMM at m <= 8 on the skinny kernel, launched with PDL), with NUCLEUS_PDL=0
-// too, and NUCLEUS_SKINNY=0 (cuBLASLt):
-//  - the decode graph reports cuda_skinny exactly when it is on
+// too, and NUCLEUS_SKINNY=0 (cuBLASLt); and the same for the FP8 tiny model
+// with NUCLEUS_SKINNY_FP8 (FP8 decode GEMMs at m <= 16 on the FP8 skinny
+// kernel, or on cuBLASLt FP8 / the own FP8 kernels):
+//  - the decode graph reports cuda_skinny (cuda_skinny_fp8) exactly when it is on
 //    (NUCLEUS_DUMP_GRAPH's backend column);
 //  - greedy tokens of the eight reference prompts, run together (decode at
 //    m = 8) and one by one (m = 1), on and off, equal the Hugging Face
@@ -62,30 +64,33 @@ std::vector<json> json_lines(const std::string& s) {
   return out;
 }
 
-TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
+struct Config {
+  const char* key;  // "on", "on, no PDL", "off"
+  const char* env;
+  bool skinny;  // whether the decode graph must report `backend`
+};
+
+// Greedy tokens of `model`'s reference prompts under each of `configs` (keys
+// "on", "on, no PDL", "off"), batched and one by one, against each other and
+// the Hugging Face reference; the decode graph reports `backend` exactly in
+// the configs that turn it on.
+void check_switch(const std::string& model, const std::vector<Config>& configs, const std::string& backend) {
   ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device";
   std::ifstream in(testing::model_path("ref/cases.json"));
-  const json cases = json::parse(in)["tiny-dsv3"];
+  const json cases = json::parse(in)[model];
   const std::string dir = testing::make_temp_dir("nucleus_skinny");
   {
     std::ofstream f(dir + "/prompts.jsonl");
     for (const json& c : cases) f << json{{"prompt_token_ids", c["prompt_token_ids"]}}.dump() << "\n";
   }
-  const std::string base = "generate --device cuda --model " + testing::model_path("tiny-dsv3") +
+  const std::string base = "generate --device cuda --model " + testing::model_path(model) +
                            " --max-tokens 32 --ignore-eos --temperature 0 --json";
   std::map<std::string, std::vector<std::vector<int>>> tokens;  // "on batch", "off single", ...
-  struct Config {
-    const char* key;
-    const char* env;
-    bool skinny;
-  };
-  for (const Config& cfg : {Config{"on", "NUCLEUS_SKINNY=1", true},
-                            Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true},
-                            Config{"off", "NUCLEUS_SKINNY=0", false}}) {
+  for (const Config& cfg : configs) {
     const std::string env = cfg.env;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", env + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
-    const bool reports_skinny = batch.err.find("cuda_skinny") != std::string::npos;
+    const bool reports_skinny = batch.err.find(backend) != std::string::npos;
     EXPECT_EQ(reports_skinny, cfg.skinny) << env << ": the decode graph's backends";
     const std::string key = cfg.key;
     for (const json& line : json_lines(batch.out)) tokens[key + " batch"].push_back(line["token_ids"]);
@@ -116,6 +121,24 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
       std::printf("case %zu%s: %zu steps compared\n", i, mode, s);
     }
   }
+}
+
+TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
+  check_switch("tiny-dsv3",
+               {Config{"on", "NUCLEUS_SKINNY=1", true}, Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true},
+                Config{"off", "NUCLEUS_SKINNY=0", false}},
+               "cuda_skinny");
+}
+
+// The FP8 skinny GEMM on the FP8 tiny model: every FP8 decode linear whose k
+// is a multiple of 128 (all but the shared expert's down_proj, k = 192) on
+// cuda_skinny_fp8 when on.
+TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
+  check_switch("tiny-dsv3-fp8",
+               {Config{"on", "NUCLEUS_SKINNY_FP8=1", true},
+                Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0", true},
+                Config{"off", "NUCLEUS_SKINNY_FP8=0", false}},
+               "cuda_skinny_fp8");
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // more rows than the kernel takes.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "ops/skinny.h"
 
 namespace nucleus {
@@ -28,6 +30,26 @@ TEST(SkinnyRule, DefaultIsTheMeasuredRule) {
     for (int64_t k : {8, 2048, 4096, 7168, 65536}) {
       EXPECT_GE(skinny_max_rows(n, k), 0);
       EXPECT_LE(skinny_max_rows(n, k), 8) << "the kernel takes m <= 8";
+    }
+}
+
+// The FP8 skinny GEMM choice under the default switch: every FP8 decode shape
+// of V3 / Kimi-K2 whose k is whole 128-wide scale blocks at m <= 16 (the
+// reasoned rule of ops/skinny.h), none whose k is not (the kernel refuses
+// them: tiny-dsv3-fp8's shared down_proj, k = 192), never more than 16 rows.
+TEST(SkinnyRule, Fp8DefaultTakesWholeScaleBlocksUpTo16Rows) {
+  ASSERT_TRUE(skinny_env_status().ok()) << "the test runs without NUCLEUS_SKINNY_FP8";
+  EXPECT_EQ(skinny_fp8_switch(), SkinnySwitch::kAuto);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
+                      {4096, 7168}, {7168, 2048}, {36864, 7168}, {7168, 18432}, {7168, 256}, {7168, 2304},
+                      {7168, 1024}, {3072, 1536}})
+    EXPECT_EQ(skinny_fp8_max_rows(n, k), 16) << n << " x " << k;
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{256, 192}, {300, 200}, {1536, 64}, {128, 0}, {0, 1024}})
+    EXPECT_EQ(skinny_fp8_max_rows(n, k), 0) << n << " x " << k;
+  for (int64_t n : {1, 8, 100, 7168, 129280})
+    for (int64_t k : {128, 200, 7168, 16384}) {
+      EXPECT_GE(skinny_fp8_max_rows(n, k), 0);
+      EXPECT_LE(skinny_fp8_max_rows(n, k), kSkinnyFp8MaxRows) << "the kernel takes m <= 16";
     }
 }
 
