@@ -175,9 +175,13 @@ int main(int argc, char** argv) {
                     before_us > 0 ? (std::to_string(before_us / us).substr(0, 4) + "x").c_str() : "");
         std::fflush(stdout);
       };
+      // Each FP8 path with its scratch, as the step executor reserves it for the op.
       auto fp8_path = [&](cuda_ops::Fp8Path path) {
+        cuda_ops::Fp8LinearScratchOwner scratch;
+        NUCLEUS_CHECK_OK(cuda_ops::Fp8LinearScratchOwner::create(m, S.n, S.k, path, &scratch));
         return bench::median_us_per_launch(copies, [&](int i) {
-          return cuda_ops::fp8_linear_forward(weights[i], x.raw(), S.k, m, out.raw(), DType::kBF16, S.n, false, path)
+          return cuda_ops::fp8_linear_forward(weights[i], x.raw(), S.k, m, out.raw(), DType::kBF16, S.n, false,
+                                              scratch.scratch(), path)
               .ok();
         });
       };

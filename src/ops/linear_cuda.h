@@ -132,6 +132,10 @@ Status fp8_linear_forward(const LinearWeight& w, const void* x, int64_t x_stride
 size_t linear_cuda_fp8_workspace(const LinearOp& op, const StepLimits& limits);
 size_t linear_cublaslt_fp8_workspace(const LinearOp& op, const StepLimits& limits);
 Status linear_fp8_reserve(LinearOp& op, const StepLimits& limits, Device device);
+// The scratch of a reserved FP8 op's run on `path` (its share of
+// ctx.workspace and its counters). Errors: kFailedPrecondition when the op
+// was not reserved (StepResources::reserve_ops / reserve).
+StatusOr<Fp8LinearScratch> linear_fp8_op_scratch(LinearOp& op, const OpContext& ctx, Fp8Path path);
 Status linear_cublaslt_fp8_supports(const LinearOp& op);
 void linear_cublaslt_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 Status linear_cuda_fp8_supports(const LinearOp& op);

@@ -255,25 +255,25 @@ Status linear_cublaslt_fp8_supports(const LinearOp& op) {
   return fp8_cublaslt_layout_supported(op.weight().out_features, op.weight().in_features);
 }
 
-namespace {
-// The op's scratch: its share of the step workspace, laid out for the rows
-// it was reserved for, and its counters.
-Fp8LinearScratch op_scratch(LinearOp& op, const OpContext& ctx, Fp8Path path) {
+StatusOr<Fp8LinearScratch> linear_fp8_op_scratch(LinearOp& op, const OpContext& ctx, Fp8Path path) {
   const LinearWeight& w = op.weight();
+  if (op.reserved_rows() == 0 || !op.split_counters().defined())
+    return failed_precondition(w.name + ": " + op.backend() +
+                               " linear run before its reservation (StepResources::reserve_ops)");
   return fp8_linear_scratch_carve(ctx.workspace.data, ctx.workspace.bytes, op.reserved_rows(), w.out_features,
                                   w.in_features, path, op.split_counters().data<int>(),
                                   op.split_counters().numel());
 }
 
+namespace {
 void run_linear(LinearOp& op, OpContext& ctx, const TensorList& in, const TensorList& out, Fp8Path path) {
   const LinearWeight& w = op.weight();
   NUCLEUS_CHECK(in[0].dtype() == DType::kBF16, "{}: FP8 linear input dtype {} (needs BF16)", w.name,
                 dtype_name(in[0].dtype()));
-  if (op.reserved_rows() == 0 || !op.split_counters().defined())
-    return ctx.fail(failed_precondition(w.name + ": " + op.backend() +
-                                        " linear run before its reservation (StepResources::reserve_ops)"));
+  StatusOr<Fp8LinearScratch> scratch = linear_fp8_op_scratch(op, ctx, path);
+  if (!scratch.ok()) return ctx.fail(scratch.status());
   Status s = fp8_linear_forward(w, in[0].raw(), in[0].row_numel(), in[0].dim(0), out[0].raw(), out[0].dtype(),
-                                out[0].row_numel(), op.accumulate(), op_scratch(op, ctx, path), path);
+                                out[0].row_numel(), op.accumulate(), *scratch, path);
   if (!s.ok()) ctx.fail(s.with_context(w.name));  // cuBLASLt refusing its plan at run time
 }
 }  // namespace

@@ -56,8 +56,10 @@ void linear_skinny_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_skinny_fp8_gemm(a, cuda::context().stream));
     return;
   }
+  StatusOr<Fp8LinearScratch> scratch = linear_fp8_op_scratch(op, ctx, Fp8Path::kAuto);
+  if (!scratch.ok()) return ctx.fail(scratch.status());
   Status s = fp8_linear_forward(w, in[0].raw(), a.x_stride, m, a.out, out_dtype, a.out_stride, a.accumulate,
-                                Fp8Path::kAuto);
+                                *scratch, Fp8Path::kAuto);
   if (!s.ok()) ctx.fail(s.with_context(w.name));
 }
 
