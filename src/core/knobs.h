@@ -40,6 +40,7 @@ enum class Knob {
   kTokenGraphEagerPad,
   kMlaPrefillWgmma,
   kMoeChunkTokens,
+  kMoeDecode,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

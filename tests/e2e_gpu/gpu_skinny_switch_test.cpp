@@ -1,8 +1,10 @@
-// The skinny decode GEMM switch end to end on the GPU: `nucleus generate`
-// on the shipped tiny model (bf16) with NUCLEUS_SKINNY=1 (every bf16 decode
-// GEMM at m <= 8 on the skinny kernel, launched with PDL), with NUCLEUS_PDL=0
-// too, and NUCLEUS_SKINNY=0 (cuBLASLt):
-//  - the decode graph reports cuda_skinny exactly when it is on
+// The decode kernel switches end to end on the GPU: `nucleus generate` on
+// the shipped tiny model (bf16) with NUCLEUS_SKINNY=1 (every bf16 decode GEMM
+// at m <= 8 on the skinny kernel, launched with PDL), with NUCLEUS_PDL=0
+// too, NUCLEUS_SKINNY=0 (cuBLASLt), and NUCLEUS_MOE_DECODE=0 (the routed
+// experts on cuda_grouped instead of the fused decode kernel, cuda_decode,
+// which the other runs use by default):
+//  - the graphs report cuda_skinny and cuda_decode exactly when they are on
 //    (NUCLEUS_DUMP_GRAPH's backend column);
 //  - greedy tokens of the eight reference prompts, run together (decode at
 //    m = 8) and one by one (m = 1), on and off, equal the Hugging Face
@@ -78,15 +80,19 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
     const char* key;
     const char* env;
     bool skinny;
+    bool moe_decode;
   };
-  for (const Config& cfg : {Config{"on", "NUCLEUS_SKINNY=1", true},
-                            Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true},
-                            Config{"off", "NUCLEUS_SKINNY=0", false}}) {
+  for (const Config& cfg : {Config{"on", "NUCLEUS_SKINNY=1", true, true},
+                            Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true, true},
+                            Config{"off", "NUCLEUS_SKINNY=0", false, true},
+                            Config{"moe decode off", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0", true, false}}) {
     const std::string env = cfg.env;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", env + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
     const bool reports_skinny = batch.err.find("cuda_skinny") != std::string::npos;
     EXPECT_EQ(reports_skinny, cfg.skinny) << env << ": the decode graph's backends";
+    const bool reports_moe_decode = batch.err.find("cuda_decode") != std::string::npos;
+    EXPECT_EQ(reports_moe_decode, cfg.moe_decode) << env << ": the graphs' moe_experts backend";
     const std::string key = cfg.key;
     for (const json& line : json_lines(batch.out)) tokens[key + " batch"].push_back(line["token_ids"]);
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -100,7 +106,9 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
     const auto& on = tokens[std::string("on") + mode];
     const auto& no_pdl = tokens[std::string("on, no PDL") + mode];
     const auto& off = tokens[std::string("off") + mode];
+    const auto& moe_off = tokens[std::string("moe decode off") + mode];
     ASSERT_EQ(on.size(), cases.size());
+    ASSERT_EQ(moe_off.size(), cases.size());
     ASSERT_EQ(no_pdl.size(), cases.size());
     ASSERT_EQ(off.size(), cases.size());
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -112,6 +120,7 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
         EXPECT_EQ(on[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny on)";
         EXPECT_EQ(no_pdl[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny on, no PDL)";
         EXPECT_EQ(off[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny off)";
+        EXPECT_EQ(moe_off[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (MoE decode off)";
       }
       std::printf("case %zu%s: %zu steps compared\n", i, mode, s);
     }
