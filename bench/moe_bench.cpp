@@ -3,10 +3,10 @@
 // moe_bench [--reps N] [--decode]: MoeExpertsOp (experts only: no router, no
 // shared experts) at DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64
 // experts, top-6, bf16), DeepSeek-V3 (hidden 7168, moe_inter 2048, 256
-// experts, top-8) in bf16, its TP-8 shard (moe_inter 256) in bf16, and V3 in
-// FP8 e4m3 with 128x128 block scales, uniform random routing, T = 1 .. 4096
-// tokens; cuda_grouped everywhere, cuda_decode (the fused decode kernel, bf16)
-// at T <= 16 in the same run, cuda_naive at T = 1, 8, 32. --decode: only
+// experts, top-8) and its TP-8 shard (moe_inter 256), each in bf16 and in FP8
+// e4m3 with 128x128 block scales, uniform random routing, T = 1 .. 4096
+// tokens; cuda_grouped everywhere, cuda_decode (the fused decode kernel) at
+// T <= 16 in the same run, cuda_naive at T = 1, 8, 32. --decode: only
 // T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
@@ -242,5 +242,6 @@ int main(int argc, char** argv) {
   bench_model({"V3 bf16", 7168, 2048, 256, 8, false}, reps, decode_only);
   bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only);
   bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only);
+  bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only);
   return 0;
 }

@@ -33,10 +33,10 @@ const kernels::ExpertView* moe_experts_grouped_views(MoeExpertsOp& op);
 
 // cuda_decode (ops/moe_decode_cuda.cpp): steps of at most
 // moe_decode_max_tokens() tokens (ops/moe_decode.h) on the fused decode
-// kernels (kernels/moe/moe_decode.cuh: bf16 weights, each activated expert
-// read once a step), larger ones on cuda_grouped in the same call. Refuses
-// what cuda_grouped refuses, FP8 weights, and everything under
-// NUCLEUS_MOE_DECODE=0. Workspace: the larger of the grouped path's and the
+// kernels (kernels/moe/moe_decode.cuh: bf16 or FP8 block-scaled weights, each
+// activated expert read once a step), larger ones on cuda_grouped in the same
+// call. Refuses what cuda_grouped refuses, what moe_decode_unsupported names
+// (e.g. top_k > 16), and everything under NUCLEUS_MOE_DECODE=0. Workspace: the larger of the grouped path's and the
 // decode scratch (f32 [min(max_tokens, 16) * top_k, inter]).
 Status moe_experts_decode_supports(const MoeExpertsOp& op);
 void moe_experts_decode(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

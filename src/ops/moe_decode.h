@@ -17,8 +17,11 @@
 // elements a cycle per SM that 4.58 TB/s delivers until ~12 tokens share one
 // expert: it stays memory-bound, streams each activated expert's weights once,
 // and saves the grouped path's align and combine launches and its bf16 h and y
-// round trips. The grouped path measured 57% of the roofline at T = 1 and 81%
-// at T = 8 (docs/perf.md "MoE experts"); the kernel takes at most 16 tokens.
+// round trips. FP8 weights deliver ~18 e4m3 a cycle per SM, each converted
+// once per chunk (~1 integer op an element) and then used by every token of
+// the expert: still memory-bound at a few tokens per expert. The grouped path
+// measured 57% of the roofline at T = 1 and 81% at T = 8 in bf16, 43-50% in
+// FP8 (docs/perf.md "MoE experts"); the kernel takes at most 16 tokens.
 #pragma once
 
 #include <cstdint>

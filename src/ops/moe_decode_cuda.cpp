@@ -1,7 +1,7 @@
 // The cuda_decode backend of moe_experts: steps of at most
 // moe_decode_max_tokens() tokens (ops/moe_decode.h) run the fused decode
-// kernels (kernels/moe/moe_decode.cuh), each activated expert's weights read
-// once a step; larger steps run cuda_grouped in the same call (a decode
+// kernels (kernels/moe/moe_decode.cuh; bf16 or FP8 block-scaled weights),
+// each activated expert's weights read once a step; larger steps run cuda_grouped in the same call (a decode
 // graph's width fixes the choice per graph). Hence it takes only experts
 // cuda_grouped takes too, shares its state (the experts' device views) and
 // reservation, and its workspace is the larger of the two paths' (the arena
@@ -73,6 +73,8 @@ void moe_experts_decode(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, 
   a.experts = moe_experts_grouped_views(op);
   a.h = static_cast<float*>(ctx.workspace.data);
   a.out = out[0].data<__nv_bfloat16>();
+  a.gate_up_fp8 = op.experts().front().gate_up->fp8();
+  a.down_fp8 = op.experts().front().down->fp8();
   a.pdl = skinny_pdl();
   NUCLEUS_CHECK(a.hidden == hidden_of(op), "moe_experts x width {} vs hidden {}", a.hidden, hidden_of(op));
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_decode(a, cuda::context().stream));

@@ -8,8 +8,9 @@
 //    same experts) routing and experts with no tokens; chunked steps; every
 //    GEMM variant; CUDA-graph replay bit-identical to eager; refusals;
 //  - the cuda_decode experts backend (moe_decode.cuh) vs moe_experts_ref at
-//    the decode shapes of DeepSeek-V2-Lite, V3 and Kimi-K2 (V3 / Kimi at the
-//    TP 1, 4 and 8 shards of the expert intermediate), T = 1..16: random
+//    the decode shapes of DeepSeek-V2-Lite (bf16), V3 (bf16 and FP8) and
+//    Kimi-K2 (FP8), V3 / Kimi at the TP 1, 4 and 8 shards of the expert
+//    intermediate, bf16 gate_up with FP8 down, T = 1..16: random
 //    routing (experts with no tokens), every token on the same experts,
 //    ragged T, a token choosing one expert twice, ids out of range, every K
 //    slice count, PDL on and off bit-identical, runs and graph replays
@@ -576,20 +577,29 @@ const std::vector<int64_t> kSomeT = {1, 2, 3, 5, 8, 13, 16};
 TEST_F(MoeGpu, DecodeV2Lite) { check_decode_shape({"v2-lite", 2048, 1408, 64, 6, false, false, 16}, kEveryT, {2, 16}); }
 
 // V3: hidden 7168, moe_intermediate 2048 sharded over TP 1, 4, 8; 256 experts,
-// top-8. Kimi-K2: the same expert shape, 384 experts. The expert ids span the
-// whole range; 12 distinct weight sets stand in for the experts (expert e uses
-// set e % 12) to bound the memory.
+// top-8; bf16 and FP8 (e4m3, 128x128 block scales varying 0.5..1.5 per
+// block). Kimi-K2: the same expert shape, 384 experts, FP8 (its checkpoint's
+// type). The expert ids span the whole range; 12 distinct weight sets stand in
+// for the experts (expert e uses set e % 12) to bound the memory. The FP8
+// reference multiplies by the exact dequantized weights (code * scale), so the
+// tolerance stays kDecodeTol.
 TEST_F(MoeGpu, DecodeV3Shards) {
-  for (int64_t tp : {1, 4, 8})
-    check_decode_shape({tp == 1 ? "v3-tp1" : tp == 4 ? "v3-tp4" : "v3-tp8", 7168, 2048 / tp, 256, 8, false, false,
-                        16, 12},
-                       kSomeT, {16});
+  for (bool fp8 : {false, true})
+    for (int64_t tp : {1, 4, 8})
+      check_decode_shape({fp8 ? (tp == 1 ? "v3-fp8-tp1" : tp == 4 ? "v3-fp8-tp4" : "v3-fp8-tp8")
+                              : (tp == 1 ? "v3-tp1" : tp == 4 ? "v3-tp4" : "v3-tp8"),
+                          7168, 2048 / tp, 256, 8, fp8, fp8, 16, 12},
+                         kSomeT, {16});
 }
 TEST_F(MoeGpu, DecodeKimiK2Shards) {
   for (int64_t tp : {1, 4, 8})
-    check_decode_shape({tp == 1 ? "kimi-k2-tp1" : tp == 4 ? "kimi-k2-tp4" : "kimi-k2-tp8", 7168, 2048 / tp, 384, 8,
-                        false, false, 16, 12},
+    check_decode_shape({tp == 1 ? "kimi-k2-fp8-tp1" : tp == 4 ? "kimi-k2-fp8-tp4" : "kimi-k2-fp8-tp8", 7168, 2048 / tp,
+                        384, 8, true, true, 16, 12},
                        kSomeT, {7});
+}
+// bf16 gate_up with FP8 down (the two kernels' types are independent).
+TEST_F(MoeGpu, DecodeMixedTypes) {
+  check_decode_shape({"tiny-fp8-down", 256, 192, 8, 2, false, true, 16}, kEveryT, {16});
 }
 
 // Through the kernel interface: every K slice count of the up kernel, PDL on
@@ -599,6 +609,7 @@ TEST_F(MoeGpu, DecodeKimiK2Shards) {
 TEST_F(MoeGpu, DecodeKernelEdgeCases) {
   for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 16},
                             MoeShape{"v3-tp8", 7168, 256, 256, 8, false, false, 16, 12},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 16, 12},
                             MoeShape{"top16", 256, 192, 64, 16, false, false, 16}}) {
     ExpertSet set(s);
     std::vector<ExpertView> views;
@@ -627,6 +638,8 @@ TEST_F(MoeGpu, DecodeKernelEdgeCases) {
       a.inter = s.inter;
       a.num_experts = s.num_experts;
       a.top_k = s.top_k;
+      a.gate_up_fp8 = s.gate_up_fp8;
+      a.down_fp8 = s.down_fp8;
       a.experts = d_views.data<ExpertView>();
       a.h = h.data<float>();
       a.out = st.out.data<__nv_bfloat16>();
@@ -693,16 +706,18 @@ TEST_F(MoeGpu, DecodeGraphReplayAndFallback) {
                all_rows(40), s.hidden, "T=40 (cuda_grouped inside cuda_decode)");
 }
 
-// What the decode kernels refuse: FP8 weights (the op then dispatches to
-// cuda_grouped), rows that are not 16-byte multiples, more than 16 tokens or
-// 256 pairs, a misaligned x, a bad slice count.
+// What the decode kernels refuse: top_k above 16 (the op then dispatches to
+// cuda_grouped), rows that are not 16-byte multiples, FP8 scale blocks that
+// split a 16-byte chunk, more than 16 tokens or 256 pairs, a misaligned x, a
+// bad slice count.
 TEST_F(MoeGpu, DecodeRefusals) {
-  const MoeShape fp8{"tiny-fp8", 256, 192, 8, 2, true, true, 16};
-  ExpertSet set(fp8);
-  MoeExpertsOp op(set.op_experts, fp8.inter, fp8.top_k);
+  const MoeShape top17{"top17", 256, 192, 32, 17, false, false, 16};
+  ExpertSet set(top17);
+  MoeExpertsOp op(set.op_experts, top17.inter, top17.top_k);
   const Status why = cuda_ops::moe_experts_decode_supports(op);
   EXPECT_FALSE(why.ok());
-  EXPECT_NE(why.message().find("FP8"), std::string::npos) << why.message();
+  EXPECT_NE(why.message().find("num_experts_per_tok"), std::string::npos) << why.message();
+  ASSERT_TRUE(cuda_ops::moe_experts_grouped_supports(op).ok());
   ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
   EXPECT_EQ(op.backend(), "cuda_grouped");
 
@@ -717,6 +732,16 @@ TEST_F(MoeGpu, DecodeRefusals) {
   EXPECT_NE(moe_decode_unsupported(256, 192, 1025, 2, gu, dn), nullptr) << "1025 experts";
   EXPECT_NE(moe_decode_unsupported(256, 192, 8, 2, gu, WeightView{dn.data, nullptr, 256, 200, 0, 0}), nullptr)
       << "down shape";
+  const float scale = 1.0f;
+  WeightView fp8_down{dn.data, &scale, 256, 192, 128, 128};
+  EXPECT_EQ(moe_decode_unsupported(256, 192, 8, 2, gu, fp8_down), nullptr) << "FP8 down, 128x128 blocks";
+  fp8_down.block_k = 8;
+  EXPECT_NE(moe_decode_unsupported(256, 192, 8, 2, gu, fp8_down), nullptr) << "FP8 block_k 8";
+  fp8_down.block_k = 128;
+  WeightView fp8_down_200{dn.data, &scale, 256, 200, 128, 128};
+  EXPECT_NE(moe_decode_unsupported(256, 200, 8, 2, WeightView{gu.data, nullptr, 400, 256, 0, 0}, fp8_down_200),
+            nullptr)
+      << "FP8 down with inter 200 (not a multiple of 16)";
 
   Tensor buf = Tensor::empty({1 << 20}, DType::kU8, Device::kCuda);
   MoeDecodeArgs a;
@@ -739,6 +764,8 @@ TEST_F(MoeGpu, DecodeRefusals) {
   EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "hidden 260";
   b = a, b.x = a.x + 1;
   EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "misaligned x";
+  b = a, b.down_fp8 = true, b.inter = 200;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "FP8 down, inter 200";
   b = a, b.up_slices = 3;
   EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "3 slices";
   b = a, b.out = nullptr;

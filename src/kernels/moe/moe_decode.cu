@@ -141,6 +141,34 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   f[7] = __uint_as_float(v.w & 0xffff0000u);
 }
 
+__device__ __forceinline__ void bf16x8_to_f32_at(const uint4& v, float* f) {
+  float (&a)[8] = *reinterpret_cast<float(*)[8]>(f);
+  bf16x8_to_f32(v, a);
+}
+
+// One 16-byte weight chunk -> f32: 8 bf16, or 16 e4m3 (unscaled; exact, through
+// bf16: fp8_detail::e4m3x4_to_bf16x4).
+template <bool kFp8>
+__device__ __forceinline__ void chunk_to_f32(const uint4& v, float* f) {
+  if constexpr (kFp8) {
+    uint4 a, b;
+    fp8_detail::e4m3x4_to_bf16x4(v.x, a.x, a.y);
+    fp8_detail::e4m3x4_to_bf16x4(v.y, a.z, a.w);
+    fp8_detail::e4m3x4_to_bf16x4(v.z, b.x, b.y);
+    fp8_detail::e4m3x4_to_bf16x4(v.w, b.z, b.w);
+    bf16x8_to_f32_at(a, f);
+    bf16x8_to_f32_at(b, f + 8);
+  } else {
+    bf16x8_to_f32_at(v, f);
+  }
+}
+
+// Where row `row` of an FP8 weight keeps its block scales (k blocks along the row).
+__device__ __forceinline__ const float* scale_row(const WeightView& w, int row) {
+  const int k_blocks = static_cast<int>((w.k + w.block_k - 1) / w.block_k);
+  return w.scale_inv + static_cast<int64_t>(row / w.block_n) * k_blocks;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
@@ -149,10 +177,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-// MR: pairs of an expert per pass (>= T); U: load steps in flight per lane.
-template <int MR, int U>
+// kFp8: gate_up is e4m3 with block scales; MR: pairs of an expert per pass
+// (>= T); U: load steps in flight per lane.
+template <bool kFp8, int MR, int U>
 __global__ void __launch_bounds__(kThreads) moe_decode_up_kernel(const Params p) {
-  constexpr int kRows = 4;  // gate j0, gate j0 + 1, up j0, up j0 + 1
+  constexpr int kRows = 4;              // gate j0, gate j0 + 1, up j0, up j0 + 1
+  constexpr int kE = kFp8 ? 16 : 8;     // weight elements per 16-byte chunk
   __shared__ Routing rt;
   __shared__ float red[kUpWarps][kRows * MR];
   pdl::wait_for_inputs();    // x and topk_ids come from the kernels before
@@ -165,13 +195,20 @@ __global__ void __launch_bounds__(kThreads) moe_decode_up_kernel(const Params p)
   const int group = warp / S, slice = warp % S;
   const int j0 = (tile * groups + group) * 2;
   const int first = rt.offset[u], count = rt.offset[u + 1] - first;
-  const auto* w = static_cast<const __nv_bfloat16*>(p.experts[rt.expert[u]].gate_up.data);
-  const __nv_bfloat16* wrow[kRows];
+  const WeightView& view = p.experts[rt.expert[u]].gate_up;
+  const auto* w = static_cast<const uint8_t*>(view.data);
+  const uint8_t* wrow[kRows];
+  const float* srow[kRows];
+  int block_k = 1;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    wrow[r] = w + static_cast<int64_t>((r >= 2 ? p.inter : 0) + min(j0 + (r & 1), p.inter - 1)) * p.hidden;
+  for (int r = 0; r < kRows; ++r) {
+    const int row = (r >= 2 ? p.inter : 0) + min(j0 + (r & 1), p.inter - 1);
+    wrow[r] = w + static_cast<int64_t>(row) * p.hidden * (kFp8 ? 1 : 2);
+    if constexpr (kFp8) srow[r] = scale_row(view, row);
+  }
+  if constexpr (kFp8) block_k = view.block_k;
   const int c_begin = slice * p.chunks_per_slice;
-  const int c_end = min(p.hidden >> 3, c_begin + p.chunks_per_slice);
+  const int c_end = min(p.hidden / kE, c_begin + p.chunks_per_slice);
 
   for (int g0 = 0; g0 < count; g0 += MR) {
     const int m = min(MR, count - g0);
@@ -190,24 +227,37 @@ __global__ void __launch_bounds__(kThreads) moe_decode_up_kernel(const Params p)
       for (int s = 0; s < U; ++s) {
         const int c = c0 + 32 * s;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) wv[s][r] = c < c_end ? ld_stream_v4(wrow[r] + c * 8) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < kRows; ++r) wv[s][r] = c < c_end ? ld_stream_v4(wrow[r] + c * 16) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int s = 0; s < U; ++s) {
         const int c = c0 + 32 * s;
         if (c >= c_end) break;
-        float wf[kRows][8];
+        float wf[kRows][kE], sc[kRows];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) bf16x8_to_f32(wv[s][r], wf[r]);
+        for (int r = 0; r < kRows; ++r) {
+          chunk_to_f32<kFp8>(wv[s][r], wf[r]);
+          if constexpr (kFp8) sc[r] = __ldg(srow[r] + c * kE / block_k);
+        }
 #pragma unroll
         for (int mi = 0; mi < MR; ++mi) {
           if (mi >= m) break;
-          float xf[8];
-          bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(p.x + xoff[mi] + c * 8)), xf);
+          float xf[kE];
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
+          for (int q = 0; q < kE / 8; ++q)
+            bf16x8_to_f32_at(__ldg(reinterpret_cast<const uint4*>(p.x + xoff[mi] + c * kE + q * 8)), xf + q * 8);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[r][mi] = fmaf(wf[r][e], xf[e], acc[r][mi]);
+          for (int r = 0; r < kRows; ++r) {
+            if constexpr (kFp8) {  // the chunk lies in one scale block: scale its dot product
+              float d = 0.0f;
+#pragma unroll
+              for (int e = 0; e < kE; ++e) d = fmaf(wf[r][e], xf[e], d);
+              acc[r][mi] = fmaf(d, sc[r], acc[r][mi]);
+            } else {
+#pragma unroll
+              for (int e = 0; e < kE; ++e) acc[r][mi] = fmaf(wf[r][e], xf[e], acc[r][mi]);
+            }
+          }
         }
       }
     }
@@ -239,27 +289,29 @@ __global__ void __launch_bounds__(kThreads) moe_decode_up_kernel(const Params p)
   }
 }
 
-// MR: pairs of an expert per pass (>= T); U: load steps in flight per lane.
-template <int MR, int U>
+// kFp8: down is e4m3 with block scales; MR: pairs of an expert per pass
+// (>= T); U: load steps in flight per lane.
+template <bool kFp8, int MR, int U>
 __global__ void __launch_bounds__(kThreads, 1) moe_decode_down_kernel(const Params p) {
+  constexpr int kE = kFp8 ? 16 : 8;  // weight elements per 16-byte chunk
   __shared__ Routing rt;
   pdl::launch_dependents();
   sort_routing(rt, p);  // topk_ids: complete once the up kernel let this one start
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kDownWarps + warp) * kDownCols;
-  const int chunks = p.inter >> 3;
+  const int chunks = p.inter / kE;
   const int experts = rt.num_experts;
   auto row_of = [&](int slot, int r) {
-    const auto* w = static_cast<const __nv_bfloat16*>(p.experts[rt.expert[slot]].down.data);
-    return w + static_cast<int64_t>(min(n0 + r, p.hidden - 1)) * p.inter;
+    const auto* w = static_cast<const uint8_t*>(p.experts[rt.expert[slot]].down.data);
+    return w + static_cast<int64_t>(min(n0 + r, p.hidden - 1)) * p.inter * (kFp8 ? 1 : 2);
   };
   auto prefetch_expert = [&](int slot) {
 #pragma unroll
     for (int r = 0; r < kDownCols; ++r) {
-      const __nv_bfloat16* row = row_of(slot, r);
+      const uint8_t* row = row_of(slot, r);
 #pragma unroll
       for (int s = 0; s < U; ++s)
-        if (lane + 32 * s < chunks) prefetch_l2(row + (lane + 32 * s) * 8);
+        if (lane + 32 * s < chunks) prefetch_l2(row + (lane + 32 * s) * 16);
     }
   };
   if (experts > 0) prefetch_expert(0);
@@ -268,9 +320,15 @@ __global__ void __launch_bounds__(kThreads, 1) moe_decode_down_kernel(const Para
   float mine = 0.0f;  // column n0 + lane / 16, token lane % 16
   for (int u = 0; u < experts; ++u) {
     if (u + 1 < experts) prefetch_expert(u + 1);
-    const __nv_bfloat16* wrow[kDownCols];
+    const uint8_t* wrow[kDownCols];
+    const float* srow[kDownCols];
+    int block_k = 1;
 #pragma unroll
-    for (int r = 0; r < kDownCols; ++r) wrow[r] = row_of(u, r);
+    for (int r = 0; r < kDownCols; ++r) {
+      wrow[r] = row_of(u, r);
+      if constexpr (kFp8) srow[r] = scale_row(p.experts[rt.expert[u]].down, min(n0 + r, p.hidden - 1));
+    }
+    if constexpr (kFp8) block_k = p.experts[rt.expert[u]].down.block_k;
     const int first = rt.offset[u], count = rt.offset[u + 1] - first;
     for (int g0 = 0; g0 < count; g0 += MR) {
       const int m = min(MR, count - g0);
@@ -289,25 +347,40 @@ __global__ void __launch_bounds__(kThreads, 1) moe_decode_down_kernel(const Para
         for (int s = 0; s < U; ++s) {
           const int c = c0 + 32 * s;
 #pragma unroll
-          for (int r = 0; r < kDownCols; ++r) wv[s][r] = c < chunks ? ld_stream_v4(wrow[r] + c * 8) : make_uint4(0, 0, 0, 0);
+          for (int r = 0; r < kDownCols; ++r)
+            wv[s][r] = c < chunks ? ld_stream_v4(wrow[r] + c * 16) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int s = 0; s < U; ++s) {
           const int c = c0 + 32 * s;
           if (c >= chunks) break;
-          float wf[kDownCols][8];
+          float wf[kDownCols][kE], sc[kDownCols];
 #pragma unroll
-          for (int r = 0; r < kDownCols; ++r) bf16x8_to_f32(wv[s][r], wf[r]);
+          for (int r = 0; r < kDownCols; ++r) {
+            chunk_to_f32<kFp8>(wv[s][r], wf[r]);
+            if constexpr (kFp8) sc[r] = __ldg(srow[r] + c * kE / block_k);
+          }
 #pragma unroll
           for (int mi = 0; mi < MR; ++mi) {
             if (mi >= m) break;
-            const float4 a = __ldg(reinterpret_cast<const float4*>(hrow[mi] + c * 8));
-            const float4 b = __ldg(reinterpret_cast<const float4*>(hrow[mi] + c * 8 + 4));
-            const float hf[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float hf[kE];
 #pragma unroll
-            for (int r = 0; r < kDownCols; ++r)
+            for (int q = 0; q < kE / 4; ++q) {
+              const float4 v = __ldg(reinterpret_cast<const float4*>(hrow[mi] + c * kE + q * 4));
+              hf[4 * q] = v.x, hf[4 * q + 1] = v.y, hf[4 * q + 2] = v.z, hf[4 * q + 3] = v.w;
+            }
 #pragma unroll
-              for (int e = 0; e < 8; ++e) acc[r][mi] = fmaf(wf[r][e], hf[e], acc[r][mi]);
+            for (int r = 0; r < kDownCols; ++r) {
+              if constexpr (kFp8) {
+                float d = 0.0f;
+#pragma unroll
+                for (int e = 0; e < kE; ++e) d = fmaf(wf[r][e], hf[e], d);
+                acc[r][mi] = fmaf(d, sc[r], acc[r][mi]);
+              } else {
+#pragma unroll
+                for (int e = 0; e < kE; ++e) acc[r][mi] = fmaf(wf[r][e], hf[e], acc[r][mi]);
+              }
+            }
           }
         }
       }
@@ -347,27 +420,40 @@ cudaError_t launch(Kernel kernel, unsigned grid, unsigned block, const Params& p
   return cudaLaunchKernelEx(&config, kernel, p);
 }
 
-template <int MR>
+template <bool kUpFp8, bool kDownFp8, int MR>
 cudaError_t launch_mr(const Params& p, bool pdl, cudaStream_t stream) {
   constexpr int kUpU = MR <= 2 ? 4 : 2;
   constexpr int kDownU = MR <= 4 ? 8 : 4;
   const int64_t activated_max = std::min<int64_t>(p.pairs, p.E);
-  cudaError_t e = launch(moe_decode_up_kernel<MR, kUpU>, static_cast<unsigned>(activated_max * p.tiles), kThreads, p,
-                         pdl, stream);
+  cudaError_t e = launch(moe_decode_up_kernel<kUpFp8, MR, kUpU>, static_cast<unsigned>(activated_max * p.tiles),
+                         kThreads, p, pdl, stream);
   if (e != cudaSuccess) return e;
-  return launch(moe_decode_down_kernel<MR, kDownU>,
+  return launch(moe_decode_down_kernel<kDownFp8, MR, kDownU>,
                 static_cast<unsigned>(ceil_div64(p.hidden, kDownWarps * kDownCols)), kThreads, p, pdl, stream);
+}
+
+template <bool kUpFp8, bool kDownFp8>
+cudaError_t launch_types(const Params& p, bool pdl, cudaStream_t stream) {
+  if (p.T == 1) return launch_mr<kUpFp8, kDownFp8, 1>(p, pdl, stream);
+  if (p.T == 2) return launch_mr<kUpFp8, kDownFp8, 2>(p, pdl, stream);
+  if (p.T <= 4) return launch_mr<kUpFp8, kDownFp8, 4>(p, pdl, stream);
+  if (p.T <= 8) return launch_mr<kUpFp8, kDownFp8, 8>(p, pdl, stream);
+  return launch_mr<kUpFp8, kDownFp8, 16>(p, pdl, stream);
 }
 
 }  // namespace
 
 const char* moe_decode_unsupported(int64_t hidden, int64_t inter, int64_t num_experts, int64_t top_k,
                                    const WeightView& gate_up, const WeightView& down) {
-  if (gate_up.fp8() || down.fp8()) return "FP8 expert weights (the decode kernel takes bf16 only)";
   if (hidden % 8 != 0 || hidden < 8 || hidden >= (int64_t{1} << 24))
     return "hidden_size not a positive multiple of 8 below 2^24 (16-byte rows)";
   if (inter % 8 != 0 || inter < 8 || inter >= (int64_t{1} << 24))
     return "moe_intermediate_size not a positive multiple of 8 below 2^24 (16-byte rows)";
+  if (gate_up.fp8() && hidden % 16 != 0) return "FP8 gate_up with hidden_size not a multiple of 16 (16-byte rows)";
+  if (down.fp8() && inter % 16 != 0) return "FP8 down with moe_intermediate_size not a multiple of 16 (16-byte rows)";
+  for (const WeightView* w : {&gate_up, &down})
+    if (w->fp8() && (w->block_n < 1 || w->block_k < 16 || w->block_k % 16 != 0))
+      return "FP8 expert weights whose scale blocks are not block_n >= 1 by block_k a multiple of 16";
   if (num_experts < 1 || num_experts > kMoeDecodeMaxExperts) return "more than 1024 routed experts";
   if (top_k < 1 || top_k > 16) return "num_experts_per_tok outside 1..16";
   if (gate_up.n != 2 * inter || gate_up.k != hidden || down.n != hidden || down.k != inter)
@@ -391,16 +477,17 @@ cudaError_t moe_decode_check(const MoeDecodeArgs& a) {
                   a.hidden < (int64_t{1} << 24) && a.inter >= 8 && a.inter % 8 == 0 &&
                   a.inter < (int64_t{1} << 24) && a.x && a.topk_ids && a.topk_weights && a.experts && a.h &&
                   a.out && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.h) % 16 == 0 &&
-                  slices_ok;
+                  (!a.gate_up_fp8 || a.hidden % 16 == 0) && (!a.down_fp8 || a.inter % 16 == 0) && slices_ok;
   return ok ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 int moe_decode_up_slices(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t hidden, int64_t inter,
-                         int num_sms) {
+                         bool gate_up_fp8, int num_sms) {
   // The up kernel's warps stream 4 rows each, like the skinny GEMM's: the
-  // same rule over the rows of every expert the step may activate.
+  // same rule over the rows of every expert the step may activate, with the
+  // row's 16-byte chunks (skinny_default_slices counts hidden / 8 of them).
   const int64_t activated_max = std::min(num_tokens * top_k, num_experts);
-  return skinny_default_slices(1, activated_max * 2 * inter, hidden, num_sms);
+  return skinny_default_slices(1, activated_max * 2 * inter, gate_up_fp8 ? hidden / 2 : hidden, num_sms);
 }
 
 cudaError_t launch_moe_decode(const MoeDecodeArgs& a, cudaStream_t stream) {
@@ -420,15 +507,13 @@ cudaError_t launch_moe_decode(const MoeDecodeArgs& a, cudaStream_t stream) {
   p.inter = static_cast<int>(a.inter);
   p.slices = a.up_slices > 0 ? a.up_slices
                              : moe_decode_up_slices(a.num_tokens, a.top_k, a.num_experts, a.hidden, a.inter,
-                                                    current_device_sms());
-  const int64_t chunks = a.hidden / 8;
+                                                    a.gate_up_fp8, current_device_sms());
+  const int64_t chunks = a.hidden / (a.gate_up_fp8 ? 16 : 8);
   p.chunks_per_slice = static_cast<int>(ceil_div64(ceil_div64(chunks, p.slices), 32) * 32);
   p.tiles = static_cast<int>(ceil_div64(a.inter, 2 * (kUpWarps / p.slices)));
-  if (a.num_tokens == 1) return launch_mr<1>(p, a.pdl, stream);
-  if (a.num_tokens == 2) return launch_mr<2>(p, a.pdl, stream);
-  if (a.num_tokens <= 4) return launch_mr<4>(p, a.pdl, stream);
-  if (a.num_tokens <= 8) return launch_mr<8>(p, a.pdl, stream);
-  return launch_mr<16>(p, a.pdl, stream);
+  if (a.gate_up_fp8) return a.down_fp8 ? launch_types<true, true>(p, a.pdl, stream)
+                                        : launch_types<true, false>(p, a.pdl, stream);
+  return a.down_fp8 ? launch_types<false, true>(p, a.pdl, stream) : launch_types<false, false>(p, a.pdl, stream);
 }
 
 }  // namespace nucleus::kernels

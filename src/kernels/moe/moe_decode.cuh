@@ -1,5 +1,5 @@
 // Fused routed-expert MoE for decode steps of a few tokens (the cuda_decode
-// backend of moe_experts):
+// backend of moe_experts), bf16 or FP8 block-scaled weights:
 //
 //   out[t, :] = sum_k topk_weights[t, k] * down_e(silu(gate_e(x[t])) * up_e(x[t])),  e = topk_ids[t, k]
 //
@@ -38,8 +38,12 @@
 // the down kernel start; the down kernel reads topk_ids (complete by then:
 // the up kernel has waited for the router) and issues its first weights'
 // L2 prefetches before it waits for h.
-// Weights: bf16 [n, k] rows, 16-byte aligned (FP8 block-scaled weights are
-// refused: they run cuda_grouped).
+// Weights: [n, k] rows, 16-byte aligned, bf16 or FP8 e4m3 with block scales
+// (W = q * scale_inv[n / block_n, k / block_k], block_k a multiple of 16): a
+// 16-byte chunk holds 8 bf16 or 16 e4m3 (converted exactly through bf16 with
+// integer ops, fp8_detail::e4m3x4_to_bf16x4); an FP8 chunk lies in one scale
+// block, so its f32 dot product with the activations is multiplied by that
+// block's scale once. gate_up and down may differ in type.
 //
 // Framework-free: raw pointers, sizes in elements, a stream; launchers return
 // a cudaError_t. Stream-async, no allocation.
@@ -68,13 +72,18 @@ struct MoeDecodeArgs {
   float* h = nullptr;                    // scratch [num_tokens * top_k, inter] f32 (moe_decode_scratch_bytes)
   __nv_bfloat16* out = nullptr;          // [num_tokens, hidden] bf16, overwritten
   bool pdl = false;                      // launch both kernels as programmatic dependents
+  bool gate_up_fp8 = false;              // the experts' gate_up weights are FP8 (as their views say)
+  bool down_fp8 = false;                 // the experts' down weights are FP8
   int up_slices = 0;                     // up kernel's K slices (1, 2, 4, 8); 0: moe_decode_up_slices
 };
 
 // Why experts of these sizes and weights cannot run on the decode kernels, or
-// nullptr. gate_up / down: one expert's views (all experts share them). Needs
-// bf16 weights, hidden % 8 == 0 and inter % 8 == 0 (16-byte rows),
-// 1 <= top_k <= 16, 1 <= num_experts <= 1024, hidden and inter below 2^24.
+// nullptr. gate_up / down: one expert's views (all experts share their types,
+// shapes and blocks). Needs hidden % 8 == 0 and inter % 8 == 0 (16-byte rows;
+// % 16 for an FP8 weight along its k), FP8 scale blocks of block_n >= 1 by
+// block_k a multiple of 16, 1 <= top_k <= 16, 1 <= num_experts <= 1024,
+// hidden and inter below 2^24, gate_up [2 inter, hidden], down [hidden, inter],
+// 16-byte aligned data.
 const char* moe_decode_unsupported(int64_t hidden, int64_t inter, int64_t num_experts, int64_t top_k,
                                    const WeightView& gate_up, const WeightView& down);
 
@@ -84,15 +93,16 @@ size_t moe_decode_scratch_bytes(int64_t max_tokens, int64_t top_k, int64_t inter
 
 // cudaSuccess when the launch takes `a`: what moe_decode_unsupported checks on
 // the sizes, 1 <= num_tokens <= 16, num_tokens * top_k <= 256, non-null
-// pointers, x 16-byte aligned, up_slices 0, 1, 2, 4 or 8.
+// pointers, x and h 16-byte aligned, hidden % 16 == 0 with gate_up_fp8 and
+// inter % 16 == 0 with down_fp8, up_slices 0, 1, 2, 4 or 8.
 cudaError_t moe_decode_check(const MoeDecodeArgs& a);
 
 // K slices of the up kernel for up_slices = 0: the S in {1, 2, 4, 8} that puts
 // the number of streaming warps (min(pairs, experts) * inter / 2 * S) nearest
-// ~11.7 per SM, each slice at least 256 deep (the skinny GEMM's rule,
-// skinny_default_slices).
+// ~11.7 per SM, each slice at least 32 chunks of 16 bytes a lane-row (the
+// skinny GEMM's rule, skinny_default_slices).
 int moe_decode_up_slices(int64_t num_tokens, int64_t top_k, int64_t num_experts, int64_t hidden, int64_t inter,
-                         int num_sms);
+                         bool gate_up_fp8, int num_sms);
 
 // Runs the two kernels on `stream`. Errors: cudaErrorInvalidValue for what
 // moe_decode_check refuses; launch errors.
