@@ -9,11 +9,13 @@
 // stored). The expert's pairs run MR at a time (MR >= the step's tokens, so
 // one pass unless an expert is chosen twice by one token).
 //
-// Down kernel work split. grid.x = ceil(hidden / 16): a CTA is 8 warps, warp w
-// owns columns n0 = (blockIdx.x * 8 + w) * 2 and n0 + 1 for every token; lane
-// r * 16 + t holds the running sum of (column n0 + r, token t).
+// Down kernel work split. grid.x = min(ceil(hidden / 16), SMs) CTAs of 8
+// warps (one CTA per SM at its register count); warp w of CTA b owns the
+// column pairs ("tasks") b + w * grid, then + 8 * grid, ...: columns
+// n0 = 2 * task and n0 + 1 for every token; lane r * 16 + t holds the running
+// sum of (column n0 + r, token t).
 //
-// In both, lane l takes the 8-element chunks begin + l, begin + l + 32, ...:
+// In both, lane l takes the 16-byte chunks begin + l, begin + l + 32, ...:
 // each load instruction of a warp reads 512 contiguous bytes of one row.
 #include <algorithm>
 #include <cstdint>
@@ -49,7 +51,8 @@ struct Params {
   int T, top_k, pairs, E, hidden, inter;
   int slices;            // up: S
   int tiles;             // up: column tiles per expert
-  int chunks_per_slice;  // up: 8-element chunks of hidden per slice, a multiple of 32
+  int chunks_per_slice;  // up: 16-byte chunks of a gate_up row per slice, a multiple of 32
+  int down_ctas;         // down: CTAs (at most one per SM; each warp takes column pairs in turn)
 };
 
 // The step's routing, sorted by expert: the activated experts in increasing id
@@ -298,7 +301,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_decode_down_kernel(const Para
   pdl::launch_dependents();
   sort_routing(rt, p);  // topk_ids: complete once the up kernel let this one start
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * kDownWarps + warp) * kDownCols;
+  // Column pairs ("tasks") spread over the warps of every CTA in turn, so that
+  // each SM gets the same share whatever hidden / 16 is against the SM count.
+  const int tasks = (p.hidden + kDownCols - 1) / kDownCols;
+  const int task0 = blockIdx.x + warp * gridDim.x, stride = gridDim.x * kDownWarps;
+  int n0 = min(task0, tasks - 1) * kDownCols;
   const int chunks = p.inter / kE;
   const int experts = rt.num_experts;
   auto row_of = [&](int slot, int r) {
@@ -314,94 +321,98 @@ __global__ void __launch_bounds__(kThreads, 1) moe_decode_down_kernel(const Para
         if (lane + 32 * s < chunks) prefetch_l2(row + (lane + 32 * s) * 16);
     }
   };
-  if (experts > 0) prefetch_expert(0);
+  if (experts > 0 && task0 < tasks) prefetch_expert(0);
   pdl::wait_for_inputs();  // h comes from the up kernel
 
-  float mine = 0.0f;  // column n0 + lane / 16, token lane % 16
-  for (int u = 0; u < experts; ++u) {
-    if (u + 1 < experts) prefetch_expert(u + 1);
-    const uint8_t* wrow[kDownCols];
-    const float* srow[kDownCols];
-    int block_k = 1;
+  for (int task = task0; task < tasks; task += stride) {
+    n0 = task * kDownCols;
+    if (task != task0 && experts > 0) prefetch_expert(0);
+    float mine = 0.0f;  // column n0 + lane / 16, token lane % 16
+    for (int u = 0; u < experts; ++u) {
+      if (u + 1 < experts) prefetch_expert(u + 1);
+      const uint8_t* wrow[kDownCols];
+      const float* srow[kDownCols];
+      int block_k = 1;
 #pragma unroll
-    for (int r = 0; r < kDownCols; ++r) {
-      wrow[r] = row_of(u, r);
-      if constexpr (kFp8) srow[r] = scale_row(p.experts[rt.expert[u]].down, min(n0 + r, p.hidden - 1));
-    }
-    if constexpr (kFp8) block_k = p.experts[rt.expert[u]].down.block_k;
-    const int first = rt.offset[u], count = rt.offset[u + 1] - first;
-    for (int g0 = 0; g0 < count; g0 += MR) {
-      const int m = min(MR, count - g0);
-      const float* hrow[MR];
+      for (int r = 0; r < kDownCols; ++r) {
+        wrow[r] = row_of(u, r);
+        if constexpr (kFp8) srow[r] = scale_row(p.experts[rt.expert[u]].down, min(n0 + r, p.hidden - 1));
+      }
+      if constexpr (kFp8) block_k = p.experts[rt.expert[u]].down.block_k;
+      const int first = rt.offset[u], count = rt.offset[u + 1] - first;
+      for (int g0 = 0; g0 < count; g0 += MR) {
+        const int m = min(MR, count - g0);
+        const float* hrow[MR];
 #pragma unroll
-      for (int mi = 0; mi < MR; ++mi)
-        hrow[mi] = p.h + static_cast<int64_t>(rt.sorted[first + g0 + min(mi, m - 1)]) * p.inter;
-      float acc[kDownCols][MR];
+        for (int mi = 0; mi < MR; ++mi)
+          hrow[mi] = p.h + static_cast<int64_t>(rt.sorted[first + g0 + min(mi, m - 1)]) * p.inter;
+        float acc[kDownCols][MR];
 #pragma unroll
-      for (int r = 0; r < kDownCols; ++r)
+        for (int r = 0; r < kDownCols; ++r)
 #pragma unroll
-        for (int mi = 0; mi < MR; ++mi) acc[r][mi] = 0.0f;
-      for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
-        uint4 wv[U][kDownCols];
+          for (int mi = 0; mi < MR; ++mi) acc[r][mi] = 0.0f;
+        for (int c0 = lane; c0 < chunks; c0 += 32 * U) {
+          uint4 wv[U][kDownCols];
 #pragma unroll
-        for (int s = 0; s < U; ++s) {
-          const int c = c0 + 32 * s;
+          for (int s = 0; s < U; ++s) {
+            const int c = c0 + 32 * s;
 #pragma unroll
-          for (int r = 0; r < kDownCols; ++r)
-            wv[s][r] = c < chunks ? ld_stream_v4(wrow[r] + c * 16) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int s = 0; s < U; ++s) {
-          const int c = c0 + 32 * s;
-          if (c >= chunks) break;
-          float wf[kDownCols][kE], sc[kDownCols];
-#pragma unroll
-          for (int r = 0; r < kDownCols; ++r) {
-            chunk_to_f32<kFp8>(wv[s][r], wf[r]);
-            if constexpr (kFp8) sc[r] = __ldg(srow[r] + c * kE / block_k);
+            for (int r = 0; r < kDownCols; ++r)
+              wv[s][r] = c < chunks ? ld_stream_v4(wrow[r] + c * 16) : make_uint4(0, 0, 0, 0);
           }
 #pragma unroll
-          for (int mi = 0; mi < MR; ++mi) {
-            if (mi >= m) break;
-            float hf[kE];
-#pragma unroll
-            for (int q = 0; q < kE / 4; ++q) {
-              const float4 v = __ldg(reinterpret_cast<const float4*>(hrow[mi] + c * kE + q * 4));
-              hf[4 * q] = v.x, hf[4 * q + 1] = v.y, hf[4 * q + 2] = v.z, hf[4 * q + 3] = v.w;
-            }
+          for (int s = 0; s < U; ++s) {
+            const int c = c0 + 32 * s;
+            if (c >= chunks) break;
+            float wf[kDownCols][kE], sc[kDownCols];
 #pragma unroll
             for (int r = 0; r < kDownCols; ++r) {
-              if constexpr (kFp8) {
-                float d = 0.0f;
+              chunk_to_f32<kFp8>(wv[s][r], wf[r]);
+              if constexpr (kFp8) sc[r] = __ldg(srow[r] + c * kE / block_k);
+            }
 #pragma unroll
-                for (int e = 0; e < kE; ++e) d = fmaf(wf[r][e], hf[e], d);
-                acc[r][mi] = fmaf(d, sc[r], acc[r][mi]);
-              } else {
+            for (int mi = 0; mi < MR; ++mi) {
+              if (mi >= m) break;
+              float hf[kE];
 #pragma unroll
-                for (int e = 0; e < kE; ++e) acc[r][mi] = fmaf(wf[r][e], hf[e], acc[r][mi]);
+              for (int q = 0; q < kE / 4; ++q) {
+                const float4 v = __ldg(reinterpret_cast<const float4*>(hrow[mi] + c * kE + q * 4));
+                hf[4 * q] = v.x, hf[4 * q + 1] = v.y, hf[4 * q + 2] = v.z, hf[4 * q + 3] = v.w;
+              }
+#pragma unroll
+              for (int r = 0; r < kDownCols; ++r) {
+                if constexpr (kFp8) {
+                  float d = 0.0f;
+#pragma unroll
+                  for (int e = 0; e < kE; ++e) d = fmaf(wf[r][e], hf[e], d);
+                  acc[r][mi] = fmaf(d, sc[r], acc[r][mi]);
+                } else {
+#pragma unroll
+                  for (int e = 0; e < kE; ++e) acc[r][mi] = fmaf(wf[r][e], hf[e], acc[r][mi]);
+                }
               }
             }
           }
         }
-      }
-      // y[pair, n] for the pass's pairs; the lane owning (n, token) adds
-      // w * y (in pair order: the reference's order within an expert).
+        // y[pair, n] for the pass's pairs; the lane owning (n, token) adds
+        // w * y (in pair order: the reference's order within an expert).
 #pragma unroll
-      for (int mi = 0; mi < MR; ++mi) {
-        if (mi >= m) break;
-        const int pair = rt.sorted[first + g0 + mi];
-        const int token = pair / p.top_k;
-        const float wgt = __ldcg(p.weights + pair);
+        for (int mi = 0; mi < MR; ++mi) {
+          if (mi >= m) break;
+          const int pair = rt.sorted[first + g0 + mi];
+          const int token = pair / p.top_k;
+          const float wgt = __ldcg(p.weights + pair);
 #pragma unroll
-        for (int r = 0; r < kDownCols; ++r) {
-          const float y = warp_sum(acc[r][mi]);
-          if (lane == r * kMaxT + token) mine = fmaf(wgt, y, mine);
+          for (int r = 0; r < kDownCols; ++r) {
+            const float y = warp_sum(acc[r][mi]);
+            if (lane == r * kMaxT + token) mine = fmaf(wgt, y, mine);
+          }
         }
       }
     }
+    const int n = n0 + lane / kMaxT, token = lane % kMaxT;
+    if (n < p.hidden && token < p.T) p.out[static_cast<int64_t>(token) * p.hidden + n] = __float2bfloat16(mine);
   }
-  const int n = n0 + lane / kMaxT, token = lane % kMaxT;
-  if (n < p.hidden && token < p.T) p.out[static_cast<int64_t>(token) * p.hidden + n] = __float2bfloat16(mine);
 }
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -428,8 +439,8 @@ cudaError_t launch_mr(const Params& p, bool pdl, cudaStream_t stream) {
   cudaError_t e = launch(moe_decode_up_kernel<kUpFp8, MR, kUpU>, static_cast<unsigned>(activated_max * p.tiles),
                          kThreads, p, pdl, stream);
   if (e != cudaSuccess) return e;
-  return launch(moe_decode_down_kernel<kDownFp8, MR, kDownU>,
-                static_cast<unsigned>(ceil_div64(p.hidden, kDownWarps * kDownCols)), kThreads, p, pdl, stream);
+  return launch(moe_decode_down_kernel<kDownFp8, MR, kDownU>, static_cast<unsigned>(p.down_ctas), kThreads, p, pdl,
+                stream);
 }
 
 template <bool kUpFp8, bool kDownFp8>
@@ -511,6 +522,7 @@ cudaError_t launch_moe_decode(const MoeDecodeArgs& a, cudaStream_t stream) {
   const int64_t chunks = a.hidden / (a.gate_up_fp8 ? 16 : 8);
   p.chunks_per_slice = static_cast<int>(ceil_div64(ceil_div64(chunks, p.slices), 32) * 32);
   p.tiles = static_cast<int>(ceil_div64(a.inter, 2 * (kUpWarps / p.slices)));
+  p.down_ctas = static_cast<int>(std::min<int64_t>(ceil_div64(a.hidden, kDownWarps * kDownCols), current_device_sms()));
   if (a.gate_up_fp8) return a.down_fp8 ? launch_types<true, true>(p, a.pdl, stream)
                                         : launch_types<true, false>(p, a.pdl, stream);
   return a.down_fp8 ? launch_types<false, true>(p, a.pdl, stream) : launch_types<false, false>(p, a.pdl, stream);
