@@ -1,10 +1,13 @@
 // NUCLEUS_BENCH_NEEDS_CUDA: the routed experts of one MoE layer on the GPU.
 //
-// moe_bench [--reps N]: MoeExpertsOp (experts only: no router, no shared
-// experts) at DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64 experts,
-// top-6, bf16) and DeepSeek-V3 (hidden 7168, moe_inter 2048, 256 experts,
-// top-8, FP8 e4m3 with 128x128 block scales) shapes, uniform random routing,
-// T = 1 .. 4096 tokens; cuda_grouped everywhere and cuda_naive at small T.
+// moe_bench [--reps N] [--decode]: MoeExpertsOp (experts only: no router, no
+// shared experts) at DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64
+// experts, top-6, bf16), DeepSeek-V3 (hidden 7168, moe_inter 2048, 256
+// experts, top-8) and its TP-8 shard (moe_inter 256), each in bf16 and in FP8
+// e4m3 with 128x128 block scales, uniform random routing, T = 1 .. 4096
+// tokens; cuda_grouped everywhere, cuda_decode (the fused decode kernel) at
+// T <= 16 in the same run, cuda_naive at T = 1, 8, 32. --decode: only
+// T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
 // Bytes: the weights of the experts the step activates (each read once: the
@@ -132,7 +135,14 @@ double time_us(const std::function<void()>& step, int reps) {
   return us[reps / 2];
 }
 
-void bench_model(const Model& m, int reps) {
+const Backend<MoeExpertsOp>& backend_named(const char* name) {
+  for (const auto& b : MoeExpertsOp::backends())
+    if (b.device == Device::kCuda && std::strcmp(b.name, name) == 0) return b;
+  NUCLEUS_CHECK(false, "no moe_experts backend {}", name);
+  return MoeExpertsOp::backends().front();
+}
+
+void bench_model(const Model& m, int reps, bool decode_only) {
   WeightFactory factory(m.fp8);
   std::deque<LinearWeight> weights;
   std::vector<ExpertWeights> experts;
@@ -144,13 +154,17 @@ void bench_model(const Model& m, int reps) {
   const double expert_bytes = static_cast<double>(weights[0].weight.nbytes() + weights[1].weight.nbytes() +
                                                   (m.fp8 ? weights[0].scale_inv.nbytes() + weights[1].scale_inv.nbytes()
                                                          : 0));
-  MoeExpertsOp grouped(experts, m.inter, m.top_k), naive(experts, m.inter, m.top_k);
-  NUCLEUS_CHECK(grouped.select_backend(Device::kCuda).ok(), "select");
-  const std::string chosen = grouped.backend();
-  StepResources res;  // the op's workspace, as the engine's; sized for the largest T below
-  NUCLEUS_CHECK_OK(res.reserve_ops({&grouped}, StepLimits{.max_tokens = 4096}, Device::kCuda));
+  MoeExpertsOp grouped(experts, m.inter, m.top_k), decode(experts, m.inter, m.top_k), naive(experts, m.inter, m.top_k);
+  NUCLEUS_CHECK_OK(grouped.use_backend(backend_named("cuda_grouped")));
+  const Status decode_ok = decode.use_backend(backend_named("cuda_decode"));
+  if (!decode_ok.ok()) std::printf("(%s: cuda_decode refuses: %s)\n", m.name, decode_ok.message().c_str());
+  StepResources res;  // the ops' workspace, as the engine's; sized for the largest T below
+  std::vector<Op*> ops = {&grouped};
+  if (decode_ok.ok()) ops.push_back(&decode);
+  NUCLEUS_CHECK_OK(res.reserve_ops(ops, StepLimits{.max_tokens = decode_only ? 16 : 4096}, Device::kCuda));
   std::mt19937_64 rng(7);
-  for (int64_t T : {1, 8, 32, 128, 512, 4096}) {
+  for (int64_t T : {1, 2, 4, 8, 16, 32, 128, 512, 4096}) {
+    if (decode_only && T > 16) break;
     std::vector<int32_t> ids(T * m.top_k);
     std::vector<float> w(T * m.top_k);
     std::vector<int32_t> perm(m.num_experts);
@@ -185,9 +199,13 @@ void bench_model(const Model& m, int reps) {
                   100.0 * bytes / s / kPeakBytesPerSec, flops / s / 1e12, 100.0 * flops / s / kPeakFlops);
       std::fflush(stdout);
     };
-    report(chosen.c_str(), time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
+    report("cuda_grouped", time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
     NUCLEUS_CHECK_OK(ctx.error);
-    if (T <= 32)
+    if (decode_ok.ok() && T <= 16) {
+      report("cuda_decode", time_us([&] { decode.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
+      NUCLEUS_CHECK_OK(ctx.error);
+    }
+    if (!decode_only && (T == 1 || T == 8 || T == 32))
       report("cuda_naive", time_us([&] { cuda_ops::moe_experts_naive(naive, ctx, {d_x, d_ids, d_w}, {out, scratch}); },
                                    std::max(3, reps / 4)));
   }
@@ -197,8 +215,17 @@ void bench_model(const Model& m, int reps) {
 
 int main(int argc, char** argv) {
   int reps = 20;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--reps") == 0) reps = std::max(1, std::atoi(argv[i + 1]));
+  bool decode_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--decode") == 0) {
+      decode_only = true;
+    } else {
+      std::fprintf(stderr, "moe_bench: unknown argument '%s' (usage: moe_bench [--reps N] [--decode])\n", argv[i]);
+      return 2;
+    }
+  }
   auto ctx = cuda::get_context();
   if (!ctx.ok()) {
     std::fprintf(stderr, "moe_bench needs a GPU: %s\n", ctx.status().message().c_str());
@@ -211,7 +238,10 @@ int main(int argc, char** argv) {
               (*ctx)->name.c_str(), (*ctx)->num_sms, reps);
   std::printf("| model | backend | T | experts touched | weight MB | time us | GB/s | %% of 4.58 TB/s | TFLOP/s | "
               "%% of 790 |\n|---|---|---|---|---|---|---|---|---|---|\n");
-  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps);
-  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps);
+  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps, decode_only);
+  bench_model({"V3 bf16", 7168, 2048, 256, 8, false}, reps, decode_only);
+  bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only);
+  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only);
+  bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only);
   return 0;
 }

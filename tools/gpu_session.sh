@@ -17,6 +17,9 @@
 #   skinny     skinny decode GEMM: its GPU test, skinny_gemm_bench (SKINNY_SWEEP=1: the slice sweep), and
 #              decode latency with NUCLEUS_SKINNY=0, with NUCLEUS_PDL=0 and the default (dummy V2-Lite,
 #              4-layer FP8 V3)
+#   moedecode  fused MoE decode kernel: moe_gpu_test's Decode* tests, moe_bench --decode (cuda_decode beside
+#              cuda_grouped at T = 1..16), and decode latency with NUCLEUS_MOE_DECODE=0 and the default
+#              (dummy V2-Lite, 4-layer FP8 V3)
 #   widths     width builds: decode step per width, MLA front end plain / fused / lean, V2-Lite and V3 (4 layers)
 # Full logs go to $OUT; a short summary is printed per step.
 set -uo pipefail
@@ -197,6 +200,24 @@ step_skinny() {
     env $cfg timeout 150 "$N" bench latency --config $V3 --load-format dummy --override num_hidden_layers=4 \
       --device cuda --batch-sizes 1,8 --input-len 1024 --output-len 128 > "$out/latency_v3_4l_$tag.txt" 2>&1
     echo "-- V3 (4 layers, FP8) $cfg"; tail -4 "$out/latency_v3_4l_$tag.txt"
+  done
+  return $rc
+}
+
+step_moedecode() {
+  timeout 400 "$B/bin/moe_gpu_test" --gtest_filter='MoeGpu.Decode*' > "$out/moe_decode_gpu_test.txt" 2>&1
+  local rc=$?
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED|OK \]|Failure" "$out/moe_decode_gpu_test.txt" | head -20
+  timeout 300 "$B/bin/moe_bench" --decode > "$out/moe_bench_decode.txt" 2>&1 || rc=1
+  grep -E "^\||refuses" "$out/moe_bench_decode.txt"
+  for cfg in "NUCLEUS_MOE_DECODE=0" "NUCLEUS_MOE_DECODE=auto"; do
+    local tag=${cfg//=/-}
+    env $cfg timeout 200 "$N" bench latency --config $V2 --load-format dummy --device cuda \
+      --batch-sizes 1,2,4,8,16 --input-len 1024 --output-len 128 > "$out/latency_v2lite_$tag.txt" 2>&1
+    echo "-- V2-Lite $cfg"; tail -8 "$out/latency_v2lite_$tag.txt"
+    env $cfg timeout 150 "$N" bench latency --config $V3 --load-format dummy --override num_hidden_layers=4 \
+      --device cuda --batch-sizes 1,8,16 --input-len 1024 --output-len 128 > "$out/latency_v3_4l_$tag.txt" 2>&1
+    echo "-- V3 (4 layers, FP8) $cfg"; tail -5 "$out/latency_v3_4l_$tag.txt"
   done
   return $rc
 }

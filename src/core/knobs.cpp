@@ -48,7 +48,8 @@ constexpr KnobInfo kKnobs[] = {
      "never, or always; a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
     {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1", "1",
-     "skinny decode GEMMs (bf16 and FP8) launch as programmatic dependents (PDL) of the kernel before them; "
+     "skinny decode GEMMs (bf16 and FP8) and the MoE decode kernels launch as programmatic dependents (PDL) of "
+     "the kernel before them; "
      "a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
     {KNOB(kForceKernel), "NUCLEUS_FORCE_KERNEL", KnobType::kList, "family=backend[,...]", "(none)",
@@ -70,6 +71,10 @@ constexpr KnobInfo kKnobs[] = {
      "the prefill attention kernel uses wgmma (0: mma.sync)", "src/ops/mla_prefill_cuda.cpp"},
     {KNOB(kMoeChunkTokens), "NUCLEUS_MOE_CHUNK_TOKENS", KnobType::kInt, ">= 1 (smaller values count as 1)",
      "max(first step's tokens, 4096)", "tokens per chunk of the grouped MoE path", "src/ops/moe_grouped_cuda.cpp"},
+    {KNOB(kMoeDecode), "NUCLEUS_MOE_DECODE", KnobType::kEnum, "auto, 0 (also off/false), 1..16", "auto",
+     "routed experts of decode steps of at most N tokens run the fused decode kernel (auto: N = 16, "
+     "0: never); a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -41,6 +41,7 @@ enum class Knob {
   kTokenGraphEagerPad,
   kMlaPrefillWgmma,
   kMoeChunkTokens,
+  kMoeDecode,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -107,6 +107,10 @@ Status moe_experts_grouped_reserve(MoeExpertsOp& op, const StepLimits& limits, D
   return ok_status();
 }
 
+const kernels::ExpertView* moe_experts_grouped_views(MoeExpertsOp& op) {
+  return state_of(op).views.data<kernels::ExpertView>();
+}
+
 void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const Tensor& x = in[0];
   const int64_t T = x.dim(0), hidden = x.dim(1), top_k = op.top_k();

@@ -72,6 +72,8 @@ const std::vector<Backend<MoeExpertsOp>>& MoeExpertsOp::backends() {
                                   in[2].data<float>(), op.top_k(), refs.data(), out[0].data<float>(), false);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_decode", Device::kCuda, cuda_ops::moe_experts_decode_supports, cuda_ops::moe_experts_decode,
+       cuda_ops::moe_experts_decode_workspace, cuda_ops::moe_experts_decode_reserve},
       {"cuda_grouped", Device::kCuda, cuda_ops::moe_experts_grouped_supports, cuda_ops::moe_experts_grouped,
        cuda_ops::moe_experts_grouped_workspace, cuda_ops::moe_experts_grouped_reserve},
       {"cuda_naive", Device::kCuda, nullptr, cuda_ops::moe_experts_naive},

@@ -9,7 +9,8 @@
 //   1               every bf16 decode GEMM at m <= 8.
 // NUCLEUS_PDL=0|1 (default 1): skinny GEMMs (bf16 and FP8) are launched as programmatic
 // dependents (kernels/common/pdl.cuh) of the kernel before them, so they start
-// streaming their weights while it finishes; 0 launches them normally.
+// streaming their weights while it finishes; 0 launches them normally. The
+// MoE decode kernels (ops/moe_decode_cuda.cpp) follow the same switch.
 #pragma once
 
 #include <cstdint>

@@ -322,6 +322,14 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   r = run("generate --device cpu --max-tokens 2", true, "NUCLEUS_TOKEN_GRAPH_SIZES=1,x");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("NUCLEUS_TOKEN_GRAPH_SIZES: 'x' is not a positive integer"), std::string::npos) << r.out;
+  // A malformed NUCLEUS_MOE_DECODE is refused on any device (the kernel takes 1..16 tokens).
+  for (const char* bad : {"17", "-1", "yes", "8x"}) {
+    r = run("generate --device cpu --max-tokens 2", true, std::string("NUCLEUS_MOE_DECODE=") + bad);
+    EXPECT_EQ(r.status, 1) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("NUCLEUS_MOE_DECODE='") + bad + "' is not auto, 0 or a token count 1..16"),
+              std::string::npos)
+        << r.out;
+  }
 }
 
 }  // namespace

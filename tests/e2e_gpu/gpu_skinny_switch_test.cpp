@@ -3,8 +3,11 @@
 // GEMM at m <= 8 on the skinny kernel, launched with PDL), with NUCLEUS_PDL=0
 // too, and NUCLEUS_SKINNY=0 (cuBLASLt); and the same for the FP8 tiny model
 // with NUCLEUS_SKINNY_FP8 (FP8 decode GEMMs at m <= 16 on the FP8 skinny
-// kernel, or on cuBLASLt FP8 / the own FP8 kernels):
-//  - the decode graph reports cuda_skinny (cuda_skinny_fp8) exactly when it is on
+// kernel, or on cuBLASLt FP8 / the own FP8 kernels); and on both with
+// NUCLEUS_MOE_DECODE=0 (the routed experts on cuda_grouped instead of the
+// fused decode kernel, cuda_decode, which the other runs use by default):
+//  - the decode graph reports cuda_skinny (cuda_skinny_fp8) exactly when it is
+//    on, and the graphs report cuda_decode exactly when the MoE decode kernel is
 //    (NUCLEUS_DUMP_GRAPH's backend column);
 //  - greedy tokens of the eight reference prompts, run together (decode at
 //    m = 8) and one by one (m = 1), on and off, equal the Hugging Face
@@ -65,9 +68,10 @@ std::vector<json> json_lines(const std::string& s) {
 }
 
 struct Config {
-  const char* key;  // "on", "on, no PDL", "off"
+  const char* key;  // "on", "on, no PDL", "off", "moe decode off"
   const char* env;
-  bool skinny;  // whether the decode graph must report `backend`
+  bool skinny;      // whether the decode graph must report `backend`
+  bool moe_decode;  // whether the graphs must report cuda_decode
 };
 
 // Greedy tokens of `model`'s reference prompts under each of `configs` (keys
@@ -92,6 +96,8 @@ void check_switch(const std::string& model, const std::vector<Config>& configs, 
     ASSERT_EQ(batch.status, 0) << batch.err;
     const bool reports_skinny = batch.err.find(backend) != std::string::npos;
     EXPECT_EQ(reports_skinny, cfg.skinny) << env << ": the decode graph's backends";
+    const bool reports_moe_decode = batch.err.find("cuda_decode") != std::string::npos;
+    EXPECT_EQ(reports_moe_decode, cfg.moe_decode) << env << ": the graphs' moe_experts backend";
     const std::string key = cfg.key;
     for (const json& line : json_lines(batch.out)) tokens[key + " batch"].push_back(line["token_ids"]);
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -102,31 +108,27 @@ void check_switch(const std::string& model, const std::vector<Config>& configs, 
     }
   }
   for (const char* mode : {" batch", " single"}) {
-    const auto& on = tokens[std::string("on") + mode];
-    const auto& no_pdl = tokens[std::string("on, no PDL") + mode];
-    const auto& off = tokens[std::string("off") + mode];
-    ASSERT_EQ(on.size(), cases.size());
-    ASSERT_EQ(no_pdl.size(), cases.size());
-    ASSERT_EQ(off.size(), cases.size());
-    for (size_t i = 0; i < cases.size(); ++i) {
-      ASSERT_EQ(on[i].size(), off[i].size()) << "case " << i << mode;
-      const auto greedy = cases[i]["greedy_token_ids"].get<std::vector<int>>();
-      const auto margins = cases[i]["greedy_top2_margins"].get<std::vector<float>>();
-      size_t s = 0;
-      for (; s < greedy.size() && s < on[i].size() && margins[s] >= kMarginThreshold; ++s) {
-        EXPECT_EQ(on[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny on)";
-        EXPECT_EQ(no_pdl[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny on, no PDL)";
-        EXPECT_EQ(off[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (skinny off)";
+    for (const Config& cfg : configs) {
+      const auto& got = tokens[std::string(cfg.key) + mode];
+      ASSERT_EQ(got.size(), cases.size()) << cfg.key << mode;
+      for (size_t i = 0; i < cases.size(); ++i) {
+        const auto greedy = cases[i]["greedy_token_ids"].get<std::vector<int>>();
+        const auto margins = cases[i]["greedy_top2_margins"].get<std::vector<float>>();
+        size_t s = 0;
+        for (; s < greedy.size() && s < got[i].size() && margins[s] >= kMarginThreshold; ++s)
+          EXPECT_EQ(got[i][s], greedy[s]) << "case " << i << mode << " step " << s << " (" << cfg.key << ")";
+        std::printf("case %zu%s %s: %zu steps compared\n", i, mode, cfg.key, s);
       }
-      std::printf("case %zu%s: %zu steps compared\n", i, mode, s);
     }
   }
 }
 
 TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3",
-               {Config{"on", "NUCLEUS_SKINNY=1", true}, Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true},
-                Config{"off", "NUCLEUS_SKINNY=0", false}},
+               {Config{"on", "NUCLEUS_SKINNY=1", true, true},
+                Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true, true},
+                Config{"off", "NUCLEUS_SKINNY=0", false, true},
+                Config{"moe decode off", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0", true, false}},
                "cuda_skinny");
 }
 
@@ -135,9 +137,10 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
 // cuda_skinny_fp8 when on.
 TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3-fp8",
-               {Config{"on", "NUCLEUS_SKINNY_FP8=1", true},
-                Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0", true},
-                Config{"off", "NUCLEUS_SKINNY_FP8=0", false}},
+               {Config{"on", "NUCLEUS_SKINNY_FP8=1", true, true},
+                Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0", true, true},
+                Config{"off", "NUCLEUS_SKINNY_FP8=0", false, true},
+                Config{"moe decode off", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0", true, false}},
                "cuda_skinny_fp8");
 }
 

@@ -6,7 +6,15 @@
 //    weights: tiny, tiny with FP8 down, V2-Lite (bf16) and a reduced V3-like
 //    FP8 shape; T = 1, 3, 64, 300, 2048; random, skewed (every token on the
 //    same experts) routing and experts with no tokens; chunked steps; every
-//    GEMM variant; CUDA-graph replay bit-identical to eager; refusals.
+//    GEMM variant; CUDA-graph replay bit-identical to eager; refusals;
+//  - the cuda_decode experts backend (moe_decode.cuh) vs moe_experts_ref at
+//    the decode shapes of DeepSeek-V2-Lite (bf16), V3 (bf16 and FP8) and
+//    Kimi-K2 (FP8), V3 / Kimi at the TP 1, 4 and 8 shards of the expert
+//    intermediate, bf16 gate_up with FP8 down, T = 1..16: random
+//    routing (experts with no tokens), every token on the same experts,
+//    ragged T, a token choosing one expert twice, ids out of range, every K
+//    slice count, PDL on and off bit-identical, runs and graph replays
+//    bit-identical; the fall-back to cuda_grouped above 16 tokens; refusals.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,11 +32,13 @@
 #include "core/parallel.h"
 #include "gpu_test_util.h"
 #include "graph/step_resources.h"
+#include "kernels/moe/moe_decode.cuh"
 #include "kernels/moe/moe_grouped.cuh"
 #include "kernels/moe/moe_naive.cuh"
 #include "kernels/moe/moe_ref.h"
 #include "ops/linear_cuda.h"
 #include "ops/moe_cuda.h"
+#include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
 
 namespace nucleus::kernels {
@@ -259,6 +269,7 @@ struct MoeShape {
   int64_t hidden, inter, num_experts, top_k;
   bool gate_up_fp8, down_fp8;
   int64_t max_ref_tokens;  // reference rows checked per case (evenly spaced)
+  int64_t distinct = 0;    // distinct weight sets (expert e uses set e % distinct); 0: one per expert
 };
 
 // Experts of one shape on the device and as f32 for the reference.
@@ -270,15 +281,16 @@ struct ExpertSet {
 
   explicit ExpertSet(const MoeShape& s) : shape(s) {
     const float a_up = 3.0f / std::sqrt(static_cast<float>(s.hidden)), a_down = 3.0f / std::sqrt(static_cast<float>(s.inter));
-    for (int64_t e = 0; e < s.num_experts; ++e) {
-      weights.push_back(make_weight("e" + std::to_string(e) + ".gate_up", 2 * s.inter, s.hidden, s.gate_up_fp8, a_up,
-                                    1000 + 2 * e));
-      weights.push_back(make_weight("e" + std::to_string(e) + ".down", s.hidden, s.inter, s.down_fp8, a_down,
-                                    1001 + 2 * e));
+    const int64_t sets = s.distinct > 0 ? std::min(s.distinct, s.num_experts) : s.num_experts;
+    for (int64_t e = 0; e < sets; ++e) {
+      const std::string name = std::string("e").append(std::to_string(e));
+      weights.push_back(make_weight(name + ".gate_up", 2 * s.inter, s.hidden, s.gate_up_fp8, a_up, 1000 + 2 * e));
+      weights.push_back(make_weight(name + ".down", s.hidden, s.inter, s.down_fp8, a_down, 1001 + 2 * e));
     }
     for (int64_t e = 0; e < s.num_experts; ++e) {
-      op_experts.push_back({&weights[2 * e].device, &weights[2 * e + 1].device});
-      ref.push_back({weights[2 * e].ref.data(), weights[2 * e + 1].ref.data()});
+      const int64_t w = e % sets;
+      op_experts.push_back({&weights[2 * w].device, &weights[2 * w + 1].device});
+      ref.push_back({weights[2 * w].ref.data(), weights[2 * w + 1].ref.data()});
     }
     synchronize_device();
   }
@@ -338,8 +350,14 @@ std::vector<int64_t> sample_rows(int64_t T, int64_t max_rows) {
 // Tolerance (bf16 activations, h and y rounded to bf16, FP8 weights
 // dequantized to bf16, f32 accumulation): every element within 3% of the
 // reference's RMS plus 2% of its own size; relative L2 error below 1%.
+// (The decode kernel's tighter tolerance: kDecodeTol below.)
+struct CloseTol {
+  float atol_rms = 0.03f;      // times the reference's RMS
+  float rtol = 0.02f;          // times |want|
+  double max_rel_l2 = 1e-2;    // ||got - want|| / ||want||
+};
 void expect_close(const std::vector<float>& got_all, const std::vector<float>& want, const std::vector<int64_t>& rows,
-                  int64_t hidden, const std::string& what) {
+                  int64_t hidden, const std::string& what, const CloseTol& tol = {}) {
   int64_t not_finite = 0;
   for (float v : got_all) not_finite += !std::isfinite(v);
   EXPECT_EQ(not_finite, 0) << what << ": output elements not written (poison) or not finite";
@@ -356,8 +374,9 @@ void expect_close(const std::vector<float>& got_all, const std::vector<float>& w
   for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
   std::printf("%s: compared %zu rows, max abs err %.3g (ref rms %.3g), rel l2 err %.3g\n", what.c_str(), rows.size(),
               worst, rms, std::sqrt(se / std::max(ss, 1e-30)));
-  EXPECT_TRUE(all_close(got, want, 0.03f * rms, 0.02f, hidden)) << what << " (rows sampled: " << rows.size() << ")";
-  EXPECT_LT(std::sqrt(se / std::max(ss, 1e-30)), 1e-2) << what;
+  EXPECT_TRUE(all_close(got, want, tol.atol_rms * rms, tol.rtol, hidden))
+      << what << " (rows sampled: " << rows.size() << ")";
+  EXPECT_LT(std::sqrt(se / std::max(ss, 1e-30)), tol.max_rel_l2) << what;
 }
 
 struct Step {
@@ -390,11 +409,19 @@ void run_op(MoeExpertsOp& op, StepResources& res, Step& st) {
   ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
 }
 
+// The moe_experts backend called `name`.
+const Backend<MoeExpertsOp>& experts_backend(const std::string& name) {
+  for (const auto& b : MoeExpertsOp::backends())
+    if (b.device == Device::kCuda && name == b.name) return b;
+  NUCLEUS_CHECK(false, "no CUDA moe_experts backend {}", name);
+  return MoeExpertsOp::backends().front();
+}
+
 void check_shape(const MoeShape& s) {
   ExpertSet set(s);
   MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
-  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
-  ASSERT_EQ(op.backend(), "cuda_grouped") << s.name;
+  const Status used = op.use_backend(experts_backend("cuda_grouped"));
+  ASSERT_TRUE(used.ok()) << s.name << ": " << used.to_string();
   StepResources res;
   ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{.max_tokens = 2048}, Device::kCuda).ok());  // the largest T below
   for (bool skewed : {false, true}) {
@@ -493,6 +520,257 @@ TEST_F(MoeGpu, ExpertsRefusals) {
   EXPECT_NE(why.message().find("hidden_size"), std::string::npos) << why.message();
   ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
   EXPECT_EQ(op.backend(), "cuda_naive");
+}
+
+
+// ---------------------------------------------------------------- decode kernel
+
+// The decode kernel keeps h in f32, so beyond the order of f32 sums its only
+// rounding is the output's bf16 (half an ulp: 2^-9 of |want|): every element
+// within 1% of the reference's RMS plus 0.4% of its own size, relative L2
+// error below 3e-3 (the bf16 output alone gives ~1.1e-3).
+constexpr CloseTol kDecodeTol{0.01f, 0.004f, 3e-3};
+
+// The routing the reference can take: ids out of range contribute nothing in
+// the kernels, so they become expert 0 with weight 0 here.
+Routing referenceable(Routing r, int64_t num_experts) {
+  for (size_t i = 0; i < r.ids.size(); ++i)
+    if (r.ids[i] < 0 || r.ids[i] >= num_experts) r.ids[i] = 0, r.weights[i] = 0.0f;
+  return r;
+}
+
+std::vector<int64_t> all_rows(int64_t T) {
+  std::vector<int64_t> rows(T);
+  std::iota(rows.begin(), rows.end(), 0);
+  return rows;
+}
+
+// Through the op, as the engine runs it: the dispatch picks cuda_decode for
+// these bf16 experts, steps of T tokens run the decode kernels; random
+// routing at every T of `Ts`, every token on the same top_k experts at
+// `skewed_Ts`.
+void check_decode_shape(const MoeShape& s, const std::vector<int64_t>& Ts, const std::vector<int64_t>& skewed_Ts) {
+  ExpertSet set(s);
+  MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
+  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+  ASSERT_EQ(op.backend(), "cuda_decode") << s.name;
+  StepResources res;
+  ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{.max_tokens = kMoeDecodeMaxTokens}, Device::kCuda).ok());
+  for (bool skewed : {false, true}) {
+    for (int64_t T : skewed ? skewed_Ts : Ts) {
+      const std::string what = std::string(s.name) + " decode" + (skewed ? " skewed" : " random") +
+                               " T=" + std::to_string(T);
+      Step st = make_step(s, T, skewed, 31 * T + skewed + s.inter);
+      run_op(op, res, st);
+      const auto rows = all_rows(T);
+      expect_close(from_bf16(host_copy<uint16_t>(st.out)), reference_rows(set, st.x_host, st.routing, rows), rows,
+                   s.hidden, what, kDecodeTol);
+    }
+  }
+}
+
+const std::vector<int64_t> kEveryT = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+const std::vector<int64_t> kSomeT = {1, 2, 3, 5, 8, 13, 16};
+
+// V2-Lite: hidden 2048, moe_intermediate 1408, 64 experts, top-6 (every expert
+// its own weights).
+TEST_F(MoeGpu, DecodeV2Lite) { check_decode_shape({"v2-lite", 2048, 1408, 64, 6, false, false, 16}, kEveryT, {2, 16}); }
+
+// V3: hidden 7168, moe_intermediate 2048 sharded over TP 1, 4, 8; 256 experts,
+// top-8; bf16 and FP8 (e4m3, 128x128 block scales varying 0.5..1.5 per
+// block). Kimi-K2: the same expert shape, 384 experts, FP8 (its checkpoint's
+// type). The expert ids span the whole range; 12 distinct weight sets stand in
+// for the experts (expert e uses set e % 12) to bound the memory. The FP8
+// reference multiplies by the exact dequantized weights (code * scale), so the
+// tolerance stays kDecodeTol.
+TEST_F(MoeGpu, DecodeV3Shards) {
+  for (bool fp8 : {false, true})
+    for (int64_t tp : {1, 4, 8})
+      check_decode_shape({fp8 ? (tp == 1 ? "v3-fp8-tp1" : tp == 4 ? "v3-fp8-tp4" : "v3-fp8-tp8")
+                              : (tp == 1 ? "v3-tp1" : tp == 4 ? "v3-tp4" : "v3-tp8"),
+                          7168, 2048 / tp, 256, 8, fp8, fp8, 16, 12},
+                         kSomeT, {16});
+}
+TEST_F(MoeGpu, DecodeKimiK2Shards) {
+  for (int64_t tp : {1, 4, 8})
+    check_decode_shape({tp == 1 ? "kimi-k2-fp8-tp1" : tp == 4 ? "kimi-k2-fp8-tp4" : "kimi-k2-fp8-tp8", 7168, 2048 / tp,
+                        384, 8, true, true, 16, 12},
+                       kSomeT, {7});
+}
+// bf16 gate_up with FP8 down (the two kernels' types are independent).
+TEST_F(MoeGpu, DecodeMixedTypes) {
+  check_decode_shape({"tiny-fp8-down", 256, 192, 8, 2, false, true, 16}, kEveryT, {16});
+}
+
+// Through the kernel interface: every K slice count of the up kernel, PDL on
+// and off; a token choosing one expert twice (two passes of the expert's
+// pairs at MR = T), ids out of range (-1, num_experts) and a token with no
+// valid expert (its row is 0); the largest pair count (T 16 x top_k 16).
+TEST_F(MoeGpu, DecodeKernelEdgeCases) {
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 16},
+                            MoeShape{"v3-tp8", 7168, 256, 256, 8, false, false, 16, 12},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 16, 12},
+                            MoeShape{"top16", 256, 192, 64, 16, false, false, 16}}) {
+    ExpertSet set(s);
+    std::vector<ExpertView> views;
+    for (const auto& e : set.op_experts)
+      views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
+    Tensor d_views = device_copy(views, DType::kU8);
+    for (int64_t T : {1, 3, 16}) {
+      Step st = make_step(s, T, false, 500 + T);
+      const int64_t K = s.top_k;
+      st.routing.ids[1] = st.routing.ids[0];  // token 0: one expert twice (at T = 1: two passes of MR = 1)
+      if (T >= 3) {
+        st.routing.ids[K] = -1;  // token 1: two ids out of range
+        st.routing.ids[K + 1] = static_cast<int32_t>(s.num_experts);
+        for (int64_t k = 0; k < K; ++k) st.routing.ids[2 * K + k] = -5;  // token 2: none valid
+      }
+      st.ids = device_copy(st.routing.ids, DType::kI32).view({T, K});
+      const auto rows = all_rows(T);
+      const auto want = reference_rows(set, st.x_host, referenceable(st.routing, s.num_experts), rows);
+      Tensor h = device_poisoned(T * s.top_k * s.inter, DType::kF32);
+      MoeDecodeArgs a;
+      a.x = st.x.data<__nv_bfloat16>();
+      a.topk_ids = st.ids.data<int32_t>();
+      a.topk_weights = st.weights.data<float>();
+      a.num_tokens = T;
+      a.hidden = s.hidden;
+      a.inter = s.inter;
+      a.num_experts = s.num_experts;
+      a.top_k = s.top_k;
+      a.gate_up_fp8 = s.gate_up_fp8;
+      a.down_fp8 = s.down_fp8;
+      a.experts = d_views.data<ExpertView>();
+      a.h = h.data<float>();
+      a.out = st.out.data<__nv_bfloat16>();
+      for (int slices : {0, 1, 2, 4, 8}) {
+        std::vector<float> first;
+        for (bool pdl : {false, true, true}) {
+          a.up_slices = slices;
+          a.pdl = pdl;
+          NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), cuda::context().stream));
+          ASSERT_EQ(launch_moe_decode(a, cuda::context().stream), cudaSuccess);
+          NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto got = from_bf16(host_copy<uint16_t>(st.out));
+          const std::string what = std::string(s.name) + " T=" + std::to_string(T) + " slices=" +
+                                   std::to_string(slices) + (pdl ? " pdl" : "");
+          if (first.empty()) {
+            first = got;
+            expect_close(got, want, rows, s.hidden, what, kDecodeTol);
+            if (T >= 3) {
+              for (int64_t c = 0; c < s.hidden; ++c) ASSERT_EQ(got[2 * s.hidden + c], 0.0f) << what << " column " << c;
+            }
+          } else {
+            EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * 4)) << what << ": not bit-identical";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Through the op under CUDA-graph capture (PDL edges as the engine's decode
+// graphs have them): a replay is bit-identical to the eager run; a step of 40
+// tokens falls back to cuda_grouped in the same backend.
+TEST_F(MoeGpu, DecodeGraphReplayAndFallback) {
+  const MoeShape s{"v2-lite", 2048, 1408, 64, 6, false, false, 40};
+  ExpertSet set(s);
+  MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
+  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+  ASSERT_EQ(op.backend(), "cuda_decode");
+  StepResources res;
+  ASSERT_TRUE(res.reserve_ops({&op}, StepLimits{.max_tokens = 64}, Device::kCuda).ok());
+  Step st = make_step(s, 8, false, 77);
+  run_op(op, res, st);
+  const auto eager = from_bf16(host_copy<uint16_t>(st.out));
+  expect_close(eager, reference_rows(set, st.x_host, st.routing, all_rows(8)), all_rows(8), s.hidden, "eager T=8",
+               kDecodeTol);
+  cudaStream_t stream = cuda::context().stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  run_op(op, res, st);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    const auto got = from_bf16(host_copy<uint16_t>(st.out));
+    EXPECT_EQ(0, std::memcmp(got.data(), eager.data(), got.size() * 4)) << "graph replay " << replay << " differs";
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  Step big = make_step(s, 40, false, 78);
+  run_op(op, res, big);
+  expect_close(from_bf16(host_copy<uint16_t>(big.out)), reference_rows(set, big.x_host, big.routing, all_rows(40)),
+               all_rows(40), s.hidden, "T=40 (cuda_grouped inside cuda_decode)");
+}
+
+// What the decode kernels refuse: top_k above 16 (the op then dispatches to
+// cuda_grouped), rows that are not 16-byte multiples, FP8 scale blocks that
+// split a 16-byte chunk, more than 16 tokens or 256 pairs, a misaligned x, a
+// bad slice count.
+TEST_F(MoeGpu, DecodeRefusals) {
+  const MoeShape top17{"top17", 256, 192, 32, 17, false, false, 16};
+  ExpertSet set(top17);
+  MoeExpertsOp op(set.op_experts, top17.inter, top17.top_k);
+  const Status why = cuda_ops::moe_experts_decode_supports(op);
+  EXPECT_FALSE(why.ok());
+  EXPECT_NE(why.message().find("num_experts_per_tok"), std::string::npos) << why.message();
+  ASSERT_TRUE(cuda_ops::moe_experts_grouped_supports(op).ok());
+  ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
+  EXPECT_EQ(op.backend(), "cuda_grouped");
+
+  WeightView gu{reinterpret_cast<const void*>(256), nullptr, 2 * 196, 256, 0, 0};
+  WeightView dn{reinterpret_cast<const void*>(512), nullptr, 256, 196, 0, 0};
+  const char* r = moe_decode_unsupported(256, 196, 8, 2, gu, dn);
+  ASSERT_NE(r, nullptr);
+  EXPECT_NE(std::string(r).find("moe_intermediate_size"), std::string::npos) << r;
+  gu.n = 2 * 192, dn.k = 192;
+  EXPECT_EQ(moe_decode_unsupported(256, 192, 8, 2, gu, dn), nullptr);
+  EXPECT_NE(moe_decode_unsupported(256, 192, 8, 17, gu, dn), nullptr) << "top_k 17";
+  EXPECT_NE(moe_decode_unsupported(256, 192, 1025, 2, gu, dn), nullptr) << "1025 experts";
+  EXPECT_NE(moe_decode_unsupported(256, 192, 8, 2, gu, WeightView{dn.data, nullptr, 256, 200, 0, 0}), nullptr)
+      << "down shape";
+  const float scale = 1.0f;
+  WeightView fp8_down{dn.data, &scale, 256, 192, 128, 128};
+  EXPECT_EQ(moe_decode_unsupported(256, 192, 8, 2, gu, fp8_down), nullptr) << "FP8 down, 128x128 blocks";
+  fp8_down.block_k = 8;
+  EXPECT_NE(moe_decode_unsupported(256, 192, 8, 2, gu, fp8_down), nullptr) << "FP8 block_k 8";
+  fp8_down.block_k = 128;
+  WeightView fp8_down_200{dn.data, &scale, 256, 200, 128, 128};
+  EXPECT_NE(moe_decode_unsupported(256, 200, 8, 2, WeightView{gu.data, nullptr, 400, 256, 0, 0}, fp8_down_200),
+            nullptr)
+      << "FP8 down with inter 200 (not a multiple of 16)";
+
+  Tensor buf = Tensor::empty({1 << 20}, DType::kU8, Device::kCuda);
+  MoeDecodeArgs a;
+  a.x = buf.data<__nv_bfloat16>();
+  a.topk_ids = buf.data<int32_t>();
+  a.topk_weights = buf.data<float>();
+  a.experts = buf.data<ExpertView>();
+  a.h = buf.data<float>();
+  a.out = buf.data<__nv_bfloat16>();
+  a.num_tokens = 16, a.hidden = 256, a.inter = 192, a.num_experts = 64, a.top_k = 16;
+  EXPECT_EQ(moe_decode_check(a), cudaSuccess) << "16 tokens x top 16 = 256 pairs";
+  MoeDecodeArgs b = a;
+  b.num_tokens = 17, b.top_k = 2;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "17 tokens";
+  b = a, b.num_tokens = 0;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "0 tokens";
+  b = a, b.top_k = 17, b.num_tokens = 1;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "top_k 17";
+  b = a, b.hidden = 260;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "hidden 260";
+  b = a, b.x = a.x + 1;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "misaligned x";
+  b = a, b.down_fp8 = true, b.inter = 200;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "FP8 down, inter 200";
+  b = a, b.up_slices = 3;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "3 slices";
+  b = a, b.out = nullptr;
+  EXPECT_EQ(moe_decode_check(b), cudaErrorInvalidValue) << "null out";
+  EXPECT_EQ(launch_moe_decode(b, nullptr), cudaErrorInvalidValue);
 }
 
 }  // namespace

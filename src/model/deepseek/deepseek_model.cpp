@@ -15,6 +15,7 @@
 #include "ops/mla_decode.h"
 #include "ops/mla_front_op.h"
 #include "ops/mla_prefill.h"
+#include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
 #include "ops/prezero.h"
 #include "ops/rope_kv_cache_write.h"
@@ -50,6 +51,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options, std::move(rank)));
   NUCLEUS_RETURN_IF_ERROR(splitk_env_status());
   NUCLEUS_RETURN_IF_ERROR(skinny_env_status());
+  NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
   NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
