@@ -46,11 +46,12 @@ step_ctest() {
   return $rc
 }
 
-# ctest restricted by the regex in $CTEST_FILTER (e.g. "engine|reference").
+# ctest restricted by the regex in $CTEST_FILTER (e.g. "engine|reference"), $CTEST_JOBS at once (default 1).
 step_ctest_some() {
   local dir=$B/ctest src; src=$(cat "$dir/SOURCE_ROOT")
   find "$dir" -name CTestTestfile.cmake -exec sed -i "s#$src#$PWD#g" {} +
-  ctest --test-dir "$dir" -L gpu -R "${CTEST_FILTER:-.}" --output-on-failure --timeout 400 > "$out/ctest_some.txt" 2>&1
+  ctest --test-dir "$dir" -L gpu -R "${CTEST_FILTER:-.}" -j "${CTEST_JOBS:-1}" --output-on-failure --timeout 400 \
+    > "$out/ctest_some.txt" 2>&1
   local rc=$?
   grep -E "tests passed|Test +#|Failure|Which is|step [0-9]" "$out/ctest_some.txt" | head -40
   return $rc
