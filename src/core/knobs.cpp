@@ -72,7 +72,8 @@ constexpr KnobInfo kKnobs[] = {
     {KNOB(kMoeChunkTokens), "NUCLEUS_MOE_CHUNK_TOKENS", KnobType::kInt, ">= 1 (smaller values count as 1)",
      "max(first step's tokens, 4096)", "tokens per chunk of the grouped MoE path", "src/ops/moe_grouped_cuda.cpp"},
     {KNOB(kMoeDecode), "NUCLEUS_MOE_DECODE", KnobType::kEnum, "auto, 0 (also off/false), 1..16", "auto",
-     "routed experts of decode steps of at most N tokens run the fused decode kernel (auto: N = 16, "
+     "routed experts of decode steps of at most N tokens run the fused decode kernel (auto: none, measured "
+     "slower than the grouped GEMMs; "
      "0: never); a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",

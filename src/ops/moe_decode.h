@@ -4,24 +4,18 @@
 // same choice.
 //
 // NUCLEUS_MOE_DECODE (read once):
-//   auto (default)  steps of at most kMoeDecodeAutoMaxTokens tokens;
+//   auto (default)  steps of at most kMoeDecodeAutoMaxTokens tokens: none;
 //   0 (off, false)  never: moe_experts dispatches to cuda_grouped as before;
 //   N in 1..16      steps of at most N tokens (for measuring the switch point).
 //
-// Why 16 under auto (reasoned, to be confirmed by bench/moe_bench on the H200,
-// docs/perf.md "MoE decode kernel"): up to T = 16 a step activates at most
-// T * top_k experts and, with the routers' spread, about 1-2 tokens per
-// activated expert (V2-Lite at T = 16: 96 pairs over ~50 experts; V3: 128 over
-// ~110), so the fused kernel's f32 FMAs (about 3 instructions per weight
-// element and token, 128 a cycle per SM) stay below the ~9 bf16 weight
-// elements a cycle per SM that 4.58 TB/s delivers until ~12 tokens share one
-// expert: it stays memory-bound, streams each activated expert's weights once,
-// and saves the grouped path's align and combine launches and its bf16 h and y
-// round trips. FP8 weights deliver ~18 e4m3 a cycle per SM, each converted
-// once per chunk (~1 integer op an element) and then used by every token of
-// the expert: still memory-bound at a few tokens per expert. The grouped path
-// measured 57% of the roofline at T = 1 and 81% at T = 8 in bf16, 43-50% in
-// FP8 (docs/perf.md "MoE experts"); the kernel takes at most 16 tokens.
+// Why none under auto: measured on the H200 (bench/moe_bench --decode,
+// docs/perf.md "MoE decode kernel", 2026-12-02) the fused kernel is slower
+// than cuda_grouped at every T from 1 to 16 (V2-Lite bf16: 47.6 against
+// 39.9 us at T = 1, 615 against 214 us at T = 16; V3 FP8: 189 against 175 us
+// at T = 1), and only ties at V3 TP 8 bf16 T = 1. Its down kernel drains its
+// loads at each expert boundary and runs one CTA per SM (130-240 registers a
+// thread), so it reaches 30-72% of the roofline where cuda_grouped reaches
+// 57-93%. It stays for measurement and further work behind NUCLEUS_MOE_DECODE=N.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +24,7 @@
 
 namespace nucleus {
 
-constexpr int64_t kMoeDecodeAutoMaxTokens = 16;
+constexpr int64_t kMoeDecodeAutoMaxTokens = 0;
 constexpr int64_t kMoeDecodeKernelMaxTokens = 16;  // kernels::kMoeDecodeMaxTokens (CUDA-only header)
 
 // The largest step (tokens) the fused decode kernel runs under

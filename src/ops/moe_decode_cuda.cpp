@@ -28,7 +28,8 @@ int64_t hidden_of(const MoeExpertsOp& op) { return op.experts().front().gate_up-
 }  // namespace
 
 Status moe_experts_decode_supports(const MoeExpertsOp& op) {
-  if (moe_decode_max_tokens() == 0) return unsupported("NUCLEUS_MOE_DECODE=0");
+  if (moe_decode_max_tokens() == 0)
+    return unsupported("off (NUCLEUS_MOE_DECODE=0, or auto: slower than cuda_grouped at every measured T, ops/moe_decode.h)");
   if (op.experts().empty()) return unsupported("no experts");
   if (Status s = moe_experts_grouped_supports(op); !s.ok())
     return unsupported("steps past the decode kernel's size run cuda_grouped, which refuses: " + s.message());

@@ -76,7 +76,10 @@ int64_t skinny_fp8_max_rows(int64_t n, int64_t k) {
     case SkinnySwitch::kOn: return kSkinnyFp8MaxRows;
     case SkinnySwitch::kAuto: break;
   }
-  return kSkinnyFp8MaxRows;  // every shape (the reasoning is in ops/skinny.h)
+  const int64_t bytes = n * k;  // e4m3: one byte an element (the measurements are in ops/skinny.h)
+  if (bytes <= kSkinnyFp8SmallWeightBytes) return kSkinnyFp8MaxRows;
+  if (bytes <= kSkinnyFp8MediumWeightBytes) return 8;
+  return 0;
 }
 
 int64_t skinny_max_rows(int64_t n, int64_t k) {

@@ -57,14 +57,16 @@ SkinnySwitch skinny_fp8_switch();
 // [n, k] (128x128 block scales) runs the FP8 skinny kernel; rows above it run
 // the FP8 linear's other paths (ops/linear_cuda.h, Fp8Path::kAuto). 0 when k
 // is not a positive multiple of 128 (the kernel needs whole scale blocks).
-// Under kAuto a reasoned rule, to be confirmed by bench/skinny_fp8_gemm_bench
-// on the H200: the kernel's MMAs compute 16 token rows whatever m is, so its
-// time is the weight's bytes over the bandwidth it reaches plus a fixed launch
-// cost, flat in m <= 16; the paths it replaces cost >= 7.6 us (the own decode
-// kernel, 41-57% of the roofline at m = 1) or >= 16 us and 62-68% (cuBLASLt's
-// FP8 GEMM plus an activation-quantization kernel), docs/perf.md "Dense
-// GEMMs". So every shape at m <= 16.
+// Under kAuto, by the weight's bytes (n * k), from skinny_fp8_gemm_bench on
+// the H200 (docs/perf.md "Skinny FP8 decode GEMMs", 2026-12-02), against the
+// FP8 path it replaces at each m: up to 16 MB (V3 q_a, kv_a) it wins at every
+// m <= 16 (1.5-3.6x); up to 48 MB (V3 q_b, 37.8 MB) it wins at m <= 8
+// (1.05-1.3x) and loses at 16 (0.66x); above (V3 o_proj, 117 MB) it loses at
+// every m (0.57-0.78x: cuBLASLt streams large weights at 60-65%), so 0.
+// Shapes between the measured ones follow their byte class.
 constexpr int64_t kSkinnyFp8MaxRows = 16;  // kernels::kSkinnyFp8MaxRows (the kernel header is CUDA-only)
+constexpr int64_t kSkinnyFp8SmallWeightBytes = int64_t{16} << 20;   // every m <= 16
+constexpr int64_t kSkinnyFp8MediumWeightBytes = int64_t{48} << 20;  // m <= 8
 int64_t skinny_fp8_max_rows(int64_t n, int64_t k);
 
 }  // namespace nucleus

@@ -4,8 +4,8 @@
 // too, and NUCLEUS_SKINNY=0 (cuBLASLt); and the same for the FP8 tiny model
 // with NUCLEUS_SKINNY_FP8 (FP8 decode GEMMs at m <= 16 on the FP8 skinny
 // kernel, or on cuBLASLt FP8 / the own FP8 kernels); and on both with
-// NUCLEUS_MOE_DECODE=0 (the routed experts on cuda_grouped instead of the
-// fused decode kernel, cuda_decode, which the other runs use by default):
+// NUCLEUS_MOE_DECODE=0 (the routed experts on cuda_grouped, the default,
+// instead of the fused decode kernel, cuda_decode, which the other runs turn on):
 //  - the decode graph reports cuda_skinny (cuda_skinny_fp8) exactly when it is
 //    on, and the graphs report cuda_decode exactly when the MoE decode kernel is
 //    (NUCLEUS_DUMP_GRAPH's backend column);
@@ -125,9 +125,9 @@ void check_switch(const std::string& model, const std::vector<Config>& configs, 
 
 TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3",
-               {Config{"on", "NUCLEUS_SKINNY=1", true, true},
-                Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0", true, true},
-                Config{"off", "NUCLEUS_SKINNY=0", false, true},
+               {Config{"on", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"off", "NUCLEUS_SKINNY=0 NUCLEUS_MOE_DECODE=16", false, true},
                 Config{"moe decode off", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0", true, false}},
                "cuda_skinny");
 }
@@ -137,9 +137,9 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
 // cuda_skinny_fp8 when on.
 TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3-fp8",
-               {Config{"on", "NUCLEUS_SKINNY_FP8=1", true, true},
-                Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0", true, true},
-                Config{"off", "NUCLEUS_SKINNY_FP8=0", false, true},
+               {Config{"on", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"off", "NUCLEUS_SKINNY_FP8=0 NUCLEUS_MOE_DECODE=16", false, true},
                 Config{"moe decode off", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0", true, false}},
                "cuda_skinny_fp8");
 }

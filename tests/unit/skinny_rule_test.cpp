@@ -33,17 +33,22 @@ TEST(SkinnyRule, DefaultIsTheMeasuredRule) {
     }
 }
 
-// The FP8 skinny GEMM choice under the default switch: every FP8 decode shape
-// of V3 / Kimi-K2 whose k is whole 128-wide scale blocks at m <= 16 (the
-// reasoned rule of ops/skinny.h), none whose k is not (the kernel refuses
-// them: tiny-dsv3-fp8's shared down_proj, k = 192), never more than 16 rows.
-TEST(SkinnyRule, Fp8DefaultTakesWholeScaleBlocksUpTo16Rows) {
+// The FP8 skinny GEMM choice under the default switch, by weight bytes as
+// measured on the H200 (ops/skinny.h): every m <= 16 up to 16 MB (q_a, kv_a,
+// shared down, TP 8 shards), m <= 8 up to 48 MB (q_b, shared gate_up), none
+// above (o_proj, dense MLP); none whose k is not whole 128-wide scale blocks
+// (the kernel refuses them: tiny-dsv3-fp8's shared down_proj, k = 192), never
+// more than 16 rows.
+TEST(SkinnyRule, Fp8DefaultByWeightBytes) {
   ASSERT_TRUE(skinny_env_status().ok()) << "the test runs without NUCLEUS_SKINNY_FP8";
   EXPECT_EQ(skinny_fp8_switch(), SkinnySwitch::kAuto);
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{1536, 7168}, {24576, 1536}, {576, 7168}, {7168, 16384},
-                      {4096, 7168}, {7168, 2048}, {36864, 7168}, {7168, 18432}, {7168, 256}, {7168, 2304},
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1536, 7168}, {576, 7168}, {7168, 2048}, {7168, 256}, {7168, 2304},
                       {7168, 1024}, {3072, 1536}})
     EXPECT_EQ(skinny_fp8_max_rows(n, k), 16) << n << " x " << k;
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{24576, 1536}, {4096, 7168}})
+    EXPECT_EQ(skinny_fp8_max_rows(n, k), 8) << n << " x " << k;
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{7168, 16384}, {36864, 7168}, {7168, 18432}})
+    EXPECT_EQ(skinny_fp8_max_rows(n, k), 0) << n << " x " << k;
   for (auto [n, k] : {std::pair<int64_t, int64_t>{256, 192}, {300, 200}, {1536, 64}, {128, 0}, {0, 1024}})
     EXPECT_EQ(skinny_fp8_max_rows(n, k), 0) << n << " x " << k;
   for (int64_t n : {1, 8, 100, 7168, 129280})
