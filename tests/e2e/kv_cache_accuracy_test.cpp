@@ -13,8 +13,8 @@
 // the goal read per window is not met in one window of each model (0.77x,
 // 0.59x): both layouts round the latent c_kv to e4m3 with the same relative
 // step (2^-4; a per-tile scale only spares small tiles the subnormals and
-// large ones the saturation, which RMS-normalised c_kv rarely needs), and the
-// tile layout's gain is mostly its bf16 rope part.
+// large ones the saturation, which RMS-normalised c_kv rarely needs); the
+// other difference is the rope part, bf16 here.
 // Also the setting through the binary: `--kv-cache-dtype fp8_ds_mla`
 // generates, logs 656-byte rows (4 layers: 2624 B/token) and refuses
 // --kv-scale naming the layout.
