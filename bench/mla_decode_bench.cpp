@@ -10,7 +10,8 @@
 // counted). Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
 // (core/roofline.h: the measured read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
 // GB of cache holds per layer and for DeepSeek-V3's 61 layers.
-//   mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|both]  (default both)
+//   mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all]  (default both:
+//   bf16 and fp8_e4m3; all adds fp8_ds_mla)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -50,6 +51,26 @@ Tensor device_random_fp8(int64_t n, float scale, float k_scale, uint64_t seed) {
   return t;
 }
 
+// n_rows random latent rows in the fp8_ds_mla layout (656 bytes each): 1024
+// distinct encoded rows, repeated.
+Tensor device_random_ds_mla(int64_t n_rows, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  constexpr int64_t kDistinct = 1024;
+  std::vector<uint8_t> rows(static_cast<size_t>(kDistinct * kDsMlaRowBytes));
+  std::vector<float> v(kLatent);
+  for (int64_t r = 0; r < kDistinct; ++r) {
+    for (auto& x : v) x = d(rng);
+    encode_kv_row(v.data(), kLatent, KvCacheDtype::kFp8DsMla, 1.0f, rows.data() + r * kDsMlaRowBytes);
+  }
+  std::vector<uint8_t> h(static_cast<size_t>(n_rows * kDsMlaRowBytes));
+  for (int64_t r = 0; r < n_rows; ++r)
+    std::copy_n(rows.data() + (r % kDistinct) * kDsMlaRowBytes, kDsMlaRowBytes, h.data() + r * kDsMlaRowBytes);
+  Tensor t = Tensor::empty({static_cast<int64_t>(h.size())}, DType::kU8, Device::kCuda);
+  copy_to_device(t.raw(), h.data(), h.size());
+  return t;
+}
+
 Tensor device_random_bf16(int64_t n, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);
@@ -81,9 +102,9 @@ std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtyp
   s->context = context;
   s->heads = heads;
   s->cache_dtype = cache_dtype;
-  const bool fp8 = cache_dtype == KvCacheDtype::kFp8E4M3;
+  const bool fp8 = cache_dtype == KvCacheDtype::kFp8E4M3, ds = cache_dtype == KvCacheDtype::kFp8DsMla;
   const int nb = (context + kBlock - 1) / kBlock, blocks = batch * nb;
-  const double layer_bytes = static_cast<double>(blocks) * kBlock * kLatent * (fp8 ? 1 : 2);
+  const double layer_bytes = static_cast<double>(blocks) * kBlock * kv_cache_row_bytes(cache_dtype, kLatent);
   s->layers = std::clamp(static_cast<int>(kL2RotateBytes / layer_bytes) + 1, 1, 256);
   std::mt19937_64 rng(7);
   std::vector<int32_t> perm(blocks);
@@ -106,8 +127,12 @@ std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtyp
   s->kv.width = kLatent;
   const int64_t cache_numel = static_cast<int64_t>(s->layers) * blocks * kBlock * kLatent;
   constexpr float kKScale = 1.0f / 448.0f;  // values in [-1, 1] use e4m3's whole range
-  s->kv.data = (fp8 ? device_random_fp8(cache_numel, 1.0f, kKScale, 1) : device_random_bf16(cache_numel, 1.0f, 1))
-                   .view({s->layers, blocks, kBlock, kLatent});
+  if (ds)
+    s->kv.data = device_random_ds_mla(static_cast<int64_t>(s->layers) * blocks * kBlock, 1.0f, 1)
+                     .view({s->layers, blocks, kBlock, kDsMlaRowBytes});
+  else
+    s->kv.data = (fp8 ? device_random_fp8(cache_numel, 1.0f, kKScale, 1) : device_random_bf16(cache_numel, 1.0f, 1))
+                     .view({s->layers, blocks, kBlock, kLatent});
   if (fp8) s->kv.k_scale.assign(static_cast<size_t>(s->layers), kKScale);
   const int64_t wn = static_cast<int64_t>(heads) * (kNope + kVHead);
   s->w.weight = device_random_bf16(wn * kLora, 0.1f, 2).view({wn, kLora});
@@ -225,16 +250,20 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--kv-cache-dtype" && i + 1 < argc && std::string(argv[i + 1]) == "both") {
       ++i;
+    } else if (a == "--kv-cache-dtype" && i + 1 < argc && std::string(argv[i + 1]) == "all") {
+      ++i;
+      cache_dtypes = {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3, KvCacheDtype::kFp8DsMla};
     } else if (a == "--kv-cache-dtype" && i + 1 < argc) {
       auto d = parse_kv_cache_dtype(argv[++i]);
       if (!d.ok() || !d->has_value()) {
         std::fprintf(stderr, "mla_decode_bench: %s\n",
-                     d.ok() ? "--kv-cache-dtype: bf16, fp8, fp8_e4m3 or both" : d.status().message().c_str());
+                     d.ok() ? "--kv-cache-dtype: bf16, fp8, fp8_e4m3, fp8_ds_mla, both or all"
+                          : d.status().message().c_str());
         return 2;
       }
       cache_dtypes = {**d};
     } else {
-      std::fprintf(stderr, "usage: mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|both]\n");
+      std::fprintf(stderr, "usage: mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all]\n");
       return 2;
     }
   }
@@ -246,7 +275,7 @@ int main(int argc, char** argv) {
   std::printf("# mla_decode_bench on %s (%d SMs), page %d, bf16 kv_b_proj\n", (*c)->name.c_str(), (*c)->num_sms,
               kBlock);
   for (KvCacheDtype d : cache_dtypes) {
-    const double row = kLatent * static_cast<double>(dtype_size(kv_cache_storage_dtype(d)));
+    const double row = static_cast<double>(kv_cache_row_bytes(d, kLatent));
     std::printf("# %s cache: %.0f B per token and layer: %.0f tokens/GB per layer, %.0f tokens/GB at 61 layers "
                 "(DeepSeek-V3)\n",
                 kv_cache_dtype_name(d), row, 1e9 / row, 1e9 / (61 * row));
@@ -265,8 +294,8 @@ int main(int argc, char** argv) {
         auto s = make_setup(sh.batch, sh.context, heads, d);
         DeviceInputUploader uploader;
         const DeviceStepInputs dev = uploader.upload(s->si);
-        const double elem = static_cast<double>(dtype_size(kv_cache_storage_dtype(d)));
-        const double bytes = static_cast<double>(sh.batch) * sh.context * kLatent * elem +
+        const double row = static_cast<double>(kv_cache_row_bytes(d, kLatent));
+        const double bytes = static_cast<double>(sh.batch) * sh.context * row +
                              static_cast<double>(sh.batch) * heads * (kNope + kRope + kVHead) * 2;
         // Attention FLOPs: scores (576) and output (512) per head and key.
         const double flops = 2.0 * sh.batch * heads * static_cast<double>(sh.context) * (kLatent + kLora);

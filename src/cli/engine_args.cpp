@@ -68,8 +68,9 @@ void EngineArgs::add_to(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--kv-cache-dtype", kv_cache_dtype,
-                 "Latent KV-cache storage: auto (bf16 on CUDA, f32 on the CPU), bf16, or fp8 / fp8_e4m3 (e4m3 with a "
-                 "per-layer k_scale: half the bytes of bf16)")
+                 "Latent KV-cache storage: auto (bf16 on CUDA, f32 on the CPU), bf16, fp8 / fp8_e4m3 (e4m3 with a "
+                 "per-layer k_scale: half the bytes of bf16), or fp8_ds_mla (e4m3 latent with one f32 scale per 128 "
+                 "values, rope in bf16: 656 bytes a row, as FlashMLA's FP8 cache)")
       ->capture_default_str()
       ->check([](const std::string& v) {  // one parser for every spelling: a usage error (exit 2) otherwise
         auto r = parse_kv_cache_dtype(v);
@@ -83,8 +84,8 @@ void EngineArgs::add_to(CLI::App& app) {
                "or a block scale not finite and > 0 is refused at load, naming the tensor)");
   app.add_option_function<double>(
          "--kv-scale", [this](double v) { kv_scale = v; },
-         "k_scale of every layer of an FP8 KV cache (stored = e4m3(value / k_scale)), overriding the checkpoint's "
-         "k_scale / kv_scale tensors (default: those, else 1.0)")
+         "k_scale of every layer of an fp8 / fp8_e4m3 KV cache (stored = e4m3(value / k_scale)), overriding the "
+         "checkpoint's k_scale / kv_scale tensors (default: those, else 1.0); refused with fp8_ds_mla")
       ->check([](const std::string& v) {
         char* end = nullptr;
         const float f = std::strtof(v.c_str(), &end);

@@ -33,6 +33,8 @@ DType cache_dtype_of(KvCacheDtype d) {
       return DType::kBF16;
     case KvCacheDtype::kFp8E4M3:
       return DType::kF8E4M3;
+    case KvCacheDtype::kFp8DsMla:
+      return DType::kU8;  // the 656-byte fp8_ds_mla row (kernels/mla/ds_mla_row.h)
   }
   return DType::kBF16;
 }
@@ -129,6 +131,9 @@ Status gather_kv_b_proj_impl::common_refusal(const Format& format, const GatherK
     return unsupported(
         "shuffled_cache is set: that cache layout is private to other kernels, and this implementation reads plain "
         "[num_slots, kv_lora + qk_rope] rows");
+  if (spec.cache_dtype == KvCacheDtype::kFp8DsMla && (spec.kv_lora != kDsMlaLatent || spec.qk_rope != kDsMlaRope))
+    return unsupported(fmt::format("fp8_ds_mla rows hold kv_lora 512 and qk_rope 64 (the spec has {} and {})",
+                                   spec.kv_lora, spec.qk_rope));
   return format.status();
 }
 

@@ -3,7 +3,8 @@
 //
 // For cached positions [key_begin, key_begin + num_keys) of one sequence:
 //   latent_j = cache[slot(j)]                  (block table -> slot)
-//   latent_j = latent_j * k_scale              (FP8 e4m3 cache only; a bf16/f32 cache is never scaled)
+//   latent_j = latent_j * k_scale              (FP8 e4m3 cache only; a bf16/f32 cache is never scaled;
+//                                               an fp8_ds_mla row is read with its tile scales)
 //   kv_j     = kv_b_proj(latent_j[:kv_lora])   ([num_heads * (qk_nope + v_head)])
 //   k[j, h]  = [kv_j[h, :qk_nope] | latent_j[kv_lora:]]   (k_pe broadcast to every head)
 //   v[j, h]  = kv_j[h, qk_nope:]
@@ -13,7 +14,8 @@
 // launch), then an unfused path of plain steps (gather, dequantize, GEMM,
 // split, concat); the CPU reference on the CPU. A weight or cache layout none
 // can read (packed FP4 weights, unknown scale shapes, shuffled caches) is
-// refused by create(), when the model is built. NUCLEUS_FORCE_KERNEL=
+// refused by create(), when the model is built; the fused kernel refuses an
+// fp8_ds_mla cache (the unfused path and the CPU reference read it). NUCLEUS_FORCE_KERNEL=
 // gather_kv_b_proj=<fused|unfused> picks one for A/B runs.
 #pragma once
 
@@ -46,7 +48,7 @@ struct GatherKvBProjSpec {
 };
 
 struct GatherKvBProjArgs {
-  const void* cache = nullptr;  // this layer: [num_slots, kv_lora + qk_rope] in cache_dtype
+  const void* cache = nullptr;  // this layer: [num_slots, kv_lora + qk_rope] in cache_dtype (656-byte rows for fp8_ds_mla)
   float k_scale = 1.0f;         // FP8 cache only
   const int32_t* block_table = nullptr;  // this sequence's block table (device on CUDA)
   int64_t block_size = 0;

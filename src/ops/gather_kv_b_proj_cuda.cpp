@@ -19,8 +19,15 @@ namespace nucleus::gather_kv_b_proj_impl {
 
 namespace {
 
+// The kernels' spelling of the cache: kU8 is the fp8_ds_mla row (kernels/mla/ds_mla_row.h).
 DType dtype_of(KvCacheDtype d) {
-  return d == KvCacheDtype::kF32 ? DType::kF32 : d == KvCacheDtype::kFp8E4M3 ? DType::kF8E4M3 : DType::kBF16;
+  switch (d) {
+    case KvCacheDtype::kF32: return DType::kF32;
+    case KvCacheDtype::kFp8E4M3: return DType::kF8E4M3;
+    case KvCacheDtype::kFp8DsMla: return DType::kU8;
+    case KvCacheDtype::kBF16: break;
+  }
+  return DType::kBF16;
 }
 
 Tensor on_device(const Tensor& t) {
@@ -152,6 +159,9 @@ class GatherKvBProjUnfused final : public GatherKvBProj {
 
 Status fused_supports(const LinearWeight& kv_b, const GatherKvBProjSpec& spec, const Format& format) {
   NUCLEUS_RETURN_IF_ERROR(common_refusal(format, spec));
+  if (spec.cache_dtype == KvCacheDtype::kFp8DsMla)
+    return unsupported("KV cache dtype fp8_ds_mla: the fused kernel's gather reads bf16 or fp8_e4m3 rows, not the "
+                       "tile-scaled 656-byte rows (the unfused path reads them)");
   const kernels::KvBWeightFormat& f = *format;
   if (f.weight_dtype != DType::kBF16 && f.weight_dtype != DType::kF8E4M3)
     return unsupported(std::string(dtype_name(f.weight_dtype)) +

@@ -2,14 +2,17 @@
 
 #include <cmath>
 
+#include "core/check.h"
+
 namespace nucleus {
 
-const char* kv_cache_dtype_spellings() { return "auto, bf16, fp8, fp8_e4m3"; }
+const char* kv_cache_dtype_spellings() { return "auto, bf16, fp8, fp8_e4m3, fp8_ds_mla"; }
 
 StatusOr<std::optional<KvCacheDtype>> parse_kv_cache_dtype(const std::string& s) {
   if (s == "auto") return std::optional<KvCacheDtype>();
   if (s == "bf16") return std::optional<KvCacheDtype>(KvCacheDtype::kBF16);
   if (s == "fp8" || s == "fp8_e4m3") return std::optional<KvCacheDtype>(KvCacheDtype::kFp8E4M3);
+  if (s == "fp8_ds_mla") return std::optional<KvCacheDtype>(KvCacheDtype::kFp8DsMla);
   return invalid_argument("--kv-cache-dtype '" + s + "' is not one of " + kv_cache_dtype_spellings() +
                           " (fp8 and fp8_e4m3 are the same setting)");
 }
@@ -26,6 +29,7 @@ const char* kv_cache_dtype_name(KvCacheDtype d) {
     case KvCacheDtype::kF32: return "f32";
     case KvCacheDtype::kBF16: return "bf16";
     case KvCacheDtype::kFp8E4M3: return "fp8_e4m3";
+    case KvCacheDtype::kFp8DsMla: return "fp8_ds_mla";
   }
   return "?";
 }
@@ -35,8 +39,22 @@ DType kv_cache_storage_dtype(KvCacheDtype d) {
     case KvCacheDtype::kF32: return DType::kF32;
     case KvCacheDtype::kBF16: return DType::kBF16;
     case KvCacheDtype::kFp8E4M3: return DType::kF8E4M3;
+    case KvCacheDtype::kFp8DsMla: return DType::kU8;
   }
   return DType::kBF16;
+}
+
+int64_t kv_cache_row_bytes(KvCacheDtype d, int64_t width) {
+  if (d == KvCacheDtype::kFp8DsMla) return kDsMlaRowBytes;
+  return width * static_cast<int64_t>(dtype_size(kv_cache_storage_dtype(d)));
+}
+
+Status check_kv_cache_dims(KvCacheDtype d, int64_t kv_lora, int64_t qk_rope) {
+  if (d == KvCacheDtype::kFp8DsMla && (kv_lora != kDsMlaLatent || qk_rope != kDsMlaRope))
+    return invalid_argument("--kv-cache-dtype fp8_ds_mla stores 512 latent and 64 rope values a row, but the model has "
+                            "kv_lora_rank " + std::to_string(kv_lora) + " and qk_rope_head_dim " +
+                            std::to_string(qk_rope) + "; use fp8 or bf16");
+  return ok_status();
 }
 
 Status check_k_scale(float k_scale, const std::string& what) {
@@ -47,6 +65,11 @@ Status check_k_scale(float k_scale, const std::string& what) {
 
 void encode_kv_row(const float* src, int64_t count, KvCacheDtype d, float k_scale, void* dst) {
   switch (d) {
+    case KvCacheDtype::kFp8DsMla:
+      NUCLEUS_CHECK(count == kDsMlaLatent + kDsMlaRope, "an fp8_ds_mla row is {} values, not {}",
+                    kDsMlaLatent + kDsMlaRope, count);
+      kernels::encode_ds_mla_row_ref(src, static_cast<uint8_t*>(dst));
+      return;
     case KvCacheDtype::kF32: {
       auto* o = static_cast<float*>(dst);
       for (int64_t i = 0; i < count; ++i) o[i] = src[i];
@@ -66,6 +89,12 @@ void encode_kv_row(const float* src, int64_t count, KvCacheDtype d, float k_scal
 }
 
 void decode_kv_row(const void* src, int64_t count, KvCacheDtype d, float k_scale, float* dst) {
+  if (d == KvCacheDtype::kFp8DsMla) {
+    NUCLEUS_CHECK(count == kDsMlaLatent + kDsMlaRope, "an fp8_ds_mla row is {} values, not {}",
+                  kDsMlaLatent + kDsMlaRope, count);
+    kernels::decode_ds_mla_row_ref(static_cast<const uint8_t*>(src), dst);
+    return;
+  }
   convert_to_f32(src, kv_cache_storage_dtype(d), dst, static_cast<size_t>(count));
   if (d == KvCacheDtype::kFp8E4M3)
     for (int64_t i = 0; i < count; ++i) dst[i] *= k_scale;

@@ -39,11 +39,12 @@ bool serves_sequence(AttentionMode mode, bool decode_op, int32_t query_len) {
 namespace {
 
 // The latent rows [0, num_keys) of sequence `s`, gathered through its block
-// table and decoded to f32 (an FP8 row times the layer's k_scale).
+// table and decoded to f32 (an FP8 row times the layer's k_scale, an
+// fp8_ds_mla row times its tiles' scales).
 void gather_latent_rows(const StepInputs& si, const KvCache& kv, int64_t layer, int64_t s, int64_t num_keys,
                         std::vector<float>* latent) {
   const auto* cache = static_cast<const char*>(kv.layer_data(layer));
-  const int64_t row_bytes = kv.width * static_cast<int64_t>(dtype_size(kv.data.dtype()));
+  const int64_t row_bytes = kv.row_bytes();
   const float k_scale = kv.layer_k_scale(layer);
   latent->resize(num_keys * kv.width);
   const int32_t* table = si.block_tables.data() + s * si.max_blocks_per_seq;

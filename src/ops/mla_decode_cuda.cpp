@@ -15,8 +15,9 @@
 // (OpContext::workspace). FlashInfer plans on the host from the step's key
 // counts, once per step (FlashInferDecodePlan), which a CUDA graph replay
 // cannot follow: the flashinfer backend refuses an op of a captured graph.
-// Caches: nucleus reads bf16 or FP8 e4m3 rows (times the layer's k_scale);
-// flashinfer reads bf16 rows only, so it refuses an op built for an FP8 cache.
+// Caches: nucleus and cuda_naive read bf16, FP8 e4m3 (times the layer's
+// k_scale) and fp8_ds_mla rows (times each tile's scale); flashinfer reads
+// bf16 rows only, so it refuses an op built for either FP8 cache.
 #include <algorithm>
 #include <deque>
 #include <memory>
@@ -113,16 +114,18 @@ kernels::MlaDecodeRows rows_of(const OpContext& ctx, const RowSet& rs, int64_t r
 
 // This layer's cache rows as the kernels read them.
 struct LayerCache {
-  const void* rows = nullptr;  // [num_slots, 576] bf16 or e4m3
+  const void* rows = nullptr;  // [num_slots, 576] bf16 or e4m3, or [num_slots, 656] fp8_ds_mla bytes
   bool fp8 = false;
   float k_scale = 1.0f;
+  bool ds_mla = false;
 };
 LayerCache layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
   const KvCache& kv = *ctx.kv_cache;
   check_cache_dtype(kv, op.cache_dtype(), "mla_decode");
   NUCLEUS_CHECK(kv.width == kernels::kMlaDecodeLatent, "mla_decode needs a latent cache of width 576 (got {})",
                 kv.width);
-  return {kv.layer_data(op.layer()), kv.dtype() == KvCacheDtype::kFp8E4M3, kv.layer_k_scale(op.layer())};
+  return {kv.layer_data(op.layer()), kv.dtype() == KvCacheDtype::kFp8E4M3, kv.layer_k_scale(op.layer()),
+          kv.dtype() == KvCacheDtype::kFp8DsMla};
 }
 
 // Runs the shared steps around `attend` (which fills s.o_lat from s.q_full)
@@ -199,6 +202,7 @@ void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& 
   p.q_full = s.q_full;
   p.cache = cache.rows;
   p.cache_fp8 = cache.fp8;
+  p.cache_ds_mla = cache.ds_mla;
   p.k_scale = cache.k_scale;
   p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms);
   p.heads_per_cta = hpc;
@@ -217,7 +221,7 @@ void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& 
 }  // namespace
 
 Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) {
-  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
+  if (op.cache_dtype() != KvCacheDtype::kFp8DsMla) NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
   return check_dims(op);
 }
 
@@ -303,7 +307,8 @@ Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
     return unsupported("built without FlashInfer headers (NUCLEUS_FLASHINFER=OFF or tools/fetch_flashinfer.sh failed)");
   if (op.cache_dtype() != KvCacheDtype::kBF16)
     return unsupported(std::string("KV cache dtype ") + kv_cache_dtype_name(op.cache_dtype()) +
-                       ": this FlashInfer kernel reads bf16 rows only (it would misread e4m3 bytes)");
+                       ": this FlashInfer kernel reads bf16 rows only (it would misread e4m3 bytes" +
+                       (op.cache_dtype() == KvCacheDtype::kFp8DsMla ? " and the 656-byte fp8_ds_mla rows" : "") + ")");
   if (op.captured())
     return unsupported("plans on the host every step, which a CUDA graph replay cannot follow (the decode graph is "
                        "captured)");
@@ -327,7 +332,7 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
                 "flashinfer mla_decode: step workspace of {} bytes (needs {})", ctx.workspace.bytes,
                 kernels::kFlashInferMlaFloatWorkspaceBytes);
   const LayerCache cache = layer_cache(op, ctx);
-  NUCLEUS_CHECK(!cache.fp8, "flashinfer mla_decode run on an FP8 cache (supports() refuses it)");
+  NUCLEUS_CHECK(!cache.fp8 && !cache.ds_mla, "flashinfer mla_decode run on an FP8 cache (supports() refuses it)");
   run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t r0, const Scratch& s) {
     auto batch = plan->batch(r0, r.num_rows, r.max_blocks, stream());
     if (!batch.ok()) return ctx.fail(batch.status());
@@ -346,7 +351,13 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 }
 
 // "cuda_naive": the plain absorbed-form kernel (kernels/mla/mla_attention_naive.cuh).
-Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
+Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) {
+  if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
+    return op.dims().kv_lora == kDsMlaLatent && op.dims().qk_rope == kDsMlaRope
+               ? ok_status()
+               : unsupported("fp8_ds_mla rows need kv_lora 512 and qk_rope 64");
+  return cuda_cache_dtype_supported(op.cache_dtype());
+}
 
 void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const StepInputs& si = *ctx.inputs;
@@ -379,6 +390,7 @@ void mla_decode_naive(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList
     p.block_size = static_cast<int>(kv.block_size);
     p.cache = kv.layer_data(op.layer());
     p.cache_fp8 = kv.dtype() == KvCacheDtype::kFp8E4M3;
+    p.cache_ds_mla = kv.dtype() == KvCacheDtype::kFp8DsMla;
     p.k_scale = kv.layer_k_scale(op.layer());
     p.kv_b = weight_view(op.kv_b());
     p.q_lat = out[1].data<float>();

@@ -238,7 +238,8 @@ ScratchLayout scratch_layout(const kernels::MlaDims& d, int64_t keys, int64_t ls
 
 Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op) {
   const auto& d = op.dims();
-  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
+  if (op.cache_dtype() != KvCacheDtype::kFp8DsMla)  // fp8_ds_mla: read by the expansion (unfused gather_kv_b_proj)
+    NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
   if (d.qk_nope != 128 || d.qk_rope != 64 || d.v_head != 128)
     return unsupported("head dims nope/rope/v = " + std::to_string(d.qk_nope) + "/" + std::to_string(d.qk_rope) +
                        "/" + std::to_string(d.v_head) + " (the kernel is built for 128/64/128)");
@@ -345,6 +346,10 @@ constexpr int64_t kKvBudgetBytes = 256ll << 20;  // expanded K/V scratch
 }  // namespace
 
 Status mla_prefill_naive_supports(const MlaPrefillAttentionOp& op) {
+  if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
+    return op.dims().kv_lora == kDsMlaLatent && op.dims().qk_rope == kDsMlaRope
+               ? ok_status()
+               : unsupported("fp8_ds_mla rows need kv_lora 512 and qk_rope 64");
   return cuda_cache_dtype_supported(op.cache_dtype());
 }
 
@@ -392,7 +397,7 @@ void mla_prefill_naive(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
       const int64_t keys = ctx_len + i0 + nq;  // causal: the group's last query sees these
       for (int64_t k0 = 0; k0 < keys; k0 += chunk) {
         const int64_t nk = std::min(chunk, keys - k0);
-        // Latent rows as bf16 (an FP8 row times k_scale, rounded once).
+        // Latent rows as bf16 (an FP8 row times k_scale, an fp8_ds_mla row times its tile scales, rounded once).
         NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_dequant_latent(cache, cache_dtype, s.latent(), k_scale, table,
                                                                  static_cast<int>(kv.block_size), k0, nk,
                                                                  st[0].data<__nv_bfloat16>(), engine_stream()));

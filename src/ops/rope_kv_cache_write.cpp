@@ -34,7 +34,7 @@ const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
          const Tensor& kv_a = in[1];
          const int64_t q_stride = q.row_numel(), kv_stride = kv_a.row_numel();
          auto* cache = static_cast<char*>(kv.layer_data(op.layer()));
-         const int64_t row_bytes = kv.width * static_cast<int64_t>(dtype_size(kv.data.dtype()));
+         const int64_t row_bytes = kv.row_bytes();
          const float k_scale = kv.layer_k_scale(op.layer());
          std::vector<float> k_pe(d.qk_rope), latent(kv.width);
          for (int64_t t = 0; t < si.num_tokens(); ++t) {

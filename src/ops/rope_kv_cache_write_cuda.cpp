@@ -13,7 +13,13 @@ namespace {
 cudaStream_t stream() { return cuda::context().stream; }
 }  // namespace
 
-Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op) { return cuda_cache_dtype_supported(op.cache_dtype()); }
+Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op) {
+  if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
+    return op.dims().kv_lora == kDsMlaLatent && op.dims().qk_rope == kDsMlaRope
+               ? ok_status()
+               : unsupported("fp8_ds_mla rows need kv_lora 512 and qk_rope 64");
+  return cuda_cache_dtype_supported(op.cache_dtype());
+}
 
 void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const auto& d = op.dims();
@@ -36,6 +42,7 @@ void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorLis
   p.attention_factor = op.attention_factor();
   p.cache = kv.layer_data(op.layer());
   p.cache_fp8 = kv.dtype() == KvCacheDtype::kFp8E4M3;
+  p.cache_ds_mla = kv.dtype() == KvCacheDtype::kFp8DsMla;
   p.k_scale = kv.layer_k_scale(op.layer());
   p.num_tokens = in[0].dim(0);
   p.num_heads = static_cast<int>(d.num_heads);

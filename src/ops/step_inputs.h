@@ -52,7 +52,9 @@ struct DeviceStepInputs {
 // The paged latent KV cache: one row [c_kv | k_pe] (kv_lora + qk_rope wide)
 // per token and layer. data: [num_layers, num_blocks, block_size, width] in
 // F32, BF16 or F8_E4M3 (ops/kv_cache_dtype.h: an FP8 row holds
-// e4m3(value / k_scale[l]) and is read as stored * k_scale[l]).
+// e4m3(value / k_scale[l]) and is read as stored * k_scale[l]), or
+// [num_layers, num_blocks, block_size, 656] U8 for fp8_ds_mla (the
+// tile-scaled row of ops/kv_cache_dtype.h; `width` is still kv_lora + qk_rope).
 // Row of slot s in layer l: data[l, s / block_size, s % block_size, :].
 struct KvCache {
   Tensor data;
@@ -67,20 +69,23 @@ struct KvCache {
   // Empty at tensor-parallel size 1.
   std::vector<KvCache> ranks;
 
-  int64_t layer_stride() const { return num_blocks * block_size * width; }  // elements
   int64_t num_slots() const { return num_blocks * block_size; }
   KvCacheDtype dtype() const {
-    return data.dtype() == DType::kF8E4M3 ? KvCacheDtype::kFp8E4M3
-                                          : data.dtype() == DType::kBF16 ? KvCacheDtype::kBF16 : KvCacheDtype::kF32;
+    switch (data.dtype()) {
+      case DType::kF8E4M3: return KvCacheDtype::kFp8E4M3;
+      case DType::kU8: return KvCacheDtype::kFp8DsMla;
+      case DType::kBF16: return KvCacheDtype::kBF16;
+      default: return KvCacheDtype::kF32;
+    }
   }
+  // Bytes of one row (kv_cache_row_bytes: width * element size, or 656 for fp8_ds_mla).
+  int64_t row_bytes() const { return kv_cache_row_bytes(dtype(), width); }
   // Layer l's k_scale (1.0 unless the cache is FP8 and has scales).
   float layer_k_scale(int64_t l) const {
     return dtype() == KvCacheDtype::kFp8E4M3 && !k_scale.empty() ? k_scale[static_cast<size_t>(l)] : 1.0f;
   }
-  // Layer l's rows [num_slots, width] as raw bytes of the storage dtype.
-  void* layer_data(int64_t l) const {
-    return static_cast<char*>(data.raw()) + l * layer_stride() * static_cast<int64_t>(dtype_size(data.dtype()));
-  }
+  // Layer l's rows [num_slots, row_bytes()] as raw bytes of the storage dtype.
+  void* layer_data(int64_t l) const { return static_cast<char*>(data.raw()) + l * num_slots() * row_bytes(); }
 };
 
 }  // namespace nucleus

@@ -26,7 +26,7 @@ struct GatherKvBProjParams {
   int v_head = 0;   // 128
   int kv_lora = 0;  // 512
   const void* cache = nullptr;  // [num_slots, kv_lora + qk_rope] in cache_dtype
-  DType cache_dtype = DType::kBF16;  // kF32, kBF16 or kF8E4M3
+  DType cache_dtype = DType::kBF16;  // kF32, kBF16 or kF8E4M3 (the fused kernel reads no fp8_ds_mla rows)
   float k_scale = 1.0f;              // FP8 cache only (ignored for the others)
   const int32_t* block_table = nullptr;  // this sequence's, device
   int block_size = 0;
@@ -55,7 +55,9 @@ cudaError_t gather_kv_b_proj_fused_prepare();
 cudaError_t launch_gather_kv_b_proj_fused(const GatherKvBProjParams& p, int num_sms, cudaStream_t stream);
 
 // latent[j, :] = bf16(cache[slot(key_begin + j), :width] (* k_scale for FP8)).
-//   latent: [num_keys, width] bf16, contiguous.
+//   latent: [num_keys, width] bf16, contiguous. cache_dtype kU8: fp8_ds_mla
+//   rows of 656 bytes (kernels/mla/ds_mla_row.h), read as e4m3 * tile scale
+//   (one rounding to bf16) and the bf16 rope part; width must be 576.
 cudaError_t launch_gather_dequant_latent(const void* cache, DType cache_dtype, int width, float k_scale,
                                          const int32_t* block_table, int block_size, int64_t key_begin,
                                          int64_t num_keys, __nv_bfloat16* latent, cudaStream_t stream);

@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "kernels/gemm/gemm_ref.h"
+#include "kernels/mla/ds_mla_row.h"
 
 namespace nucleus::kernels {
 
@@ -38,6 +39,10 @@ void gather_kv_b_proj_ref(const GatherKvBProjRefParams& p) {
   const int64_t k_row = p.qk_nope + p.qk_rope;            // k per head
   const bool scaled = p.cache_dtype == DType::kF8E4M3;    // a bf16/f32 cache is never scaled
   const size_t elem = dtype_size(p.cache_dtype);
+  const bool ds_mla = p.cache_dtype == DType::kU8;        // the tile-scaled 656-byte row
+  NUCLEUS_CHECK(!ds_mla || (p.kv_lora == kDsMlaLatent && p.qk_rope == kDsMlaRope),
+                "gather_kv_b_proj_ref: an fp8_ds_mla cache needs kv_lora 512 and qk_rope 64 (got {}, {})", p.kv_lora,
+                p.qk_rope);
   // Rows in pieces so scratch stays small; rows are independent.
   constexpr int64_t kPiece = 256;
   std::vector<float> latent(std::min(kPiece, p.num_keys) * width), kv(std::min(kPiece, p.num_keys) * n);
@@ -48,6 +53,10 @@ void gather_kv_b_proj_ref(const GatherKvBProjRefParams& p) {
       const int64_t slot = static_cast<int64_t>(p.block_table[pos / p.block_size]) * p.block_size + pos % p.block_size;
       NUCLEUS_CHECK(slot >= 0, "gather_kv_b_proj_ref: negative slot for position {}", pos);
       float* row = latent.data() + r * width;
+      if (ds_mla) {
+        decode_ds_mla_row_ref(static_cast<const uint8_t*>(p.cache) + slot * kDsMlaRowBytes, row);
+        continue;
+      }
       convert_to_f32(static_cast<const char*>(p.cache) + slot * width * elem, p.cache_dtype, row,
                      static_cast<size_t>(width));
       if (scaled)

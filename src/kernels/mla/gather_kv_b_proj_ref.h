@@ -5,7 +5,8 @@
 // For keys j in [0, num_keys) at positions key_begin + j of one sequence:
 //   slot      = block_table[pos / block_size] * block_size + pos % block_size
 //   latent_j  = cache[slot]                  [kv_lora + qk_rope], as f32
-//   latent_j *= k_scale                      (FP8 cache only)
+//   latent_j *= k_scale                      (FP8 e4m3 cache only; an fp8_ds_mla
+//                                             row is read with its tile scales)
 //   kv_j      = W latent_j[:kv_lora]         W: [num_heads * (qk_nope + v_head), kv_lora]
 //   k[j, h]   = [kv_j[h * (qk_nope + v_head) + :qk_nope] | latent_j[kv_lora:]]
 //   v[j, h]   = kv_j[h * (qk_nope + v_head) + qk_nope:]
@@ -48,9 +49,11 @@ struct GatherKvBProjRefParams {
   int64_t qk_rope = 0;
   int64_t v_head = 0;
   int64_t kv_lora = 0;
-  const void* cache = nullptr;  // [num_slots, kv_lora + qk_rope] in cache_dtype
-  DType cache_dtype = DType::kBF16;  // kF32, kBF16 or kF8E4M3
-  float k_scale = 1.0f;              // applied to an FP8 cache only
+  const void* cache = nullptr;  // [num_slots, kv_lora + qk_rope] in cache_dtype, or [num_slots, 656] bytes for kU8
+  // kF32, kBF16, kF8E4M3, or kU8: the fp8_ds_mla row (kernels/mla/ds_mla_row.h;
+  // needs kv_lora 512 and qk_rope 64).
+  DType cache_dtype = DType::kBF16;
+  float k_scale = 1.0f;              // applied to an F8_E4M3 cache only
   const int32_t* block_table = nullptr;  // [>= ceil((key_begin + num_keys) / block_size)]
   int64_t block_size = 0;
   int64_t key_begin = 0;

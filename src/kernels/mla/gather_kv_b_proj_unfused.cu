@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kernels/mla/ds_mla_row.h"
 #include "kernels/mla/gather_kv_b_proj.cuh"
 
 namespace nucleus::kernels {
@@ -22,12 +23,25 @@ __device__ __forceinline__ float cache_at(const void* cache, DType dt, int64_t e
   return static_cast<const float*>(cache)[e];
 }
 
+// Element c of the latent row in `slot` as read: f32(stored) (* k_scale for
+// F8_E4M3); for U8, the fp8_ds_mla row (e4m3 times its tile's scale; the bf16 rope part).
+__device__ __forceinline__ float latent_at(const void* cache, DType dt, int width, int64_t slot, int c,
+                                           float k_scale) {
+  if (dt == DType::kU8) {
+    const auto* row = static_cast<const unsigned char*>(cache) + slot * kDsMlaRowBytes;
+    if (c >= kDsMlaLatent)
+      return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(row + kDsMlaRopeOffset)[c - kDsMlaLatent]);
+    return static_cast<float>(reinterpret_cast<const __nv_fp8_e4m3*>(row)[c]) *
+           reinterpret_cast<const float*>(row + kDsMlaScaleOffset)[c / kDsMlaTile];
+  }
+  return cache_at(cache, dt, slot * width + c) * (dt == DType::kF8E4M3 ? k_scale : 1.0f);
+}
+
 template <int V>
 __global__ void gather_dequant_kernel(const void* cache, DType dt, int width, float k_scale, const int32_t* table,
                                       int block_size, int64_t key_begin, int64_t num_keys,
                                       __nv_bfloat16* latent) {
   const int64_t per_row = width / V, total = num_keys * per_row;
-  const float s = dt == DType::kF8E4M3 ? k_scale : 1.0f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = i / per_row;
     const int c = static_cast<int>(i - j * per_row) * V;
@@ -35,7 +49,7 @@ __global__ void gather_dequant_kernel(const void* cache, DType dt, int width, fl
     const int64_t slot = int64_t{table[pos / block_size]} * block_size + pos % block_size;
 #pragma unroll
     for (int e = 0; e < V; ++e)
-      latent[j * width + c + e] = __float2bfloat16(cache_at(cache, dt, slot * width + c + e) * s);
+      latent[j * width + c + e] = __float2bfloat16(latent_at(cache, dt, width, slot, c + e, k_scale));
   }
 }
 
@@ -94,6 +108,7 @@ cudaError_t launch_gather_dequant_latent(const void* cache, DType cache_dtype, i
                                          const int32_t* block_table, int block_size, int64_t key_begin,
                                          int64_t num_keys, __nv_bfloat16* latent, cudaStream_t stream) {
   if (num_keys <= 0) return cudaSuccess;
+  if (cache_dtype == DType::kU8 && width != kDsMlaLatent + kDsMlaRope) return cudaErrorInvalidValue;
   if (width % 8 == 0)
     gather_dequant_kernel<8><<<grid_for(num_keys * width / 8), kThreads, 0, stream>>>(
         cache, cache_dtype, width, k_scale, block_table, block_size, key_begin, num_keys, latent);

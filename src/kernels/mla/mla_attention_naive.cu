@@ -2,6 +2,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/mla/ds_mla_row.h"
 #include "kernels/mla/mla_attention_naive.cuh"
 
 namespace nucleus::kernels {
@@ -13,8 +14,15 @@ using cuda_common::warp_sum;
 constexpr int kThreads = 256;
 constexpr int kKeyTile = 32;
 
-// Element c of a cache row as stored (bf16, or the e4m3 value unscaled).
-__device__ __forceinline__ float cache_elem(const void* row, bool fp8, int c) {
+// Element c of a cache row as stored (bf16, or the e4m3 value unscaled), or
+// of an fp8_ds_mla row as read (e4m3 times its tile's scale; the bf16 rope part).
+__device__ __forceinline__ float cache_elem(const void* row, bool fp8, int c, bool ds = false) {
+  if (ds) {
+    const auto* b = static_cast<const unsigned char*>(row);
+    if (c >= kDsMlaLatent) return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(b + kDsMlaRopeOffset)[c - kDsMlaLatent]);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(b[c], __NV_E4M3);
+    return __half2float(__half(h)) * reinterpret_cast<const float*>(b + kDsMlaScaleOffset)[c / kDsMlaTile];
+  }
   if (fp8) {
     const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<const __nv_fp8_storage_t*>(row)[c], __NV_E4M3);
     return __half2float(__half(h));
@@ -53,7 +61,8 @@ __global__ void absorbed_attention_kernel(MlaAbsorbedParams p) {
     q_full[c] = c < s.kv_lora ? ql[c] : __bfloat162float(qpe[c - s.kv_lora]);
   __syncthreads();
   const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks;
-  const size_t row_bytes = static_cast<size_t>(s.latent()) * (p.cache_fp8 ? 1 : 2);
+  const size_t row_bytes =
+      p.cache_ds_mla ? static_cast<size_t>(kDsMlaRowBytes) : static_cast<size_t>(s.latent()) * (p.cache_fp8 ? 1 : 2);
   const float score_scale = s.scale * (p.cache_fp8 ? p.k_scale : 1.0f);
   // Each thread owns output channels c = threadIdx.x + k * blockDim.x.
   constexpr int kMaxChannels = 4;  // kv_lora <= 4 * kThreads
@@ -67,7 +76,7 @@ __global__ void absorbed_attention_kernel(MlaAbsorbedParams p) {
       const int64_t slot = static_cast<int64_t>(table[key / p.block_size]) * p.block_size + key % p.block_size;
       const void* row = static_cast<const char*>(p.cache) + slot * row_bytes;
       float d = 0.0f;
-      for (int c = lane; c < s.latent(); c += 32) d += q_full[c] * cache_elem(row, p.cache_fp8, c);
+      for (int c = lane; c < s.latent(); c += 32) d += q_full[c] * cache_elem(row, p.cache_fp8, c, p.cache_ds_mla);
       d = warp_sum(d);
       if (lane == 0) scores[j] = d * score_scale;
     }
@@ -88,7 +97,7 @@ __global__ void absorbed_attention_kernel(MlaAbsorbedParams p) {
 #pragma unroll
       for (int k = 0; k < kMaxChannels; ++k) {
         const int c = threadIdx.x + k * blockDim.x;
-        if (c < s.kv_lora) acc[k] += pj * cache_elem(row, p.cache_fp8, c);
+        if (c < s.kv_lora) acc[k] += pj * cache_elem(row, p.cache_fp8, c, p.cache_ds_mla);
       }
     }
     m = m_new;
@@ -188,6 +197,8 @@ __global__ void store_output_kernel(const float* __restrict__ acc, int num_heads
 cudaError_t launch_mla_absorbed_naive(const MlaAbsorbedParams& p, cudaStream_t stream) {
   if (p.num_rows == 0) return cudaSuccess;
   if (p.s.kv_lora > 4 * kThreads) return cudaErrorInvalidValue;
+  if (p.cache_ds_mla && (p.cache_fp8 || p.s.kv_lora != kDsMlaLatent || p.s.qk_rope != kDsMlaRope))
+    return cudaErrorInvalidValue;
   dim3 grid(static_cast<unsigned>(p.num_rows), p.s.num_heads);
   q_absorb_kernel<<<grid, kThreads, 0, stream>>>(p);
   const size_t smem = (p.s.latent() + kKeyTile) * sizeof(float);

@@ -39,8 +39,12 @@ struct MlaAbsorbedParams {
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks]
   int max_blocks = 0;
   int block_size = 0;
-  const void* cache = nullptr;  // this layer: [num_slots, latent] bf16, or e4m3 bytes when cache_fp8
+  // This layer: [num_slots, latent] bf16, or e4m3 bytes when cache_fp8, or
+  // [num_slots, 656] bytes when cache_ds_mla.
+  const void* cache = nullptr;
   bool cache_fp8 = false;       // rows read as stored * k_scale (ops/kv_cache_dtype.h)
+  bool cache_ds_mla = false;    // fp8_ds_mla rows read as stored * scale[tile] (kernels/mla/ds_mla_row.h;
+                                // kv_lora 512, qk_rope 64; not with cache_fp8)
   float k_scale = 1.0f;
   WeightView kv_b;                       // [num_heads * (qk_nope + v_head), kv_lora]
   float* q_lat = nullptr;                // scratch [num_rows, num_heads, kv_lora] f32 (by i, not row)

@@ -12,11 +12,17 @@
 // FP8 cache: the ring holds the raw e4m3 tiles (576-byte rows, twice the
 // stages for the same bytes in flight); after a tile lands, the CTA converts
 // it exactly to bf16 into one padded tile, which the MMAs read as above.
+// fp8_ds_mla cache (kDs): the ring holds raw 656-byte rows (kernels/mla/
+// ds_mla_row.h); the conversion multiplies each e4m3 value by its tile's f32
+// scale in registers and rounds the product once to bf16 (the rope part is
+// bf16 already and copied), so a row costs one bf16 rounding more than the
+// per-layer FP8 path, whose scale is factored out exactly.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/mla/ds_mla_row.h"
 #include "kernels/mla/mla_decode.cuh"
 
 #include <algorithm>
@@ -32,7 +38,9 @@ constexpr int kTileElems = kTileKeys * kRowElems;
 constexpr int kStagesBf16 = 4;
 constexpr int kStagesFp8 = 8;                             // same bytes in flight as bf16's 4
 constexpr int kFp8TileBytes = kTileKeys * kMlaDecodeLatent;  // raw e4m3 tile: 32 x 576 bytes
-constexpr int kFp8ChunksPerRow = kMlaDecodeLatent / 16;      // 36 16-byte chunks per e4m3 row
+constexpr int kStagesDs = 7;                                 // 7 x 32 x 656 B in flight (shared memory bound)
+static_assert(kDsMlaRowBytes % 16 == 0 && kDsMlaRopeOffset % 16 == 0, "fp8_ds_mla rows load in 16-byte chunks");
+static_assert(kDsMlaLatent == kMlaDecodeLora && kDsMlaRope == kMlaDecodeRope, "fp8_ds_mla row of the fast path");
 constexpr int kMinChunk = 128;                            // keys per split at least
 constexpr int kSpStride = kTileKeys + 8;                  // floats per partial-score row (conflict-free)
 constexpr int kChunksPerRow = kMlaDecodeLatent * 2 / 16;  // 72 16-byte chunks per latent row
@@ -63,18 +71,23 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 __device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-__host__ __device__ constexpr int num_stages(bool fp8) { return fp8 ? kStagesFp8 : kStagesBf16; }
+__host__ __device__ constexpr int num_stages(bool fp8, bool ds = false) {
+  return ds ? kStagesDs : fp8 ? kStagesFp8 : kStagesBf16;
+}
+// Bytes of one raw cache row in the ring (FP8 layouts) and of a raw tile.
+__host__ __device__ constexpr int raw_row_bytes(bool ds) { return ds ? kDsMlaRowBytes : kMlaDecodeLatent; }
+__host__ __device__ constexpr int raw_tile_bytes(bool ds) { return kTileKeys * raw_row_bytes(ds); }
 
-// Shared memory: the ring (bf16 tiles, or raw e4m3 tiles then one bf16
+// Shared memory: the ring (bf16 tiles, or raw FP8 tiles then one bf16
 // tile), then the partial scores.
-template <bool kFp8>
+template <bool kFp8, bool kDs = false>
 constexpr size_t ring_bytes() {
-  return kFp8 ? static_cast<size_t>(kStagesFp8) * kFp8TileBytes + static_cast<size_t>(kTileElems) * 2
+  return kFp8 ? static_cast<size_t>(num_stages(true, kDs)) * raw_tile_bytes(kDs) + static_cast<size_t>(kTileElems) * 2
               : static_cast<size_t>(kStagesBf16) * kTileElems * 2;
 }
-template <int M, bool kFp8>
+template <int M, bool kFp8, bool kDs = false>
 constexpr size_t attention_smem_bytes() {
-  return ring_bytes<kFp8>() + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
+  return ring_bytes<kFp8, kDs>() + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
 }
 
 // Two e4m3 bytes (low byte first) -> bf16x2, exactly (e4m3 -> f16 -> f32 ->
@@ -95,20 +108,23 @@ static_assert(kChunksPerRow % kThreadsPerRow == 0, "loader split");
 // M m-tiles of 16 heads; 8 warps. Warp w: m-tile mt = w / (8 / M); for the
 // scores dim quarter qd = w % 4 and keys [16 M kh, +16 M) of the tile
 // (kh = (w % (8 / M)) / 4); for the output columns [64 M c, +64 M)
-// (c = w % (8 / M)). kFp8: the cache holds e4m3 bytes (see the file comment).
-template <int M, bool kFp8>
+// (c = w % (8 / M)). kFp8: the cache holds e4m3 bytes; kDs (with kFp8):
+// fp8_ds_mla rows (see the file comment).
+template <int M, bool kFp8, bool kDs = false>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const MlaDecodeAttnParams p) {
+  static_assert(kFp8 || !kDs, "an fp8_ds_mla ring is a raw FP8 ring");
   constexpr int kWarpsPerMt = kWarps / M;  // 8 or 4
   constexpr int kNtS = 2 * M;              // score n-tiles (8 keys) per warp
   constexpr int kNtO = 8 * M;              // output n-tiles (8 columns) per warp
-  constexpr int kStages = num_stages(kFp8);
+  constexpr int kStages = num_stages(kFp8, kDs);
+  constexpr int kRawRow = raw_row_bytes(kDs), kRawTile = raw_tile_bytes(kDs), kRawChunks = kRawRow / 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // bf16: the ring [kStages][32][kRowElems]; FP8: the raw ring [kStages][32][576 B], then one bf16 tile.
   __nv_bfloat16* kv_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   unsigned char* raw_smem = smem_raw;
   __nv_bfloat16* conv_tile =
-      reinterpret_cast<__nv_bfloat16*>(smem_raw + static_cast<size_t>(kStagesFp8) * kFp8TileBytes);
-  float* sp = reinterpret_cast<float*>(smem_raw + ring_bytes<kFp8>());  // [M][4][16][kSpStride]
+      reinterpret_cast<__nv_bfloat16*>(smem_raw + static_cast<size_t>(kStages) * kRawTile);
+  float* sp = reinterpret_cast<float*>(smem_raw + ring_bytes<kFp8, kDs>());  // [M][4][16][kSpStride]
 
   const int H = p.num_heads;
   const int group = blockIdx.x, split = blockIdx.y;
@@ -130,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
   // Loader: thread copies 16-byte chunks ld_part + 8 j of key row ld_row of a
   // tile (bf16: 72 chunks a row, 9 each; FP8: 36 a row, 4 or 5 each).
   const int ld_row = tid / kThreadsPerRow, ld_part = tid % kThreadsPerRow;
-  constexpr int kRowBytes = kMlaDecodeLatent * (kFp8 ? 1 : 2);
+  constexpr int kRowBytes = kFp8 ? kRawRow : kMlaDecodeLatent * 2;
   const auto* cache_bytes = static_cast<const unsigned char*>(p.cache);
   auto row_src = [&](int t) -> const unsigned char* {  // this thread's row of tile t, or null past the end
     const int key = k_begin + t * kTileKeys + ld_row;
@@ -142,10 +158,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
     const bool valid = src != nullptr;
     const unsigned char* s0 = valid ? src + ld_part * 16 : cache_bytes;
     if constexpr (kFp8) {
-      const uint32_t dst = ptx::smem_u32(raw_smem + stage * kFp8TileBytes + ld_row * kMlaDecodeLatent + ld_part * 16);
+      const uint32_t dst = ptx::smem_u32(raw_smem + stage * kRawTile + ld_row * kRawRow + ld_part * 16);
 #pragma unroll
-      for (int j = 0; j < (kFp8ChunksPerRow + kThreadsPerRow - 1) / kThreadsPerRow; ++j)
-        if (ld_part + j * kThreadsPerRow < kFp8ChunksPerRow)
+      for (int j = 0; j < (kRawChunks + kThreadsPerRow - 1) / kThreadsPerRow; ++j)
+        if (ld_part + j * kThreadsPerRow < kRawChunks)
           ptx::cp_async_16(dst + j * kThreadsPerRow * 16, valid ? s0 + j * kThreadsPerRow * 16 : s0, valid ? 16 : 0);
     } else {
       const uint32_t dst = ptx::smem_u32(kv_smem + stage * kTileElems + ld_row * kRowElems + ld_part * 8);
@@ -181,8 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
 #pragma unroll
   for (int n = 0; n < kNtO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-  // An FP8 row is stored * k_scale: the factor goes on the scores and the output.
-  const float k_scale = kFp8 ? p.k_scale : 1.0f;
+  // An FP8 row is stored * k_scale: the factor goes on the scores and the output
+  // (an fp8_ds_mla row's tile scales are applied in the conversion instead).
+  const float k_scale = kFp8 && !kDs ? p.k_scale : 1.0f;
   const float scale_log2 = p.scale * k_scale * kLog2e;
   float* sp_mine = sp + (mt * 4 + qd) * 16 * kSpStride + kh * 16 * M;
   const float* sp_tile = sp + mt * 4 * 16 * kSpStride;
@@ -200,7 +217,36 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
       ptx::cp_async_commit();
     }
     const __nv_bfloat16* kv;
-    if constexpr (kFp8) {
+    if constexpr (kDs) {
+      // The landed fp8_ds_mla tile -> the bf16 tile: 8 latent values a step
+      // times their tile's scale (64 groups a row), then the 8 rope groups copied.
+      const unsigned char* raw = raw_smem + (t % kStages) * kRawTile + ld_row * kRawRow;
+      const float* tile_scale = reinterpret_cast<const float*>(raw + kDsMlaScaleOffset);
+      __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
+#pragma unroll
+      for (int j = 0; j < kMlaDecodeLatent / 8 / kThreadsPerRow; ++j) {
+        const int g = ld_part + j * kThreadsPerRow;
+        if (g < kDsMlaLatent / 8) {
+          const float sc = tile_scale[g * 8 / kDsMlaTile];
+          const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
+          const uint32_t w[4] = {b.x, b.x >> 16, b.y, b.y >> 16};
+          uint32_t out[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const __half2_raw h =
+                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[e] & 0xffffu), __NV_E4M3);
+            const float2 f = __half22float2(__half2(h));
+            out[e] = pack_bf16(f.x * sc, f.y * sc);
+          }
+          *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(out[0], out[1], out[2], out[3]);
+        } else {
+          *reinterpret_cast<uint4*>(dst + g * 8) =
+              *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + (g - kDsMlaLatent / 8) * 16);
+        }
+      }
+      __syncthreads();
+      kv = conv_tile;
+    } else if constexpr (kFp8) {
       // The landed e4m3 tile -> the bf16 tile (8 bytes -> 16 a step, 9 steps a thread).
       const unsigned char* raw = raw_smem + (t % kStages) * kFp8TileBytes + ld_row * kMlaDecodeLatent;
       __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
@@ -427,11 +473,11 @@ __global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __r
   out[idx] = __float2bfloat16(w.at(idx / w.k, idx % w.k));
 }
 
-template <int M, bool kFp8>
+template <int M, bool kFp8, bool kDs = false>
 cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
-  constexpr size_t smem = attention_smem_bytes<M, kFp8>();
+  constexpr size_t smem = attention_smem_bytes<M, kFp8, kDs>();
   const cudaError_t attr = cuda_common::once_per_device([] {
-    return cudaFuncSetAttribute(mla_decode_attention_kernel<M, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(mla_decode_attention_kernel<M, kFp8, kDs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(smem));
   });
   if (attr != cudaSuccess) return attr;
@@ -450,7 +496,7 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
       q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
     }
     dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
-    mla_decode_attention_kernel<M, kFp8><<<grid, kThreads, smem, stream>>>(q);
+    mla_decode_attention_kernel<M, kFp8, kDs><<<grid, kThreads, smem, stream>>>(q);
     if (p.num_splits > 1) mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
   }
   return cudaGetLastError();
@@ -494,6 +540,12 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
   if (p.num_splits < 1 || p.num_splits > kMlaDecodeMaxSplits || p.r.block_size < 1) return cudaErrorInvalidValue;
   if (p.num_splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
+  if (p.cache_ds_mla) {
+    if (p.cache_fp8) return cudaErrorInvalidValue;
+    if (p.heads_per_cta == 16) return launch_attention_m<1, true, true>(p, stream);
+    if (p.heads_per_cta == 32) return launch_attention_m<2, true, true>(p, stream);
+    return cudaErrorInvalidValue;
+  }
   switch (p.heads_per_cta * 2 + (p.cache_fp8 ? 1 : 0)) {
     case 32: return launch_attention_m<1, false>(p, stream);
     case 33: return launch_attention_m<1, true>(p, stream);

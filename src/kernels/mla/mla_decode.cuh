@@ -11,7 +11,9 @@
 //                rows are converted exactly to bf16 in shared memory and the
 //                layer's k_scale is factored out (scores scale * k_scale *
 //                q . stored; o_lat = k_scale * sum_j p_j stored_j), so the
-//                only roundings are the bf16 kernel's own.
+//                only roundings are the bf16 kernel's own. An fp8_ds_mla
+//                row (kernels/mla/ds_mla_row.h) is converted in registers
+//                to bf16(stored * its tile's scale), the rope part copied.
 //   4. combine:  partial o_lat of the splits merged by log-sum-exp (when split)
 //   5. output:   out[row_i, h, :] = o_lat[i, h] . W_UV[h]^T                (batched GEMM)
 // Row i's query sits at position context_lens[seq] + (row - query_start[seq])
@@ -67,9 +69,12 @@ struct MlaDecodeAttnParams {
   int num_heads = 0;
   float scale = 0.0f;  // softmax scale (ModelConfig::softmax_scale)
   const __nv_bfloat16* q_full = nullptr;
-  const void* cache = nullptr;  // this layer: [num_slots, 576] bf16, or e4m3 bytes when cache_fp8
+  // This layer: [num_slots, 576] bf16, or e4m3 bytes when cache_fp8, or
+  // [num_slots, 656] bytes when cache_ds_mla (kernels/mla/ds_mla_row.h).
+  const void* cache = nullptr;
   bool cache_fp8 = false;
-  float k_scale = 1.0f;  // FP8 only: a row is read as stored * k_scale
+  bool cache_ds_mla = false;  // tile-scaled rows, read as stored * scale[tile]; not with cache_fp8
+  float k_scale = 1.0f;  // cache_fp8 only: a row is read as stored * k_scale
   int num_splits = 1;
   int heads_per_cta = 16;
   float* part_o = nullptr;

@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include "kernels/mla/ds_mla_row.h"
 #include "kernels/rope/rope_kv_cache.cuh"
 
 namespace nucleus::kernels {
@@ -28,11 +29,47 @@ struct CacheStore<true> {
   }
 };
 
+// The fp8_ds_mla row (kernels/mla/ds_mla_row.h): the rope part is bf16 at
+// byte kDsMlaRopeOffset; the latent is written by encode_ds_mla_latent.
+struct DsMlaRopeStore {
+  __device__ static void put(uint8_t* row, int i, float v, float) {
+    reinterpret_cast<__nv_bfloat16*>(row + kDsMlaRopeOffset)[i - kDsMlaLatent] = __float2bfloat16(v);
+  }
+};
+
+// Warp w < 4 of the block encodes latent tile w of one token: amax over the
+// tile's finite values (a warp max), scale = amax / 448, then
+// e4m3(x / scale) (x itself in a tile of scale 0), saturating; lane 0 stores the scale.
+__device__ void encode_ds_mla_latent(const __nv_bfloat16* src, uint8_t* row) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (warp >= kDsMlaScales) return;
+  constexpr int kPerLane = kDsMlaTile / 32;
+  float x[kPerLane];
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    x[k] = __bfloat162float(src[warp * kDsMlaTile + k * 32 + lane]);
+    if (isfinite(x[k])) amax = fmaxf(amax, fabsf(x[k]));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float scale = amax / 448.0f;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k)
+    row[warp * kDsMlaTile + k * 32 + lane] =
+        __nv_cvt_float_to_fp8(scale > 0.0f ? x[k] / scale : x[k], __NV_SATFINITE, __NV_E4M3);
+  if (lane == 0) reinterpret_cast<float*>(row + kDsMlaScaleOffset)[warp] = scale;
+}
+
+// kBf16, kFp8 (per-layer k_scale) or kDsMla (the tile-scaled row).
+enum class CacheKind { kBf16, kFp8, kDsMla };
+
 // One block per token: thread pairs rotate q_pe of every head and k_pe, then
 // the block stores the latent row into the cache.
-template <bool kFp8>
+template <CacheKind kKind>
 __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
-  using Store = CacheStore<kFp8>;
+  constexpr bool kDs = kKind == CacheKind::kDsMla;
+  using Store = CacheStore<kKind == CacheKind::kFp8>;
   using T = typename Store::T;
   const int64_t t = blockIdx.x;
   const float pos = static_cast<float>(p.positions[t]);
@@ -41,7 +78,8 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
   const int64_t slot = p.slot_mapping[t];
   const int total_pairs = (p.num_heads + 1) * half;  // heads' q_pe, then k_pe
   const int width = p.kv_lora + p.qk_rope;
-  T* cache_row = slot >= 0 ? static_cast<T*>(p.cache) + slot * width : nullptr;
+  T* cache_row = !kDs && slot >= 0 ? static_cast<T*>(p.cache) + slot * width : nullptr;
+  uint8_t* ds_row = kDs && slot >= 0 ? static_cast<uint8_t*>(p.cache) + slot * kDsMlaRowBytes : nullptr;
   for (int idx = threadIdx.x; idx < total_pairs; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
     float s, c;
@@ -61,11 +99,16 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
       }
       x[0] = __float2bfloat16(a * c - b * s);
       x[1] = __float2bfloat16(b * c + a * s);
-    } else if (cache_row) {
+    } else if (cache_row || ds_row) {
       const __nv_bfloat16* x = p.kv_a + t * p.kv_stride + p.kv_lora + 2 * i;
       const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
-      Store::put(cache_row, p.kv_lora + 2 * i, a * c - b * s, p.k_scale);
-      Store::put(cache_row, p.kv_lora + 2 * i + 1, b * c + a * s, p.k_scale);
+      if constexpr (kDs) {
+        DsMlaRopeStore::put(ds_row, p.kv_lora + 2 * i, a * c - b * s, 0.0f);
+        DsMlaRopeStore::put(ds_row, p.kv_lora + 2 * i + 1, b * c + a * s, 0.0f);
+      } else {
+        Store::put(cache_row, p.kv_lora + 2 * i, a * c - b * s, p.k_scale);
+        Store::put(cache_row, p.kv_lora + 2 * i + 1, b * c + a * s, p.k_scale);
+      }
     }
   }
   if (p.q_in) {  // q_nope of every head, converted
@@ -74,7 +117,9 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
       p.q[t * p.q_stride + h * qk_head + i] = __float2bfloat16(p.q_in[t * p.q_in_stride + h * qk_head + i]);
     }
   }
-  if (cache_row) {
+  if constexpr (kDs) {
+    if (ds_row) encode_ds_mla_latent(p.kv_a + t * p.kv_stride, ds_row);
+  } else if (cache_row) {
     const __nv_bfloat16* src = p.kv_a + t * p.kv_stride;
     for (int i = threadIdx.x; i < p.kv_lora; i += blockDim.x) Store::copy(cache_row, i, src[i], p.k_scale);
   }
@@ -83,11 +128,16 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
 
 cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
+  if (p.cache_fp8 && p.cache_ds_mla) return cudaErrorInvalidValue;
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
-  if (p.cache_fp8)
-    rope_kv_cache_kernel<true><<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
+  if (p.cache_ds_mla && (p.kv_lora != kDsMlaLatent || p.qk_rope != kDsMlaRope)) return cudaErrorInvalidValue;
+  const auto grid = static_cast<unsigned>(p.num_tokens);
+  if (p.cache_ds_mla)
+    rope_kv_cache_kernel<CacheKind::kDsMla><<<grid, 256, 0, stream>>>(p);
+  else if (p.cache_fp8)
+    rope_kv_cache_kernel<CacheKind::kFp8><<<grid, 256, 0, stream>>>(p);
   else
-    rope_kv_cache_kernel<false><<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(p);
+    rope_kv_cache_kernel<CacheKind::kBf16><<<grid, 256, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

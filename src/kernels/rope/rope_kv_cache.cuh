@@ -4,7 +4,9 @@
 // rounded once), or as FP8 e4m3 (ops/kv_cache_dtype.h): each element
 // e4m3(value / k_scale) with value the bf16 c_kv or the f32 rotated k_pe, the
 // division in f32 (IEEE, as the CPU reference), round to nearest even,
-// saturating at +-448 (cvt.rn.satfinite).
+// saturating at +-448 (cvt.rn.satfinite); or as the tile-scaled fp8_ds_mla
+// row (kernels/mla/ds_mla_row.h: the bf16 c_kv in e4m3 with one f32 scale
+// per 128, the f32 rotated k_pe rounded to bf16; kv_lora 512, qk_rope 64).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,8 +30,11 @@ struct RopeKvCacheParams {
   const int64_t* slot_mapping = nullptr;  // [num_tokens]; -1 writes nothing
   const float* inv_freq = nullptr;        // [qk_rope / 2] device
   float attention_factor = 1.0f;          // YaRN cos/sin multiplier
-  void* cache = nullptr;  // this layer: [num_slots, kv_lora + qk_rope] bf16, or e4m3 bytes when cache_fp8
+  // This layer: [num_slots, kv_lora + qk_rope] bf16, or e4m3 bytes when
+  // cache_fp8, or [num_slots, 656] bytes when cache_ds_mla.
+  void* cache = nullptr;
   bool cache_fp8 = false;
+  bool cache_ds_mla = false;  // the tile-scaled row; k_scale unused (cudaErrorInvalidValue with cache_fp8)
   float k_scale = 1.0f;   // FP8 only (> 0): stored = e4m3(value / k_scale)
   int64_t num_tokens = 0;
   int num_heads = 0;

@@ -54,6 +54,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
+  NUCLEUS_RETURN_IF_ERROR(check_kv_cache_dims(m->kv_cache_dtype_, config.kv_lora_rank, config.qk_rope_head_dim));
   NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
   NUCLEUS_RETURN_IF_ERROR(m->prepare_width_builds());
   return m;
@@ -101,6 +102,10 @@ Status DeepseekModel::resolve_k_scales() {
   const bool fp8 = kv_cache_dtype_ == KvCacheDtype::kFp8E4M3;
   if (options_.kv_scale) {
     NUCLEUS_RETURN_IF_ERROR(check_k_scale(*options_.kv_scale, "--kv-scale"));
+    if (kv_cache_dtype_ == KvCacheDtype::kFp8DsMla)
+      return invalid_argument(
+          "--kv-scale applies to the per-layer-scaled fp8 cache only; fp8_ds_mla keeps one scale per 128 latent "
+          "values of each row and reads no k_scale: drop --kv-scale or use --kv-cache-dtype fp8");
     if (!fp8)
       return invalid_argument(std::string("--kv-scale applies to an FP8 KV cache only (the cache is ") +
                               kv_cache_dtype_name(kv_cache_dtype_) +
@@ -339,19 +344,20 @@ KvCache DeepseekModel::make_kv_cache(int64_t num_blocks, int64_t block_size) con
   kv.block_size = block_size;
   kv.width = config_.kv_cache_width();
   const DType dt = kv_cache_storage_dtype(kv_cache_dtype_);
+  // Elements a row: width, or 656 bytes for fp8_ds_mla.
+  const int64_t row = kv_cache_row_bytes(kv_cache_dtype_, kv.width) / static_cast<int64_t>(dtype_size(dt));
   if (options_.device == Device::kCuda) {
-    kv.data = Tensor::empty({kv.num_layers, num_blocks, block_size, kv.width}, dt, Device::kCuda);
+    kv.data = Tensor::empty({kv.num_layers, num_blocks, block_size, row}, dt, Device::kCuda);
     zero_device(kv.data);
   } else {
-    kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, kv.width}, dt);
+    kv.data = Tensor::zeros({kv.num_layers, num_blocks, block_size, row}, dt);
   }
   if (kv_cache_dtype_ == KvCacheDtype::kFp8E4M3) kv.k_scale = kv_k_scales_;
   return kv;
 }
 
 int64_t DeepseekModel::kv_bytes_per_token() const {
-  const auto elem = static_cast<int64_t>(dtype_size(kv_cache_storage_dtype(kv_cache_dtype_)));
-  return config_.num_hidden_layers * config_.kv_cache_width() * elem;
+  return config_.num_hidden_layers * kv_cache_row_bytes(kv_cache_dtype_, config_.kv_cache_width());
 }
 
 DeepseekModel::WeightBytes DeepseekModel::weight_bytes() const {
