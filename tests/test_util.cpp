@@ -14,6 +14,11 @@ std::string models_dir() {
 
 std::string model_path(const std::string& name) { return models_dir() + "/" + name; }
 
+std::string mtp_dir() {
+  if (const char* d = std::getenv("NUCLEUS_MTP_DIR")) return d;
+  return models_dir();
+}
+
 namespace {
 std::mutex mu;
 std::vector<std::string>& temp_dirs() {
