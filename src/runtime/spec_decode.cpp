@@ -1,6 +1,7 @@
 #include "runtime/spec_decode.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -42,6 +43,18 @@ StatusOr<SpeculativeConfig> parse_speculative_config(const std::string& json_tex
     return unsupported("--speculative-config: num_speculative_tokens " + std::to_string(c.num_speculative_tokens) +
                        " is not supported (supported: 1 to " + std::to_string(kMaxSpeculativeTokens) + ")");
   return c;
+}
+
+std::string spec_decode_summary(const SpecDecodeStats& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%lld drafts, %lld draft tokens, %lld accepted (%.3f), mean acceptance length %.3f",
+                static_cast<long long>(s.num_drafts), static_cast<long long>(s.num_draft_tokens),
+                static_cast<long long>(s.num_accepted_tokens), s.acceptance_rate(), s.mean_acceptance_length());
+  std::string out = buf;
+  out += ", accepted by position";
+  for (size_t j = 0; j < s.accepted_per_pos.size(); ++j)
+    out += (j ? "/" : " ") + std::to_string(s.accepted_per_pos[j]);
+  return out;
 }
 
 namespace {

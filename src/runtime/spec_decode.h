@@ -57,6 +57,10 @@ struct SpecDecodeStats {
   }
 };
 
+// "N drafts, M draft tokens, A accepted (rate r), mean acceptance length L,
+// accepted by position a_1/a_2/..." for logs and benchmark output.
+std::string spec_decode_summary(const SpecDecodeStats& s);
+
 // One sequence's part of an MTP pass: the positions [first_position,
 // first_position + num_rows) the target computed this step, whose hidden
 // states are the target step's rows [target_row, target_row + num_rows);
