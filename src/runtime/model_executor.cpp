@@ -213,6 +213,7 @@ void ModelExecutor::drop_graphs() {
 void ModelExecutor::set_max_blocks_per_seq(int64_t n) {
   options_.max_blocks_per_seq = n;
   for (Rank& r : ranks_) r.executor->set_max_blocks_per_seq(n);
+  if (has_mtp()) mtp_.executor->set_max_blocks_per_seq(n);
 }
 
 StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& model_dir,
