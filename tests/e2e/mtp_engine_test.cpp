@@ -142,11 +142,15 @@ TEST(MtpEngine, GreedyEqualsMtpOffAtK123) {
     const SpecDecodeStats st = e->stats().spec;
     EXPECT_GT(st.num_drafts, 0);
     EXPECT_GE(st.num_draft_tokens, st.num_drafts);
-    std::printf("k=%lld random-init MTP: %lld drafts, %lld draft tokens, %lld accepted (%.3f), mean acceptance "
+    std::printf("k=%lld MTP layer: %lld drafts, %lld draft tokens, %lld accepted (%.3f), mean acceptance "
                 "length %.3f\n",
                 static_cast<long long>(k), static_cast<long long>(st.num_drafts),
                 static_cast<long long>(st.num_draft_tokens), static_cast<long long>(st.num_accepted_tokens),
                 st.acceptance_rate(), st.mean_acceptance_length());
+    // The trained tiny MTP layer (tools/train_tiny_mtp.py) drafts the first
+    // token right 59% of the time on these prompts: a drafter fed the wrong
+    // hidden state, position or token would fall to ~0.
+    if (k == 1) EXPECT_GT(st.acceptance_rate(), 0.4);
   }
 }
 

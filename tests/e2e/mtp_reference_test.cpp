@@ -1,6 +1,6 @@
 // The MTP module (DeepSeek-V3's multi-token prediction) on the CPU reference
 // against the PyTorch reference of tools/train_tiny_mtp.py (mtp.safetensors
-// in testing::mtp_dir(); design.md "Speculative decoding (MTP)"): draft
+// at testing::mtp_reference_path(); design.md "Speculative decoding (MTP)"): draft
 // logits and the MTP's own hidden state at every prompt row, argmax and
 // top-8 logits at every row of prompt + greedy output; the same rows computed
 // in two chunks (the MTP's own paged cache) agree with one pass. Also the
@@ -38,7 +38,7 @@ struct Ref {
 };
 
 Ref load_ref() {
-  auto f = SafetensorsFile::open(testing::mtp_dir() + "/mtp.safetensors");
+  auto f = SafetensorsFile::open(testing::mtp_reference_path());
   NUCLEUS_CHECK(f.ok(), "{}", f.status().to_string());
   return {*f};
 }
@@ -184,8 +184,8 @@ TEST(MtpLoad, SharedTensorsAreOneCopy) {
 TEST(MtpLoad, CheckpointWithoutMtpIsRefused) {
   ModelOptions o;
   o.load_mtp = true;
-  auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
-  if (m.ok()) GTEST_SKIP() << "models/tiny-dsv3 has an MTP layer now (checked in MtpReference)";
+  auto m = load_deepseek_model(testing::mtp_dir() + "/tiny-dsv3", o, {"num_nextn_predict_layers=0"}, false);
+  ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find("num_nextn_predict_layers"), std::string::npos) << m.status().to_string();
 }
 

@@ -92,7 +92,7 @@ class GpuMtpTest : public ::testing::Test {
 };
 
 TEST_F(GpuMtpTest, DraftLogitsWithinTheNumericalContract) {
-  auto f = SafetensorsFile::open(testing::mtp_dir() + "/mtp.safetensors");
+  auto f = SafetensorsFile::open(testing::mtp_reference_path());
   ASSERT_TRUE(f.ok()) << f.status().to_string();
   auto get = [&](const std::string& name) {
     const TensorEntry& e = (*f)->tensors().at(name);
