@@ -116,7 +116,7 @@ TEST_F(GpuMtpTest, DraftLogitsWithinTheNumericalContract) {
   EXPECT_LE(gpu, 1.5 * emulated + 0.1);
 }
 
-struct Run {
+struct RunOptions {
   int64_t k = 1;
   int64_t budget = 8192;
   int64_t blocks = 256;
@@ -124,7 +124,7 @@ struct Run {
   bool oracle = false;
 };
 
-std::map<std::string, std::vector<int32_t>> run(const std::vector<Case>& cases, const Run& r, EngineStats* stats,
+std::map<std::string, std::vector<int32_t>> run(const std::vector<Case>& cases, const RunOptions& r, EngineStats* stats,
                                                 int passes = 1) {
   EngineConfig ec;
   ec.block_size = 16;
@@ -182,7 +182,7 @@ TEST_F(GpuMtpTest, GreedyMtpOnAgreesWithReference) {
       if (k == 0 && oracle) continue;
       SCOPED_TRACE("k " + std::to_string(k) + (oracle ? " oracle" : " mtp drafts"));
       EngineStats st;
-      Run r;
+      RunOptions r;
       r.k = k;
       r.oracle = oracle;
       expect_agrees(run(cases, r, &st, 2), cases, 2);  // second pass from the prefix cache
@@ -199,7 +199,7 @@ TEST_F(GpuMtpTest, ChunkedPreemptedAndEager) {
   for (bool oracle : {false, true}) {
     SCOPED_TRACE(oracle ? "oracle" : "mtp drafts");
     EngineStats st;
-    Run r;
+    RunOptions r;
     r.k = 2;
     r.oracle = oracle;
     r.budget = 7;
