@@ -14,6 +14,16 @@ std::string models_dir() {
 
 std::string model_path(const std::string& name) { return models_dir() + "/" + name; }
 
+std::string mtp_dir() {
+  if (const char* d = std::getenv("NUCLEUS_MTP_DIR"); d && *d) return d;
+  return models_dir();
+}
+
+std::string mtp_reference_path() {
+  if (const char* d = std::getenv("NUCLEUS_MTP_DIR"); d && *d) return std::string(d) + "/mtp.safetensors";
+  return models_dir() + "/ref/mtp/mtp.safetensors";
+}
+
 namespace {
 std::mutex mu;
 std::vector<std::string>& temp_dirs() {

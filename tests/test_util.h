@@ -7,6 +7,14 @@ namespace nucleus::testing {
 // Directory holding tiny-dsv3/, tiny-dsv3-fp8/, ref/, configs/ (the project's models/).
 std::string models_dir();
 std::string model_path(const std::string& name);  // models_dir()/name
+// Directory holding the MTP test checkpoints tiny-dsv3/ and tiny-dsv3-fp8/
+// (with their model.layers.<num_hidden_layers>.* MTP tensors):
+// $NUCLEUS_MTP_DIR when set and not empty (ctest sets it from the CMake cache
+// variable NUCLEUS_MTP_TEST_DIR), else models_dir().
+std::string mtp_dir();
+// The MTP reference of tools/train_tiny_mtp.py: $NUCLEUS_MTP_DIR/mtp.safetensors,
+// else models_dir()/ref/mtp/mtp.safetensors.
+std::string mtp_reference_path();
 // A fresh empty temporary directory, removed at exit.
 std::string make_temp_dir(const std::string& prefix);
 }  // namespace nucleus::testing

@@ -112,7 +112,7 @@ int run_bench_latency(int argc, char** argv) {
     StatusOr<std::unique_ptr<ModelExecutor>> m = unsupported("unset");
     if (args.load_format == "dummy") {
       m = build_deepseek_model(*config, mo, [&](WeightBackend& backend, const TpShard& shard) {
-        return make_dummy_weights(*config, backend, 0, shard);
+        return make_dummy_weights(*config, backend, 0, shard, mo.load_mtp);
       });
     } else {
       if (!args.config_file.empty()) {
@@ -131,8 +131,11 @@ int run_bench_latency(int argc, char** argv) {
   const auto wb = model->weight_bytes();
   EngineConfig ec = args.engine;
   ec.enable_prefix_caching = false;  // random prompts; measure the compute
+  ec.speculative = *args.speculative();  // checked by model_options
+  // A verify step yields up to k + 1 tokens: room for output_len steps of them.
+  const int64_t per_step = 1 + ec.speculative.num_speculative_tokens;
   if (ec.max_model_len == 0)
-    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, max_input_len + 2 * output_len + 32);
+    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, max_input_len + per_step * 2 * output_len + 32);
   auto engine = LLMEngine::create(std::move(model), ec);
   if (!engine.ok()) {
     std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
@@ -150,7 +153,7 @@ int run_bench_latency(int argc, char** argv) {
       sp.ignore_eos = true;
       // Room for every request to stay running through the timed decode steps
       // (staggered prefill chunks give some requests a head start).
-      sp.max_tokens = static_cast<int32_t>(2 * output_len + 16);
+      sp.max_tokens = static_cast<int32_t>(per_step * 2 * output_len + 16);
       std::vector<double> prefill_times;
       double decode_total_s = 0;
       int64_t decode_total_steps = 0;
@@ -264,6 +267,15 @@ int run_bench_latency(int argc, char** argv) {
   }
   if (!h200) std::printf("(the %% columns are the H200's HBM roofline: not shown for the %s backend)\n",
                          device_name(e.model().options().device));
+  if (ec.speculative.enabled()) {
+    // decode_ms is a verify step (k + 1 rows a sequence, plus the MTP passes);
+    // decode_tok/s counts steps, not tokens: each yields mean_acceptance_length.
+    const SpecDecodeStats st = e.stats().spec;
+    std::printf("speculative decoding: %s, k %lld: %s\n", ec.speculative.method.c_str(),
+                static_cast<long long>(ec.speculative.num_speculative_tokens), spec_decode_summary(st).c_str());
+    std::printf("(decode_ms is one verify step; tokens/s per user = mean acceptance length %.3f / decode_ms)\n",
+                st.mean_acceptance_length());
+  }
   return 0;
 }
 

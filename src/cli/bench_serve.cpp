@@ -33,7 +33,9 @@
 #include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
@@ -359,6 +361,50 @@ void add_stats(json& r, const std::string& name, const std::vector<double>& v) {
   r["p99_" + name + "_ms"] = percentile(ms, 99.0);
 }
 
+// The server's speculative-decoding counters (nucleus_spec_decode_*_total of
+// GET /metrics, by name without the prefix); empty when it serves without
+// drafts or /metrics cannot be read.
+std::map<std::string, double> spec_decode_counters(const Endpoint& ep) {
+  std::map<std::string, double> out;
+  auto client = make_client(ep);
+  auto res = client->Get(ep.prefix + "/metrics");
+  if (!res || res->status != 200) return out;
+  std::istringstream in(res->body);
+  std::string line;
+  const std::string prefix = "nucleus_spec_decode_";
+  while (std::getline(in, line)) {
+    if (line.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t sp = line.rfind(' ');
+    if (sp == std::string::npos) continue;
+    out[line.substr(prefix.size(), sp - prefix.size())] = std::strtod(line.c_str() + sp + 1, nullptr);
+  }
+  return out;
+}
+
+// The run's share of the counters (after - before), as vLLM's bench prints them.
+void print_spec_decode(const std::map<std::string, double>& before, const std::map<std::string, double>& after) {
+  if (after.empty()) return;
+  auto delta = [&](const std::string& k) {
+    auto a = after.find(k);
+    auto b = before.find(k);
+    return (a == after.end() ? 0.0 : a->second) - (b == before.end() ? 0.0 : b->second);
+  };
+  const double drafts = delta("num_drafts_total"), draft_tokens = delta("num_draft_tokens_total"),
+               accepted = delta("num_accepted_tokens_total");
+  std::cout << fmt::format("{:-^50}\n", "Speculative Decoding");
+  std::cout << fmt::format("{:<40} {:<10.2f}\n", "Acceptance rate (%):", draft_tokens > 0 ? 100 * accepted / draft_tokens : 0.0);
+  std::cout << fmt::format("{:<40} {:<10.2f}\n", "Acceptance length:", drafts > 0 ? 1 + accepted / drafts : 0.0);
+  std::cout << fmt::format("{:<40} {:<10.0f}\n", "Drafts:", drafts);
+  std::cout << fmt::format("{:<40} {:<10.0f}\n", "Draft tokens:", draft_tokens);
+  std::cout << fmt::format("{:<40} {:<10.0f}\n", "Accepted tokens:", accepted);
+  for (int pos = 0;; ++pos) {
+    const std::string k = "num_accepted_tokens_per_pos_total{position=\"" + std::to_string(pos) + "\"}";
+    if (!after.count(k)) break;
+    std::cout << fmt::format("{:<40} {:<10.0f}\n", fmt::format("Accepted at position {}:", pos), delta(k));
+  }
+  std::cout << std::string(50, '=') << "\n" << std::flush;
+}
+
 // The numbers of one run, as benchmark_serving's calculate_metrics.
 json compute_metrics(const std::vector<RequestResult>& results, double duration_s) {
   int64_t completed = 0, total_input = 0, total_output = 0;
@@ -526,11 +572,13 @@ int run_bench_serve(int argc, char** argv) {
   std::cout << "Maximum request concurrency: "
             << (a.max_concurrency > 0 ? std::to_string(a.max_concurrency) : std::string("None")) << std::endl;
 
+  const auto spec_before = spec_decode_counters(*ep);
   const double start = now_s();
   const auto results = run_all(a, *ep, info->model, requests, rate, rng);
   const double duration = now_s() - start;
   json m = compute_metrics(results, duration);
   print_report(m);
+  print_spec_decode(spec_before, spec_decode_counters(*ep));
   for (const auto& r : results)
     if (!r.success) {
       std::cerr << "first failure: " << r.error << "\n";

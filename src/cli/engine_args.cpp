@@ -82,6 +82,15 @@ void EngineArgs::add_to(CLI::App& app) {
   app.add_flag("--skip-weight-check", skip_weight_check,
                "Load the checkpoint without scanning its values (by default a NaN or Inf weight, an FP8 NaN byte "
                "or a block scale not finite and > 0 is refused at load, naming the tensor)");
+  app.add_option("--speculative-config", speculative_config,
+                 "Speculative decoding, vLLM's JSON: '{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": N}' "
+                 "(N 1 to 3; drafts from the checkpoint's MTP layer, verified by the model)")
+      ->check([](const std::string& v) {
+        auto r = parse_speculative_config(v);
+        if (r.ok()) return std::string();
+        const std::string m = r.status().message(), own = "--speculative-config: ";  // CLI11 names the option
+        return m.compare(0, own.size(), own) == 0 ? m.substr(own.size()) : m;
+      });
   app.add_option_function<double>(
          "--kv-scale", [this](double v) { kv_scale = v; },
          "k_scale of every layer of an fp8 / fp8_e4m3 KV cache (stored = e4m3(value / k_scale)), overriding the "
@@ -94,9 +103,16 @@ void EngineArgs::add_to(CLI::App& app) {
       });
 }
 
+StatusOr<SpeculativeConfig> EngineArgs::speculative() const {
+  if (speculative_config.empty()) return SpeculativeConfig{};
+  return parse_speculative_config(speculative_config);
+}
+
 StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   ModelOptions mo;
   mo.device = device;
+  NUCLEUS_ASSIGN_OR_RETURN(SpeculativeConfig spec, speculative());
+  mo.load_mtp = spec.enabled();
   NUCLEUS_ASSIGN_OR_RETURN(mo.attention_mode, parse_attention_mode(attention_mode));
   mo.scratch_rows = std::min<int64_t>(engine.max_num_seqs, 256);
   mo.prefill_context_chunk = prefill_context_chunk;
@@ -164,12 +180,13 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
         args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
     NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg, args.overrides));
     NUCLEUS_ASSIGN_OR_RETURN(model, build_deepseek_model(config, mo, [&](WeightBackend& backend, const TpShard& shard) {
-                               return make_dummy_weights(config, backend, 0, shard);
+                               return make_dummy_weights(config, backend, 0, shard, mo.load_mtp);
                              }));
   } else {
     NUCLEUS_ASSIGN_OR_RETURN(model, load_deepseek_model(args.model, mo, args.overrides));
   }
   EngineConfig ec = args.engine;
+  NUCLEUS_ASSIGN_OR_RETURN(ec.speculative, args.speculative());
   if (ec.eos_token_ids.empty() && out.tokenizer && out.tokenizer->eos_id())
     ec.eos_token_ids.push_back(*out.tokenizer->eos_id());
   NUCLEUS_ASSIGN_OR_RETURN(out.engine, LLMEngine::create(std::move(model), ec));

@@ -30,6 +30,12 @@ struct EngineArgs {
   std::string kv_cache_dtype = "auto";  // auto | bf16 | fp8 | fp8_e4m3 (parse_kv_cache_dtype)
   std::optional<double> kv_scale;       // --kv-scale (FP8 cache only)
   bool skip_weight_check = false;       // --skip-weight-check: load without scanning for NaN / Inf
+  // --speculative-config: vLLM's JSON, e.g. {"method": "deepseek_mtp",
+  // "num_speculative_tokens": 1} (runtime/spec_decode.h); empty: off.
+  std::string speculative_config;
+  // The parsed --speculative-config (disabled when not given). Errors as
+  // parse_speculative_config.
+  StatusOr<SpeculativeConfig> speculative() const;
 
   // The model options these flags give for `device`. kInvalidArgument for a
   // --kv-cache-dtype spelling other than auto, bf16, fp8, fp8_e4m3 (naming

@@ -208,6 +208,8 @@ int run_generate(int argc, char** argv) {
                    "all prefilled after {:.3f} s, {:.1f} output tokens/s, {} preemptions",
                    accepted, total_prompt, st.prefix_hit_tokens, total_out, elapsed, all_first_s,
                    elapsed > 0 ? total_out / elapsed : 0.0, st.num_preemptions);
+  if (engine.config().speculative.enabled())
+    NUCLEUS_LOG_INFO("speculative decoding: {}", spec_decode_summary(st.spec));
   int rc = 0;
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];

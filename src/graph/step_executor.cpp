@@ -207,10 +207,21 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& inputs, KvCache&
   if (route == Route::kDecodeGraph && !eager_pad) ++graph_replays_;
   if (route == Route::kTokenGraph && !eager_pad) ++token_graph_replays_;
 
+  last_kind_ = kind;
+  last_rows_ = T;
+  last_buffers_ = real;
   const int logits = g.find_buffer("logits");
   if (options_.device != Device::kCuda) return real[logits].clone();
   if (route == Route::kDecodeGraph) return full[logits].rows(0, inputs.num_logits());
   return real[logits];
+}
+
+StatusOr<Tensor> StepExecutor::last_step_buffer(const std::string& name) const {
+  if (last_buffers_.empty()) return failed_precondition("no step has run: no buffer '" + name + "' to read");
+  const int id = (last_kind_ == StepKind::kDecode ? decode_ : prefill_).graph.find_buffer(name);
+  if (id < 0 || id >= static_cast<int>(last_buffers_.size()))
+    return not_found("the step graph has no buffer '" + name + "'");
+  return last_buffers_[id].rows(0, last_rows_);
 }
 
 void StepExecutor::reserve(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits) {

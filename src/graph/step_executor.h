@@ -94,6 +94,12 @@ class StepExecutor {
   // runs eagerly (ops record what they touched).
   StatusOr<Tensor> forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
 
+  // The buffer `name` of the last step that ran, its first num_tokens rows
+  // (the step's real rows) as a view on the step's device: e.g. "x_norm"
+  // after the final norm (the hidden states MTP reads) or "residual". Valid
+  // until the next step. Errors: no step ran, no such buffer.
+  StatusOr<Tensor> last_step_buffer(const std::string& name) const;
+
   // Allocates the step buffers of both graphs for steps of up to
   // `max_tokens` tokens and `max_logits` logit rows (prefill steps up to
   // max(max_logits, max_prefill_logits): prompt logprobs), the metadata
@@ -158,6 +164,10 @@ class StepExecutor {
   std::unique_ptr<DeviceInputUploader> uploader_;  // CUDA
   int64_t graphs_generation_ = -1;  // uploader generation the graphs were captured with
   int64_t graph_replays_ = 0, token_graph_replays_ = 0;
+  // The last step's graph, rows and buffers (last_step_buffer).
+  StepKind last_kind_ = StepKind::kPrefill;
+  int64_t last_rows_ = 0;
+  std::vector<Tensor> last_buffers_;
   std::unique_ptr<FaultInjector> faults_;  // NUCLEUS_FAULT_INJECT; null: none
 };
 

@@ -193,7 +193,7 @@ const char* const kKnownFields[] = {
     "moe_intermediate_size", "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group",
     "first_k_dense_replace", "moe_layer_freq", "norm_topk_prob", "routed_scaling_factor", "scoring_func",
     "topk_method", "hidden_act", "attention_bias", "tie_word_embeddings", "bos_token_id", "eos_token_id",
-    "quantization_config", "torch_dtype", "dtype"};
+    "quantization_config", "torch_dtype", "dtype", "num_nextn_predict_layers"};
 
 Status apply_overrides(json* j, const std::vector<std::string>& overrides) {
   for (const auto& o : overrides) {
@@ -305,6 +305,7 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
   if (config.contains("attention_bias") && config["attention_bias"] == true)
     return unsupported("attention_bias true is not supported");
   NUCLEUS_RETURN_IF_ERROR(r.bool_field("tie_word_embeddings", &c.tie_word_embeddings));
+  NUCLEUS_RETURN_IF_ERROR(r.int_field("num_nextn_predict_layers", &c.num_nextn_predict_layers, false, 0, 16));
   NUCLEUS_RETURN_IF_ERROR(r.int_field("bos_token_id", &c.bos_token_id, false, 0, c.vocab_size - 1));
   if (r.has("eos_token_id")) {
     const json& e = config["eos_token_id"];

@@ -60,6 +60,10 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int64_t first_k_dense_replace = 0;
   int64_t moe_layer_freq = 1;
+  // Multi-token-prediction (MTP) modules after the last layer (DeepSeek-V3:
+  // 1), stored as layers num_hidden_layers .. + n - 1. Loaded only for
+  // speculative decoding (runtime/spec_decode.h).
+  int64_t num_nextn_predict_layers = 0;
 
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;

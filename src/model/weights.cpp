@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <random>
 #include <regex>
+#include <cstring>
 #include <set>
 
 #include "core/check.h"
@@ -379,6 +380,9 @@ class Loader {
     ModelWeights w;
     const int64_t V = c_.vocab_size, H = c_.hidden_size;
     NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}, ShardSplit::kRows));
+    if (with_mtp_ && !share_always_) {
+      NUCLEUS_ASSIGN_OR_RETURN(embed_host_, src_.get("model.embed_tokens.weight", {V, H}, false));
+    }
     progress->update();
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
       NUCLEUS_ASSIGN_OR_RETURN(LayerWeights lw, layer(l));
@@ -390,9 +394,75 @@ class Loader {
     NUCLEUS_ASSIGN_OR_RETURN(SliceSpec head_slice, slice_of(head, ShardSplit::kRows, V));
     NUCLEUS_ASSIGN_OR_RETURN(Tensor head_host, src_.get(head, {V, H}, /*linear=*/false, head_slice));
     NUCLEUS_ASSIGN_OR_RETURN(w.lm_head, backend_.linear("lm_head", head_host, Tensor(), 0, 0));
+    head_host_ = head_host;
     progress->update();
+    if (with_mtp_) {
+      NUCLEUS_ASSIGN_OR_RETURN(ModelWeights m, mtp(w));
+      w.mtp = std::make_shared<ModelWeights>(std::move(m));
+    }
     return w;
   }
+
+  // Loads the MTP module (layer num_hidden_layers) with all(); `share_always`
+  // (dummy weights) shares the main model's embedding and head without
+  // comparing them.
+  void set_mtp(bool with_mtp, bool share_always) {
+    with_mtp_ = with_mtp;
+    share_always_ = share_always;
+  }
+
+ private:
+  // Whether a checkpoint tensor holds exactly the bytes of `main` (then the
+  // MTP module uses the main model's converted copy).
+  bool same_bytes(const Tensor& a, const Tensor& main) const {
+    if (share_always_) return true;
+    return a.defined() && main.defined() && a.dtype() == main.dtype() && a.shape() == main.shape() &&
+           std::memcmp(a.raw(), main.raw(), a.nbytes()) == 0;
+  }
+
+  StatusOr<ModelWeights> mtp(const ModelWeights& main) {
+    const int64_t l = c_.num_hidden_layers, V = c_.vocab_size, H = c_.hidden_size;
+    const std::string p = layer_prefix(l);
+    if (c_.num_nextn_predict_layers < 1)
+      return failed_precondition("speculative decoding with method deepseek_mtp needs a checkpoint with a "
+                                 "multi-token-prediction layer, but config.json has num_nextn_predict_layers = 0");
+    if (shard_.world_size > 1)
+      return unsupported("the MTP layer under tensor parallelism is not supported yet (--tensor-parallel-size " +
+                         std::to_string(shard_.world_size) + " with --speculative-config)");
+    ModelWeights m;
+    MtpFrontWeights f;
+    NUCLEUS_ASSIGN_OR_RETURN(f.enorm, dense(p + "enorm.weight", {H}));
+    NUCLEUS_ASSIGN_OR_RETURN(f.hnorm, dense(p + "hnorm.weight", {H}));
+    NUCLEUS_ASSIGN_OR_RETURN(f.eh_proj, linear(p + "eh_proj", H, 2 * H));
+    m.mtp_front = std::move(f);
+    NUCLEUS_ASSIGN_OR_RETURN(LayerWeights lw, layer(l));
+    m.layers.push_back(std::move(lw));
+    NUCLEUS_ASSIGN_OR_RETURN(m.norm, dense(p + "shared_head.norm.weight", {H}));
+    const std::string embed = p + "embed_tokens.weight", head = p + "shared_head.head.weight";
+    Tensor embed_host, head_host;
+    if (!share_always_) {
+      NUCLEUS_ASSIGN_OR_RETURN(embed_host, src_.get(embed, {V, H}, false));
+    }
+    if (same_bytes(embed_host, embed_host_)) {
+      m.embed_tokens = main.embed_tokens;
+    } else {
+      NUCLEUS_ASSIGN_OR_RETURN(m.embed_tokens, backend_.embedding(embed, embed_host));
+    }
+    if (!share_always_) {
+      NUCLEUS_ASSIGN_OR_RETURN(head_host, src_.get(head, {V, H}, false));
+    }
+    if (same_bytes(head_host, head_host_)) {
+      m.lm_head = main.lm_head;
+    } else {
+      NUCLEUS_ASSIGN_OR_RETURN(m.lm_head, backend_.linear(p + "shared_head.head", head_host, Tensor(), 0, 0));
+    }
+    NUCLEUS_LOG_INFO("MTP layer {} loaded (embed_tokens {}, shared_head.head {})", l,
+                     m.embed_tokens.raw() == main.embed_tokens.raw() ? "shared with the model" : "its own copy",
+                     m.lm_head.weight.raw() == main.lm_head.weight.raw() ? "shared with lm_head" : "its own copy");
+    return m;
+  }
+
+ public:
 
  private:
   const ModelConfig& c_;
@@ -400,6 +470,8 @@ class Loader {
   WeightBackend& backend_;
   TpShard shard_;
   Progress* progress_ = nullptr;
+  bool with_mtp_ = false, share_always_ = false;
+  Tensor embed_host_, head_host_;  // the main model's checkpoint tensors (host views), for the MTP's dedup
 };
 
 }  // namespace
@@ -413,6 +485,7 @@ StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
   NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, shard.world_size));
   CheckpointSource src(ckpt, config, options.check_values);
   Loader loader(config, src, backend, shard);
+  loader.set_mtp(options.load_mtp, false);
   Progress progress(src, options.show_progress);
   NUCLEUS_ASSIGN_OR_RETURN(ModelWeights w, loader.all(&progress));
   NUCLEUS_RETURN_IF_ERROR(src.check_unused());
@@ -425,10 +498,11 @@ StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
 }
 
 StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed,
-                                          const TpShard& shard) {
+                                          const TpShard& shard, bool with_mtp) {
   NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, shard.world_size));
   DummySource src(config, seed);
   Loader loader(config, src, backend, shard);
+  loader.set_mtp(with_mtp, true);
   Progress progress(src, false);
   return loader.all(&progress);
 }

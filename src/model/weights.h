@@ -56,11 +56,28 @@ struct LayerWeights {
   std::optional<MoeWeights> moe;  // MoE layers
 };
 
+// The front of DeepSeek-V3's multi-token-prediction (MTP) module: its
+// decoder layer's input is x = eh_proj([enorm(embed(t_{i+1})) | hnorm(h_i)]),
+// h_i the previous model's hidden state at position i (design.md
+// "Speculative decoding (MTP)").
+struct MtpFrontWeights {
+  Tensor enorm;           // [hidden] f32
+  Tensor hnorm;           // [hidden] f32
+  LinearWeight eh_proj;   // [hidden, 2 * hidden]: columns [0, hidden) read the embedding, the rest h
+};
+
 struct ModelWeights {
   Tensor embed_tokens;  // [vocab, hidden]
   std::vector<LayerWeights> layers;
   Tensor norm;     // [hidden]
   LinearWeight lm_head;  // [vocab, hidden] (never FP8: DeepSeek keeps lm_head bf16)
+  // Set on the weights of an MTP module (then `layers` is its one decoder
+  // layer, `norm` its shared_head.norm and `lm_head` its shared_head.head).
+  std::optional<MtpFrontWeights> mtp_front;
+  // The checkpoint's MTP module as a model of its own (LoadOptions::load_mtp);
+  // its embed_tokens / lm_head are the main model's tensors (one copy in
+  // memory) when the checkpoint's copies hold the same bytes.
+  std::shared_ptr<ModelWeights> mtp;
 };
 
 // Converts checkpoint tensors (host views in the stored dtype) to a device's
@@ -99,6 +116,11 @@ struct LoadOptions {
   // (model/weight_check.h): NaN or Inf in F32/BF16/F16, the F8_E4M3 NaN
   // bytes, a weight_scale_inv not finite and > 0. Off: --skip-weight-check.
   bool check_values = true;
+  // Also load the multi-token-prediction module, layer num_hidden_layers
+  // (ModelWeights::mtp): enorm, hnorm, eh_proj, its decoder layer,
+  // shared_head.norm, shared_head.head and embed_tokens. Errors: config.json's
+  // num_nextn_predict_layers is 0, or a tensor is missing (named).
+  bool load_mtp = false;
 };
 
 // Loads and converts every tensor a DeepSeek-V2/V3 model with `config` needs,
@@ -131,7 +153,9 @@ StatusOr<ModelWeights> load_weights(const Checkpoint& ckpt, const ModelConfig& c
 // weights 1, router bias 0; a fixed seed, so runs are repeatable. A value
 // depends on its tensor and its index in the full tensor only, so rank
 // shards (generated alone) are exactly the slices of the TP = 1 weights.
+// With `with_mtp` also a random MTP module (its embedding and head shared
+// with the main model's, as in DeepSeek's checkpoints).
 StatusOr<ModelWeights> make_dummy_weights(const ModelConfig& config, WeightBackend& backend, uint64_t seed = 0,
-                                          const TpShard& shard = {});
+                                          const TpShard& shard = {}, bool with_mtp = false);
 
 }  // namespace nucleus

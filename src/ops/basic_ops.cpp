@@ -113,6 +113,45 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
   return list;
 }
 
+std::string MtpInputOp::attrs() const {
+  return "hidden=" + std::to_string(enorm_.dim(0)) + (zero_pos0_ ? " zero_embed_at_position0=1" : "");
+}
+
+Status MtpInputOp::check_hidden(const OpContext& ctx, int64_t num_tokens) const {
+  const Tensor& h = ctx.inputs->mtp_hidden;
+  if (!h.defined())
+    return internal_error("mtp_input: the step has no mtp_hidden (an MTP step needs the previous model's hidden states)");
+  if (h.dtype() != DType::kF32 || h.rank() != 2 || h.dim(0) != num_tokens || h.dim(1) != enorm_.dim(0) ||
+      h.device() != ctx.device)
+    return internal_error("mtp_input: mtp_hidden is " + std::string(dtype_name(h.dtype())) + " " +
+                          shape_to_string(h.shape()) + ", expected F32 [" + std::to_string(num_tokens) + ", " +
+                          std::to_string(enorm_.dim(0)) + "] on the step's device");
+  return ok_status();
+}
+
+const std::vector<Backend<MtpInputOp>>& MtpInputOp::backends() {
+  static const std::vector<Backend<MtpInputOp>> list = {
+      {"cpu_ref", Device::kCpu, nullptr,
+       [](MtpInputOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+         const Tensor& embed = in[0];
+         const Tensor& cat = out[0];
+         const int64_t T = embed.dim(0), H = embed.dim(1);
+         if (Status s = op.check_hidden(ctx, T); !s.ok()) return ctx.fail(s);
+         if (op.zero_embed_at_position0())
+           for (int64_t t = 0; t < T; ++t)
+             if (ctx.inputs->positions[t] == 0) std::fill(embed.data<float>() + t * H, embed.data<float>() + (t + 1) * H, 0.0f);
+         kernels::rmsnorm_ref(embed.data<float>(), H, op.enorm().data<float>(), T, H, op.eps(), cat.data<float>(), 2 * H);
+         kernels::rmsnorm_ref(ctx.inputs->mtp_hidden.data<float>(), H, op.hnorm().data<float>(), T, H, op.eps(),
+                              cat.data<float>() + H, 2 * H);
+         std::fill(out[1].data<float>(), out[1].data<float>() + T * H, 0.0f);
+       }},
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda", Device::kCuda, nullptr, cuda_ops::mtp_input},
+#endif
+  };
+  return list;
+}
+
 const std::vector<Backend<SiluMulOp>>& SiluMulOp::backends() {
   static const std::vector<Backend<SiluMulOp>> list = {
       {"cpu_ref", Device::kCpu, nullptr,

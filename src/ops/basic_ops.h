@@ -115,6 +115,39 @@ class SiluMulOp : public OpWithBackends<SiluMulOp> {
   static const std::vector<Backend<SiluMulOp>>& backends();
 };
 
+// The input of a multi-token-prediction (MTP) layer (DeepSeek-V3; design.md
+// "Speculative decoding (MTP)"), the concatenation eh_proj reads:
+//   cat[t, 0:H]  = rmsnorm(embed[t]) * enorm      (embed: the embedding of row t's token)
+//   cat[t, H:2H] = rmsnorm(h[t]) * hnorm          (h: StepInputs::mtp_hidden, the previous
+//                                                  model's hidden state for row t)
+// and zeroes the residual stream, so the layer's first add + RMSNorm adds
+// eh_proj's output to zero. With zero_embed_at_position0 a row at position 0
+// takes a zero embedding (vLLM's deepseek_mtp convention).
+// Buffers: in = {embed [num_tokens, H] f32}; out = {cat [num_tokens, 2H]
+// (activation dtype), residual [num_tokens, H] f32}. ctx.inputs->mtp_hidden:
+// [num_tokens, H] f32 on the step's device. Fails the step (naming the op)
+// when mtp_hidden is missing or of another shape.
+class MtpInputOp : public OpWithBackends<MtpInputOp> {
+ public:
+  MtpInputOp(Tensor enorm, Tensor hnorm, float eps, bool zero_embed_at_position0)
+      : enorm_(std::move(enorm)), hnorm_(std::move(hnorm)), eps_(eps), zero_pos0_(zero_embed_at_position0) {}
+  const char* kind() const override { return "mtp_input"; }
+  std::string attrs() const override;
+  bool accepts_f32_input(size_t index) const override { return index == 0; }
+  static const std::vector<Backend<MtpInputOp>>& backends();
+  const Tensor& enorm() const { return enorm_; }
+  const Tensor& hnorm() const { return hnorm_; }
+  float eps() const { return eps_; }
+  bool zero_embed_at_position0() const { return zero_pos0_; }
+  // OK, or why ctx's mtp_hidden cannot feed `num_tokens` rows of this op.
+  Status check_hidden(const OpContext& ctx, int64_t num_tokens) const;
+
+ private:
+  Tensor enorm_, hnorm_;  // [H] f32
+  float eps_;
+  bool zero_pos0_;
+};
+
 // out[i, :] = in[logit_indices[i], :] (the rows whose logits the step returns).
 class GatherLogitRowsOp : public OpWithBackends<GatherLogitRowsOp> {
  public:

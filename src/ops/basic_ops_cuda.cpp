@@ -48,6 +48,23 @@ void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& 
                                                      op.width(), op.eps(), stream()));
 }
 
+void mtp_input(MtpInputOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const Tensor& embed = in[0];
+  const Tensor& cat = out[0];
+  const int64_t T = embed.dim(0), H = embed.dim(1);
+  if (Status s = op.check_hidden(ctx, T); !s.ok()) return ctx.fail(s);
+  if (op.zero_embed_at_position0())
+    for (int64_t t = 0; t < T; ++t)
+      if (ctx.inputs->positions[t] == 0)
+        NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(embed.data<float>() + t * H, 0, H * sizeof(float), stream()));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_rmsnorm_f32_to_bf16(embed.data<float>(), H, op.enorm().data<float>(), T, H, H,
+                                                         op.eps(), bf16(cat), 2 * H, stream()));
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_rmsnorm_f32_to_bf16(ctx.inputs->mtp_hidden.data<float>(), H,
+                                                         op.hnorm().data<float>(), T, H, H, op.eps(), bf16(cat) + H,
+                                                         2 * H, stream()));
+  NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(out[1].raw(), 0, T * H * sizeof(float), stream()));
+}
+
 void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
     // bf16, or f32 when a split-K GEMM wrote the delta (graph/passes/splitk_pass.h).

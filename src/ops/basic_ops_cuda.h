@@ -21,6 +21,10 @@ void rmsnorm(RmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorLi
 // then the add+norm kernel (the unfused path).
 void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 
+// Two launches of the f32 -> bf16 RMSNorm into the halves of cat, a memset of
+// the residual (and of the embedding rows at position 0 when asked).
+void mtp_input(MtpInputOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
+
 void silu_mul(SiluMulOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void gather_logit_rows(GatherLogitRowsOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 

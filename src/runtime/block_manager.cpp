@@ -9,8 +9,12 @@
 
 namespace nucleus {
 
-BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching)
-    : block_size_(block_size), enable_prefix_caching_(enable_prefix_caching), blocks_(num_blocks) {
+BlockManager::BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching,
+                           bool drop_last_hit_block)
+    : block_size_(block_size),
+      enable_prefix_caching_(enable_prefix_caching),
+      drop_last_hit_block_(drop_last_hit_block),
+      blocks_(num_blocks) {
   NUCLEUS_CHECK(num_blocks > 0 && block_size > 0, "num_blocks {} block_size {}", num_blocks, block_size);
   for (int32_t i = 0; i < num_blocks; ++i) {
     free_list_.push_back(i);
@@ -63,18 +67,22 @@ int64_t BlockManager::acquire_cached_prefix(Sequence& seq) {
   const int64_t max_blocks = reusable / block_size_;
   std::vector<int32_t> tokens(block_size_);
   uint64_t parent = 0;
+  std::vector<std::pair<int32_t, uint64_t>> hits;  // (block, hash)
   for (int64_t b = 0; b < max_blocks; ++b) {
     for (int64_t i = 0; i < block_size_; ++i) tokens[i] = seq.token_at(b * block_size_ + i);
     uint64_t h = block_hash(parent, tokens.data(), block_size_);
     auto it = cached_.find(h);
     if (it == cached_.end()) break;
-    int32_t id = it->second;
+    hits.emplace_back(it->second, h);
+    parent = h;
+  }
+  if (drop_last_hit_block_ && !hits.empty()) hits.pop_back();
+  for (const auto& [id, h] : hits) {
     Block& blk = blocks_[id];
     if (blk.ref_count == 0) take_from_free_list(id);
     ++blk.ref_count;
     seq.block_table.push_back(id);
     seq.block_hashes.push_back(h);
-    parent = h;
   }
   seq.num_computed_tokens = static_cast<int64_t>(seq.block_table.size()) * block_size_;
   return seq.num_computed_tokens;

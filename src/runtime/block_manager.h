@@ -24,7 +24,12 @@ namespace nucleus {
 
 class BlockManager {
  public:
-  BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching);
+  // drop_last_hit_block (speculative decoding with MTP): a prefix-cache hit
+  // gives back its last matched block, which is recomputed. The MTP cache's
+  // row at a block's last position depends on the next block's first token
+  // (its input is t_{i+1}), which only the following matched block vouches
+  // for (vLLM drops the last hit block for EAGLE / MTP alike).
+  BlockManager(int64_t num_blocks, int64_t block_size, bool enable_prefix_caching, bool drop_last_hit_block = false);
 
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return static_cast<int64_t>(blocks_.size()); }
@@ -86,6 +91,7 @@ class BlockManager {
 
   int64_t block_size_;
   bool enable_prefix_caching_;
+  bool drop_last_hit_block_;
   std::vector<Block> blocks_;
   std::list<int32_t> free_list_;  // head: next to allocate
   std::unordered_map<uint64_t, int32_t> cached_;

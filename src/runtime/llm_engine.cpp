@@ -50,13 +50,40 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<ModelExec
   limits.max_num_batched_tokens = config.max_num_batched_tokens;
   limits.max_num_seqs = config.max_num_seqs;
   limits.max_model_len = config.max_model_len;
+  const bool spec = config.speculative.enabled();
+  if (spec) {
+    if (config.speculative.method != "deepseek_mtp")
+      return unsupported("speculative method '" + config.speculative.method + "' is not supported (supported: deepseek_mtp)");
+    if (config.speculative.num_speculative_tokens > kMaxSpeculativeTokens)
+      return unsupported("num_speculative_tokens " + std::to_string(config.speculative.num_speculative_tokens) +
+                         " is not supported (supported: 1 to " + std::to_string(kMaxSpeculativeTokens) + ")");
+    if (!model->has_mtp())
+      return failed_precondition("speculative decoding (deepseek_mtp) needs the model loaded with its MTP module "
+                                 "(ModelOptions::load_mtp)");
+    limits.extra_kv_bytes_per_token = model->mtp_kv_bytes_per_token();
+    limits.num_speculative_tokens = config.speculative.num_speculative_tokens;
+  }
   NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, ModelRunner::create(model.get(), limits));
   config.num_kv_blocks = runner->kv_cache().num_blocks;
-  const int64_t block_bytes = model->kv_bytes_per_token() * config.block_size;
+  const int64_t block_bytes = (model->kv_bytes_per_token() + limits.extra_kv_bytes_per_token) * config.block_size;
   std::unique_ptr<LLMEngine> e(new LLMEngine());
   e->config_ = config;
   e->model_ = std::move(model);
-  e->blocks_ = std::make_unique<BlockManager>(config.num_kv_blocks, config.block_size, config.enable_prefix_caching);
+  e->blocks_ = std::make_unique<BlockManager>(config.num_kv_blocks, config.block_size, config.enable_prefix_caching,
+                                              /*drop_last_hit_block=*/spec);
+  if (spec) {
+    e->proposer_ = std::make_unique<MtpProposer>(
+        e->model_.get(), e->model_->make_mtp_kv_cache(config.num_kv_blocks, config.block_size),
+        config.speculative.num_speculative_tokens);
+    e->spec_stats_.accepted_per_pos.assign(static_cast<size_t>(config.speculative.num_speculative_tokens), 0);
+    NUCLEUS_LOG_INFO("speculative decoding: deepseek_mtp, {} draft token(s) a step; the MTP layer's own cache "
+                     "shares the pool's blocks ({} B/token counted in it); verify and MTP steps run {}",
+                     config.speculative.num_speculative_tokens, limits.extra_kv_bytes_per_token,
+                     e->model_->options().device == Device::kCuda
+                         ? "eagerly or as prefill token graphs (no decode graphs of k + 1 rows a sequence yet), "
+                           "sampling on the host"
+                         : "on the CPU reference");
+  }
   SchedulerConfig sc;
   sc.max_num_batched_tokens = config.max_num_batched_tokens;
   sc.max_num_seqs = config.max_num_seqs;
@@ -83,6 +110,9 @@ Status LLMEngine::add_request(const std::string& request_id, std::vector<int32_t
       return invalid_argument("prompt token " + std::to_string(prompt[i]) + " at index " + std::to_string(i) +
                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
   NUCLEUS_RETURN_IF_ERROR(params.validate());
+  if (params.grammar && proposer_)
+    return unsupported("structured output (response_format / structured_outputs) with speculative decoding "
+                       "(--speculative-config) is not supported yet");
   for (const auto& [id, bias] : params.logit_bias)
     if (id >= vocab)
       return invalid_argument("logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
@@ -133,6 +163,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   preemptions_ += static_cast<int64_t>(plan.preempted.size());
   if (plan.empty()) return outputs;
   ++steps_;
+  if (proposer_) return step_speculative(plan);
   StatusOr<std::vector<SampleResult>> samples = internal_error("no step ran");
   try {
     samples = runner_->execute_and_sample(plan);
@@ -174,6 +205,119 @@ std::vector<RequestOutput> LLMEngine::step() {
     outputs.push_back(std::move(o));
   }
   for (Sequence* seq : done) requests_.erase(seq->request_id);
+  return outputs;
+}
+
+FinishReason LLMEngine::finish_reason_after(Sequence& seq, int32_t tok, RequestOutput& o) {
+  FinishReason reason = seq.grammar_matcher ? advance_grammar(seq, tok) : FinishReason::kNone;
+  if (reason != FinishReason::kNone)
+    o.error = seq.error;  // the grammar ended the output (kStop), or refused the token (kError)
+  else if (!seq.params.ignore_eos &&
+           std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) != config_.eos_token_ids.end())
+    reason = FinishReason::kStop;
+  else if (std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), tok) !=
+           seq.params.stop_token_ids.end())
+    reason = FinishReason::kStop;
+  else if (seq.num_output_tokens() >= seq.params.max_tokens)
+    reason = FinishReason::kLength;
+  return reason;
+}
+
+std::vector<RequestOutput> LLMEngine::step_speculative(SchedulerOutput& plan) {
+  std::vector<RequestOutput> outputs;
+  StatusOr<std::vector<std::vector<SampleResult>>> samples = internal_error("no step ran");
+  try {
+    samples = runner_->execute_and_verify(plan);
+  } catch (const OpCudaError& e) {
+    samples = internal_error(e.what());
+  }
+  if (!samples.ok()) return fail_step(plan, samples.status());
+  // Each sequence's first position this step and its first row in the step
+  // (for the MTP pass), taken before on_step_done advances them.
+  std::vector<int64_t> begin(plan.scheduled.size()), first_row(plan.scheduled.size());
+  int64_t step_row = 0;
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    begin[i] = plan.scheduled[i].seq->num_computed_tokens;
+    first_row[i] = step_row;
+    step_row += plan.scheduled[i].num_new_tokens;
+  }
+  // 1. Append the accepted tokens, up to the first that finishes the
+  // sequence; rows of rejected (or dropped) drafts are not computed.
+  size_t row = 0;
+  std::vector<std::pair<Sequence*, FinishReason>> done;
+  for (auto& s : plan.scheduled) {
+    if (!s.samples) continue;
+    Sequence& seq = *s.seq;
+    const std::vector<SampleResult>& toks = (*samples)[row++];
+    const int64_t accepted = static_cast<int64_t>(toks.size()) - 1;
+    if (s.num_draft_tokens > 0) {
+      ++spec_stats_.num_drafts;
+      spec_stats_.num_draft_tokens += s.num_draft_tokens;
+      spec_stats_.num_accepted_tokens += accepted;
+      for (int64_t j = 0; j < accepted; ++j) ++spec_stats_.accepted_per_pos[static_cast<size_t>(j)];
+    }
+    seq.draft_token_ids.clear();
+    RequestOutput o = make_output(seq);
+    FinishReason reason = FinishReason::kNone;
+    int64_t appended = 0;
+    for (const SampleResult& r : toks) {
+      if (seq.output_token_ids.empty()) seq.first_token_time = now_seconds();
+      seq.append_output(r);
+      ++appended;
+      o.new_token_ids.push_back(r.token);
+      o.new_samples.push_back(r);
+      reason = finish_reason_after(seq, r.token, o);
+      if (reason != FinishReason::kNone) break;
+    }
+    // Draft j's row holds d_j: valid while d_j was appended.
+    s.num_rejected = s.num_draft_tokens - std::min(accepted, appended);
+    if (seq.params.prompt_logprobs && seq.num_output_tokens() == appended) o.prompt_logprobs = seq.prompt_logprobs;
+    o.num_output_tokens = seq.num_output_tokens();
+    if (reason != FinishReason::kNone) {
+      o.finished = true;
+      o.finish_reason = reason;
+      done.emplace_back(&seq, reason);
+    }
+    outputs.push_back(std::move(o));
+  }
+  scheduler_->on_step_done(plan);
+  for (auto& [seq, reason] : done) scheduler_->finish(seq, reason);
+  // 2. The MTP pass over what the step computed, drafts for the sequences that go on.
+  std::vector<MtpRows> rows;
+  for (size_t i = 0; i < plan.scheduled.size(); ++i) {
+    const ScheduledSeq& s = plan.scheduled[i];
+    Sequence& seq = *s.seq;
+    if (seq.finished()) continue;
+    MtpRows r;
+    r.seq = &seq;
+    r.first_position = begin[i];
+    r.num_rows = s.num_new_tokens - s.num_rejected;
+    r.target_row = first_row[i];
+    r.draft = s.samples;
+    // Never more drafts than tokens left, nor rows past max_model_len.
+    r.max_drafts = std::min(seq.params.max_tokens - seq.num_output_tokens() - 1,
+                            config_.max_model_len - seq.num_tokens());
+    rows.push_back(r);
+  }
+  Status s;
+  try {
+    s = proposer_->propose(rows, *blocks_);
+  } catch (const OpCudaError& e) {
+    s = internal_error(e.what());
+  }
+  if (!s.ok()) {
+    for (auto& r : rows) r.seq->draft_token_ids.clear();
+    std::vector<RequestOutput> failed = fail_step(plan, s.with_context("MTP draft step"));
+    return failed;
+  }
+  if (draft_hook_)
+    for (auto& r : rows) {
+      const size_t before = r.seq->draft_token_ids.size();
+      draft_hook_(*r.seq, r.seq->draft_token_ids);
+      NUCLEUS_CHECK(r.seq->draft_token_ids.size() <= before, "the draft hook added drafts ({} to {})", before,
+                    r.seq->draft_token_ids.size());
+    }
+  for (auto& [seq, reason] : done) requests_.erase(seq->request_id);
   return outputs;
 }
 
@@ -226,6 +370,7 @@ EngineStats LLMEngine::stats() const {
   s.prefix_query_tokens = blocks_->prefix_query_tokens();
   s.prefix_hit_tokens = blocks_->prefix_hit_tokens();
   s.steps = steps_;
+  s.spec = spec_stats_;
   return s;
 }
 

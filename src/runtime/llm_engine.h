@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "runtime/model_runner.h"
 #include "runtime/scheduler.h"
 #include "runtime/sequence.h"
+#include "runtime/spec_decode.h"
 
 namespace nucleus {
 
@@ -35,13 +37,18 @@ struct EngineConfig {
   int64_t max_num_seqs = 256;
   int64_t max_model_len = 0;            // 0: the model's max_position_embeddings
   std::vector<int32_t> eos_token_ids;  // finish with "stop" on these unless ignore_eos
+  // Speculative decoding with the checkpoint's MTP module (--speculative-config;
+  // runtime/spec_decode.h); off unless num_speculative_tokens > 0.
+  SpeculativeConfig speculative;
 
   Status validate() const;
 };
 
 struct RequestOutput {
   std::string request_id;
-  std::vector<int32_t> new_token_ids;    // tokens sampled this step (0 or 1)
+  // Tokens this step produced: 0 or 1, or with speculative decoding up to
+  // num_speculative_tokens + 1 (accepted drafts and the target's token).
+  std::vector<int32_t> new_token_ids;
   std::vector<SampleResult> new_samples;  // with their logprobs
   // params.prompt_logprobs: entry p scores prompt token p + 1; given once,
   // with the request's first token.
@@ -63,6 +70,7 @@ struct EngineStats {
   int64_t prefix_query_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t steps = 0;
+  SpecDecodeStats spec;  // speculative decoding's counters (zero when off)
 };
 
 class LLMEngine {
@@ -71,6 +79,7 @@ class LLMEngine {
 
   // Queues a request. Errors (kInvalidArgument): a duplicate id, an empty
   // prompt, a token id outside the vocabulary, bad sampling parameters,
+  // structured output with speculative decoding (kUnsupported),
   // prompt + max_tokens past max_model_len, or more KV blocks than the
   // whole pool holds (kResourceExhausted); an engine that failed (failure(),
   // kAborted).
@@ -98,12 +107,22 @@ class LLMEngine {
   EngineStats stats() const;
   const EngineConfig& config() const { return config_; }
   ModelExecutor& model() { return runner_->model(); }
+  // Tests of speculative decoding: after each MTP pass, `hook` may rewrite a
+  // sequence's proposed drafts (the same number or fewer), to exercise
+  // acceptance paths an untrained MTP layer never takes. Null: none.
+  using DraftHook = std::function<void(const Sequence& seq, std::vector<int32_t>& drafts)>;
+  void set_draft_hook(DraftHook hook) { draft_hook_ = std::move(hook); }
   // While set, steps record what they touched (benchmarks; slower).
   void set_step_stats(StepStats* stats) { runner_->set_stats(stats); }
 
  private:
   LLMEngine() = default;
   RequestOutput make_output(const Sequence& seq) const;
+  // The step of a speculative engine: verify, append, then the MTP pass.
+  std::vector<RequestOutput> step_speculative(SchedulerOutput& plan);
+  // Why `seq` finishes after appending `tok`, or kNone (EOS, stop ids,
+  // max_tokens; the grammar's verdict comes first).
+  FinishReason finish_reason_after(Sequence& seq, int32_t tok, RequestOutput& o);
   // A failed step: finishes its requests with `error` (or fails the engine
   // when the model is no longer usable); returns their outputs.
   std::vector<RequestOutput> fail_step(const SchedulerOutput& plan, const Status& error);
@@ -115,6 +134,9 @@ class LLMEngine {
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<MtpProposer> proposer_;  // speculative decoding; null when off
+  SpecDecodeStats spec_stats_;
+  DraftHook draft_hook_;
   std::map<std::string, std::unique_ptr<Sequence>> requests_;
   int64_t next_seq_id_ = 0;
   int64_t steps_ = 0;

@@ -18,6 +18,24 @@ namespace nucleus {
 
 namespace {
 
+// The MTP module as a model of its own: one decoder layer (its own
+// one-layer cache), every step eager (no CUDA or token graphs, no width
+// builds).
+StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& config, const ModelOptions& options,
+                                                        ModelWeights weights) {
+  ModelConfig mc = config;
+  mc.num_hidden_layers = 1;
+  mc.first_k_dense_replace = 0;
+  mc.num_nextn_predict_layers = 0;
+  ModelOptions mo = options;
+  mo.cuda_graph_sizes.clear();
+  mo.token_graph_sizes.clear();
+  mo.width_builds = width::WidthBuildsMode::kOff;
+  mo.enable_prezero = false;
+  mo.load_mtp = false;
+  return DeepseekModel::create(mc, std::move(weights), mo);
+}
+
 ExecutorOptions executor_options(const ModelOptions& o, int rank) {
   ExecutorOptions e;
   e.device = o.device;
@@ -56,11 +74,36 @@ StatusOr<ModelExecutor::Rank> ModelExecutor::make_rank(std::unique_ptr<DeepseekM
   return r;
 }
 
-StatusOr<std::unique_ptr<ModelExecutor>> ModelExecutor::create(std::unique_ptr<DeepseekModel> model) {
+StatusOr<std::unique_ptr<ModelExecutor>> ModelExecutor::create(std::unique_ptr<DeepseekModel> model,
+                                                                std::unique_ptr<DeepseekModel> mtp) {
   std::unique_ptr<ModelExecutor> e(new ModelExecutor(model->options()));
   NUCLEUS_ASSIGN_OR_RETURN(Rank r, make_rank(std::move(model)));
   e->ranks_.push_back(std::move(r));
+  if (mtp) {
+    NUCLEUS_ASSIGN_OR_RETURN(e->mtp_, make_rank(std::move(mtp)));
+  }
   return e;
+}
+
+StatusOr<Tensor> ModelExecutor::hidden_states() { return ranks_[0].executor->last_step_buffer("x_norm"); }
+
+StatusOr<Tensor> ModelExecutor::mtp_forward(const StepInputs& inputs, KvCache& mtp_cache) {
+  if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
+  for (int32_t p : inputs.positions)
+    NUCLEUS_CHECK(p >= 0 && p < config().max_position_embeddings, "MTP position {} outside [0, {})", p,
+                  config().max_position_embeddings);
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, mtp_.executor->forward_logits(inputs, mtp_cache));
+  return logits.device() == Device::kCuda ? to_host(logits) : logits;
+}
+
+StatusOr<Tensor> ModelExecutor::mtp_hidden_states() {
+  if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
+  return mtp_.executor->last_step_buffer("residual");
+}
+
+KvCache ModelExecutor::make_mtp_kv_cache(int64_t num_blocks, int64_t block_size) {
+  NUCLEUS_CHECK(has_mtp(), "make_mtp_kv_cache without an MTP module");
+  return mtp_.model->make_kv_cache(num_blocks, block_size);
 }
 
 std::unique_ptr<ModelExecutor> ModelExecutor::create_group(const ModelOptions& options, std::unique_ptr<TpGroup> group,
@@ -142,6 +185,8 @@ void ModelExecutor::reserve_step_buffers(int64_t max_tokens, int64_t max_logits,
     rank.executor->reserve(max_tokens, max_logits, max_prefill_logits);
     return ok_status();
   });
+  // The MTP module's steps: a target step's rows, and every row may give logits.
+  if (has_mtp()) mtp_.executor->reserve(max_tokens, std::max(max_logits, max_prefill_logits), max_tokens);
   NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
 }
 
@@ -168,6 +213,7 @@ void ModelExecutor::drop_graphs() {
 void ModelExecutor::set_max_blocks_per_seq(int64_t n) {
   options_.max_blocks_per_seq = n;
   for (Rank& r : ranks_) r.executor->set_max_blocks_per_seq(n);
+  if (has_mtp()) mtp_.executor->set_max_blocks_per_seq(n);
 }
 
 StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& model_dir,
@@ -182,6 +228,7 @@ StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& 
     LoadOptions lo;
     lo.show_progress = show_progress && shard.rank == 0;
     lo.check_values = options.check_weights;
+    lo.load_mtp = options.load_mtp;
     return load_weights(ckpt, config, backend, lo, shard);
   });
 }
@@ -193,10 +240,20 @@ StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig&
     auto backend = make_weight_backend(options.device);
     if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
     NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, make_weights(*backend, TpShard{}));
+    std::unique_ptr<DeepseekModel> mtp;
+    if (options.load_mtp) {
+      if (!weights.mtp)
+        return failed_precondition("speculative decoding needs the checkpoint's MTP module, which the weights lack");
+      NUCLEUS_ASSIGN_OR_RETURN(mtp, make_mtp_model(config, options, std::move(*weights.mtp)));
+      weights.mtp.reset();
+    }
     NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model,
                              DeepseekModel::create(config, std::move(weights), options));
-    return ModelExecutor::create(std::move(model));
+    return ModelExecutor::create(std::move(model), std::move(mtp));
   }
+  if (options.load_mtp)
+    return unsupported("speculative decoding (--speculative-config) with --tensor-parallel-size " +
+                       std::to_string(n) + " is not supported yet: use --tensor-parallel-size 1");
   NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, n));
   NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<TpGroup> group, TpGroup::create(n, options.device));
   std::vector<void*> signals;

@@ -33,10 +33,12 @@ class ModelExecutor {
   };
 
   ~ModelExecutor();
-  // A single model (no group): builds its graphs and their executor.
-  // Errors: a graph that cannot be built (DeepseekModel::build_graph), a
-  // malformed NUCLEUS_FAULT_INJECT.
-  static StatusOr<std::unique_ptr<ModelExecutor>> create(std::unique_ptr<DeepseekModel> model);
+  // A single model (no group): builds its graphs and their executor; with
+  // `mtp`, the MTP module's too (a model of one layer whose weights carry
+  // mtp_front; every step eager). Errors: a graph that cannot be built
+  // (DeepseekModel::build_graph), a malformed NUCLEUS_FAULT_INJECT.
+  static StatusOr<std::unique_ptr<ModelExecutor>> create(std::unique_ptr<DeepseekModel> model,
+                                                         std::unique_ptr<DeepseekModel> mtp = nullptr);
   // The rank `model` of a group as a Rank (graphs built and executor made).
   // Call on the rank's thread. Errors: as create().
   static StatusOr<Rank> make_rank(std::unique_ptr<DeepseekModel> model);
@@ -67,6 +69,23 @@ class ModelExecutor {
   // tensor. A group's ranks record stats of their own; rank 0's are
   // reported (routing is the same on every rank).
   StatusOr<Tensor> forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats = nullptr);
+
+  // The final-normed hidden states of the last forward's rows ([num_tokens,
+  // hidden] in the activation dtype, on the model's device; valid until the
+  // next forward): h_i, what the MTP module reads.
+  StatusOr<Tensor> hidden_states();
+
+  // The MTP module (speculative decoding): whether it is loaded, its forward
+  // (inputs.mtp_hidden set; writes its own one-layer cache `mtp_cache`,
+  // returns logits [num_logits, vocab] f32 on the host), the pre-norm output
+  // of its last forward's rows ([num_tokens, hidden] f32: the h a chained
+  // draft step reads), its cache and the bytes a token takes in it.
+  // Errors: as forward(); mtp_forward without a loaded module (kFailedPrecondition).
+  bool has_mtp() const { return mtp_.model != nullptr; }
+  StatusOr<Tensor> mtp_forward(const StepInputs& inputs, KvCache& mtp_cache);
+  StatusOr<Tensor> mtp_hidden_states();
+  KvCache make_mtp_kv_cache(int64_t num_blocks, int64_t block_size);
+  int64_t mtp_kv_bytes_per_token() const { return has_mtp() ? mtp_.model->kv_bytes_per_token() : 0; }
 
   // Whether the model can run further steps: OK, or why not (a fatal
   // injected fault, a tensor-parallel group whose communicators were
@@ -111,6 +130,7 @@ class ModelExecutor {
   ModelOptions options_;
   std::unique_ptr<TpGroup> group_;  // a group: its ranks' threads and communicators; null alone
   std::vector<Rank> ranks_;
+  Rank mtp_;  // the MTP module (model null: none)
   Status broken_;  // why the group cannot run more steps (a step failed on some rank)
 };
 

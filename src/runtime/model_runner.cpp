@@ -37,7 +37,7 @@ StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size) {
                   begin + s.num_new_tokens);
     for (int64_t i = 0; i < s.num_new_tokens; ++i) {
       const int64_t pos = begin + i;
-      in.token_ids.push_back(seq.token_at(pos));
+      in.token_ids.push_back(seq.token_or_draft_at(pos));
       in.positions.push_back(static_cast<int32_t>(pos));
       in.slot_mapping.push_back(static_cast<int64_t>(seq.block_table[pos / block_size]) * block_size +
                                 pos % block_size);
@@ -46,7 +46,8 @@ StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size) {
     in.context_lens.push_back(static_cast<int32_t>(begin));
     for (int32_t b = 0; b < max_blocks; ++b)
       in.block_tables.push_back(b < static_cast<int32_t>(seq.block_table.size()) ? seq.block_table[b] : -1);
-    if (s.samples) in.logit_indices.push_back(in.query_start.back() - 1);
+    if (s.samples)  // the last token's row and each draft's (speculative decoding)
+      for (int64_t d = s.num_draft_tokens; d >= 0; --d) in.logit_indices.push_back(in.query_start.back() - 1 - d);
   }
   for (const auto& r : prompt_logprob_rows(out)) in.logit_indices.push_back(r.row);
   return in;
@@ -97,7 +98,7 @@ std::string gib(int64_t bytes) {
 
 StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(ModelExecutor* model, const RunnerLimits& limits) {
   RunnerLimits l = limits;
-  const int64_t block_bytes = model->kv_bytes_per_token() * l.block_size;
+  const int64_t block_bytes = (model->kv_bytes_per_token() + l.extra_kv_bytes_per_token) * l.block_size;
   const bool cuda = model->options().device == Device::kCuda;
   const bool graphs = cuda && !model->options().cuda_graph_sizes.empty();
   size_t graph_bytes = 0;
@@ -105,8 +106,9 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(ModelExecutor* model,
     // 1. Step buffers and uploads. A prefill step's logit rows: one per
     // sequence and the prompt-logprob rows.
     model->set_max_blocks_per_seq((l.max_model_len + l.block_size - 1) / l.block_size);
-    model->reserve_step_buffers(l.max_num_batched_tokens, l.max_num_seqs,
-                                std::min(l.max_num_batched_tokens, l.max_num_seqs + kMaxPromptLogprobRows));
+    model->reserve_step_buffers(
+        l.max_num_batched_tokens, l.max_num_seqs,
+        std::min(l.max_num_batched_tokens, l.max_num_seqs * (1 + l.num_speculative_tokens) + kMaxPromptLogprobRows));
     // 2. What the graphs take, against a one-block cache.
     if (graphs) {
       KvCache probe = model->make_kv_cache(1, l.block_size);
@@ -161,6 +163,52 @@ StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(ModelExecutor* model,
 StatusOr<Tensor> ModelRunner::execute(const SchedulerOutput& out) {
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
   return model_->forward(in, kv_cache_, stats_);
+}
+
+StatusOr<std::vector<std::vector<SampleResult>>> ModelRunner::execute_and_verify(const SchedulerOutput& out) {
+  StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->forward_logits(in, kv_cache_, stats_));
+  if (logits.device() == Device::kCuda) logits = to_host(logits);
+  const int64_t vocab = model_->config().vocab_size;
+  int64_t num_rows = 0;
+  for (const auto& s : out.scheduled)
+    if (s.samples) num_rows += 1 + s.num_draft_tokens;
+  NUCLEUS_RETURN_IF_ERROR(score_prompt_rows(out, logits, num_rows, vocab));
+  std::vector<std::vector<SampleResult>> results;
+  int64_t row = 0;
+  for (const auto& s : out.scheduled) {
+    if (!s.samples) continue;
+    const Sequence& seq = *s.seq;
+    NUCLEUS_CHECK(!seq.grammar_matcher, "sequence {}: structured output with speculative decoding", seq.seq_id);
+    std::vector<SampleResult>& accepted = results.emplace_back();
+    // Row j scores output index n + j with d_1 .. d_j in the history (the
+    // penalties and min_tokens see the drafts before it).
+    const int64_t n = seq.num_output_tokens();
+    std::unordered_map<int32_t, int32_t> counts;
+    const bool adjusts = seq.params.adjusts_logits(n) || seq.params.adjusts_logits(n + s.num_draft_tokens);
+    if (adjusts && !adjust_builder_) adjust_builder_ = std::make_unique<TokenAdjustmentBuilder>(vocab);
+    if (adjusts && s.num_draft_tokens > 0) counts = seq.output_token_counts;
+    for (int64_t j = 0; j <= s.num_draft_tokens; ++j) {
+      const float* logit_row = logits.data<float>() + (row + j) * vocab;
+      adjustments_.clear();
+      if (seq.params.adjusts_logits(n + j)) {
+        SampleHistory h = seq.sample_history(eos_token_ids_);
+        if (s.num_draft_tokens > 0) h.output_counts = &counts;
+        adjust_builder_->build(seq.params, h, n + j, &adjustments_);
+      }
+      if (j == s.num_draft_tokens) {  // every draft accepted: the bonus token
+        accepted.push_back(sample_token(logit_row, vocab, seq.params, seq.seed, n + j, adjustments_));
+        break;
+      }
+      const int32_t draft = seq.draft_token_ids[static_cast<size_t>(j)];
+      bool ok = false;
+      accepted.push_back(verify_draft_token(logit_row, vocab, seq.params, seq.seed, n + j, adjustments_, draft, &ok));
+      if (!ok) break;
+      if (adjusts) ++counts[draft];
+    }
+    row += 1 + s.num_draft_tokens;
+  }
+  return results;
 }
 
 StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const SchedulerOutput& out) {

@@ -14,8 +14,10 @@
 namespace nucleus {
 
 // Packs `out` (block size `block_size`). Logit rows are the last row of each
-// scheduled sequence with samples == true, in scheduled order, then the rows
-// of prompt_logprob_rows(out), in its order.
+// scheduled sequence with samples == true (with drafts: its last
+// 1 + num_draft_tokens rows, in position order), in scheduled order, then the
+// rows of prompt_logprob_rows(out), in its order. Query rows past a
+// sequence's tokens are its drafts (Sequence::token_or_draft_at).
 StepInputs pack_step_inputs(const SchedulerOutput& out, int64_t block_size);
 
 // A step's rows whose logits score prompt tokens (sequences with
@@ -37,6 +39,12 @@ struct RunnerLimits {
   int64_t max_num_batched_tokens = 8192;
   int64_t max_num_seqs = 256;
   int64_t max_model_len = 0;  // > 0
+  // Bytes a token takes in caches beside the model's (the MTP module's), so
+  // the pool is sized for both (ModelRunner::create).
+  int64_t extra_kv_bytes_per_token = 0;
+  // Speculative decoding's drafts a sequence may verify in a step: each
+  // takes a logit row (the step buffers are reserved for them).
+  int64_t num_speculative_tokens = 0;
 };
 
 class ModelRunner {
@@ -69,6 +77,16 @@ class ModelRunner {
   // Rows whose params adjust the logits (penalties, logit_bias, min_tokens,
   // min_p) get their sparse adjustment lists from the sequences' histories.
   StatusOr<std::vector<SampleResult>> execute_and_sample(const SchedulerOutput& out);
+  // Speculative decoding: runs the step and, for every scheduled sequence
+  // with samples == true, verifies its num_draft_tokens drafts in order
+  // (verify_draft_token on the row before each; the penalties and
+  // min_tokens of row j see drafts 1..j as generated) and returns, per such
+  // sequence in scheduled order, the accepted drafts then the target's own
+  // token: the first rejected draft's replacement, or the bonus token from
+  // the last row when all were accepted (1 .. num_draft_tokens + 1 tokens).
+  // Samples on the host (logits copied back on CUDA). Prompt logprobs as
+  // execute_and_sample. Structured output is refused earlier (add_request).
+  StatusOr<std::vector<std::vector<SampleResult>>> execute_and_verify(const SchedulerOutput& out);
   // The model's EOS ids, masked under min_tokens (with each request's stop_token_ids).
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_token_ids_ = std::move(ids); }
 

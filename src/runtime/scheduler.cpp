@@ -28,6 +28,7 @@ void Scheduler::add(Sequence* seq) {
 
 void Scheduler::preempt(Sequence* seq) {
   blocks_->free(*seq);
+  seq->draft_token_ids.clear();
   seq->status = SeqStatus::kWaiting;
   ++seq->num_preemptions;
   waiting_.push_front(seq);
@@ -43,8 +44,9 @@ SchedulerOutput Scheduler::schedule() {
     Sequence* seq = running_[i];
     NUCLEUS_CHECK(seq->num_tokens() > seq->num_computed_tokens, "running sequence {} has nothing to compute",
                   seq->seq_id);
-    const int64_t num_new =
-        fit_prompt_logprob_rows(*seq, std::min(seq->num_tokens() - seq->num_computed_tokens, budget), prompt_rows);
+    const int64_t num_drafts = static_cast<int64_t>(seq->draft_token_ids.size());
+    const int64_t num_new = fit_prompt_logprob_rows(
+        *seq, std::min(seq->num_tokens() + num_drafts - seq->num_computed_tokens, budget), prompt_rows);
     if (num_new == 0) {  // no prompt-logprob rows left this step
       ++i;
       continue;
@@ -61,7 +63,8 @@ SchedulerOutput Scheduler::schedule() {
       }
     }
     if (self_preempted) break;
-    out.scheduled.push_back({seq, num_new, seq->num_computed_tokens + num_new == seq->num_tokens()});
+    const int64_t end = seq->num_computed_tokens + num_new;
+    out.scheduled.push_back({seq, num_new, end >= seq->num_tokens(), std::max<int64_t>(0, end - seq->num_tokens())});
     budget -= num_new;
     ++i;
   }
@@ -95,7 +98,7 @@ SchedulerOutput Scheduler::schedule() {
 
 void Scheduler::on_step_done(const SchedulerOutput& out) {
   for (const auto& s : out.scheduled) {
-    s.seq->num_computed_tokens += s.num_new_tokens;
+    s.seq->num_computed_tokens += s.num_new_tokens - s.num_rejected;
     blocks_->cache_full_blocks(*s.seq);
   }
 }

@@ -14,6 +14,11 @@
 // that a mixed step is not a pure-decode step (decode CUDA graphs apply only
 // to pure-decode steps; mixed steps use the prefill path).
 //
+// Speculative decoding (vLLM's spec tokens): a running sequence's draft
+// tokens (Sequence::draft_token_ids) are scheduled after its last token, in
+// the token budget and with KV slots allocated, so a decode takes 1 + k
+// rows; a budget that cuts them drops the drafts past it.
+//
 // When a running sequence needs a block and none is free, the most recently
 // admitted running sequence is preempted: its blocks are freed, its progress
 // reset, and it goes back to the front of the waiting queue; on readmission
@@ -50,6 +55,12 @@ struct ScheduledSeq {
   // True when the step reaches the sequence's last token, so it yields logits
   // and samples a token.
   bool samples = false;
+  // Speculative decoding: draft tokens among the num_new_tokens rows (the
+  // last ones; each gives logits too), and how many of them the step
+  // rejected (set by the engine before on_step_done: their KV rows are not
+  // counted as computed and are overwritten later).
+  int64_t num_draft_tokens = 0;
+  int64_t num_rejected = 0;
 };
 
 struct SchedulerOutput {
@@ -67,7 +78,8 @@ class Scheduler {
   // Plans the next step and allocates its KV slots.
   SchedulerOutput schedule();
   // After the step ran: advances every scheduled sequence's computed tokens
-  // and enters newly full blocks into the prefix cache. Sampling and stop
+  // (num_new_tokens - num_rejected) and enters newly full blocks into the
+  // prefix cache. Sampling and stop
   // checks are the engine's.
   void on_step_done(const SchedulerOutput& out);
   // Finishes a sequence (any state): frees its blocks, drops it from the queues.

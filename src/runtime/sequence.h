@@ -45,6 +45,11 @@ struct Sequence {
   FinishReason finish_reason = FinishReason::kNone;
   Status error;
 
+  // Speculative decoding: draft tokens proposed for positions num_tokens(),
+  // num_tokens() + 1, ... (runtime/spec_decode.h); the next step verifies
+  // them. Cleared when verified and on preemption.
+  std::vector<int32_t> draft_token_ids;
+
   // KV cache: blocks holding the sequence's rows, in position order.
   std::vector<int32_t> block_table;
   // Tokens whose KV rows are in the cache (prefix-cache hits included).
@@ -64,6 +69,10 @@ struct Sequence {
   int64_t num_tokens() const { return num_prompt_tokens() + num_output_tokens(); }
   int32_t token_at(int64_t i) const {
     return i < num_prompt_tokens() ? prompt_token_ids[i] : output_token_ids[i - num_prompt_tokens()];
+  }
+  // Token i, or draft i - num_tokens() past the end (a step's query rows).
+  int32_t token_or_draft_at(int64_t i) const {
+    return i < num_tokens() ? token_at(i) : draft_token_ids[static_cast<size_t>(i - num_tokens())];
   }
   bool finished() const { return status == SeqStatus::kFinished; }
   // The positions in [begin, begin + num_new) whose logits score a prompt

@@ -127,6 +127,22 @@ std::string ServerMetrics::render(const EngineStats& s) const {
   sample(out, "nucleus_prefix_cache_hits_total", static_cast<double>(s.prefix_hit_tokens));
   header(out, "nucleus_engine_steps_total", "counter", "Engine steps (forward passes) run.");
   sample(out, "nucleus_engine_steps_total", static_cast<double>(s.steps));
+  if (!s.spec.accepted_per_pos.empty()) {  // speculative decoding (vLLM's vllm:spec_decode_* names)
+    header(out, "nucleus_spec_decode_num_drafts_total", "counter", "Verify steps of a sequence with draft tokens.");
+    sample(out, "nucleus_spec_decode_num_drafts_total", static_cast<double>(s.spec.num_drafts));
+    header(out, "nucleus_spec_decode_num_draft_tokens_total", "counter", "Draft tokens proposed and verified.");
+    sample(out, "nucleus_spec_decode_num_draft_tokens_total", static_cast<double>(s.spec.num_draft_tokens));
+    header(out, "nucleus_spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted.");
+    sample(out, "nucleus_spec_decode_num_accepted_tokens_total", static_cast<double>(s.spec.num_accepted_tokens));
+    header(out, "nucleus_spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "Draft tokens accepted, by position in the step's drafts (0: the first).");
+    for (size_t j = 0; j < s.spec.accepted_per_pos.size(); ++j)
+      sample(out, "nucleus_spec_decode_num_accepted_tokens_per_pos_total{position=\"" + std::to_string(j) + "\"}",
+             static_cast<double>(s.spec.accepted_per_pos[j]));
+    header(out, "nucleus_spec_decode_mean_acceptance_length", "gauge",
+           "Tokens a verify step yields on average: 1 + accepted / drafts.");
+    sample(out, "nucleus_spec_decode_mean_acceptance_length", s.spec.mean_acceptance_length());
+  }
   return out;
 }
 

@@ -215,10 +215,24 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const int q_lat = g.scratch("mla_q_lat", W, nh * c.kv_lora_rank, DType::kF32);
   const int o_lat = g.scratch("mla_o_lat", W, nh * c.kv_lora_rank, DType::kF32);
 
-  g.add("embed_tokens",
-        std::make_unique<EmbeddingOp>(weights_.embed_tokens,
-                                      VocabShard{rank_.shard.rank * (c.vocab_size / tp), rank_.comm}),
-        {}, {residual});
+  const bool mtp = weights_.mtp_front.has_value();
+  if (mtp) {
+    // An MTP module (design.md "Speculative decoding (MTP)"): the layer's
+    // input eh_proj([enorm(embed) | hnorm(h)]) enters as the first delta over
+    // a zeroed residual. Never tensor-parallel (load_weights refuses it).
+    const MtpFrontWeights& f = *weights_.mtp_front;
+    const int embed = g.buffer("mtp_embed", H, DType::kF32);
+    const int cat = g.buffer("mtp_cat", 2 * H, act);
+    g.add("mtp.embed_tokens", std::make_unique<EmbeddingOp>(weights_.embed_tokens), {}, {embed});
+    g.add("mtp.input", std::make_unique<MtpInputOp>(f.enorm, f.hnorm, eps, options_.mtp_zero_embed_at_position0),
+          {embed}, {cat, residual});
+    g.add("mtp.eh_proj", std::make_unique<LinearOp>(&f.eh_proj, false), {cat}, {delta});
+  } else {
+    g.add("embed_tokens",
+          std::make_unique<EmbeddingOp>(weights_.embed_tokens,
+                                        VocabShard{rank_.shard.rank * (c.vocab_size / tp), rank_.comm}),
+          {}, {residual});
+  }
   // The residual add + RMSNorm after a partial sum: with tensor parallelism
   // it all-reduces the delta first (fused on CUDA when it can).
   auto add_norm = [&](const Tensor& weight, bool has_delta) {
@@ -243,8 +257,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     const std::string p = "layers." + std::to_string(l) + ".";
     // Attention block.
     std::vector<int> norm_in = {residual};
-    if (l > 0) norm_in.push_back(delta);
-    g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0), norm_in, {residual, x_norm});
+    if (l > 0 || mtp) norm_in.push_back(delta);
+    g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0 || mtp), norm_in, {residual, x_norm});
     if (kind == StepKind::kDecode && width_builds_) {
       // The whole front end as one op (width builds); attention reads its q_full.
       const int q_a = g.buffer("q_a", std::max<int64_t>(c.q_lora_rank, 8), act);
@@ -327,7 +341,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   }
   // Buffers the CUDA backend stores in bf16 (for cpu_bf16_emulation).
   auto& rounded = *bf16_buffers;
-  static const char* kF32Buffers[] = {"residual", "router_logits", "topk_ids",     "topk_weights",
+  static const char* kF32Buffers[] = {"residual", "mtp_embed", "router_logits", "topk_ids",     "topk_weights",
                                       "logits",   "mla_q_lat",     "mla_o_lat",    "moe_scratch",
                                       "logits_local", "logits_gathered"};
   for (size_t id = buffers_before; id < g.buffers().size(); ++id) {

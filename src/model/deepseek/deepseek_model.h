@@ -89,6 +89,12 @@ struct ModelOptions {
   // check_values: NaN / Inf, FP8 NaN bytes, bad block scales); false:
   // --skip-weight-check.
   bool check_weights = true;
+  // MTP modules (ModelWeights::mtp_front): a row at position 0 takes a zero
+  // embedding (ops/basic_ops.h MtpInputOp).
+  bool mtp_zero_embed_at_position0 = false;
+  // Load the checkpoint's MTP module and run it beside the model
+  // (speculative decoding, --speculative-config; runtime/spec_decode.h).
+  bool load_mtp = false;
 };
 
 // A rank's weights (its shard under tensor parallelism), built on the rank's
