@@ -9,8 +9,8 @@ std::string models_dir();
 std::string model_path(const std::string& name);  // models_dir()/name
 // Directory holding the MTP test checkpoints tiny-dsv3/ and tiny-dsv3-fp8/
 // (with their model.layers.<num_hidden_layers>.* MTP tensors):
-// $NUCLEUS_MTP_DIR when set and not empty (ctest sets it from the CMake cache
-// variable NUCLEUS_MTP_TEST_DIR), else models_dir().
+// $NUCLEUS_MTP_DIR when set and not empty (to test another MTP checkpoint,
+// e.g. one retrained with tools/train_tiny_mtp.py), else models_dir().
 std::string mtp_dir();
 // The MTP reference of tools/train_tiny_mtp.py: $NUCLEUS_MTP_DIR/mtp.safetensors,
 // else models_dir()/ref/mtp/mtp.safetensors.

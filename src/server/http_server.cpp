@@ -45,6 +45,8 @@ ApiError engine_error(const Status& s) {
       e.param = "max_tokens";
       return e;
     }
+    case StatusCode::kUnsupported:  // a parameter (or combination) this server does not serve
+      return error_of(400, "invalid_request_error", s.message());
     case StatusCode::kAborted:
       return error_of(503, "service_unavailable", s.message());
     default:

@@ -8,8 +8,10 @@
 //    zero tile, +-inf (saturated) and NaN; the rope part within one bf16 step
 //    (GPU sincosf against the CPU's double-precision table); slot -1 writes
 //    nothing; a prefill launch and per-token launches write the same bytes;
-//  - decode ("nucleus", "cuda_naive") on tile-scaled rows; FlashInfer
-//    refuses the layout by name and the dispatch picks nucleus;
+//  - decode on tile-scaled rows: cuda_naive against the CPU reference, adding
+//    no error beyond the layout's own; "nucleus" (wrong past a few keys on
+//    the H200) and FlashInfer refuse the layout by name, the dispatch picks
+//    cuda_naive;
 //  - prefill ("cuda_flash" through the unfused expansion, "cuda_naive") with
 //    cached prefixes;
 //  - gather_kv_b_proj: the fused kernel refuses the layout by name, the
@@ -431,15 +433,20 @@ TEST_F(KvCacheDsMlaGpu, DecodeBackendsReadTileScaledRows) {
     std::string why;
     const std::vector<float> bf16 = run_decode("nucleus", p, false, &why);
     ASSERT_FALSE(bf16.empty()) << why;
-    for (const char* backend : {"nucleus", "cuda_naive"}) {
+    EXPECT_TRUE(run_decode("nucleus", p, true, &why).empty()) << "nucleus must refuse fp8_ds_mla rows";
+    EXPECT_NE(why.find("fp8_ds_mla"), std::string::npos) << why;
+    for (const char* backend : {"cuda_naive"}) {
       const std::vector<float> got = run_decode(backend, p, true, &why);
       ASSERT_FALSE(got.empty()) << backend << " refused an fp8_ds_mla cache: " << why;
       auto r = decode_matches(got, want, c.heads * kVHead);
       EXPECT_TRUE(r) << backend << " " << name(c);
-      const double vs_bf16 = rel_l2(got, bf16);
-      std::printf("mla_decode fp8_ds_mla %-10s %-30s compared: %s; vs bf16 cache rel L2 %.4f\n", backend,
-                  name(c).c_str(), r.message(), vs_bf16);
-      EXPECT_LE(vs_bf16, kFp8VsBf16) << backend << " " << name(c);
+      // The layout's own error against the bf16 cache is the CPU reference's
+      // (random rows under a sharp softmax: up to ~0.35 here); the GPU adds
+      // nothing beyond it.
+      const double vs_bf16 = rel_l2(got, bf16), layout = rel_l2(want, bf16);
+      std::printf("mla_decode fp8_ds_mla %-10s %-30s compared: %s; vs bf16 cache rel L2 %.4f (reference %.4f)\n",
+                  backend, name(c).c_str(), r.message(), vs_bf16, layout);
+      EXPECT_LE(vs_bf16, 1.05 * layout + 1e-2) << backend << " " << name(c);
     }
   }
 }
@@ -458,7 +465,7 @@ TEST_F(KvCacheDsMlaGpu, ReadersThatCannotReadTheLayoutRefuseItByName) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("fp8_ds_mla"), std::string::npos) << s.message();
   ASSERT_TRUE(op.select_backend(Device::kCuda).ok());
-  EXPECT_EQ(op.backend(), "nucleus");
+  EXPECT_EQ(op.backend(), "cuda_naive");
   GatherKvBProjSpec spec;
   spec.num_heads = 16;
   spec.qk_nope = kNope;
