@@ -49,8 +49,16 @@ ScratchLayout scratch_layout(int64_t max_m, int64_t n, int64_t k, Fp8Path path) 
   // The cuBLASLt buffers of the largest call run_cublas makes for m <= max_m.
   const int64_t groups = (k + kernels::kFp8Block - 1) / kernels::kFp8Block;
   int64_t xq_rows = 0, y_rows = 0;
-  for (int64_t m = 1; m <= max_m; ++m) {
-    const int64_t rows = fp8_cublas_rows(m, n, k, path == Fp8Path::kCublas ? Fp8Path::kCublas : path);
+  // The largest buffers over m = 1..max_m, found at a few m instead of all
+  // (this runs on every step): fp8_cublas_rows takes rows from every m past a
+  // threshold (so the four largest m give the largest xq), and pads m < 4 and
+  // the m whose padded rows stay within the copy limit, a prefix of m (so the
+  // three smallest m and the last three below the limit give the largest y).
+  const int64_t pad_limit = std::min(k / 8, kMaxPadBytes / std::max<int64_t>(1, 4 * n)) / 4 * 4;
+  for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{3}, max_m - 3, max_m - 2, max_m - 1, max_m, pad_limit - 3,
+                    pad_limit - 2, pad_limit - 1}) {
+    if (m < 1 || m > max_m) continue;
+    const int64_t rows = fp8_cublas_rows(m, n, k, path);
     if (rows == 0) continue;
     const int64_t m_pad = (rows + kFp8CublasRowMultiple - 1) / kFp8CublasRowMultiple * kFp8CublasRowMultiple;
     xq_rows = std::max(xq_rows, m_pad);
