@@ -54,6 +54,9 @@ struct Result {
   double prefill_s = 0, decode_step_s = 0;
   double decode_bytes = 0;
   int64_t experts_per_step = 0;
+  // Speculative decoding: the timed decode steps' split (SpecDecodeStats).
+  double target_step_s = 0, mtp_pass_s = 0;
+  int64_t spec_steps = 0;
 };
 
 }  // namespace
@@ -155,7 +158,8 @@ int run_bench_latency(int argc, char** argv) {
       // (staggered prefill chunks give some requests a head start).
       sp.max_tokens = static_cast<int32_t>(per_step * 2 * output_len + 16);
       std::vector<double> prefill_times;
-      double decode_total_s = 0;
+      double decode_total_s = 0, spec_target_s = 0, spec_mtp_s = 0;
+      int64_t spec_steps = 0;
       int64_t decode_total_steps = 0;
       StepStats stats;
       // Run 0 warms up (allocations, cuBLASLt plans); runs 1..num_iters are timed.
@@ -200,6 +204,7 @@ int run_bench_latency(int argc, char** argv) {
         if (timed) prefill_times.push_back(now() - t0);
         // Decode: output_len - 1 steps, every one a pure decode step of `batch`
         // sequences; then one more step with its routing recorded.
+        const SpecDecodeStats spec_before = e.stats().spec;
         while (decode_steps < output_len - 1) {
           const double ts = now();
           auto outs = step();
@@ -218,6 +223,12 @@ int run_bench_latency(int argc, char** argv) {
                          static_cast<long long>(decode_steps), static_cast<long long>(output_len - 1));
         }
         if (timed) decode_total_steps += decode_steps;
+        if (timed && ec.speculative.enabled()) {
+          const SpecDecodeStats st = e.stats().spec;
+          spec_target_s += st.target_seconds - spec_before.target_seconds;
+          spec_mtp_s += st.mtp_seconds - spec_before.mtp_seconds;
+          spec_steps += st.num_steps - spec_before.num_steps;
+        }
         if (run == num_iters) {
           e.set_step_stats(&stats);
           e.step();
@@ -233,6 +244,9 @@ int run_bench_latency(int argc, char** argv) {
       r.prefill_s = prefill_times[prefill_times.size() / 2];
       r.decode_step_s = decode_total_s / static_cast<double>(std::max<int64_t>(decode_total_steps, 1));
       r.experts_per_step = stats.experts_activated;
+      r.spec_steps = spec_steps;
+      r.target_step_s = spec_steps ? spec_target_s / spec_steps : 0;
+      r.mtp_pass_s = spec_steps ? spec_mtp_s / spec_steps : 0;
       const double avg_context = input_len + output_len / 2.0;
       r.decode_bytes = static_cast<double>(wb.dense) + static_cast<double>(stats.experts_activated) * wb.per_expert +
                        batch * avg_context * static_cast<double>(e.model().kv_bytes_per_token());
@@ -275,6 +289,12 @@ int run_bench_latency(int argc, char** argv) {
                 static_cast<long long>(ec.speculative.num_speculative_tokens), spec_decode_summary(st).c_str());
     std::printf("(decode_ms is one verify step; tokens/s per user = mean acceptance length %.3f / decode_ms)\n",
                 st.mean_acceptance_length());
+    // The timed decode steps split: the target's verify step (k + 1 rows a
+    // sequence, acceptance on the host) and the MTP passes that draft.
+    std::printf("%6s %6s %11s %14s %12s\n", "input", "batch", "decode_ms", "verify_step_ms", "mtp_pass_ms");
+    for (const auto& r : results)
+      std::printf("%6lld %6lld %11.3f %14.3f %12.3f\n", static_cast<long long>(r.input_len),
+                  static_cast<long long>(r.batch), r.decode_step_s * 1e3, r.target_step_s * 1e3, r.mtp_pass_s * 1e3);
   }
   return 0;
 }

@@ -51,7 +51,7 @@ void EngineArgs::add_to(CLI::App& app) {
                "Reuse cached KV blocks of shared prompt prefixes (default on)");
   app.add_option("--cuda-graph-sizes", cuda_graph_sizes,
                  "Decode batch sizes captured as CUDA graphs (default 1,2,4,8,16,24,32,48,64, then every 32 to 512, "
-                 "capped by --max-num-seqs)")
+                 "capped by --max-num-seqs; with --speculative-config by --max-num-seqs x (1 + num_speculative_tokens))")
       ->delimiter(',');
   app.add_flag("--enforce-eager", enforce_eager, "Run every step eagerly (no CUDA graphs)");
   app.add_option_function<std::vector<int64_t>>(
@@ -119,6 +119,7 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
   mo.graph_eager_pad = env_flag(Knob::kGraphEagerPad);
   mo.token_graph_eager_pad = env_flag(Knob::kTokenGraphEagerPad);
   mo.enable_prezero = env_flag(Knob::kEnablePrezero);
+  mo.multi_token_decode = env_flag(Knob::kMultiTokenDecode);
   mo.tensor_parallel_size = tensor_parallel_size;
   mo.check_weights = !skip_weight_check;
   mo.fuse_allreduce_norm = env_flag(Knob::kFuseAllreduceNorm);
@@ -145,14 +146,21 @@ StatusOr<ModelOptions> EngineArgs::model_options(Device device) const {
     }
   }
   if (device == Device::kCuda && !enforce_eager) {
-    mo.cuda_graph_sizes = cuda_graph_sizes.empty() ? default_cuda_graph_sizes(engine.max_num_seqs) : cuda_graph_sizes;
+    // A decode graph's rows: one a sequence, or with speculative decoding
+    // (verify steps as decode rows) up to 1 + k a sequence.
+    const int64_t max_rows =
+        mo.multi_token_decode ? engine.max_num_seqs * (1 + spec.num_speculative_tokens) : engine.max_num_seqs;
+    mo.cuda_graph_sizes = cuda_graph_sizes.empty() ? default_cuda_graph_sizes(max_rows) : cuda_graph_sizes;
     std::sort(mo.cuda_graph_sizes.begin(), mo.cuda_graph_sizes.end());
     mo.cuda_graph_sizes.erase(std::unique(mo.cuda_graph_sizes.begin(), mo.cuda_graph_sizes.end()),
                               mo.cuda_graph_sizes.end());
     for (int64_t s : mo.cuda_graph_sizes)
-      if (s < 1 || s > engine.max_num_seqs)
-        return invalid_argument("--cuda-graph-sizes: " + std::to_string(s) + " is outside [1, --max-num-seqs " +
-                                std::to_string(engine.max_num_seqs) + "]");
+      if (s < 1 || s > max_rows)
+        return invalid_argument("--cuda-graph-sizes: " + std::to_string(s) + " is outside [1, " +
+                                std::to_string(max_rows) +
+                                (max_rows == engine.max_num_seqs
+                                     ? " (--max-num-seqs)]"
+                                     : " (--max-num-seqs x (1 + num_speculative_tokens))]"));
   }
   return mo;
 }

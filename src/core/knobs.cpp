@@ -67,6 +67,10 @@ constexpr KnobInfo kKnobs[] = {
      "src/graph/step_executor.cpp"},
     {KNOB(kTokenGraphEagerPad), "NUCLEUS_TOKEN_GRAPH_EAGER_PAD", KnobType::kFlag, "", "0",
      "padded prefill steps run eagerly instead of replaying the token graphs", "src/cli/engine_args.cpp"},
+    {KNOB(kMultiTokenDecode), "NUCLEUS_MULTI_TOKEN_DECODE", KnobType::kFlag, "", "1",
+     "steps of 2..4 tokens a sequence (MTP verify, MTP passes, short prompts) run as decode rows through the "
+     "decode graphs (0: the prefill path)",
+     "src/cli/engine_args.cpp"},
     {KNOB(kMlaPrefillWgmma), "NUCLEUS_MLA_PREFILL_WGMMA", KnobType::kFlag, "", "1",
      "the prefill attention kernel uses wgmma (0: mma.sync)", "src/ops/mla_prefill_cuda.cpp"},
     {KNOB(kMoeChunkTokens), "NUCLEUS_MOE_CHUNK_TOKENS", KnobType::kInt, ">= 1 (smaller values count as 1)",

@@ -39,6 +39,7 @@ enum class Knob {
   kGraphEagerPad,
   kTokenGraphSizes,
   kTokenGraphEagerPad,
+  kMultiTokenDecode,
   kMlaPrefillWgmma,
   kMoeChunkTokens,
   kMoeDecode,

@@ -115,13 +115,26 @@ Status StepExecutor::run_range(StepKind kind, OpContext& ctx, const std::vector<
   return ok_status();
 }
 
-StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& inputs, KvCache& kv_cache, StepStats* stats) {
-  NUCLEUS_CHECK(inputs.num_tokens() > 0, "empty step");
-  NUCLEUS_CHECK(static_cast<int64_t>(inputs.positions.size()) == inputs.num_tokens() &&
-                    static_cast<int64_t>(inputs.slot_mapping.size()) == inputs.num_tokens() &&
-                    static_cast<int64_t>(inputs.query_start.size()) == inputs.num_seqs() + 1 &&
-                    inputs.query_start.back() == inputs.num_tokens(),
+bool StepExecutor::runs_as_decode_rows(const StepInputs& inputs) const {
+  if (!options_.multi_token_decode || inputs.is_decode()) return false;
+  for (int64_t s = 0; s < inputs.num_seqs(); ++s)
+    if (inputs.query_len(s) > kMaxMultiTokenDecodeRows) return false;
+  return decode_row_capacity_ == 0 ? options_.device != Device::kCuda : inputs.num_tokens() <= decode_row_capacity_;
+}
+
+StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& kv_cache, StepStats* stats) {
+  NUCLEUS_CHECK(step.num_tokens() > 0, "empty step");
+  NUCLEUS_CHECK(static_cast<int64_t>(step.positions.size()) == step.num_tokens() &&
+                    static_cast<int64_t>(step.slot_mapping.size()) == step.num_tokens() &&
+                    static_cast<int64_t>(step.query_start.size()) == step.num_seqs() + 1 &&
+                    step.query_start.back() == step.num_tokens(),
                 "inconsistent step inputs");
+  // 0. A step of a few tokens a sequence runs as decode rows.
+  StepInputs decode_rows;
+  const bool as_rows = runs_as_decode_rows(step);
+  if (as_rows) decode_rows = as_decode_rows(step);
+  const StepInputs& inputs = as_rows ? decode_rows : step;
+  if (as_rows) ++multi_token_decode_steps_;
   const StepKind kind = inputs.is_decode() ? StepKind::kDecode : StepKind::kPrefill;
   if (op_profiling_enabled()) op_profile_set_phase(kind == StepKind::kDecode ? "decode" : "prefill");
   StepGraph& g = graph(kind);
@@ -228,6 +241,7 @@ void StepExecutor::reserve(int64_t max_tokens, int64_t max_logits, int64_t max_p
   const int64_t prefill_logits = std::max(max_logits, max_prefill_logits);
   prefill_buffers_.for_step(prefill_.graph, max_tokens, prefill_logits, options_.device);
   decode_buffers_.for_step(decode_.graph, max_logits, max_logits, options_.device);
+  decode_row_capacity_ = std::max(decode_row_capacity_, max_logits);
   if (uploader_) {
     // One sequence more than a step can hold: a padded token-graph step adds
     // its pad sequence. Without it, a step of max_num_seqs sequences padded
@@ -385,6 +399,30 @@ StepInputs pad_decode_step(const StepInputs& in, int64_t padded, int32_t width) 
   }
   out.logit_indices.resize(padded);
   for (int64_t s = 0; s < padded; ++s) out.logit_indices[s] = static_cast<int32_t>(s);
+  return out;
+}
+
+StepInputs as_decode_rows(const StepInputs& in) {
+  StepInputs out;
+  out.token_ids = in.token_ids;
+  out.positions = in.positions;
+  out.slot_mapping = in.slot_mapping;
+  out.logit_indices = in.logit_indices;
+  out.mtp_hidden = in.mtp_hidden;
+  out.max_blocks_per_seq = in.max_blocks_per_seq;
+  const size_t width = static_cast<size_t>(in.max_blocks_per_seq);
+  out.query_start.reserve(in.token_ids.size() + 1);
+  out.context_lens.reserve(in.token_ids.size());
+  out.block_tables.reserve(in.token_ids.size() * width);
+  out.query_start.push_back(0);
+  for (int64_t s = 0; s < in.num_seqs(); ++s) {
+    const auto table = in.block_tables.begin() + static_cast<std::ptrdiff_t>(s * width);
+    for (int32_t i = 0; i < in.query_len(s); ++i) {
+      out.query_start.push_back(static_cast<int32_t>(out.context_lens.size() + 1));
+      out.context_lens.push_back(in.context_lens[s] + i);
+      out.block_tables.insert(out.block_tables.end(), table, table + static_cast<std::ptrdiff_t>(width));
+    }
+  }
   return out;
 }
 

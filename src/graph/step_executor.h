@@ -18,6 +18,12 @@
 //                attention and logits segments run eagerly on the real rows
 // NUCLEUS_GRAPH_EAGER_PAD / NUCLEUS_TOKEN_GRAPH_EAGER_PAD run the padded
 // routes eagerly (padding effects told apart from graph effects).
+//
+// Multi-token decode (ExecutorOptions::multi_token_decode): a step whose
+// every sequence has 2..kMaxMultiTokenDecodeRows new tokens (the verify step
+// of MTP speculative decoding, the MTP passes, a short prompt) runs as a
+// decode step of one row a token (as_decode_rows), so it takes the decode
+// route and its CUDA graphs instead of the prefill path.
 #pragma once
 
 #include <map>
@@ -36,6 +42,20 @@ namespace nucleus {
 // The default decode graph sizes: 1, 2, 4, 8, 16, 24, 32, 48, 64, then every
 // 32 up to 512, capped at max_num_seqs (vLLM's defaults).
 std::vector<int64_t> default_cuda_graph_sizes(int64_t max_num_seqs);
+
+// The most new tokens a sequence may have in a step that runs as decode rows.
+constexpr int32_t kMaxMultiTokenDecodeRows = 4;
+
+// `in` as a decode step of one row a token: token i of sequence s becomes
+// its own one-token sequence at context_lens[s] + i, with s's block-table
+// row. Decode attention of that row sees keys 0 .. context_lens[s] + i,
+// exactly the keys the prefill path's causal mask gives token i (the step
+// writes every row's key before attention reads), so the two are the same
+// computation; token_ids, positions, slot_mapping, logit_indices and
+// mtp_hidden are unchanged (rows keep their order).
+// Shapes: query_start [num_tokens + 1], context_lens [num_tokens],
+// block_tables [num_tokens, max_blocks_per_seq].
+StepInputs as_decode_rows(const StepInputs& in);
 
 // Default token-graph buckets: 256, 512, 1024, 2048, 3072, capped at
 // max_num_batched_tokens; NUCLEUS_TOKEN_GRAPH_SIZES overrides ("" disables).
@@ -76,6 +96,9 @@ struct ExecutorOptions {
   int64_t max_blocks_per_seq = 0;
   // The rank's index in its tensor-parallel group (0 alone): only rank 0 logs.
   int rank = 0;
+  // Steps of 2..kMaxMultiTokenDecodeRows tokens a sequence run as decode
+  // rows (as_decode_rows; NUCLEUS_MULTI_TOKEN_DECODE, default on).
+  bool multi_token_decode = true;
 };
 
 class StepExecutor {
@@ -129,6 +152,8 @@ class StepExecutor {
   int64_t token_bucket_for(int64_t num_tokens) const;
   int64_t graph_replays() const { return graph_replays_; }
   int64_t token_graph_replays() const { return token_graph_replays_; }
+  // Steps that ran as decode rows (as_decode_rows), on any route.
+  int64_t multi_token_decode_steps() const { return multi_token_decode_steps_; }
   // Device bytes the step buffers and the ops' workspace arena take at the
   // current capacity.
   size_t activation_bytes() const {
@@ -145,6 +170,11 @@ class StepExecutor {
   };
 
   explicit StepExecutor(const ExecutorOptions& options) : options_(options) {}
+  // Whether `inputs` runs as decode rows (multi_token_decode): not a decode
+  // step, every sequence at most kMaxMultiTokenDecodeRows tokens, and the
+  // rows fit the decode buffers reserved (a larger step would reallocate
+  // them under the captured graphs).
+  bool runs_as_decode_rows(const StepInputs& inputs) const;
   // The route of a step (and its padded size, 0 for eager).
   std::pair<Route, int64_t> route_for(const StepInputs& inputs, bool eager_only) const;
   // Nodes [begin, end) of `kind`'s graph; with cpu_bf16_emulation one at a
@@ -156,6 +186,7 @@ class StepExecutor {
   ExecutorOptions options_;
   BuiltGraph prefill_, decode_;
   StepBuffers prefill_buffers_, decode_buffers_;
+  int64_t decode_row_capacity_ = 0;  // rows the decode buffers were reserved for (0: none yet)
   StepResources resources_;  // the ops' workspace arena and per-step plans
   std::vector<Segment> prefill_segments_;     // attention and logits eager, the rest graphed
   std::vector<Segment> whole_prefill_, whole_decode_;  // one segment of every node
@@ -164,6 +195,7 @@ class StepExecutor {
   std::unique_ptr<DeviceInputUploader> uploader_;  // CUDA
   int64_t graphs_generation_ = -1;  // uploader generation the graphs were captured with
   int64_t graph_replays_ = 0, token_graph_replays_ = 0;
+  int64_t multi_token_decode_steps_ = 0;
   // The last step's graph, rows and buffers (last_step_buffer).
   StepKind last_kind_ = StepKind::kPrefill;
   int64_t last_rows_ = 0;

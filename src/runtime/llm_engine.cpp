@@ -80,8 +80,10 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<ModelExec
                      "shares the pool's blocks ({} B/token counted in it); verify and MTP steps run {}",
                      config.speculative.num_speculative_tokens, limits.extra_kv_bytes_per_token,
                      e->model_->options().device == Device::kCuda
-                         ? "eagerly or as prefill token graphs (no decode graphs of k + 1 rows a sequence yet), "
-                           "sampling on the host"
+                         ? (e->model_->options().multi_token_decode
+                                ? "as decode rows (verify: the decode graphs of k + 1 rows a sequence; the MTP "
+                                  "layer eagerly), sampling on the host"
+                                : "on the prefill path (NUCLEUS_MULTI_TOKEN_DECODE=0), sampling on the host")
                          : "on the CPU reference");
   }
   SchedulerConfig sc;
@@ -226,11 +228,13 @@ FinishReason LLMEngine::finish_reason_after(Sequence& seq, int32_t tok, RequestO
 std::vector<RequestOutput> LLMEngine::step_speculative(SchedulerOutput& plan) {
   std::vector<RequestOutput> outputs;
   StatusOr<std::vector<std::vector<SampleResult>>> samples = internal_error("no step ran");
+  const double t0 = now_seconds();
   try {
     samples = runner_->execute_and_verify(plan);
   } catch (const OpCudaError& e) {
     samples = internal_error(e.what());
   }
+  const double t1 = now_seconds();
   if (!samples.ok()) return fail_step(plan, samples.status());
   // Each sequence's first position this step and its first row in the step
   // (for the MTP pass), taken before on_step_done advances them.
@@ -305,6 +309,9 @@ std::vector<RequestOutput> LLMEngine::step_speculative(SchedulerOutput& plan) {
   } catch (const OpCudaError& e) {
     s = internal_error(e.what());
   }
+  ++spec_stats_.num_steps;
+  spec_stats_.target_seconds += t1 - t0;
+  spec_stats_.mtp_seconds += now_seconds() - t1;
   if (!s.ok()) {
     for (auto& r : rows) r.seq->draft_token_ids.clear();
     std::vector<RequestOutput> failed = fail_step(plan, s.with_context("MTP draft step"));

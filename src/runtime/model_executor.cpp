@@ -43,6 +43,7 @@ ExecutorOptions executor_options(const ModelOptions& o, int rank) {
   e.token_graph_sizes = o.token_graph_sizes;
   e.graph_eager_pad = o.graph_eager_pad;
   e.token_graph_eager_pad = o.token_graph_eager_pad;
+  e.multi_token_decode = o.multi_token_decode;
   e.cpu_bf16_emulation = o.cpu_bf16_emulation;
   e.max_blocks_per_seq = o.max_blocks_per_seq;
   e.rank = rank;

@@ -114,6 +114,8 @@ class ModelExecutor {
   // Rank 0's counters and routes (every rank takes the same).
   int64_t graph_replays() const { return ranks_[0].executor->graph_replays(); }
   int64_t token_graph_replays() const { return ranks_[0].executor->token_graph_replays(); }
+  // Target steps that ran as decode rows (graph/step_executor.h as_decode_rows).
+  int64_t multi_token_decode_steps() const { return ranks_[0].executor->multi_token_decode_steps(); }
   int64_t graph_size_for(int64_t num_seqs) const { return ranks_[0].executor->graph_size_for(num_seqs); }
   int64_t token_bucket_for(int64_t num_tokens) const { return ranks_[0].executor->token_bucket_for(num_tokens); }
   size_t activation_bytes() const { return ranks_[0].executor->activation_bytes(); }

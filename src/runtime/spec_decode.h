@@ -48,6 +48,12 @@ struct SpecDecodeStats {
   int64_t num_draft_tokens = 0;
   int64_t num_accepted_tokens = 0;
   std::vector<int64_t> accepted_per_pos;  // [num_speculative_tokens]
+  // Wall time of the engine's speculative steps, split: the target step
+  // (verify rows, its logits on the host, acceptance) and the MTP passes
+  // (hidden states gathered, the MTP layer run once per draft position).
+  int64_t num_steps = 0;
+  double target_seconds = 0;
+  double mtp_seconds = 0;
   // Tokens a verify step yields on average: 1 + accepted / drafts.
   double mean_acceptance_length() const {
     return num_drafts > 0 ? 1.0 + static_cast<double>(num_accepted_tokens) / num_drafts : 0.0;

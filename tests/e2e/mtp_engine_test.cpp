@@ -40,9 +40,10 @@ std::vector<RefCase> ref_cases() {
 }
 
 // tiny-dsv3 with its MTP layer (the main model is models/tiny-dsv3's).
-std::unique_ptr<ModelExecutor> load(bool mtp = true) {
+std::unique_ptr<ModelExecutor> load(bool mtp = true, bool multi_token_decode = true) {
   ModelOptions o;
   o.load_mtp = mtp;
+  o.multi_token_decode = multi_token_decode;
   auto m = load_deepseek_model(testing::mtp_dir() + "/tiny-dsv3", o, {}, false);
   NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
   return std::move(*m);
@@ -57,8 +58,8 @@ EngineConfig config(int64_t k, int64_t budget = 8192, int64_t blocks = 256) {
   return c;
 }
 
-std::unique_ptr<LLMEngine> engine(const EngineConfig& c) {
-  auto e = LLMEngine::create(load(c.speculative.enabled()), c);
+std::unique_ptr<LLMEngine> engine(const EngineConfig& c, bool multi_token_decode = true) {
+  auto e = LLMEngine::create(load(c.speculative.enabled(), multi_token_decode), c);
   NUCLEUS_CHECK(e.ok(), "{}", e.status().to_string());
   return std::move(*e);
 }
@@ -151,6 +152,28 @@ TEST(MtpEngine, GreedyEqualsMtpOffAtK123) {
     // token right 59% of the time on these prompts: a drafter fed the wrong
     // hidden state, position or token would fall to ~0.
     if (k == 1) EXPECT_GT(st.acceptance_rate(), 0.4);
+  }
+}
+
+// Verify steps and MTP passes as decode rows (the default) and on the
+// prefill path (NUCLEUS_MULTI_TOKEN_DECODE=0): both give the reference
+// outputs; only the first runs multi-token decode steps.
+TEST(MtpEngine, MultiTokenDecodeOnAndOffAgree) {
+  auto cases = ref_cases();
+  for (bool rows : {true, false}) {
+    SCOPED_TRACE(rows ? "decode rows" : "prefill path");
+    auto e = engine(config(2), rows);
+    expect_reference(run_all(*e, prompts_of(cases), greedy(32), "r"), cases, "r");
+    const SpecDecodeStats st = e->stats().spec;
+    std::printf("k=2, %s: %lld drafts, %lld accepted (%.3f); %lld target steps as decode rows\n",
+                rows ? "decode rows" : "prefill path", static_cast<long long>(st.num_drafts),
+                static_cast<long long>(st.num_accepted_tokens), st.acceptance_rate(),
+                static_cast<long long>(e->model().multi_token_decode_steps()));
+    if (rows)
+      EXPECT_GT(e->model().multi_token_decode_steps(), 0);
+    else
+      EXPECT_EQ(e->model().multi_token_decode_steps(), 0);
+    EXPECT_GT(st.acceptance_rate(), 0.3);
   }
 }
 

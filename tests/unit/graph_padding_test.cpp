@@ -3,7 +3,10 @@
 // only block 0, and sit in their own sequences).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "runtime/model_executor.h"
 
@@ -102,6 +105,86 @@ TEST(GraphPaddingTest, PadPrefillStepAddsOnePadSequence) {
   EXPECT_EQ(p.block_tables[4], 0);
   EXPECT_EQ(p.block_tables[5], -1);
   EXPECT_EQ(pad_prefill_step(in, 5).num_seqs(), 2);  // nothing to pad
+}
+
+TEST(GraphPaddingTest, AsDecodeRowsGivesEachTokenItsOwnSequence) {
+  StepInputs in;  // sequence 0: 3 tokens at 7..9; sequence 1: 2 tokens at 0..1
+  in.token_ids = {1, 2, 3, 4, 5};
+  in.positions = {7, 8, 9, 0, 1};
+  in.slot_mapping = {20, 21, 22, 30, 31};
+  in.query_start = {0, 3, 5};
+  in.context_lens = {7, 0};
+  in.max_blocks_per_seq = 2;
+  in.block_tables = {3, 4, 5, -1};
+  in.logit_indices = {0, 1, 2, 3, 4};
+  const StepInputs d = as_decode_rows(in);
+  EXPECT_TRUE(d.is_decode());
+  EXPECT_EQ(d.token_ids, in.token_ids);
+  EXPECT_EQ(d.positions, in.positions);
+  EXPECT_EQ(d.slot_mapping, in.slot_mapping);
+  EXPECT_EQ(d.logit_indices, in.logit_indices);
+  EXPECT_EQ(d.query_start, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(d.context_lens, (std::vector<int32_t>{7, 8, 9, 0, 1}));  // each row sees the rows before it
+  EXPECT_EQ(d.max_blocks_per_seq, 2);
+  EXPECT_EQ(d.block_tables, (std::vector<int32_t>{3, 4, 3, 4, 3, 4, 5, -1, 5, -1}));
+}
+
+// A step of 2-3 tokens a sequence gives the same logits as decode rows
+// (multi_token_decode, the default) and on the prefill path (off): the CPU
+// reference's absorbed decode attention against its expanded prefill form.
+TEST(GraphPaddingTest, DecodeRowsEqualThePrefillPath) {
+  const std::string dir = std::string(std::getenv("NUCLEUS_MODELS_DIR") ? std::getenv("NUCLEUS_MODELS_DIR")
+                                                                       : NUCLEUS_SOURCE_DIR "/models") +
+                          "/tiny-dsv3";
+  std::vector<Tensor> logits;
+  std::vector<int64_t> steps;
+  for (bool rows : {true, false}) {
+    ModelOptions o;
+    o.multi_token_decode = rows;
+    auto m = load_deepseek_model(dir, o, {}, false);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    KvCache kv = (*m)->make_kv_cache(4, 16);
+    // Prefill: sequence 0 has 9 tokens in blocks {0, 1}, sequence 1 has 5 in block {2}.
+    StepInputs pre;
+    pre.query_start = {0};
+    pre.max_blocks_per_seq = 2;
+    auto add = [](StepInputs& in, std::vector<int32_t> toks, int32_t first, std::vector<int32_t> table) {
+      for (size_t i = 0; i < toks.size(); ++i) {
+        const int32_t pos = first + static_cast<int32_t>(i);
+        in.token_ids.push_back(toks[i]);
+        in.positions.push_back(pos);
+        in.slot_mapping.push_back(static_cast<int64_t>(table[pos / 16]) * 16 + pos % 16);
+        in.logit_indices.push_back(static_cast<int32_t>(in.token_ids.size() - 1));
+      }
+      in.query_start.push_back(static_cast<int32_t>(in.token_ids.size()));
+      in.context_lens.push_back(first);
+      in.block_tables.insert(in.block_tables.end(), table.begin(), table.end());
+    };
+    add(pre, {11, 12, 13, 14, 15, 16, 17, 18, 19}, 0, {0, 1});
+    add(pre, {21, 22, 23, 24, 25}, 0, {2, -1});
+    ASSERT_TRUE((*m)->forward(pre, kv).ok());
+    StepInputs step;  // a verify-like step: 3 tokens of sequence 0 (crossing no block), 2 of sequence 1
+    step.query_start = {0};
+    step.max_blocks_per_seq = 2;
+    add(step, {31, 32, 33}, 9, {0, 1});
+    add(step, {41, 42}, 5, {2, -1});
+    auto l = (*m)->forward(step, kv);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    logits.push_back(*l);
+    steps.push_back((*m)->multi_token_decode_steps());
+  }
+  EXPECT_EQ(steps[0], 1);  // the multi-token step; the prefill of 9 tokens is not one
+  EXPECT_EQ(steps[1], 0);
+  ASSERT_EQ(logits[0].shape(), logits[1].shape());
+  double num = 0, den = 0;
+  const float* a = logits[0].data<float>();
+  const float* b = logits[1].data<float>();
+  for (int64_t i = 0; i < logits[0].numel(); ++i) {
+    num += (a[i] - b[i]) * double(a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  // f32 on both paths: only the order of the sums differs.
+  EXPECT_LT(std::sqrt(num / den), 1e-5);
 }
 
 // On the CPU (no graphs captured), no step size maps to a graph: every step

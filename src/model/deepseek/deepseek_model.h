@@ -58,6 +58,11 @@ struct ModelOptions {
   std::vector<int64_t> token_graph_sizes;
   // Padded prefill steps run eagerly (NUCLEUS_TOKEN_GRAPH_EAGER_PAD=1).
   bool token_graph_eager_pad = false;
+  // Steps of 2..4 tokens a sequence (MTP verify and draft passes, short
+  // prompts) run as decode steps of one row a token, on CUDA through the
+  // decode graphs (graph/step_executor.h as_decode_rows;
+  // NUCLEUS_MULTI_TOKEN_DECODE=0 turns it off).
+  bool multi_token_decode = true;
   // CPU only: round every buffer the CUDA backend keeps in bf16 to bf16
   // after each op, to estimate the bf16 backend's expected deviation from
   // the f32 reference (sets the GPU tests' tolerances).
