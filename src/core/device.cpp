@@ -105,6 +105,17 @@ void zero_rows_async(const Tensor& t, int64_t begin, int64_t count) {
 #endif
 }
 
+void copy_rows_async(const Tensor& dst, const Tensor& src) {
+  NUCLEUS_CHECK(dst.dtype() == src.dtype() && dst.row_numel() == src.row_numel() && dst.dim(0) >= src.dim(0),
+                "copy_rows_async: {} {} into {} {}", dtype_name(src.dtype()), src.shape_string(),
+                dtype_name(dst.dtype()), dst.shape_string());
+#ifdef NUCLEUS_HAVE_CUDA
+  NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyDefault, cuda::context().stream));
+#else
+  NUCLEUS_CHECK(false, "copy_rows_async without CUDA");
+#endif
+}
+
 void synchronize_device() {
 #ifdef NUCLEUS_HAVE_CUDA
   if (cuda_available()) NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));

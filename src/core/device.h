@@ -30,6 +30,10 @@ void zero_device(Tensor& t);
 // Zeroes rows [begin, begin + count) of a 2-D device tensor on the engine
 // stream (async, graph-safe).
 void zero_rows_async(const Tensor& t, int64_t begin, int64_t count);
+// Copies rows [0, src.dim(0)) of `src` (host or device) into the first rows
+// of device tensor `dst` (same row width and dtype) on the engine stream
+// (async; a host source must stay alive until the stream passes the copy).
+void copy_rows_async(const Tensor& dst, const Tensor& src);
 // Waits for the engine stream's work (no-op on the CPU).
 void synchronize_device();
 // Whether the calling thread's device can still run work: waits for the

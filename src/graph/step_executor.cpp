@@ -144,8 +144,13 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
   // 1. Route and padded inputs.
   auto [route, rows] = route_for(inputs, stats != nullptr);
   StepInputs padded;
-  if (route == Route::kDecodeGraph)
+  if (route == Route::kDecodeGraph) {
     padded = pad_decode_step(inputs, rows, static_cast<int32_t>(options_.max_blocks_per_seq));
+    if (graph_mtp_hidden_.defined()) {  // the MTP layer's graphs read their own copy
+      copy_rows_async(graph_mtp_hidden_, inputs.mtp_hidden);
+      padded.mtp_hidden = graph_mtp_hidden_.rows(0, rows);
+    }
+  }
   else if (route == Route::kTokenGraph)
     padded = pad_prefill_step(inputs, rows);
   const StepInputs& run_in = route == Route::kEager ? inputs : padded;
@@ -287,6 +292,7 @@ StatusOr<size_t> StepExecutor::capture(KvCache& kv_cache) {
   const int32_t width = static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1));
   uploader_->reserve({largest, largest, largest * width, largest});
   decode_buffers_.for_step(decode_.graph, largest, largest, options_.device);
+  decode_row_capacity_ = std::max(decode_row_capacity_, largest);
   NUCLEUS_RETURN_IF_ERROR(resources_.reserve({&decode_.graph}, {largest, largest + 1, largest, width, kv_cache.block_size},
                                              options_.device));
   size_t free_before = 0, total = 0, free_after = 0;
@@ -327,10 +333,16 @@ StatusOr<size_t> StepExecutor::capture(KvCache& kv_cache) {
   StepInputs empty;
   empty.query_start = {0};
   empty.max_blocks_per_seq = 0;
+  if (options_.mtp_hidden_width > 0 && !options_.cuda_graph_sizes.empty()) {
+    graph_mtp_hidden_ = Tensor::empty({largest, options_.mtp_hidden_width}, DType::kF32, Device::kCuda);
+    zero_device(graph_mtp_hidden_);
+  }
   for (int64_t size : options_.cuda_graph_sizes) {
+    StepInputs dummy = pad_decode_step(empty, size, width);
+    if (graph_mtp_hidden_.defined()) dummy.mtp_hidden = graph_mtp_hidden_.rows(0, size);
     NUCLEUS_ASSIGN_OR_RETURN(std::vector<CudaGraph> gs,
-                             capture_route(StepKind::kDecode, pad_decode_step(empty, size, width), size, size,
-                                           whole_decode_, "decode graph of batch " + std::to_string(size)));
+                             capture_route(StepKind::kDecode, dummy, size, size, whole_decode_,
+                                           "decode graph of batch " + std::to_string(size)));
     decode_graphs_.emplace(size, std::move(gs.at(0)));
   }
   for (int64_t bucket : options_.token_graph_sizes) {

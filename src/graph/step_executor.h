@@ -99,6 +99,11 @@ struct ExecutorOptions {
   // Steps of 2..kMaxMultiTokenDecodeRows tokens a sequence run as decode
   // rows (as_decode_rows; NUCLEUS_MULTI_TOKEN_DECODE, default on).
   bool multi_token_decode = true;
+  // The MTP module's executor: the width of StepInputs::mtp_hidden (the
+  // hidden size; 0 for the target model). Its decode graphs read the hidden
+  // states from a buffer of their own, which a replay fills from the step's
+  // mtp_hidden first.
+  int64_t mtp_hidden_width = 0;
 };
 
 class StepExecutor {
@@ -187,6 +192,9 @@ class StepExecutor {
   BuiltGraph prefill_, decode_;
   StepBuffers prefill_buffers_, decode_buffers_;
   int64_t decode_row_capacity_ = 0;  // rows the decode buffers were reserved for (0: none yet)
+  // MTP executor on CUDA: [largest graph size, mtp_hidden_width] f32, the
+  // mtp_hidden its decode graphs were captured reading.
+  Tensor graph_mtp_hidden_;
   StepResources resources_;  // the ops' workspace arena and per-step plans
   std::vector<Segment> prefill_segments_;     // attention and logits eager, the rest graphed
   std::vector<Segment> whole_prefill_, whole_decode_;  // one segment of every node

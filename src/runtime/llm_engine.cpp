@@ -76,13 +76,15 @@ StatusOr<std::unique_ptr<LLMEngine>> LLMEngine::create(std::unique_ptr<ModelExec
         e->model_.get(), e->model_->make_mtp_kv_cache(config.num_kv_blocks, config.block_size),
         config.speculative.num_speculative_tokens);
     e->spec_stats_.accepted_per_pos.assign(static_cast<size_t>(config.speculative.num_speculative_tokens), 0);
+    if (e->model_->options().device == Device::kCuda && !e->model_->options().cuda_graph_sizes.empty())
+      NUCLEUS_RETURN_IF_ERROR(e->model_->capture_mtp_graphs(e->proposer_->cache()).with_context("the MTP layer's decode graphs"));
     NUCLEUS_LOG_INFO("speculative decoding: deepseek_mtp, {} draft token(s) a step; the MTP layer's own cache "
                      "shares the pool's blocks ({} B/token counted in it); verify and MTP steps run {}",
                      config.speculative.num_speculative_tokens, limits.extra_kv_bytes_per_token,
                      e->model_->options().device == Device::kCuda
                          ? (e->model_->options().multi_token_decode
-                                ? "as decode rows (verify: the decode graphs of k + 1 rows a sequence; the MTP "
-                                  "layer eagerly), sampling on the host"
+                                ? "as decode rows (the decode graphs, up to k + 1 rows a sequence, of the model "
+                                  "and of the MTP layer), sampling on the host"
                                 : "on the prefill path (NUCLEUS_MULTI_TOKEN_DECODE=0), sampling on the host")
                          : "on the CPU reference");
   }

@@ -19,8 +19,10 @@ namespace nucleus {
 namespace {
 
 // The MTP module as a model of its own: one decoder layer (its own
-// one-layer cache), every step eager (no CUDA or token graphs, no width
-// builds).
+// one-layer cache). On CUDA its decode steps replay decode graphs (of the
+// target's sizes; StepExecutor copies the step's hidden states into the
+// graphs' own buffer); prefill steps run eagerly (no token graphs: their
+// graphed segments would read a captured mtp_hidden); no width builds.
 StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& config, const ModelOptions& options,
                                                         ModelWeights weights) {
   ModelConfig mc = config;
@@ -28,7 +30,6 @@ StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& confi
   mc.first_k_dense_replace = 0;
   mc.num_nextn_predict_layers = 0;
   ModelOptions mo = options;
-  mo.cuda_graph_sizes.clear();
   mo.token_graph_sizes.clear();
   mo.width_builds = width::WidthBuildsMode::kOff;
   mo.enable_prezero = false;
@@ -64,13 +65,13 @@ ModelExecutor::~ModelExecutor() {
   }
 }
 
-StatusOr<ModelExecutor::Rank> ModelExecutor::make_rank(std::unique_ptr<DeepseekModel> model) {
+StatusOr<ModelExecutor::Rank> ModelExecutor::make_rank(std::unique_ptr<DeepseekModel> model, bool mtp) {
   NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph prefill, model->build_graph(StepKind::kPrefill));
   NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph decode, model->build_graph(StepKind::kDecode));
   Rank r;
-  NUCLEUS_ASSIGN_OR_RETURN(r.executor,
-                           StepExecutor::create(std::move(prefill), std::move(decode),
-                                                executor_options(model->options(), model->rank().shard.rank)));
+  ExecutorOptions eo = executor_options(model->options(), model->rank().shard.rank);
+  if (mtp) eo.mtp_hidden_width = model->config().hidden_size;
+  NUCLEUS_ASSIGN_OR_RETURN(r.executor, StepExecutor::create(std::move(prefill), std::move(decode), eo));
   r.model = std::move(model);
   return r;
 }
@@ -81,7 +82,7 @@ StatusOr<std::unique_ptr<ModelExecutor>> ModelExecutor::create(std::unique_ptr<D
   NUCLEUS_ASSIGN_OR_RETURN(Rank r, make_rank(std::move(model)));
   e->ranks_.push_back(std::move(r));
   if (mtp) {
-    NUCLEUS_ASSIGN_OR_RETURN(e->mtp_, make_rank(std::move(mtp)));
+    NUCLEUS_ASSIGN_OR_RETURN(e->mtp_, make_rank(std::move(mtp), /*mtp=*/true));
   }
   return e;
 }
@@ -201,6 +202,13 @@ StatusOr<size_t> ModelExecutor::capture_decode_graphs(KvCache& kv_cache) {
     return ok_status();
   }));
   return bytes[0];
+}
+
+Status ModelExecutor::capture_mtp_graphs(KvCache& mtp_cache) {
+  if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
+  NUCLEUS_ASSIGN_OR_RETURN(size_t bytes, mtp_.executor->capture(mtp_cache));
+  (void)bytes;
+  return ok_status();
 }
 
 void ModelExecutor::drop_graphs() {

@@ -41,7 +41,9 @@ class ModelExecutor {
                                                          std::unique_ptr<DeepseekModel> mtp = nullptr);
   // The rank `model` of a group as a Rank (graphs built and executor made).
   // Call on the rank's thread. Errors: as create().
-  static StatusOr<Rank> make_rank(std::unique_ptr<DeepseekModel> model);
+  // `mtp`: the model is the MTP module (its executor's decode graphs read
+  // StepInputs::mtp_hidden from a buffer of their own).
+  static StatusOr<Rank> make_rank(std::unique_ptr<DeepseekModel> model, bool mtp = false);
   // A tensor-parallel executor over `ranks` (rank r at r), driven on
   // `group`'s threads; `options` are the group's (tensor_parallel_size > 1).
   static std::unique_ptr<ModelExecutor> create_group(const ModelOptions& options, std::unique_ptr<TpGroup> group,
@@ -107,6 +109,11 @@ class ModelExecutor {
   // StepExecutor::capture on every rank at once (their warm-up steps run
   // collectives); returns rank 0's bytes.
   StatusOr<size_t> capture_decode_graphs(KvCache& kv_cache);
+  // Captures the MTP module's decode graphs (the target's cuda_graph_sizes)
+  // against its own cache `mtp_cache`. Errors: no MTP module; a capture error.
+  Status capture_mtp_graphs(KvCache& mtp_cache);
+  // MTP steps that replayed a decode graph.
+  int64_t mtp_graph_replays() const { return has_mtp() ? mtp_.executor->graph_replays() : 0; }
   void drop_graphs();
   // The engine's block-table width (ceil(max_model_len / block_size)).
   void set_max_blocks_per_seq(int64_t n);
