@@ -221,13 +221,9 @@ void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& 
 }  // namespace
 
 Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) {
-  // The kernel's fp8_ds_mla path disagreed with the CPU reference on the H200
-  // at 17+ keys (kv_cache_ds_mla_gpu_test, 2026-12-02; up to 2 keys it agreed),
-  // so it is refused until fixed: cuda_naive reads those rows.
-  if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
-    return unsupported("fp8_ds_mla rows (the kernel's tile-scaled path is wrong past a few keys; cuda_naive reads "
-                       "them)");
-  NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
+  // fp8_ds_mla rows: the kernel converts them itself (check_dims asks for
+  // kv_lora 512 and qk_rope 64, the row's).
+  if (op.cache_dtype() != KvCacheDtype::kFp8DsMla) NUCLEUS_RETURN_IF_ERROR(cuda_cache_dtype_supported(op.cache_dtype()));
   return check_dims(op);
 }
 
