@@ -10,18 +10,25 @@
 //   v[j, h]  = kv_j[h, qk_nope:]
 // Outputs: k [num_keys, num_heads, qk_nope + qk_rope], v [num_keys, num_heads, v_head].
 //
-// Implementations behind one dispatch, in order: a fused CUDA kernel (one
-// launch), then an unfused path of plain steps (gather, dequantize, GEMM,
-// split, concat); the CPU reference on the CPU. A weight or cache layout none
-// can read (packed FP4 weights, unknown scale shapes, shuffled caches) is
-// refused by create(), when the model is built; the fused kernel refuses an
-// fp8_ds_mla cache (the unfused path and the CPU reference read it). NUCLEUS_FORCE_KERNEL=
-// gather_kv_b_proj=<fused|unfused> picks one for A/B runs.
+// Implementations behind one dispatch, in order (dispatch_order()): on CUDA
+// an unfused path of plain steps (gather, dequantize, cuBLASLt GEMM, split,
+// concat), then a fused kernel (one launch); the CPU reference on the CPU.
+// The unfused path goes first because it is the faster at every shape
+// measured on the H200 (docs/perf.md "gather_kv_b_proj (cached-prefix K/V
+// expansion)": 1.2x at 16 heads with bf16 weights to 2.1x at 128 heads with
+// FP8, 4k and 32k keys); the fused kernel serves only where it is forced,
+// since the unfused path reads every layout the fused kernel does. A weight or
+// cache layout none can read (packed FP4 weights, unknown scale shapes,
+// shuffled caches) is refused by create(), when the model is built; the fused
+// kernel refuses an fp8_ds_mla cache (the unfused path and the CPU reference
+// read it). NUCLEUS_FORCE_KERNEL=gather_kv_b_proj=<fused|unfused> picks one
+// for A/B runs.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "core/tensor.h"
@@ -57,6 +64,11 @@ struct GatherKvBProjArgs {
   void* k = nullptr;  // [num_keys, num_heads, qk_nope + qk_rope] (bf16 on CUDA, f32 on CPU)
   void* v = nullptr;  // [num_keys, num_heads, v_head]
   void* stream = nullptr;  // cudaStream_t on CUDA
+  // Caller-owned device scratch (16-byte aligned) of at least
+  // GatherKvBProj::workspace_bytes(num_keys) bytes, e.g. a slice of the step
+  // workspace; null: the object's own scratch, grown on demand (reserve()).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 class GatherKvBProj {
@@ -79,6 +91,16 @@ class GatherKvBProj {
   // Allocates now the scratch that runs of up to max_num_keys keys need, so
   // that a later run (under CUDA-graph capture, say) allocates nothing.
   virtual void reserve(int64_t max_num_keys) {}
+  // Device bytes of GatherKvBProjArgs::workspace a run of up to max_num_keys
+  // keys uses when the caller passes it (0: the implementation needs none).
+  // The unfused path: latent [piece, kv_lora + qk_rope] and kv [piece,
+  // num_heads * (qk_nope + v_head)] bf16, piece = min(max_num_keys, the keys
+  // whose kv fits 256 MiB), each rounded up to 256 bytes.
+  virtual size_t workspace_bytes(int64_t max_num_keys) const { return 0; }
+  // The implementation names create() tries for `device`, in order, whether
+  // or not this build has them: {"unfused", "fused"} on CUDA, {"cpu_ref"} on
+  // the CPU.
+  static std::vector<std::string> dispatch_order(Device device);
 };
 
 // kv_b_proj's stored format as every implementation reads it:

@@ -13,6 +13,7 @@
 #include "kernels/mla/gather_kv_b_proj.cuh"
 #include "ops/gather_kv_b_proj.h"
 #include "ops/gather_kv_b_proj_cuda.h"
+#include "ops/op.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::gather_kv_b_proj_impl {
@@ -101,22 +102,37 @@ class GatherKvBProjUnfused final : public GatherKvBProj {
   }
   const char* name() const override { return "unfused"; }
   void reserve(int64_t max_num_keys) override {
-    const int64_t rows = std::min(std::max<int64_t>(max_num_keys, 1), chunk_rows_);
+    const int64_t rows = piece_rows(max_num_keys);
     if (latent_.defined() && latent_.dim(0) >= rows) return;
     latent_ = Tensor::empty({rows, width_}, DType::kBF16, Device::kCuda);
     kv_ = Tensor::empty({rows, n_}, DType::kBF16, Device::kCuda);
   }
+  size_t workspace_bytes(int64_t max_num_keys) const override {
+    const int64_t rows = piece_rows(max_num_keys);
+    return kv_offset(rows) + up256(static_cast<size_t>(rows * n_) * 2);
+  }
   void run(const GatherKvBProjArgs& a) override {
     check_args(a, true);
     if (a.num_keys == 0) return;
-    reserve(a.num_keys);
+    __nv_bfloat16 *latent = nullptr, *kv = nullptr;
+    int64_t piece = 0;
+    if (a.workspace) {  // the caller's scratch: [piece, width] then [piece, n]
+      piece = piece_rows(a.num_keys);
+      NUCLEUS_CHECK(aligned16(a.workspace) && a.workspace_bytes >= workspace_bytes(a.num_keys),
+                    "gather_kv_b_proj unfused: {} keys need {} bytes of 16-byte aligned workspace, got {}",
+                    a.num_keys, workspace_bytes(a.num_keys), a.workspace_bytes);
+      latent = static_cast<__nv_bfloat16*>(a.workspace);
+      kv = reinterpret_cast<__nv_bfloat16*>(static_cast<uint8_t*>(a.workspace) + kv_offset(piece));
+    } else {
+      reserve(a.num_keys);
+      piece = latent_.dim(0);
+      latent = latent_.data<__nv_bfloat16>();
+      kv = kv_.data<__nv_bfloat16>();
+    }
     const auto stream = static_cast<cudaStream_t>(a.stream);
-    const int64_t piece = latent_.dim(0);
     const int64_t k_row = spec_.qk_nope + spec_.qk_rope;
     for (int64_t j0 = 0; j0 < a.num_keys; j0 += piece) {
       const int64_t rows = std::min(piece, a.num_keys - j0);
-      auto* latent = latent_.data<__nv_bfloat16>();
-      auto* kv = kv_.data<__nv_bfloat16>();
       // 1. gather + dequantize (FP8 x k_scale) to bf16.
       NUCLEUS_OP_CUDA_CHECK(kernels::launch_gather_dequant_latent(a.cache, dtype_of(spec_.cache_dtype),
                                                                static_cast<int>(width_), a.k_scale, a.block_table,
@@ -149,6 +165,10 @@ class GatherKvBProjUnfused final : public GatherKvBProj {
 
  private:
   static constexpr int64_t kScratchBudgetBytes = 256ll << 20;
+  static size_t up256(size_t x) { return (x + 255) / 256 * 256; }
+  // Keys a piece of a run of `num_keys` keys expands at once.
+  int64_t piece_rows(int64_t num_keys) const { return std::min(std::max<int64_t>(num_keys, 1), chunk_rows_); }
+  size_t kv_offset(int64_t rows) const { return up256(static_cast<size_t>(rows * width_) * 2); }
   Tensor weight_;  // [n, kv_lora] bf16 on the device
   GatherKvBProjSpec spec_;
   int64_t n_ = 0, width_ = 0, chunk_rows_ = 0;
@@ -205,7 +225,8 @@ StatusOr<std::unique_ptr<GatherKvBProj>> unfused_make(const LinearWeight& kv_b, 
   Tensor weight = on_device(kv_b.weight);
   if (format.weight_dtype != DType::kBF16) {  // FP8 (scaled) or F32: to bf16 once, here
     const Tensor scale = on_device(kv_b.scale_inv);
-    Tensor bf16 = Tensor::empty({kv_b.out_features, kv_b.in_features}, DType::kBF16, Device::kCuda);
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor bf16, try_empty({kv_b.out_features, kv_b.in_features}, DType::kBF16,
+                                                    Device::kCuda, "gather_kv_b_proj unfused: bf16 kv_b_proj"));
     cudaStream_t stream = cuda::context().stream;
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_dequantize_kv_b_weight(weight.raw(), scale.defined() ? scale.raw() : nullptr,
                                                               format, kv_b.out_features, kv_b.in_features,

@@ -43,6 +43,7 @@ class MlaAttentionBase {
   KvCacheDtype cache_dtype() const { return cache_dtype_; }
   // Backend-owned device state (scratch, prepared weights), built on first use.
   std::vector<Tensor>& state() { return state_; }
+  const std::vector<Tensor>& state() const { return state_; }
 
  private:
   int64_t layer_;

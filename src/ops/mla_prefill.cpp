@@ -23,7 +23,8 @@ const std::vector<Backend<MlaPrefillAttentionOp>>& MlaPrefillAttentionOp::backen
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda_flash", Device::kCuda, cuda_ops::mla_prefill_flash_supports, cuda_ops::mla_prefill_flash,
-       cuda_ops::mla_prefill_flash_workspace, nullptr, cuda_ops::mla_prefill_flash_plan},
+       cuda_ops::mla_prefill_flash_workspace, cuda_ops::mla_prefill_flash_reserve,
+       cuda_ops::mla_prefill_flash_plan},
       {"cuda_naive", Device::kCuda, cuda_ops::mla_prefill_naive_supports, cuda_ops::mla_prefill_naive},
 #endif
   };

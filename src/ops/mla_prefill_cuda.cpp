@@ -68,16 +68,29 @@ struct FlashState {
   std::unique_ptr<GatherKvBProj> expand;
 };
 
-FlashState& state_of(MlaPrefillAttentionOp& op) {
+// Made at reservation (mla_prefill_flash_reserve), before the KV pool is
+// sized, so what the expansion allocates (the unfused path's bf16 copy of an
+// FP8 kv_b_proj) counts against the KV budget; or on first use.
+Status make_state(MlaPrefillAttentionOp& op) {
   auto& st = op.state();
-  if (st.empty()) {
-    auto s = std::make_shared<FlashState>();
-    st.push_back(Tensor::wrap(s.get(), {1}, DType::kU8, Device::kCpu, s));
-    auto expand = GatherKvBProj::create(op.kv_b(), expansion_spec(op), Device::kCuda);
-    NUCLEUS_CHECK(expand.ok(), "cuda_flash: {}", expand.status().to_string());  // supports() read the format
-    s->expand = std::move(*expand);
-  }
-  return *static_cast<FlashState*>(st[0].raw());
+  if (!st.empty()) return ok_status();
+  NUCLEUS_ASSIGN_OR_RETURN(auto expand, GatherKvBProj::create(op.kv_b(), expansion_spec(op), Device::kCuda));
+  auto s = std::make_shared<FlashState>();
+  s->expand = std::move(expand);
+  st.push_back(Tensor::wrap(s.get(), {1}, DType::kU8, Device::kCpu, s));
+  return ok_status();
+}
+
+FlashState& state_of(MlaPrefillAttentionOp& op) {
+  Status s = make_state(op);
+  NUCLEUS_CHECK(s.ok(), "cuda_flash: {}", s.to_string());  // supports() read the format
+  return *static_cast<FlashState*>(op.state()[0].raw());
+}
+
+// The expansion's own workspace (after the ScratchLayout), 0 before the state is made.
+size_t expansion_workspace(const MlaPrefillAttentionOp& op, int64_t keys) {
+  const auto& st = op.state();
+  return st.empty() ? 0 : static_cast<const FlashState*>(st[0].raw())->expand->workspace_bytes(keys);
 }
 
 // One sequence's K/V expansion into the scratch.
@@ -256,7 +269,11 @@ size_t mla_prefill_flash_workspace(const MlaPrefillAttentionOp& op, const StepLi
   int64_t keys = op.context_chunk();  // a batch's or piece's keys
   if (limits.block_size > 0 && limits.max_blocks_per_seq > 0 && limits.max_seqs > 0)
     keys = std::min(keys, limits.max_seqs * limits.max_blocks_per_seq * limits.block_size);
-  return scratch_layout(op.dims(), keys, std::max<int64_t>(limits.max_tokens, 1)).end;
+  return scratch_layout(op.dims(), keys, std::max<int64_t>(limits.max_tokens, 1)).end + expansion_workspace(op, keys);
+}
+
+Status mla_prefill_flash_reserve(MlaPrefillAttentionOp& op, const StepLimits&, Device) {
+  return make_state(op).with_context("cuda_flash K/V expansion");
 }
 
 std::shared_ptr<StepPlan> mla_prefill_flash_plan(const MlaPrefillAttentionOp& op) {
@@ -277,10 +294,13 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
     return ctx.fail(failed_precondition("cuda_flash mla_prefill without its step plan (select the backend and begin "
                                         "the step with StepResources)"));
   if (plan->launches.empty()) return;
+  if (Status s = make_state(op); !s.ok()) return ctx.fail(s.with_context("cuda_flash K/V expansion"));
   FlashState& state = state_of(op);
   const ScratchLayout lay = scratch_layout(d, plan->need_keys, plan->longest_q);
-  if (lay.end > ctx.workspace.bytes)
-    return ctx.fail(resource_exhausted("mla_prefill: the step's K/V expansion needs " + std::to_string(lay.end) +
+  const size_t expand_bytes = state.expand->workspace_bytes(plan->need_keys);  // after lay.end
+  if (lay.end + expand_bytes > ctx.workspace.bytes)
+    return ctx.fail(resource_exhausted("mla_prefill: the step's K/V expansion needs " +
+                                       std::to_string(lay.end + expand_bytes) +
                                        " bytes of workspace, the step reserved " +
                                        std::to_string(ctx.workspace.bytes)));
   auto* base = static_cast<uint8_t*>(ctx.workspace.data);
@@ -304,6 +324,8 @@ void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorLi
       a.k = k_scratch + e.kv_row0 * d.num_heads * d.qk_head();
       a.v = v_scratch + e.kv_row0 * d.num_heads * d.v_head;
       a.stream = stream;
+      a.workspace = expand_bytes ? base + lay.end : nullptr;
+      a.workspace_bytes = expand_bytes;
       state.expand->run(a);
     }
     kernels::MlaPrefillParams p;

@@ -17,6 +17,9 @@ namespace nucleus::cuda_ops {
 Status mla_prefill_flash_supports(const MlaPrefillAttentionOp& op);
 void mla_prefill_flash(MlaPrefillAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 size_t mla_prefill_flash_workspace(const MlaPrefillAttentionOp& op, const StepLimits& limits);
+// Makes the K/V expansion (GatherKvBProj) now, so that what it allocates is
+// counted before the KV pool is sized; its errors (an allocation failing).
+Status mla_prefill_flash_reserve(MlaPrefillAttentionOp& op, const StepLimits& limits, Device device);
 std::shared_ptr<StepPlan> mla_prefill_flash_plan(const MlaPrefillAttentionOp& op);
 
 // "cuda_naive": expanded-form attention on the plain kernels, K/V expanded

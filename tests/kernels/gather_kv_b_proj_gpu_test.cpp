@@ -235,7 +235,7 @@ struct KvOut {
 };
 
 KvOut run_op(GatherKvBProj& op, const Dims& d, const Cache& c, float k_scale, const Table& t, int64_t block_size,
-             int64_t key_begin, int64_t num_keys) {
+             int64_t key_begin, int64_t num_keys, const Tensor& workspace = Tensor()) {
   Tensor dk = testing::device_poisoned(std::max<int64_t>(1, num_keys * d.num_heads * d.k_row()), DType::kBF16);
   Tensor dv = testing::device_poisoned(std::max<int64_t>(1, num_keys * d.num_heads * d.v_head), DType::kBF16);
   GatherKvBProjArgs a;
@@ -248,6 +248,10 @@ KvOut run_op(GatherKvBProj& op, const Dims& d, const Cache& c, float k_scale, co
   a.k = dk.raw();
   a.v = dv.raw();
   a.stream = cuda::context().stream;
+  if (workspace.defined()) {
+    a.workspace = workspace.raw();
+    a.workspace_bytes = workspace.nbytes();
+  }
   op.run(a);
   return {from_bf16(host_copy<uint16_t>(dk)), from_bf16(host_copy<uint16_t>(dv))};
 }
@@ -329,7 +333,7 @@ TEST_F(GatherKvBProjGpu, PagedRaggedRangesBothPaths) {
   const Weight w = make_weight(WeightKind::kBf16, d, 1);
   auto dflt = make(w.lw, spec_of(d), "");
   ASSERT_TRUE(dflt);
-  EXPECT_STREQ(dflt->name(), "fused");  // the fused kernel wins where it reads the layout
+  EXPECT_STREQ(dflt->name(), "unfused");  // measured faster: DefaultIsTheMeasuredFasterPath
   auto fused = make(w.lw, spec_of(d), "fused");
   auto unfused = make(w.lw, spec_of(d), "unfused");
   ASSERT_TRUE(fused && unfused);
@@ -359,7 +363,7 @@ TEST_F(GatherKvBProjGpu, WeightFormats) {
     const Ref ref = reference(d, c, 1.0f, t, bs, 3, 200, w);
     auto dflt = make(w.lw, spec_of(d), "");
     ASSERT_TRUE(dflt);
-    EXPECT_STREQ(dflt->name(), kind == WeightKind::kF32 ? "unfused" : "fused") << kind_name(kind);
+    EXPECT_STREQ(dflt->name(), "unfused") << kind_name(kind);
     auto unfused = make(w.lw, spec_of(d), "unfused");
     ASSERT_TRUE(unfused);
     // The unfused path turns F32 and FP8 weights into bf16 once: rounded inputs.
@@ -367,8 +371,10 @@ TEST_F(GatherKvBProjGpu, WeightFormats) {
     EXPECT_TRUE(matches(u, reference(d, c, 1.0f, t, bs, 3, 200, w, Rounding{true, false}), d))
         << "unfused " << kind_name(kind);
     EXPECT_TRUE(matches(u, ref, d, Tol::kRounded)) << "unfused " << kind_name(kind);
-    if (kind == WeightKind::kF32) continue;
-    const KvOut f = run_op(*dflt, d, c, 1.0f, t, bs, 3, 200);
+    if (kind == WeightKind::kF32) continue;  // the fused kernel refuses F32 weights
+    auto fused = make(w.lw, spec_of(d), "fused");
+    ASSERT_TRUE(fused);
+    const KvOut f = run_op(*fused, d, c, 1.0f, t, bs, 3, 200);
     EXPECT_TRUE(matches(f, ref, d)) << "fused " << kind_name(kind);
     EXPECT_TRUE(agree(f, u, ref, d, Tol::kExact, Tol::kRounded)) << kind_name(kind);
   }
@@ -392,6 +398,48 @@ TEST_F(GatherKvBProjGpu, DeepSeekV3ShapeFp8BlockDeviceWeights) {
   EXPECT_TRUE(matches(u, reference(d, c, 1.0f, t, bs, 100, 130, w, Rounding{true, false}), d));
   EXPECT_TRUE(matches(u, ref, d, Tol::kRounded));
   EXPECT_TRUE(agree(f, u, ref, d, Tol::kExact, Tol::kRounded));
+}
+
+// The dispatch follows docs/perf.md "gather_kv_b_proj (cached-prefix K/V
+// expansion)": the unfused path was the faster at every measured shape (16
+// and 128 heads, bf16 and FP8 128x128-block weights), so it serves by default
+// there; this fails if the order flips back without a new measurement.
+TEST_F(GatherKvBProjGpu, DefaultIsTheMeasuredFasterPath) {
+  EXPECT_EQ(GatherKvBProj::dispatch_order(Device::kCuda), (std::vector<std::string>{"unfused", "fused"}));
+  for (const Dims& d : {kV2Lite, kV3})
+    for (WeightKind kind : {WeightKind::kBf16, WeightKind::kFp8Block}) {
+      const Weight w = make_weight(kind, d, 40 + static_cast<int>(kind));
+      auto dflt = make(w.lw, spec_of(d), "");
+      ASSERT_TRUE(dflt);
+      EXPECT_STREQ(dflt->name(), "unfused") << d.num_heads << " heads, " << kind_name(kind);
+      auto fused = make(w.lw, spec_of(d), "fused");  // still served when forced
+      ASSERT_TRUE(fused);
+      EXPECT_EQ(fused->workspace_bytes(4096), 0u);
+    }
+}
+
+// A caller's workspace (the step arena, as mla_prefill's cuda_flash passes
+// it) gives the unfused path the same result as its own scratch; its size is
+// the two bf16 pieces, 256-byte rounded.
+TEST_F(GatherKvBProjGpu, UnfusedRunsInTheCallersWorkspace) {
+  const Dims d = kV2Lite;
+  const int64_t bs = 16, keys = 700;
+  const Weight w = make_weight(WeightKind::kFp8Block, d, 50);
+  auto unfused = make(w.lw, spec_of(d), "unfused");
+  ASSERT_TRUE(unfused);
+  auto up = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t need = unfused->workspace_bytes(keys);
+  EXPECT_EQ(need, up(keys * d.width() * 2) + up(keys * d.n() * 2));
+  EXPECT_EQ(unfused->workspace_bytes(1 << 20), up((256 << 20) / (d.n() * 2) * d.width() * 2) + (256u << 20));
+  const int64_t num_blocks = (keys + 40 + bs - 1) / bs + 1;
+  const Cache c = make_cache(KvCacheDtype::kBF16, num_blocks * bs, d.width(), 51);
+  const Table t = make_table(num_blocks, 52);
+  const Tensor ws = testing::device_poisoned(static_cast<int64_t>(need), DType::kU8);
+  const KvOut own = run_op(*unfused, d, c, 1.0f, t, bs, 40, keys);
+  const KvOut given = run_op(*unfused, d, c, 1.0f, t, bs, 40, keys, ws);
+  EXPECT_TRUE(matches(given, reference(d, c, 1.0f, t, bs, 40, keys, w, Rounding{true, false}), d));
+  EXPECT_EQ(0, std::memcmp(own.k.data(), given.k.data(), own.k.size() * 4));
+  EXPECT_EQ(0, std::memcmp(own.v.data(), given.v.data(), own.v.size() * 4));
 }
 
 TEST_F(GatherKvBProjGpu, ManyKeysAndChunkSizeInvariance) {
@@ -555,12 +603,13 @@ TEST_F(GatherKvBProjGpu, Refusals) {
   EXPECT_TRUE(matches(run_op(*op, d, c, 1.0f, t, 16, 2, 40), reference(d, c, 1.0f, t, 16, 2, 40, w64, Rounding{true, false}), d));
 }
 
-// NUCLEUS_FORCE_KERNEL is read once per process; no other test here reads it.
-TEST_F(GatherKvBProjGpu, EnvironmentForcesUnfused) {
-  setenv("NUCLEUS_FORCE_KERNEL", "gather_kv_b_proj=unfused", 1);
+// NUCLEUS_FORCE_KERNEL is read once per process; no other test here reads
+// it. It forces the fused kernel, which the dispatch no longer picks first.
+TEST_F(GatherKvBProjGpu, EnvironmentForcesFused) {
+  setenv("NUCLEUS_FORCE_KERNEL", "gather_kv_b_proj=fused", 1);
   auto op = GatherKvBProj::create(make_weight(WeightKind::kBf16, kV2Lite, 90).lw, spec_of(kV2Lite), Device::kCuda);
   ASSERT_TRUE(op.ok()) << op.status().to_string();
-  EXPECT_STREQ((*op)->name(), "unfused");
+  EXPECT_STREQ((*op)->name(), "fused");
 }
 
 }  // namespace
