@@ -129,12 +129,23 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
                     static_cast<int64_t>(step.query_start.size()) == step.num_seqs() + 1 &&
                     step.query_start.back() == step.num_tokens(),
                 "inconsistent step inputs");
-  // 0. A step of a few tokens a sequence runs as decode rows.
-  StepInputs decode_rows;
-  const bool as_rows = runs_as_decode_rows(step);
-  if (as_rows) decode_rows = as_decode_rows(step);
-  const StepInputs& inputs = as_rows ? decode_rows : step;
-  if (as_rows) ++multi_token_decode_steps_;
+  // 0. A step of a few tokens a sequence runs as decode rows. An MTP step's
+  // host mtp_hidden goes to the device: into the decode graphs' own buffer
+  // when the step replays one (step 1), else as a device copy.
+  StepInputs local;
+  const StepInputs* in = &step;
+  if (runs_as_decode_rows(step)) {
+    local = as_decode_rows(step);
+    in = &local;
+    ++multi_token_decode_steps_;
+  }
+  if (options_.device == Device::kCuda && in->mtp_hidden.defined() && in->mtp_hidden.device() != Device::kCuda &&
+      !(graph_mtp_hidden_.defined() && route_for(*in, stats != nullptr).first == Route::kDecodeGraph)) {
+    if (in != &local) local = *in;
+    in = &local;
+    local.mtp_hidden = to_device(local.mtp_hidden);
+  }
+  const StepInputs& inputs = *in;
   const StepKind kind = inputs.is_decode() ? StepKind::kDecode : StepKind::kPrefill;
   if (op_profiling_enabled()) op_profile_set_phase(kind == StepKind::kDecode ? "decode" : "prefill");
   StepGraph& g = graph(kind);

@@ -23,8 +23,9 @@ struct StepInputs {
   std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], row-major; unused entries -1
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logit_indices;  // rows whose logits the step returns, in output order
-  // MTP steps only (ops/basic_ops.h MtpInputOp): [num_tokens, hidden] f32 on
-  // the step's device, the previous model's hidden state for each row.
+  // MTP steps only (ops/basic_ops.h MtpInputOp): [num_tokens, hidden] f32,
+  // the previous model's hidden state for each row; on the host or the
+  // step's device (StepExecutor moves a host one to the device for CUDA).
   Tensor mtp_hidden;
 
   int64_t num_tokens() const { return static_cast<int64_t>(token_ids.size()); }
