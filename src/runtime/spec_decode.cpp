@@ -92,7 +92,6 @@ void add_seq(StepInputs& in, const Sequence& seq, int64_t block_size, int64_t fi
 
 Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& blocks) {
   const int64_t H = model_->config().hidden_size, V = model_->config().vocab_size, bs = cache_.block_size;
-  const Device device = model_->options().device;
   // Drafts each sequence may take; chained drafts need the MTP cache's slots
   // of positions N - 1 .. N + m - 3 (N = num_tokens).
   std::vector<int64_t> num_drafts(rows.size(), 0);
@@ -136,7 +135,7 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
       drafting.push_back(r);
     }
   }
-  in.mtp_hidden = device == Device::kCuda ? to_device(hidden) : hidden;
+  in.mtp_hidden = hidden;  // host rows: mtp_forward uploads them to every rank's device
   NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->mtp_forward(in, cache_));
   std::vector<int64_t> prev_row;  // each drafting sequence's row in the last MTP step
   for (size_t d = 0; d < drafting.size(); ++d) {
@@ -166,7 +165,7 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
                   static_cast<size_t>(H) * sizeof(float));
       ci.logit_indices.push_back(static_cast<int32_t>(i));
     }
-    ci.mtp_hidden = device == Device::kCuda ? to_device(ch) : ch;
+    ci.mtp_hidden = ch;
     NUCLEUS_ASSIGN_OR_RETURN(Tensor cl, model_->mtp_forward(ci, cache_));
     for (size_t i = 0; i < live.size(); ++i) {
       rows[drafting[live[i]]].seq->draft_token_ids.push_back(argmax_row(cl.data<float>() + static_cast<int64_t>(i) * V, V));
