@@ -380,8 +380,9 @@ class Loader {
     ModelWeights w;
     const int64_t V = c_.vocab_size, H = c_.hidden_size;
     NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}, ShardSplit::kRows));
-    if (with_mtp_ && !share_always_) {
-      NUCLEUS_ASSIGN_OR_RETURN(embed_host_, src_.get("model.embed_tokens.weight", {V, H}, false));
+    if (with_mtp_ && !share_always_) {  // this rank's vocabulary slice, as the MTP's is compared
+      NUCLEUS_ASSIGN_OR_RETURN(SliceSpec embed_slice, slice_of("model.embed_tokens.weight", ShardSplit::kRows, V));
+      NUCLEUS_ASSIGN_OR_RETURN(embed_host_, src_.get("model.embed_tokens.weight", {V, H}, false, embed_slice));
     }
     progress->update();
     for (int64_t l = 0; l < c_.num_hidden_layers; ++l) {
@@ -420,15 +421,17 @@ class Loader {
            std::memcmp(a.raw(), main.raw(), a.nbytes()) == 0;
   }
 
+  // Under tensor parallelism the module is split as the main model is (its
+  // decoder layer as layer() splits any layer, embed_tokens and
+  // shared_head.head by vocabulary rows); enorm, hnorm, eh_proj and
+  // shared_head.norm are replicated (eh_proj's output is the layer's whole
+  // input on every rank: DeepseekModel::build does not all-reduce it).
   StatusOr<ModelWeights> mtp(const ModelWeights& main) {
     const int64_t l = c_.num_hidden_layers, V = c_.vocab_size, H = c_.hidden_size;
     const std::string p = layer_prefix(l);
     if (c_.num_nextn_predict_layers < 1)
       return failed_precondition("speculative decoding with method deepseek_mtp needs a checkpoint with a "
                                  "multi-token-prediction layer, but config.json has num_nextn_predict_layers = 0");
-    if (shard_.world_size > 1)
-      return unsupported("the MTP layer under tensor parallelism is not supported yet (--tensor-parallel-size " +
-                         std::to_string(shard_.world_size) + " with --speculative-config)");
     ModelWeights m;
     MtpFrontWeights f;
     NUCLEUS_ASSIGN_OR_RETURN(f.enorm, dense(p + "enorm.weight", {H}));
@@ -440,8 +443,10 @@ class Loader {
     NUCLEUS_ASSIGN_OR_RETURN(m.norm, dense(p + "shared_head.norm.weight", {H}));
     const std::string embed = p + "embed_tokens.weight", head = p + "shared_head.head.weight";
     Tensor embed_host, head_host;
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec embed_slice, slice_of(embed, ShardSplit::kRows, V));
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec head_slice, slice_of(head, ShardSplit::kRows, V));
     if (!share_always_) {
-      NUCLEUS_ASSIGN_OR_RETURN(embed_host, src_.get(embed, {V, H}, false));
+      NUCLEUS_ASSIGN_OR_RETURN(embed_host, src_.get(embed, {V, H}, false, embed_slice));
     }
     if (same_bytes(embed_host, embed_host_)) {
       m.embed_tokens = main.embed_tokens;
@@ -449,7 +454,7 @@ class Loader {
       NUCLEUS_ASSIGN_OR_RETURN(m.embed_tokens, backend_.embedding(embed, embed_host));
     }
     if (!share_always_) {
-      NUCLEUS_ASSIGN_OR_RETURN(head_host, src_.get(head, {V, H}, false));
+      NUCLEUS_ASSIGN_OR_RETURN(head_host, src_.get(head, {V, H}, false, head_slice));
     }
     if (same_bytes(head_host, head_host_)) {
       m.lm_head = main.lm_head;

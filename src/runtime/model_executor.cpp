@@ -23,8 +23,11 @@ namespace {
 // target's sizes; StepExecutor copies the step's hidden states into the
 // graphs' own buffer); prefill steps run eagerly (no token graphs: their
 // graphed segments would read a captured mtp_hidden); no width builds.
+// Under tensor parallelism rank `rank`'s shard of it, built like the rank's
+// model (its communicator and signal buffers).
 StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& config, const ModelOptions& options,
-                                                        ModelWeights weights) {
+                                                        ModelWeights weights,
+                                                        DeepseekModel::RankContext rank = {}) {
   ModelConfig mc = config;
   mc.num_hidden_layers = 1;
   mc.first_k_dense_replace = 0;
@@ -34,7 +37,8 @@ StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& confi
   mo.width_builds = width::WidthBuildsMode::kOff;
   mo.enable_prezero = false;
   mo.load_mtp = false;
-  return DeepseekModel::create(mc, std::move(weights), mo);
+  mo.tensor_parallel_size = 1;  // a rank is one model
+  return DeepseekModel::create(mc, std::move(weights), mo, std::move(rank));
 }
 
 ExecutorOptions executor_options(const ModelOptions& o, int rank) {
@@ -57,6 +61,10 @@ ModelExecutor::~ModelExecutor() {
   // A group's ranks free their device state on their own threads.
   if (group_) {
     Status s = group_->run([this](int r) {
+      if (!mtp_.empty()) {
+        mtp_[r].executor.reset();
+        mtp_[r].model.reset();
+      }
       ranks_[r].executor.reset();
       ranks_[r].model.reset();
       return ok_status();
@@ -82,7 +90,8 @@ StatusOr<std::unique_ptr<ModelExecutor>> ModelExecutor::create(std::unique_ptr<D
   NUCLEUS_ASSIGN_OR_RETURN(Rank r, make_rank(std::move(model)));
   e->ranks_.push_back(std::move(r));
   if (mtp) {
-    NUCLEUS_ASSIGN_OR_RETURN(e->mtp_, make_rank(std::move(mtp), /*mtp=*/true));
+    NUCLEUS_ASSIGN_OR_RETURN(Rank m, make_rank(std::move(mtp), /*mtp=*/true));
+    e->mtp_.push_back(std::move(m));
   }
   return e;
 }
@@ -94,24 +103,56 @@ StatusOr<Tensor> ModelExecutor::mtp_forward(const StepInputs& inputs, KvCache& m
   for (int32_t p : inputs.positions)
     NUCLEUS_CHECK(p >= 0 && p < config().max_position_embeddings, "MTP position {} outside [0, {})", p,
                   config().max_position_embeddings);
-  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, mtp_.executor->forward_logits(inputs, mtp_cache));
-  return logits.device() == Device::kCuda ? to_host(logits) : logits;
+  if (!group_) {
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, mtp_[0].executor->forward_logits(inputs, mtp_cache));
+    return logits.device() == Device::kCuda ? to_host(logits) : logits;
+  }
+  NUCLEUS_CHECK(mtp_cache.ranks.size() == mtp_.size(), "an MTP cache of {} ranks for a model of {}",
+                mtp_cache.ranks.size(), mtp_.size());
+  if (!broken_.ok()) return broken_;
+  // Every rank reads the same rows: a host tensor, which each rank's
+  // executor moves to its own device (StepExecutor::forward_logits; a device
+  // tensor, GPU 0's, goes through the host).
+  StepInputs in = inputs;
+  if (in.mtp_hidden.defined() && in.mtp_hidden.device() == Device::kCuda) in.mtp_hidden = to_host(in.mtp_hidden);
+  std::vector<Tensor> logits(mtp_.size());
+  Status s = on_ranks([&](Rank&, int r) -> Status {
+    NUCLEUS_ASSIGN_OR_RETURN(logits[r], mtp_[r].executor->forward_logits(in, mtp_cache.ranks[r]));
+    return ok_status();
+  });
+  if (!s.ok()) {
+    broken_ = aborted("the tensor-parallel group's communicators were aborted by a failed MTP step (" + s.message() +
+                      ")");
+    return s;
+  }
+  return logits[0].device() == Device::kCuda ? to_host(logits[0]) : logits[0];
 }
 
 StatusOr<Tensor> ModelExecutor::mtp_hidden_states() {
   if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
-  return mtp_.executor->last_step_buffer("residual");
+  return mtp_[0].executor->last_step_buffer("residual");
 }
 
 KvCache ModelExecutor::make_mtp_kv_cache(int64_t num_blocks, int64_t block_size) {
   NUCLEUS_CHECK(has_mtp(), "make_mtp_kv_cache without an MTP module");
-  return mtp_.model->make_kv_cache(num_blocks, block_size);
+  if (!group_) return mtp_[0].model->make_kv_cache(num_blocks, block_size);
+  std::vector<KvCache> caches(mtp_.size());
+  Status s = on_ranks([&](Rank&, int r) {
+    caches[r] = mtp_[r].model->make_kv_cache(num_blocks, block_size);
+    return ok_status();
+  });
+  NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
+  KvCache kv = caches[0];
+  kv.ranks = std::move(caches);
+  return kv;
 }
 
 std::unique_ptr<ModelExecutor> ModelExecutor::create_group(const ModelOptions& options, std::unique_ptr<TpGroup> group,
-                                                           std::vector<Rank> ranks) {
+                                                           std::vector<Rank> ranks, std::vector<Rank> mtp) {
   NUCLEUS_CHECK(group && static_cast<int>(ranks.size()) == group->world_size(), "group of {} ranks, {} models",
                 group ? group->world_size() : 0, ranks.size());
+  NUCLEUS_CHECK(mtp.empty() || mtp.size() == ranks.size(), "group of {} ranks, {} MTP modules", ranks.size(),
+                mtp.size());
   // Every rank resolves the same cache dtype and k_scale (k_scale tensors are replicated).
   for (const Rank& r : ranks)
     NUCLEUS_CHECK(r.model->kv_cache_dtype() == ranks[0].model->kv_cache_dtype() &&
@@ -120,6 +161,7 @@ std::unique_ptr<ModelExecutor> ModelExecutor::create_group(const ModelOptions& o
   std::unique_ptr<ModelExecutor> e(new ModelExecutor(options));
   e->group_ = std::move(group);
   e->ranks_ = std::move(ranks);
+  e->mtp_ = std::move(mtp);
   return e;
 }
 
@@ -183,12 +225,12 @@ KvCache ModelExecutor::make_kv_cache(int64_t num_blocks, int64_t block_size) {
 }
 
 void ModelExecutor::reserve_step_buffers(int64_t max_tokens, int64_t max_logits, int64_t max_prefill_logits) {
-  Status s = on_ranks([&](Rank& rank, int) {
+  Status s = on_ranks([&](Rank& rank, int r) {
     rank.executor->reserve(max_tokens, max_logits, max_prefill_logits);
+    // The MTP module's steps: a target step's rows, and every row may give logits.
+    if (has_mtp()) mtp_[r].executor->reserve(max_tokens, std::max(max_logits, max_prefill_logits), max_tokens);
     return ok_status();
   });
-  // The MTP module's steps: a target step's rows, and every row may give logits.
-  if (has_mtp()) mtp_.executor->reserve(max_tokens, std::max(max_logits, max_prefill_logits), max_tokens);
   NUCLEUS_CHECK(s.ok(), "tensor-parallel ranks: {}", s.to_string());
 }
 
@@ -206,9 +248,11 @@ StatusOr<size_t> ModelExecutor::capture_decode_graphs(KvCache& kv_cache) {
 
 Status ModelExecutor::capture_mtp_graphs(KvCache& mtp_cache) {
   if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
-  NUCLEUS_ASSIGN_OR_RETURN(size_t bytes, mtp_.executor->capture(mtp_cache));
-  (void)bytes;
-  return ok_status();
+  if (!group_) return mtp_[0].executor->capture(mtp_cache).status();
+  NUCLEUS_CHECK(mtp_cache.ranks.size() == mtp_.size(), "an MTP cache of {} ranks for a model of {}",
+                mtp_cache.ranks.size(), mtp_.size());
+  // Every rank at once: the warm-up steps run collectives.
+  return group_->run([&](int r) { return mtp_[r].executor->capture(mtp_cache.ranks[r]).status(); });
 }
 
 void ModelExecutor::drop_graphs() {
@@ -222,7 +266,7 @@ void ModelExecutor::drop_graphs() {
 void ModelExecutor::set_max_blocks_per_seq(int64_t n) {
   options_.max_blocks_per_seq = n;
   for (Rank& r : ranks_) r.executor->set_max_blocks_per_seq(n);
-  if (has_mtp()) mtp_.executor->set_max_blocks_per_seq(n);
+  for (Rank& r : mtp_) r.executor->set_max_blocks_per_seq(n);
 }
 
 StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& model_dir,
@@ -260,9 +304,6 @@ StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig&
                              DeepseekModel::create(config, std::move(weights), options));
     return ModelExecutor::create(std::move(model), std::move(mtp));
   }
-  if (options.load_mtp)
-    return unsupported("speculative decoding (--speculative-config) with --tensor-parallel-size " +
-                       std::to_string(n) + " is not supported yet: use --tensor-parallel-size 1");
   NUCLEUS_RETURN_IF_ERROR(check_tp_config(config, n));
   NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<TpGroup> group, TpGroup::create(n, options.device));
   std::vector<void*> signals;
@@ -276,7 +317,7 @@ StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig&
     }
   }
 #endif
-  std::vector<ModelExecutor::Rank> ranks(n);
+  std::vector<ModelExecutor::Rank> ranks(n), mtp(options.load_mtp ? n : 0);
   NUCLEUS_RETURN_IF_ERROR(group->run([&](int r) -> Status {
     auto backend = make_weight_backend(options.device);
     if (!backend) return unsupported("no weight backend for device " + std::string(device_name(options.device)));
@@ -284,6 +325,15 @@ StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig&
     NUCLEUS_ASSIGN_OR_RETURN(ModelWeights weights, make_weights(*backend, shard));
     ModelOptions rank_options = options;
     rank_options.tensor_parallel_size = 1;  // a rank is one model; the group is the executor's
+    if (options.load_mtp) {  // the rank's shard of the MTP module, in the same group
+      if (!weights.mtp)
+        return failed_precondition("speculative decoding needs the checkpoint's MTP module, which the weights lack");
+      NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
+                               make_mtp_model(config, rank_options, std::move(*weights.mtp),
+                                              {shard, &group->comm(r), signals}));
+      weights.mtp.reset();
+      NUCLEUS_ASSIGN_OR_RETURN(mtp[r], ModelExecutor::make_rank(std::move(m), /*mtp=*/true));
+    }
     NUCLEUS_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> model,
                              DeepseekModel::create(config, std::move(weights), rank_options,
                                                    {shard, &group->comm(r), signals}));
@@ -295,7 +345,7 @@ StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig&
                    options.device == Device::kCuda
                        ? (signals.empty() ? ", all-reduce + RMSNorm unfused" : ", all-reduce + RMSNorm fused")
                        : "");
-  return ModelExecutor::create_group(options, std::move(group), std::move(ranks));
+  return ModelExecutor::create_group(options, std::move(group), std::move(ranks), std::move(mtp));
 }
 
 }  // namespace nucleus

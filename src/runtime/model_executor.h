@@ -45,9 +45,12 @@ class ModelExecutor {
   // StepInputs::mtp_hidden from a buffer of their own).
   static StatusOr<Rank> make_rank(std::unique_ptr<DeepseekModel> model, bool mtp = false);
   // A tensor-parallel executor over `ranks` (rank r at r), driven on
-  // `group`'s threads; `options` are the group's (tensor_parallel_size > 1).
+  // `group`'s threads; `options` are the group's (tensor_parallel_size > 1);
+  // `mtp`: empty, or rank r's shard of the MTP module at r (made by
+  // make_rank on the rank's thread, its model built with the rank's
+  // communicator and signal buffers).
   static std::unique_ptr<ModelExecutor> create_group(const ModelOptions& options, std::unique_ptr<TpGroup> group,
-                                                     std::vector<Rank> ranks);
+                                                     std::vector<Rank> ranks, std::vector<Rank> mtp = {});
 
   const ModelConfig& config() const { return ranks_[0].model->config(); }
   const ModelOptions& options() const { return options_; }
@@ -78,16 +81,22 @@ class ModelExecutor {
   StatusOr<Tensor> hidden_states();
 
   // The MTP module (speculative decoding): whether it is loaded, its forward
-  // (inputs.mtp_hidden set; writes its own one-layer cache `mtp_cache`,
-  // returns logits [num_logits, vocab] f32 on the host), the pre-norm output
-  // of its last forward's rows ([num_tokens, hidden] f32: the h a chained
-  // draft step reads), its cache and the bytes a token takes in it.
+  // (writes its own one-layer cache `mtp_cache`, returns logits [num_logits,
+  // vocab] f32 on the host), the pre-norm output of its last forward's rows
+  // ([num_tokens, hidden] f32, rank 0's: the h a chained draft step reads),
+  // its cache and the bytes a token takes in it (one rank's).
+  // inputs.mtp_hidden: [num_tokens, hidden] f32 on the host (on CUDA each
+  // rank uploads it to its own GPU) or, at tensor-parallel size 1, on the
+  // model's device. Under tensor parallelism every rank runs its shard of the
+  // module (its own cache in mtp_cache.ranks, its collectives in the group)
+  // on the same rows; the logits are rank 0's (design.md "Speculative
+  // decoding (MTP)").
   // Errors: as forward(); mtp_forward without a loaded module (kFailedPrecondition).
-  bool has_mtp() const { return mtp_.model != nullptr; }
+  bool has_mtp() const { return !mtp_.empty(); }
   StatusOr<Tensor> mtp_forward(const StepInputs& inputs, KvCache& mtp_cache);
   StatusOr<Tensor> mtp_hidden_states();
   KvCache make_mtp_kv_cache(int64_t num_blocks, int64_t block_size);
-  int64_t mtp_kv_bytes_per_token() const { return has_mtp() ? mtp_.model->kv_bytes_per_token() : 0; }
+  int64_t mtp_kv_bytes_per_token() const { return has_mtp() ? mtp_[0].model->kv_bytes_per_token() : 0; }
 
   // Whether the model can run further steps: OK, or why not (a fatal
   // injected fault, a tensor-parallel group whose communicators were
@@ -113,7 +122,7 @@ class ModelExecutor {
   // against its own cache `mtp_cache`. Errors: no MTP module; a capture error.
   Status capture_mtp_graphs(KvCache& mtp_cache);
   // MTP steps that replayed a decode graph.
-  int64_t mtp_graph_replays() const { return has_mtp() ? mtp_.executor->graph_replays() : 0; }
+  int64_t mtp_graph_replays() const { return has_mtp() ? mtp_[0].executor->graph_replays() : 0; }
   void drop_graphs();
   // The engine's block-table width (ceil(max_model_len / block_size)).
   void set_max_blocks_per_seq(int64_t n);
@@ -139,7 +148,7 @@ class ModelExecutor {
   ModelOptions options_;
   std::unique_ptr<TpGroup> group_;  // a group: its ranks' threads and communicators; null alone
   std::vector<Rank> ranks_;
-  Rank mtp_;  // the MTP module (model null: none)
+  std::vector<Rank> mtp_;  // the MTP module, one shard a rank (empty: none)
   Status broken_;  // why the group cannot run more steps (a step failed on some rank)
 };
 
@@ -148,8 +157,11 @@ class ModelExecutor {
 // (in-process communicators on the CPU, NCCL over GPUs 0..n-1 on CUDA,
 // peer-mapped signal buffers for the fused all-reduce when the GPUs have peer
 // access), rank r's weights from make_weights(backend, {r, n}) on its
-// thread. Errors: a config that does not split (check_tp_config), too few
-// GPUs, NCCL missing, a weight error of any rank, a graph that cannot be built.
+// thread. With options.load_mtp also the MTP module (make_weights' ModelWeights::mtp),
+// at tensor_parallel_size n as n rank shards in the same group. Errors: a
+// config that does not split (check_tp_config), too few GPUs, NCCL missing, a
+// weight error of any rank, weights without the MTP module when load_mtp
+// asks for it, a graph that cannot be built.
 StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig& config, const ModelOptions& options,
                                                               const WeightFactory& make_weights);
 

@@ -135,7 +135,7 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
       drafting.push_back(r);
     }
   }
-  in.mtp_hidden = hidden;  // host: the MTP executor uploads it (graph/step_executor.cpp)
+  in.mtp_hidden = hidden;  // host rows: each rank's MTP executor moves them to its device
   NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->mtp_forward(in, cache_));
   std::vector<int64_t> prev_row;  // each drafting sequence's row in the last MTP step
   for (size_t d = 0; d < drafting.size(); ++d) {

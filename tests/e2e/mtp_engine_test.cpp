@@ -7,7 +7,10 @@
 // of rejected KV rows are exercised; max_tokens, stop ids and EOS exact;
 // logprobs and penalties as without drafts; sampled tokens distributed as
 // the target's (total variation against the exact distribution, with a
-// check that an always-accept rule fails the same bound); refusals.
+// check that an always-accept rule fails the same bound); refusals. Tensor
+// parallelism (TP = 2 and 4, ranks on threads): the module's draft logits
+// within 1e-4 of TP = 1's, greedy outputs with MTP on equal MTP off and the
+// reference at k = 1 and 2, with TP = 1's acceptance counts.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -39,10 +42,12 @@ std::vector<RefCase> ref_cases() {
   return out;
 }
 
-// tiny-dsv3 with its MTP layer (the main model is models/tiny-dsv3's).
-std::unique_ptr<ModelExecutor> load(bool mtp = true, bool multi_token_decode = true) {
+// tiny-dsv3 with its MTP layer (the main model is models/tiny-dsv3's), at
+// tensor-parallel size `tp`; multi_token_decode: ModelOptions's.
+std::unique_ptr<ModelExecutor> load(bool mtp = true, int tp = 1, bool multi_token_decode = true) {
   ModelOptions o;
   o.load_mtp = mtp;
+  o.tensor_parallel_size = tp;
   o.multi_token_decode = multi_token_decode;
   auto m = load_deepseek_model(testing::mtp_dir() + "/tiny-dsv3", o, {}, false);
   NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
@@ -58,8 +63,8 @@ EngineConfig config(int64_t k, int64_t budget = 8192, int64_t blocks = 256) {
   return c;
 }
 
-std::unique_ptr<LLMEngine> engine(const EngineConfig& c, bool multi_token_decode = true) {
-  auto e = LLMEngine::create(load(c.speculative.enabled(), multi_token_decode), c);
+std::unique_ptr<LLMEngine> engine(const EngineConfig& c, int tp = 1, bool multi_token_decode = true) {
+  auto e = LLMEngine::create(load(c.speculative.enabled(), tp, multi_token_decode), c);
   NUCLEUS_CHECK(e.ok(), "{}", e.status().to_string());
   return std::move(*e);
 }
@@ -162,7 +167,7 @@ TEST(MtpEngine, MultiTokenDecodeOnAndOffAgree) {
   auto cases = ref_cases();
   for (bool rows : {true, false}) {
     SCOPED_TRACE(rows ? "decode rows" : "prefill path");
-    auto e = engine(config(2), rows);
+    auto e = engine(config(2), /*tp=*/1, rows);
     expect_reference(run_all(*e, prompts_of(cases), greedy(32), "r"), cases, "r");
     const SpecDecodeStats st = e->stats().spec;
     std::printf("k=2, %s: %lld drafts, %lld accepted (%.3f); %lld target steps as decode rows\n",
@@ -406,6 +411,112 @@ TEST(MtpEngine, SampledTokensAreDistributedAsTheTarget) {
     EXPECT_LT(st.num_accepted_tokens, st.num_draft_tokens);
   }
   EXPECT_LT(tv_off, 0.1);
+}
+
+// The module's draft logits (f32 host [n, vocab]) and its pre-norm output
+// y (f32 host [n, hidden]) for rows 0..n-1 of `tokens` (teacher-forced: the
+// model's hidden states of one prefill, the next tokens).
+std::pair<Tensor, Tensor> draft_logits(ModelExecutor& m, const std::vector<int32_t>& tokens, int64_t n) {
+  const int64_t L = static_cast<int64_t>(tokens.size()), H = m.config().hidden_size;
+  const int64_t nb = (L + 15) / 16;
+  KvCache kv = m.make_kv_cache(nb, 16), mkv = m.make_mtp_kv_cache(nb, 16);
+  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) {
+    StepInputs in;
+    in.query_start = {0, static_cast<int32_t>(rows)};
+    in.context_lens = {0};
+    in.max_blocks_per_seq = static_cast<int32_t>(nb);
+    for (int32_t b = 0; b < nb; ++b) in.block_tables.push_back(b);
+    for (int64_t i = 0; i < rows; ++i) {
+      in.token_ids.push_back(t[i]);
+      in.positions.push_back(static_cast<int32_t>(i));
+      in.slot_mapping.push_back(i);
+      in.logit_indices.push_back(static_cast<int32_t>(i));
+    }
+    return in;
+  };
+  NUCLEUS_CHECK_OK(m.forward(seq(tokens, L), kv).status());
+  auto h = m.hidden_states();
+  NUCLEUS_CHECK(h.ok(), "{}", h.status().to_string());
+  StepInputs mi = seq(std::vector<int32_t>(tokens.begin() + 1, tokens.end()), n);
+  mi.mtp_hidden = Tensor::empty({n, H}, DType::kF32);
+  std::copy(h->data<float>(), h->data<float>() + n * H, mi.mtp_hidden.data<float>());
+  auto l = m.mtp_forward(mi, mkv);
+  NUCLEUS_CHECK(l.ok(), "{}", l.status().to_string());
+  auto y = m.mtp_hidden_states();
+  NUCLEUS_CHECK(y.ok(), "{}", y.status().to_string());
+  return {l->clone(), y->clone()};
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  NUCLEUS_CHECK(a.numel() == b.numel(), "{} vs {} values", a.numel(), b.numel());
+  float d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::fabs(a.data<float>()[i] - b.data<float>()[i]));
+  return d;
+}
+
+// TP = 2 and 4 split tiny-dsv3 (check_tp_config: 4 heads, vocab 4096,
+// moe_intermediate_size 192); its MTP layer is an MoE layer.
+TEST(MtpEngine, TensorParallelDraftLogitsMatchTp1) {
+  auto cases = ref_cases();
+  std::vector<int32_t> tokens = cases[0].prompt;
+  tokens.insert(tokens.end(), cases[0].greedy.begin(), cases[0].greedy.end());
+  const int64_t n = static_cast<int64_t>(tokens.size()) - 1;
+  auto one = draft_logits(*load(true, 1), tokens, n);
+  for (int tp : {2, 4}) {
+    auto m = load(true, tp);
+    ASSERT_EQ(m->tensor_parallel_size(), tp);
+    auto got = draft_logits(*m, tokens, n);
+    const float dl = max_abs_diff(one.first, got.first), dy = max_abs_diff(one.second, got.second);
+    std::printf("TP=%d MTP module, %lld rows: max |logit - TP 1| %.2e, max |y - TP 1| %.2e\n", tp,
+                static_cast<long long>(n), dl, dy);
+    // tp_test's bound for the model's logits: the ranks' partial sums add in
+    // another order than TP = 1's one sum (f32).
+    EXPECT_LE(dl, 1e-4f) << "TP " << tp;
+    EXPECT_LE(dy, 1e-4f) << "TP " << tp;
+    int64_t argmax_diffs = 0;
+    const int64_t V = m->config().vocab_size;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* a = one.first.data<float>() + r * V;
+      const float* b = got.first.data<float>() + r * V;
+      argmax_diffs += (std::max_element(a, a + V) - a) != (std::max_element(b, b + V) - b);
+    }
+    EXPECT_EQ(argmax_diffs, 0) << "TP " << tp;
+  }
+}
+
+TEST(MtpEngine, TensorParallelGreedyEqualsTp1AndMtpOff) {
+  auto cases = ref_cases();
+  std::vector<SpecDecodeStats> tp1(3);
+  for (int64_t k : {1, 2}) tp1[k] = [&] {
+    auto e = engine(config(k));
+    run_all(*e, prompts_of(cases), greedy(32), "r");
+    return e->stats().spec;
+  }();
+  for (int tp : {2, 4}) {
+    SCOPED_TRACE("TP " + std::to_string(tp));
+    expect_reference(run_all(*engine(config(0), tp), prompts_of(cases), greedy(32), "r"), cases, "r");
+    for (int64_t k : {1, 2}) {
+      SCOPED_TRACE("k " + std::to_string(k));
+      auto e = engine(config(k), tp);
+      expect_reference(run_all(*e, prompts_of(cases), greedy(32), "r"), cases, "r");
+      const SpecDecodeStats st = e->stats().spec;
+      std::printf("TP=%d k=%lld: %s\n", tp, static_cast<long long>(k), spec_decode_summary(st).c_str());
+      EXPECT_GT(st.num_accepted_tokens, 0);
+      // The same drafts as TP = 1's, so the same acceptance, position by position.
+      EXPECT_EQ(st.num_drafts, tp1[k].num_drafts);
+      EXPECT_EQ(st.num_draft_tokens, tp1[k].num_draft_tokens);
+      EXPECT_EQ(st.num_accepted_tokens, tp1[k].num_accepted_tokens);
+      EXPECT_EQ(st.accepted_per_pos, tp1[k].accepted_per_pos);
+    }
+  }
+  {
+    // Batched, chunked (budget 7) and preempted (11 blocks) at TP 2, k 2.
+    auto e = engine(config(2, 7, 11), 2);
+    expect_reference(run_all(*e, prompts_of(cases), greedy(32), "p"), cases, "p");
+    EXPECT_GT(e->stats().num_preemptions, 0);
+    EXPECT_GT(e->stats().spec.num_accepted_tokens, 0);
+    EXPECT_EQ(e->stats().kv_blocks_used, 0);
+  }
 }
 
 TEST(MtpEngine, Refusals) {

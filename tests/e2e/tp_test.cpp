@@ -264,7 +264,8 @@ TEST(TpConfigTest, SizesThatDoNotSplitAreRefused) {
   EXPECT_NE(fp8.status().message().find("rank "), std::string::npos) << fp8.status().to_string();
 }
 
-// `nucleus generate --device cpu -tp 2` prints what TP = 1 prints.
+// `nucleus generate --device cpu -tp 2` prints what TP = 1 prints, with MTP
+// speculative decoding too (tiny-dsv3 holds its MTP layer).
 TEST(TpCliTest, GenerateWithTensorParallelSizeTwoMatchesOne) {
   const char* bin = std::getenv("NUCLEUS_BIN");
   ASSERT_NE(bin, nullptr) << "NUCLEUS_BIN is not set (run through ctest)";
@@ -285,6 +286,7 @@ TEST(TpCliTest, GenerateWithTensorParallelSizeTwoMatchesOne) {
   const std::string one = run(""), two = run("-tp 2"), two_long = run("--tensor-parallel-size=2");
   EXPECT_EQ(two, one);
   EXPECT_EQ(two_long, one);
+  EXPECT_EQ(run("-tp 2 --speculative-config '{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 2}'"), one);
   EXPECT_NE(one.find(','), std::string::npos) << one;  // a list of 24 ids
 }
 

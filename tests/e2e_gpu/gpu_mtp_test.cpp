@@ -6,7 +6,9 @@
 // and an oracle drafter that makes runs of drafts accepted) agree with the
 // reference up to the first near-tie (top-2 margin < 0.05), batched,
 // chunked, from the prefix cache, under preemption, with decode graphs and
-// eager.
+// eager. At tensor-parallel size 2 (when two GPUs are visible): the same
+// contract for the draft logits, and greedy outputs with MTP on (k = 1, 2)
+// agreeing with the reference as at TP = 1.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/cuda/context.h"
 #include "core/device.h"
 #include "io/safetensors.h"
 #include "runtime/llm_engine.h"
@@ -43,9 +46,10 @@ std::vector<Case> load_cases() {
 }
 
 std::unique_ptr<ModelExecutor> load(Device device, bool mtp, std::vector<int64_t> graphs = {},
-                                    bool bf16_emulation = false) {
+                                    bool bf16_emulation = false, int tp = 1) {
   ModelOptions o;
   o.device = device;
+  o.tensor_parallel_size = tp;
   o.load_mtp = mtp;
   o.cuda_graph_sizes = std::move(graphs);
   o.cpu_bf16_emulation = bf16_emulation;
@@ -80,7 +84,9 @@ std::vector<float> draft_logits(ModelExecutor& m, const std::vector<int32_t>& to
   Tensor hf = Tensor::empty({n, H}, DType::kF32);
   convert_to_f32(hh.raw(), hh.dtype(), hf.data<float>(), static_cast<size_t>(n * H));
   StepInputs mi = seq(std::vector<int32_t>(tokens.begin() + 1, tokens.end()), n);
-  mi.mtp_hidden = m.options().device == Device::kCuda ? to_device(hf) : hf;
+  // TP = 1 on CUDA: a device tensor (as a caller may pass); a group: host
+  // rows (each rank uploads them, as the proposer's are).
+  mi.mtp_hidden = m.options().device == Device::kCuda && m.tensor_parallel_size() == 1 ? to_device(hf) : hf;
   auto l = m.mtp_forward(mi, mkv);
   NUCLEUS_CHECK(l.ok(), "{}", l.status().to_string());
   return std::vector<float>(l->data<float>(), l->data<float>() + l->numel());
@@ -122,6 +128,7 @@ struct RunOptions {
   int64_t blocks = 256;
   std::vector<int64_t> graphs = {1, 2, 4, 8};
   bool oracle = false;
+  int tp = 1;
 };
 
 std::map<std::string, std::vector<int32_t>> run(const std::vector<Case>& cases, const RunOptions& r, EngineStats* stats,
@@ -132,7 +139,7 @@ std::map<std::string, std::vector<int32_t>> run(const std::vector<Case>& cases, 
   ec.max_num_batched_tokens = r.budget;
   ec.max_num_seqs = 8;
   if (r.k > 0) ec.speculative = {"deepseek_mtp", r.k};
-  auto made = LLMEngine::create(load(Device::kCuda, r.k > 0, r.graphs), ec);
+  auto made = LLMEngine::create(load(Device::kCuda, r.k > 0, r.graphs, false, r.tp), ec);
   NUCLEUS_CHECK(made.ok(), "{}", made.status().to_string());
   LLMEngine& e = **made;
   if (r.oracle)
@@ -212,6 +219,53 @@ TEST_F(GpuMtpTest, ChunkedPreemptedAndEager) {
     r.graphs = {};
     expect_agrees(run(cases, r, &st), cases);  // every step eager
   }
+}
+
+TEST_F(GpuMtpTest, TensorParallelTwoAgreesWithReference) {
+  constexpr int kTp = 2;
+  if (cuda::device_count() < kTp) GTEST_SKIP() << "needs " << kTp << " GPUs (" << cuda::device_count() << " visible)";
+  auto f = SafetensorsFile::open(testing::mtp_reference_path());
+  ASSERT_TRUE(f.ok()) << f.status().to_string();
+  const TensorEntry& te = (*f)->tensors().at("tiny-dsv3.prompt0.tokens");
+  std::vector<int32_t> tokens(te.shape[0]);
+  std::memcpy(tokens.data(), te.data, te.nbytes);
+  const TensorEntry& le = (*f)->tensors().at("tiny-dsv3.prompt0.draft_logits");
+  const int64_t rows = le.shape[0], V = le.shape[1];
+  const float* ref = reinterpret_cast<const float*>(le.data);
+  auto dev = [&](const std::vector<float>& got) {
+    double d = 0;
+    for (int64_t i = 0; i < rows * V; ++i) d = std::max(d, static_cast<double>(std::fabs(got[i] - ref[i])));
+    return d;
+  };
+  const double emulated = dev(draft_logits(*load(Device::kCpu, true, {}, true), tokens, rows));
+  const double one = dev(draft_logits(*load(Device::kCuda, true), tokens, rows));
+  const double two = dev(draft_logits(*load(Device::kCuda, true, {}, false, kTp), tokens, rows));
+  std::printf("draft logits over %lld rows: max |GPU TP=2 - ref| %.4f, TP=1 %.4f, CPU bf16 emulation %.4f\n",
+              static_cast<long long>(rows), two, one, emulated);
+  EXPECT_LE(two, 1.5 * emulated + 0.1);
+  auto cases = load_cases();
+  for (int64_t k : {1, 2})
+    for (bool oracle : {false, true}) {
+      SCOPED_TRACE("TP 2, k " + std::to_string(k) + (oracle ? " oracle" : " mtp drafts"));
+      EngineStats st;
+      RunOptions r;
+      r.k = k;
+      r.oracle = oracle;
+      r.tp = kTp;
+      expect_agrees(run(cases, r, &st, 2), cases, 2);  // second pass from the prefix cache
+      EXPECT_GT(st.spec.num_accepted_tokens, 0);
+      std::printf("TP=2 k=%lld %s: %s\n", static_cast<long long>(k), oracle ? "oracle" : "mtp",
+                  spec_decode_summary(st.spec).c_str());
+    }
+  RunOptions r;  // chunked and preempted, every step eager
+  r.k = 2;
+  r.tp = kTp;
+  r.budget = 7;
+  r.blocks = 11;
+  r.graphs = {};
+  EngineStats st;
+  expect_agrees(run(cases, r, &st), cases);
+  EXPECT_GT(st.num_preemptions, 0);
 }
 
 }  // namespace

@@ -219,11 +219,17 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   if (mtp) {
     // An MTP module (design.md "Speculative decoding (MTP)"): the layer's
     // input eh_proj([enorm(embed) | hnorm(h)]) enters as the first delta over
-    // a zeroed residual. Never tensor-parallel (load_weights refuses it).
+    // a zeroed residual. Under tensor parallelism the embedding is
+    // vocabulary-parallel as the model's (the whole lookup on every rank),
+    // h is the same on every rank and eh_proj is replicated: the delta is
+    // whole, and the first add + norm does not all-reduce it.
     const MtpFrontWeights& f = *weights_.mtp_front;
     const int embed = g.buffer("mtp_embed", H, DType::kF32);
     const int cat = g.buffer("mtp_cat", 2 * H, act);
-    g.add("mtp.embed_tokens", std::make_unique<EmbeddingOp>(weights_.embed_tokens), {}, {embed});
+    g.add("mtp.embed_tokens",
+          std::make_unique<EmbeddingOp>(weights_.embed_tokens,
+                                        VocabShard{rank_.shard.rank * (c.vocab_size / tp), rank_.comm}),
+          {}, {embed});
     g.add("mtp.input", std::make_unique<MtpInputOp>(f.enorm, f.hnorm, eps, options_.mtp_zero_embed_at_position0),
           {embed}, {cat, residual});
     g.add("mtp.eh_proj", std::make_unique<LinearOp>(&f.eh_proj, false), {cat}, {delta});
@@ -235,9 +241,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   }
   // The residual add + RMSNorm after a partial sum: with tensor parallelism
   // it all-reduces the delta first (fused on CUDA when it can).
-  auto add_norm = [&](const Tensor& weight, bool has_delta) {
+  auto add_norm = [&](const Tensor& weight, bool has_delta, bool partial_delta = true) {
     auto op = std::make_unique<AddRmsNormOp>(weight, eps, has_delta);
-    if (has_delta && rank_.comm)
+    if (has_delta && partial_delta && rank_.comm)
       op->set_all_reduce(AllReduceSpec{rank_.comm, rank_.peer_signals, options_.fuse_allreduce_norm});
     return op;
   };
@@ -258,7 +264,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     // Attention block.
     std::vector<int> norm_in = {residual};
     if (l > 0 || mtp) norm_in.push_back(delta);
-    g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0 || mtp), norm_in, {residual, x_norm});
+    g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0 || mtp, /*partial_delta=*/l > 0),
+          norm_in, {residual, x_norm});
     if (kind == StepKind::kDecode && width_builds_) {
       // The whole front end as one op (width builds); attention reads its q_full.
       const int q_a = g.buffer("q_a", std::max<int64_t>(c.q_lora_rank, 8), act);
