@@ -80,7 +80,6 @@ using testing::to_bf16;
 constexpr int kNope = 128, kRope = 64, kVHead = 128, kLora = 512, kLatent = 576, kQk = kNope + kRope;
 constexpr int kRow = 656;
 constexpr float kScale = 0.135234f;
-constexpr double kFp8VsBf16 = 8e-2;
 
 cudaStream_t stream() { return cuda::context().stream; }
 
@@ -650,20 +649,30 @@ TEST_F(KvCacheDsMlaGpu, PrefillBackendsReadTileScaledRowsWithCachedPrefixes) {
   PrefillProblem p;
   p.seqs = {{0, 1}, {5, 30}, {100, 17}, {0, 256}, {2000, 3}};
   for (size_t i = 0; i < p.seqs.size(); ++i) p.latent.push_back(spread_rows(p.seqs[i].keys(), 700 + i));
-  p.q = random_bf16_values(static_cast<size_t>(p.rows()) * p.dims.num_heads * kQk, 3.0f, 701);
+  // q at 0.3: the rows' tiles span 0.01..100, so the scores still spread
+  // over ~10 logits (with q at 3 they spread over ~100: the softmax is an
+  // argmax whose near-ties the CUDA paths' bf16 k and v, expanded by a bf16
+  // GEMM, flip against the f32 reference; H200, 2026-12-02: cuda_flash and
+  // cuda_naive both 35.75 for 30.56 at [13, 515]).
+  p.q = random_bf16_values(static_cast<size_t>(p.rows()) * p.dims.num_heads * kQk, 0.3f, 701);
   p.w = random_bf16_values(static_cast<size_t>(p.dims.num_heads) * (kNope + kVHead) * kLora, 0.05f, 702);
-  // The reference on the decoded rows, rounded to bf16 as both CUDA paths read them.
-  std::vector<float> want(p.rows() * p.dims.num_heads * kVHead);
+  // The reference on the decoded rows, rounded to bf16 as both CUDA paths
+  // read them; and on the bf16 rows (what a bf16 cache holds): the layout's
+  // own error.
+  std::vector<float> want(p.rows() * p.dims.num_heads * kVHead), want_bf16(want.size());
   int64_t r0 = 0;
   for (size_t i = 0; i < p.seqs.size(); ++i) {
-    std::vector<float> rows = decode_rows(encode_rows(p.latent[i]));
-    for (float& x : rows) x = round_to_bf16(x);
-    kernels::mla_attention_expanded_ref(p.dims, p.q.data() + r0 * p.dims.num_heads * kQk, p.dims.num_heads * kQk,
-                                        p.seqs[i].num_q, p.seqs[i].context, rows.data(), p.w.data(),
-                                        want.data() + r0 * p.dims.num_heads * kVHead, p.dims.num_heads * kVHead,
-                                        nullptr);
+    for (bool tiled : {true, false}) {
+      std::vector<float> rows = tiled ? decode_rows(encode_rows(p.latent[i])) : p.latent[i];
+      for (float& x : rows) x = round_to_bf16(x);
+      kernels::mla_attention_expanded_ref(p.dims, p.q.data() + r0 * p.dims.num_heads * kQk, p.dims.num_heads * kQk,
+                                          p.seqs[i].num_q, p.seqs[i].context, rows.data(), p.w.data(),
+                                          (tiled ? want : want_bf16).data() + r0 * p.dims.num_heads * kVHead,
+                                          p.dims.num_heads * kVHead, nullptr);
+    }
     r0 += p.seqs[i].num_q;
   }
+  const double layout = rel_l2(want, want_bf16);
   for (const char* backend : {"cuda_flash", "cuda_naive"})
     for (int64_t chunk : {int64_t{8192}, int64_t{300}})
       for (int bs : {16, 64}) {
@@ -671,9 +680,10 @@ TEST_F(KvCacheDsMlaGpu, PrefillBackendsReadTileScaledRowsWithCachedPrefixes) {
         const std::vector<float> got = run_prefill(p, true, backend, chunk, bs);
         EXPECT_TRUE(decode_matches(got, want, p.dims.num_heads * kVHead)) << tag;
         const double vs_bf16 = rel_l2(got, run_prefill(p, false, backend, chunk, bs));
-        std::printf("mla_prefill fp8_ds_mla %s: rel L2 vs reference %.4f, vs bf16 cache %.4f\n", tag.c_str(),
-                    rel_l2(got, want), vs_bf16);
-        EXPECT_LE(vs_bf16, kFp8VsBf16) << tag;
+        std::printf("mla_prefill fp8_ds_mla %s: rel L2 vs reference %.4f, vs bf16 cache %.4f (reference %.4f)\n",
+                    tag.c_str(), rel_l2(got, want), vs_bf16, layout);
+        // The GPU adds nothing beyond the layout's own error.
+        EXPECT_LE(vs_bf16, 1.05 * layout + 1e-2) << tag;
       }
 }
 
