@@ -168,45 +168,78 @@ StatusOr<Tensor> ModelRunner::execute(const SchedulerOutput& out) {
 StatusOr<std::vector<std::vector<SampleResult>>> ModelRunner::execute_and_verify(const SchedulerOutput& out) {
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
   NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->forward_logits(in, kv_cache_, stats_));
-  if (logits.device() == Device::kCuda) logits = to_host(logits);
   const int64_t vocab = model_->config().vocab_size;
   int64_t num_rows = 0;
   for (const auto& s : out.scheduled)
     if (s.samples) num_rows += 1 + s.num_draft_tokens;
   NUCLEUS_RETURN_IF_ERROR(score_prompt_rows(out, logits, num_rows, vocab));
-  std::vector<std::vector<SampleResult>> results;
-  int64_t row = 0;
+  // 1. Every row's own sample, as sample_token draws it at its output index:
+  // row j of a sequence with n output tokens is index n + j, with drafts
+  // d_1 .. d_j in its history (the penalties and min_tokens see them as
+  // generated). Each row's adjustment list is [begin, end) of adjustments_.
+  adjustments_.clear();
+  std::vector<std::pair<size_t, size_t>> spans;
+  std::vector<std::pair<const Sequence*, int64_t>> row_of;  // (sequence, output index)
   for (const auto& s : out.scheduled) {
     if (!s.samples) continue;
     const Sequence& seq = *s.seq;
     NUCLEUS_CHECK(!seq.grammar_matcher, "sequence {}: structured output with speculative decoding", seq.seq_id);
-    std::vector<SampleResult>& accepted = results.emplace_back();
-    // Row j scores output index n + j with d_1 .. d_j in the history (the
-    // penalties and min_tokens see the drafts before it).
     const int64_t n = seq.num_output_tokens();
     std::unordered_map<int32_t, int32_t> counts;
     const bool adjusts = seq.params.adjusts_logits(n) || seq.params.adjusts_logits(n + s.num_draft_tokens);
     if (adjusts && !adjust_builder_) adjust_builder_ = std::make_unique<TokenAdjustmentBuilder>(vocab);
     if (adjusts && s.num_draft_tokens > 0) counts = seq.output_token_counts;
     for (int64_t j = 0; j <= s.num_draft_tokens; ++j) {
-      const float* logit_row = logits.data<float>() + (row + j) * vocab;
-      adjustments_.clear();
+      spans.push_back({adjustments_.size(), adjustments_.size()});
       if (seq.params.adjusts_logits(n + j)) {
         SampleHistory h = seq.sample_history(eos_token_ids_);
         if (s.num_draft_tokens > 0) h.output_counts = &counts;
         adjust_builder_->build(seq.params, h, n + j, &adjustments_);
+        spans.back().second = adjustments_.size();
       }
-      if (j == s.num_draft_tokens) {  // every draft accepted: the bonus token
-        accepted.push_back(sample_token(logit_row, vocab, seq.params, seq.seed, n + j, adjustments_));
-        break;
-      }
-      const int32_t draft = seq.draft_token_ids[static_cast<size_t>(j)];
-      bool ok = false;
-      accepted.push_back(verify_draft_token(logit_row, vocab, seq.params, seq.seed, n + j, adjustments_, draft, &ok));
-      if (!ok) break;
-      if (adjusts) ++counts[draft];
+      row_of.push_back({&seq, n + j});
+      if (adjusts && j < s.num_draft_tokens) ++counts[seq.draft_token_ids[static_cast<size_t>(j)]];
     }
-    row += 1 + s.num_draft_tokens;
+  }
+  auto row_adjustments = [&](size_t i) {
+    return std::span<const TokenAdjustment>(adjustments_.data() + spans[i].first, spans[i].second - spans[i].first);
+  };
+  std::vector<SampleResult> sampled;
+  if (logits.device() == Device::kCuda) {
+    if (!device_sampler_ || device_sampler_->max_rows() < num_rows) {
+      NUCLEUS_ASSIGN_OR_RETURN(device_sampler_, DeviceSampler::create(std::max<int64_t>(256, num_rows), vocab));
+    }
+    std::vector<DeviceSampleRequest> requests;
+    for (size_t i = 0; i < row_of.size(); ++i) {
+      requests.push_back(make_device_sample_request(row_of[i].first->params, row_of[i].first->seed, row_of[i].second));
+      requests.back().adjustments = row_adjustments(i);
+    }
+    sampled = device_sampler_->sample(logits.data<float>(), requests);
+  } else {
+    for (size_t i = 0; i < row_of.size(); ++i)
+      sampled.push_back(sample_token(logits.data<float>() + static_cast<int64_t>(i) * vocab, vocab,
+                                     row_of[i].first->params, row_of[i].first->seed, row_of[i].second,
+                                     row_adjustments(i)));
+  }
+  // 2. Acceptance: draft d_j stands while row j's sample equals it; the first
+  // row whose sample differs gives the target's own token, and with every
+  // draft accepted the last row gives the bonus token. For a drafter that
+  // proposes one token (q = one-hot, the MTP's argmax) this is the rejection
+  // rule exactly (Leviathan et al. 2023): the draft is kept with probability
+  // p(d_j) = min(1, p / q), and a rejected row's sample is distributed as p
+  // with d_j's mass removed, renormalised. The tokens are the very draws
+  // sample_token makes without drafts (same seed, same output index), so a
+  // seeded request gives the same output with speculative decoding on or off.
+  std::vector<std::vector<SampleResult>> results;
+  size_t row = 0;
+  for (const auto& s : out.scheduled) {
+    if (!s.samples) continue;
+    std::vector<SampleResult>& accepted = results.emplace_back();
+    for (int64_t j = 0; j <= s.num_draft_tokens; ++j) {
+      accepted.push_back(std::move(sampled[row + static_cast<size_t>(j)]));
+      if (j == s.num_draft_tokens || accepted.back().token != s.seq->draft_token_ids[static_cast<size_t>(j)]) break;
+    }
+    row += static_cast<size_t>(1 + s.num_draft_tokens);
   }
   return results;
 }

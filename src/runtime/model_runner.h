@@ -78,14 +78,17 @@ class ModelRunner {
   // min_p) get their sparse adjustment lists from the sequences' histories.
   StatusOr<std::vector<SampleResult>> execute_and_sample(const SchedulerOutput& out);
   // Speculative decoding: runs the step and, for every scheduled sequence
-  // with samples == true, verifies its num_draft_tokens drafts in order
-  // (verify_draft_token on the row before each; the penalties and
-  // min_tokens of row j see drafts 1..j as generated) and returns, per such
-  // sequence in scheduled order, the accepted drafts then the target's own
-  // token: the first rejected draft's replacement, or the bonus token from
-  // the last row when all were accepted (1 .. num_draft_tokens + 1 tokens).
-  // Samples on the host (logits copied back on CUDA). Prompt logprobs as
-  // execute_and_sample. Structured output is refused earlier (add_request).
+  // with samples == true, samples each of its 1 + num_draft_tokens rows as
+  // sample_token would at that output index (the penalties and min_tokens
+  // of row j see drafts 1..j as generated; on CUDA the device sampler, else
+  // the host) and accepts draft j while row j's sample equals it: the
+  // rejection rule for a one-token drafter (exact for greedy and sampling;
+  // a seeded request's tokens are those it gets without drafts). Returns,
+  // per such sequence in scheduled order, the accepted drafts then the
+  // target's own token: the first rejected draft's replacement, or the
+  // bonus token from the last row when all were accepted (1 ..
+  // num_draft_tokens + 1 tokens). Prompt logprobs as execute_and_sample.
+  // Structured output is refused earlier (add_request).
   StatusOr<std::vector<std::vector<SampleResult>>> execute_and_verify(const SchedulerOutput& out);
   // The model's EOS ids, masked under min_tokens (with each request's stop_token_ids).
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_token_ids_ = std::move(ids); }

@@ -10,8 +10,6 @@
 namespace nucleus {
 
 namespace {
-// The acceptance draws' stream, apart from the token draws' (seed, output_index).
-constexpr uint64_t kDraftAcceptSalt = 0xa5c3e1f0d2b49687ull;
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -74,14 +72,9 @@ std::vector<float> adjusted_logits(const float* logits, int64_t vocab, const Sam
   return row;
 }
 
-namespace {
-// The draw of sample_token; with draft >= 0 first the rejection rule of
-// verify_draft_token (*accepted says whether the draft was kept).
-SampleResult sample_or_verify(const float* raw, int64_t vocab, const SamplingParams& params, uint64_t seed,
-                              int64_t output_index, std::span<const TokenAdjustment> adjustments, int32_t draft,
-                              bool* accepted) {
+SampleResult sample_token(const float* raw, int64_t vocab, const SamplingParams& params, uint64_t seed,
+                          int64_t output_index, std::span<const TokenAdjustment> adjustments) {
   SampleResult r;
-  if (accepted) *accepted = false;
   // Logprobs come from the raw row; the draw from the adjusted one.
   std::vector<float> adjusted;
   const float* logits = raw;
@@ -101,7 +94,6 @@ SampleResult sample_or_verify(const float* raw, int64_t vocab, const SamplingPar
                                               -std::numeric_limits<float>::infinity();
   if (params.temperature == 0.0f || none_left) {
     r.token = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);  // first max
-    if (accepted) *accepted = r.token == draft;
   } else {
     std::vector<int32_t> cand(vocab);
     std::iota(cand.begin(), cand.end(), 0);
@@ -134,33 +126,16 @@ SampleResult sample_or_verify(const float* raw, int64_t vocab, const SamplingPar
     }
     double kept_total = 0.0;
     for (size_t i = 0; i < keep; ++i) kept_total += p[i];
-    if (draft >= 0) {
-      // Accept the draft with probability p(draft) (q is one-hot: min(1, p / q)
-      // = p); else draw from p with the draft's mass removed.
-      size_t at = keep;
-      for (size_t i = 0; i < keep; ++i)
-        if (cand[i] == draft) at = i;
-      const double p_draft = at < keep ? p[at] / kept_total : 0.0;
-      if (counter_uniform(seed ^ kDraftAcceptSalt, static_cast<uint64_t>(output_index)) < p_draft) {
-        r.token = draft;
-        *accepted = true;
-      } else if (at < keep) {
-        kept_total -= p[at];
-        p[at] = 0.0;
-      }
-    }
     const double u = counter_uniform(seed, static_cast<uint64_t>(output_index)) * kept_total;
-    if (!(accepted && *accepted)) {
-      double cum = 0.0;
-      r.token = cand[0];  // u * kept_total rounding up to kept_total: the last candidate with mass
-      for (size_t i = 0; i < keep; ++i)
-        if (p[i] > 0.0) r.token = cand[i];
-      for (size_t i = 0; i < keep; ++i) {
-        cum += p[i];
-        if (u < cum) {
-          r.token = cand[i];
-          break;
-        }
+    double cum = 0.0;
+    r.token = cand[0];  // u * kept_total rounding up to kept_total: the last candidate with mass
+    for (size_t i = 0; i < keep; ++i)
+      if (p[i] > 0.0) r.token = cand[i];
+    for (size_t i = 0; i < keep; ++i) {
+      cum += p[i];
+      if (u < cum) {
+        r.token = cand[i];
+        break;
       }
     }
   }
@@ -175,19 +150,6 @@ SampleResult sample_or_verify(const float* raw, int64_t vocab, const SamplingPar
     for (int64_t i = 0; i < n; ++i) r.top_logprobs.emplace_back(idx[i], logprob(idx[i]));
   }
   return r;
-}
-}  // namespace
-
-SampleResult sample_token(const float* raw, int64_t vocab, const SamplingParams& params, uint64_t seed,
-                          int64_t output_index, std::span<const TokenAdjustment> adjustments) {
-  return sample_or_verify(raw, vocab, params, seed, output_index, adjustments, -1, nullptr);
-}
-
-SampleResult verify_draft_token(const float* logits, int64_t vocab_size, const SamplingParams& params, uint64_t seed,
-                                int64_t output_index, std::span<const TokenAdjustment> adjustments, int32_t draft,
-                                bool* accepted) {
-  NUCLEUS_CHECK(draft >= 0 && draft < vocab_size && accepted, "draft {} outside [0, {})", draft, vocab_size);
-  return sample_or_verify(logits, vocab_size, params, seed, output_index, adjustments, draft, accepted);
 }
 
 }  // namespace nucleus

@@ -44,22 +44,6 @@ using kernels::TokenAdjustment;
 SampleResult sample_token(const float* logits, int64_t vocab_size, const SamplingParams& params, uint64_t seed,
                           int64_t output_index, std::span<const TokenAdjustment> adjustments = {});
 
-// Speculative decoding's verification of one draft token on the target's
-// row (Leviathan et al. 2023, "Fast Inference from Transformers via
-// Speculative Decoding"; vLLM's rejection sampler), for a drafter that
-// proposes deterministically (the MTP's argmax: q = one-hot at `draft`):
-//   temperature == 0: the token is the argmax; accepted iff it is the draft.
-//   otherwise, with p the distribution sample_token draws from (adjustments,
-//   min_p, temperature, top_k, top_p): accept with probability
-//   min(1, p(draft) / q(draft)) = p(draft), using u = uniform(seed ^ salt,
-//   output_index); else draw from norm(max(0, p - q)) = p with the draft's
-//   mass removed, using sample_token's u. The token is then distributed
-//   exactly as sample_token's. Returns its SampleResult (logprobs as
-//   sample_token's); *accepted says whether it is the draft.
-SampleResult verify_draft_token(const float* logits, int64_t vocab_size, const SamplingParams& params, uint64_t seed,
-                                int64_t output_index, std::span<const TokenAdjustment> adjustments, int32_t draft,
-                                bool* accepted);
-
 // What the penalties and min_tokens need of a sequence besides its params.
 struct SampleHistory {
   std::span<const int32_t> prompt_ids;  // the prompt's ids (repeats allowed); read when repetition_penalty != 1

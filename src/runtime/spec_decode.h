@@ -10,7 +10,7 @@
 // module chained on its own pre-norm output gives d_2 .. d_k. The next step
 // verifies [t_last, d_1 .. d_k] as k + 1 query rows (Scheduler), accepts
 // the longest prefix the target agrees with plus one token of its own
-// (verify_draft_token: exact for greedy and sampling alike), and counts the
+// (ModelRunner::execute_and_verify: exact for greedy and sampling alike), and counts the
 // rejected rows as never computed.
 #pragma once
 

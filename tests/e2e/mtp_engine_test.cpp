@@ -294,6 +294,36 @@ TEST(MtpEngine, LogprobsAndPenaltiesAsWithoutDrafts) {
   }
 }
 
+// Each row's sample is the draw the request makes without drafts (same seed,
+// same output index), so seeded sampling with penalties gives MTP-off's
+// tokens exactly, with the trained MTP layer's drafts (accepted and
+// rejected) and with the oracle's.
+TEST(MtpEngine, SeededSamplingEqualsMtpOff) {
+  auto cases = ref_cases();
+  SamplingParams p = greedy(24);
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.seed = 1234;
+  p.presence_penalty = 0.4f;
+  p.logprobs = 2;
+  auto off = engine(config(0));
+  auto base = run_all(*off, prompts_of(cases), p, "s");
+  for (int64_t k : {1, 3}) {
+    auto e = engine(config(k));
+    auto got = run_all(*e, prompts_of(cases), p, "s");
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const std::string id = "s" + std::to_string(i);
+      EXPECT_EQ(got[id].tokens, base[id].tokens) << id << " k " << k;
+      ASSERT_EQ(got[id].samples.size(), base[id].samples.size());
+      for (size_t t = 0; t < got[id].samples.size(); ++t)
+        EXPECT_NEAR(got[id].samples[t].logprob, base[id].samples[t].logprob, 1e-4) << id << " token " << t;
+    }
+    const SpecDecodeStats st = e->stats().spec;
+    EXPECT_GT(st.num_accepted_tokens, 0) << "k " << k;
+    EXPECT_LT(st.num_accepted_tokens, st.num_draft_tokens) << "k " << k;  // some drafts rejected
+  }
+}
+
 // The exact target distribution of the first two sampled tokens under
 // top_k 4 at `temperature` (pairs t1 * 4096 + t2), from the target's logits.
 std::map<int64_t, double> exact_pairs(ModelExecutor& m, const std::vector<int32_t>& prompt, double temperature) {
