@@ -155,8 +155,10 @@ int run_bench_latency(int argc, char** argv) {
       sp.temperature = 0;
       sp.ignore_eos = true;
       // Room for every request to stay running through the timed decode steps
-      // (staggered prefill chunks give some requests a head start).
-      sp.max_tokens = static_cast<int32_t>(per_step * 2 * output_len + 16);
+      // (staggered prefill chunks give some requests a head start), within
+      // the context limit.
+      sp.max_tokens = static_cast<int32_t>(
+          std::max<int64_t>(output_len, std::min<int64_t>(per_step * 2 * output_len + 16, ec.max_model_len - input_len)));
       std::vector<double> prefill_times;
       double decode_total_s = 0, spec_target_s = 0, spec_mtp_s = 0;
       int64_t spec_steps = 0;
@@ -217,6 +219,9 @@ int run_bench_latency(int argc, char** argv) {
           NUCLEUS_CHECK(static_cast<int64_t>(outs->size()) == batch, "decode step served {} of {} sequences",
                         outs->size(), batch);
           ++decode_steps;
+          // A request at its max_tokens (the context limit, with speculative
+          // decoding's several tokens a step) ends this run's decode steps.
+          if (std::any_of(outs->begin(), outs->end(), [](const RequestOutput& o) { return o.finished; })) break;
           if (tty && timed)
             std::fprintf(stderr, "\rinput %lld batch %lld run %lld: decode %lld/%lld   ",
                          static_cast<long long>(input_len), static_cast<long long>(batch), static_cast<long long>(run),

@@ -434,7 +434,12 @@ class Loader {
                                  "multi-token-prediction layer, but config.json has num_nextn_predict_layers = 0");
     ModelWeights m;
     MtpFrontWeights f;
-    NUCLEUS_ASSIGN_OR_RETURN(f.enorm, dense(p + "enorm.weight", {H}));
+    auto enorm = dense(p + "enorm.weight", {H});
+    if (!enorm.ok())
+      return enorm.status().with_context("the multi-token-prediction (MTP) layer " + std::to_string(l) +
+                                         " that config.json's num_nextn_predict_layers promises (speculative "
+                                         "decoding needs it)");
+    f.enorm = std::move(*enorm);
     NUCLEUS_ASSIGN_OR_RETURN(f.hnorm, dense(p + "hnorm.weight", {H}));
     NUCLEUS_ASSIGN_OR_RETURN(f.eh_proj, linear(p + "eh_proj", H, 2 * H));
     m.mtp_front = std::move(f);
