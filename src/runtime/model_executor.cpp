@@ -99,13 +99,17 @@ StatusOr<std::unique_ptr<ModelExecutor>> ModelExecutor::create(std::unique_ptr<D
 StatusOr<Tensor> ModelExecutor::hidden_states() { return ranks_[0].executor->last_step_buffer("x_norm"); }
 
 StatusOr<Tensor> ModelExecutor::mtp_forward(const StepInputs& inputs, KvCache& mtp_cache) {
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, mtp_forward_logits(inputs, mtp_cache));
+  return logits.device() == Device::kCuda ? to_host(logits) : logits;
+}
+
+StatusOr<Tensor> ModelExecutor::mtp_forward_logits(const StepInputs& inputs, KvCache& mtp_cache) {
   if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
   for (int32_t p : inputs.positions)
     NUCLEUS_CHECK(p >= 0 && p < config().max_position_embeddings, "MTP position {} outside [0, {})", p,
                   config().max_position_embeddings);
   if (!group_) {
-    NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, mtp_[0].executor->forward_logits(inputs, mtp_cache));
-    return logits.device() == Device::kCuda ? to_host(logits) : logits;
+    return mtp_[0].executor->forward_logits(inputs, mtp_cache);
   }
   NUCLEUS_CHECK(mtp_cache.ranks.size() == mtp_.size(), "an MTP cache of {} ranks for a model of {}",
                 mtp_cache.ranks.size(), mtp_.size());
@@ -125,7 +129,7 @@ StatusOr<Tensor> ModelExecutor::mtp_forward(const StepInputs& inputs, KvCache& m
                       ")");
     return s;
   }
-  return logits[0].device() == Device::kCuda ? to_host(logits[0]) : logits[0];
+  return logits[0];
 }
 
 StatusOr<Tensor> ModelExecutor::mtp_hidden_states() {

@@ -94,6 +94,10 @@ class ModelExecutor {
   // Errors: as forward(); mtp_forward without a loaded module (kFailedPrecondition).
   bool has_mtp() const { return !mtp_.empty(); }
   StatusOr<Tensor> mtp_forward(const StepInputs& inputs, KvCache& mtp_cache);
+  // mtp_forward's logits where the step left them: on CUDA rank 0's device
+  // buffer [num_logits, vocab] f32 (valid until its next MTP step), on the
+  // CPU a host tensor.
+  StatusOr<Tensor> mtp_forward_logits(const StepInputs& inputs, KvCache& mtp_cache);
   StatusOr<Tensor> mtp_hidden_states();
   KvCache make_mtp_kv_cache(int64_t num_blocks, int64_t block_size);
   int64_t mtp_kv_bytes_per_token() const { return has_mtp() ? mtp_[0].model->kv_bytes_per_token() : 0; }

@@ -68,7 +68,6 @@ Tensor host_f32(const Tensor& t) {
   return f;
 }
 
-int32_t argmax_row(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
 
 // Appends one sequence's rows to `in` (tokens, positions, slots, its block
 // table widened to in.max_blocks_per_seq).
@@ -90,8 +89,30 @@ void add_seq(StepInputs& in, const Sequence& seq, int64_t block_size, int64_t fi
 
 }  // namespace
 
+StatusOr<std::vector<int32_t>> MtpProposer::argmax_rows(const Tensor& logits, int64_t n) {
+  const int64_t V = model_->config().vocab_size;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  if (logits.device() == Device::kCuda) {
+    if (!sampler_ || sampler_->max_rows() < n) {
+      NUCLEUS_ASSIGN_OR_RETURN(sampler_, DeviceSampler::create(std::max<int64_t>(256, n), V));
+    }
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    const std::vector<DeviceSampleRequest> requests(static_cast<size_t>(n),
+                                                    make_device_sample_request(greedy, 0, 0));
+    const std::vector<SampleResult> r = sampler_->sample(logits.data<float>(), requests);
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = r[static_cast<size_t>(i)].token;
+    return ids;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits.data<float>() + i * V;
+    ids[static_cast<size_t>(i)] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+  }
+  return ids;
+}
+
 Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& blocks) {
-  const int64_t H = model_->config().hidden_size, V = model_->config().vocab_size, bs = cache_.block_size;
+  const int64_t H = model_->config().hidden_size, bs = cache_.block_size;
   // Drafts each sequence may take; chained drafts need the MTP cache's slots
   // of positions N - 1 .. N + m - 3 (N = num_tokens).
   std::vector<int64_t> num_drafts(rows.size(), 0);
@@ -136,11 +157,12 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
     }
   }
   in.mtp_hidden = hidden;  // host rows: each rank's MTP executor moves them to its device
-  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->mtp_forward(in, cache_));
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->mtp_forward_logits(in, cache_));
+  NUCLEUS_ASSIGN_OR_RETURN(std::vector<int32_t> first, argmax_rows(logits, static_cast<int64_t>(drafting.size())));
   std::vector<int64_t> prev_row;  // each drafting sequence's row in the last MTP step
   for (size_t d = 0; d < drafting.size(); ++d) {
     Sequence& seq = *rows[drafting[d]].seq;
-    seq.draft_token_ids = {argmax_row(logits.data<float>() + static_cast<int64_t>(d) * V, V)};
+    seq.draft_token_ids = {first[d]};
     prev_row.push_back(in.logit_indices[d]);
   }
 
@@ -166,9 +188,10 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
       ci.logit_indices.push_back(static_cast<int32_t>(i));
     }
     ci.mtp_hidden = ch;
-    NUCLEUS_ASSIGN_OR_RETURN(Tensor cl, model_->mtp_forward(ci, cache_));
+    NUCLEUS_ASSIGN_OR_RETURN(Tensor cl, model_->mtp_forward_logits(ci, cache_));
+    NUCLEUS_ASSIGN_OR_RETURN(std::vector<int32_t> next, argmax_rows(cl, static_cast<int64_t>(live.size())));
     for (size_t i = 0; i < live.size(); ++i) {
-      rows[drafting[live[i]]].seq->draft_token_ids.push_back(argmax_row(cl.data<float>() + static_cast<int64_t>(i) * V, V));
+      rows[drafting[live[i]]].seq->draft_token_ids.push_back(next[i]);
       prev_row[live[i]] = static_cast<int64_t>(i);
     }
   }

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/device_sampler.h"
+
 #include "core/status.h"
 #include "runtime/block_manager.h"
 #include "runtime/model_executor.h"
@@ -97,9 +99,15 @@ class MtpProposer {
   KvCache& cache() { return cache_; }
 
  private:
+  // The argmax of each of the first n rows of `logits` ([>= n, vocab] f32;
+  // the first maximum): on CUDA by the device sampler's greedy rows (only
+  // the ids come back), else on the host.
+  StatusOr<std::vector<int32_t>> argmax_rows(const Tensor& logits, int64_t n);
+
   ModelExecutor* model_;
   KvCache cache_;
   int64_t k_;
+  std::unique_ptr<DeviceSampler> sampler_;  // CUDA: the drafts' argmaxes
 };
 
 }  // namespace nucleus
