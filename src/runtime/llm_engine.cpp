@@ -188,18 +188,7 @@ std::vector<RequestOutput> LLMEngine::step() {
     o.new_token_ids.push_back(r.token);
     o.new_samples.push_back(std::move(r));
     if (seq.params.prompt_logprobs && seq.num_output_tokens() == 1) o.prompt_logprobs = seq.prompt_logprobs;
-    const int32_t tok = o.new_token_ids.back();
-    FinishReason reason = seq.grammar_matcher ? advance_grammar(seq, tok) : FinishReason::kNone;
-    if (reason != FinishReason::kNone)
-      o.error = seq.error;  // the grammar ended the output (kStop), or refused the token (kError)
-    else if (!seq.params.ignore_eos &&
-        std::find(config_.eos_token_ids.begin(), config_.eos_token_ids.end(), tok) != config_.eos_token_ids.end())
-      reason = FinishReason::kStop;
-    else if (std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), tok) !=
-             seq.params.stop_token_ids.end())
-      reason = FinishReason::kStop;
-    else if (seq.num_output_tokens() >= seq.params.max_tokens)
-      reason = FinishReason::kLength;
+    const FinishReason reason = finish_reason_after(seq, o.new_token_ids.back(), o);
     if (reason != FinishReason::kNone) {
       scheduler_->finish(&seq, reason);
       o.finished = true;
