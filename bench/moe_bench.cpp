@@ -1,12 +1,15 @@
 // NUCLEUS_BENCH_NEEDS_CUDA: the routed experts of one MoE layer on the GPU.
 //
-// moe_bench [--reps N] [--decode]: MoeExpertsOp (experts only: no router, no
+// moe_bench [--reps N] [--decode] [--max-t T]: MoeExpertsOp (experts only: no router, no
 // shared experts) at DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64
 // experts, top-6, bf16), DeepSeek-V3 (hidden 7168, moe_inter 2048, 256
 // experts, top-8) and its TP-8 shard (moe_inter 256), each in bf16 and in FP8
 // e4m3 with 128x128 block scales, uniform random routing, T = 1 .. 4096
 // tokens; cuda_grouped everywhere, cuda_decode (the fused decode kernel) at
-// T <= 16 in the same run, cuda_naive at T = 1, 8, 32. --decode: only
+// T <= 16 in the same run, cuda_naive at T = 1, 8, 32; FP8 models also with
+// NUCLEUS_MOE_FP8_REGISTER_DEQUANT=0 (row "cuda_grouped fp8 via smem") at
+// T <= 512, and every model with NUCLEUS_MOE_UP_SPLIT_K=0 (row "cuda_grouped
+// up split-K off") at T <= 16. --max-t: steps of at most T tokens. --decode: only
 // T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
@@ -18,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -142,7 +146,7 @@ const Backend<MoeExpertsOp>& backend_named(const char* name) {
   return MoeExpertsOp::backends().front();
 }
 
-void bench_model(const Model& m, int reps, bool decode_only) {
+void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
   WeightFactory factory(m.fp8);
   std::deque<LinearWeight> weights;
   std::vector<ExpertWeights> experts;
@@ -164,7 +168,7 @@ void bench_model(const Model& m, int reps, bool decode_only) {
   NUCLEUS_CHECK_OK(res.reserve_ops(ops, StepLimits{.max_tokens = decode_only ? 16 : 4096}, Device::kCuda));
   std::mt19937_64 rng(7);
   for (int64_t T : {1, 2, 4, 8, 16, 32, 128, 512, 4096}) {
-    if (decode_only && T > 16) break;
+    if ((decode_only && T > 16) || T > max_t) break;
     std::vector<int32_t> ids(T * m.top_k);
     std::vector<float> w(T * m.top_k);
     std::vector<int32_t> perm(m.num_experts);
@@ -201,6 +205,20 @@ void bench_model(const Model& m, int reps, bool decode_only) {
     };
     report("cuda_grouped", time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
     NUCLEUS_CHECK_OK(ctx.error);
+    // The same backend with one switch changed (set for the row, then restored).
+    auto report_with = [&](const char* knob, const char* value, const char* row) {
+      const char* before = std::getenv(knob);
+      const std::string saved = before ? before : "";
+      setenv(knob, value, 1);
+      report(row, time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
+      if (before) setenv(knob, saved.c_str(), 1);
+      else unsetenv(knob);
+      NUCLEUS_CHECK_OK(ctx.error);
+    };
+    // FP8 weights dequantized through a bf16 shared-memory tile (the path before).
+    if (m.fp8 && T <= 512) report_with("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", "0", "cuda_grouped fp8 via smem");
+    // The UP GEMM without split-K (the rule splits decode steps of few pairs).
+    if (T <= 16) report_with("NUCLEUS_MOE_UP_SPLIT_K", "0", "cuda_grouped up split-K off");
     if (decode_ok.ok() && T <= 16) {
       report("cuda_decode", time_us([&] { decode.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
       NUCLEUS_CHECK_OK(ctx.error);
@@ -216,13 +234,16 @@ void bench_model(const Model& m, int reps, bool decode_only) {
 int main(int argc, char** argv) {
   int reps = 20;
   bool decode_only = false;
+  int64_t max_t = 4096;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--decode") == 0) {
       decode_only = true;
+    } else if (std::strcmp(argv[i], "--max-t") == 0 && i + 1 < argc) {
+      max_t = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "moe_bench: unknown argument '%s' (usage: moe_bench [--reps N] [--decode])\n", argv[i]);
+      std::fprintf(stderr, "moe_bench: unknown argument '%s' (usage: moe_bench [--reps N] [--decode] [--max-t T])\n", argv[i]);
       return 2;
     }
   }
@@ -238,10 +259,10 @@ int main(int argc, char** argv) {
               (*ctx)->name.c_str(), (*ctx)->num_sms, reps);
   std::printf("| model | backend | T | experts touched | weight MB | time us | GB/s | %% of 4.58 TB/s | TFLOP/s | "
               "%% of 790 |\n|---|---|---|---|---|---|---|---|---|---|\n");
-  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps, decode_only);
-  bench_model({"V3 bf16", 7168, 2048, 256, 8, false}, reps, decode_only);
-  bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only);
-  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only);
-  bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only);
+  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps, decode_only, max_t);
+  bench_model({"V3 bf16", 7168, 2048, 256, 8, false}, reps, decode_only, max_t);
+  bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only, max_t);
+  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only, max_t);
+  bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only, max_t);
   return 0;
 }

@@ -48,8 +48,8 @@ constexpr KnobInfo kKnobs[] = {
      "never, or always; a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
     {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1", "1",
-     "skinny decode GEMMs (bf16 and FP8) and the MoE decode kernels launch as programmatic dependents (PDL) of "
-     "the kernel before them; "
+     "skinny decode GEMMs (bf16 and FP8), the MoE decode kernels and the grouped MoE path's five kernels launch "
+     "as programmatic dependents (PDL) of the kernel before them; "
      "a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
     {KNOB(kForceKernel), "NUCLEUS_FORCE_KERNEL", KnobType::kList, "family=backend[,...]", "(none)",
@@ -79,6 +79,14 @@ constexpr KnobInfo kKnobs[] = {
      "routed experts of decode steps of at most N tokens run the fused decode kernel (auto: none, measured "
      "slower than the grouped GEMMs; "
      "0: never); a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeFp8RegisterDequant), "NUCLEUS_MOE_FP8_REGISTER_DEQUANT", KnobType::kFlag, "", "1",
+     "the grouped MoE GEMMs convert FP8 expert weights to bf16 in registers at decode tile sizes (16 and 32 "
+     "rows), exactly, with the block scale on the f32 sums (0: through a bf16 shared-memory tile of q * scale)",
+     "src/ops/moe_grouped_cuda.cpp"},
+    {KNOB(kMoeUpSplitK), "NUCLEUS_MOE_UP_SPLIT_K", KnobType::kEnum, "auto, 0 (also off/false/1), 2..8", "auto",
+     "the grouped MoE path's UP GEMM at decode steps splits K over this many CTAs a column tile (auto: enough "
+     "for two CTAs an SM, up to 8); a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "

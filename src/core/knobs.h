@@ -43,6 +43,8 @@ enum class Knob {
   kMlaPrefillWgmma,
   kMoeChunkTokens,
   kMoeDecode,
+  kMoeFp8RegisterDequant,
+  kMoeUpSplitK,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

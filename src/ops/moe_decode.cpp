@@ -38,4 +38,22 @@ Status moe_decode_env_status() {
   return ok_status();
 }
 
+int moe_up_splits_switch() {
+  auto s = env_string(Knob::kMoeUpSplitK);
+  if (!s) return 0;
+  std::string t = *s;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t.empty() || t == "auto") return 0;
+  if (t == "0" || t == "off" || t == "false" || t == "1") return 1;
+  if (t.size() != 1 || t[0] < '2' || t[0] > '8') return -1;
+  return t[0] - '0';
+}
+
+Status moe_up_splits_env_status() {
+  if (moe_up_splits_switch() < 0)
+    return invalid_argument("NUCLEUS_MOE_UP_SPLIT_K='" + *env_string(Knob::kMoeUpSplitK) +
+                            "' is not auto, 0 or a split count 2..8");
+  return ok_status();
+}
+
 }  // namespace nucleus

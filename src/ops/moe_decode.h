@@ -35,4 +35,14 @@ int64_t moe_decode_max_tokens();
 // a model is built, which then fails).
 Status moe_decode_env_status();
 
+// NUCLEUS_MOE_UP_SPLIT_K, the split-K of the grouped path's UP GEMM at
+// decode steps (kernels::moe_grouped_up_splits), read at each use so that a
+// benchmark can sweep it: 0 for auto (the rule; default), 1 for 0/off/false/1
+// (no split), N for 2..8 (forced); -1 when malformed.
+int moe_up_splits_switch();
+
+// OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K (checked
+// when a model is built).
+Status moe_up_splits_env_status();
+
 }  // namespace nucleus

@@ -23,6 +23,8 @@
 #include "kernels/moe/moe_grouped.cuh"
 #include "ops/linear_cuda.h"
 #include "ops/moe_cuda.h"
+#include "ops/moe_decode.h"
+#include "ops/skinny.h"
 #include "ops/op_cuda_check.h"
 
 namespace nucleus::cuda_ops {
@@ -124,12 +126,17 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
   const kernels::MoeGroupedWorkspace ws =
       kernels::moe_grouped_workspace_carve(ctx.workspace.data, st.shape, st.chunk_tokens * top_k);
   NUCLEUS_CHECK(hidden == st.shape.hidden, "moe_experts x width {} vs hidden {}", hidden, st.shape.hidden);
+  // Read at every run (a capture bakes in the kernels it launched).
+  kernels::MoeGroupedOptions opt;
+  opt.fp8_register_dequant = env_flag(Knob::kMoeFp8RegisterDequant);
+  opt.up_splits = std::max(0, moe_up_splits_switch());
+  opt.pdl = skinny_pdl();
   for (int64_t t0 = 0; t0 < T; t0 += st.chunk_tokens) {
     const int64_t n = std::min(st.chunk_tokens, T - t0);
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_grouped(
         x.data<__nv_bfloat16>() + t0 * hidden, n, in[1].data<int32_t>() + t0 * top_k,
         in[2].data<float>() + t0 * top_k, st.shape, st.views.data<kernels::ExpertView>(), st.gate_up_fp8,
-        st.down_fp8, ws, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream));
+        st.down_fp8, ws, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream, opt));
   }
 }
 

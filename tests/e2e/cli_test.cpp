@@ -330,6 +330,18 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
               std::string::npos)
         << r.out;
   }
+  // So is a malformed NUCLEUS_MOE_UP_SPLIT_K (2..8 splits); auto and 0 run.
+  for (const char* bad : {"9", "-2", "two", "16"}) {
+    r = run("generate --device cpu --max-tokens 2", true, std::string("NUCLEUS_MOE_UP_SPLIT_K=") + bad);
+    EXPECT_EQ(r.status, 1) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find(std::string("NUCLEUS_MOE_UP_SPLIT_K='") + bad + "' is not auto, 0 or a split count 2..8"),
+              std::string::npos)
+        << r.out;
+  }
+  for (const char* good : {"auto", "0", "4"}) {
+    r = run("generate --device cpu --max-tokens 2", true, std::string("NUCLEUS_MOE_UP_SPLIT_K=") + good);
+    EXPECT_EQ(r.status, 0) << good << "\n" << r.out;
+  }
 }
 
 }  // namespace

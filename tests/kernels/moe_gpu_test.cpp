@@ -356,8 +356,9 @@ struct CloseTol {
   float rtol = 0.02f;          // times |want|
   double max_rel_l2 = 1e-2;    // ||got - want|| / ||want||
 };
-void expect_close(const std::vector<float>& got_all, const std::vector<float>& want, const std::vector<int64_t>& rows,
-                  int64_t hidden, const std::string& what, const CloseTol& tol = {}) {
+// Returns the relative L2 error.
+double expect_close(const std::vector<float>& got_all, const std::vector<float>& want, const std::vector<int64_t>& rows,
+                    int64_t hidden, const std::string& what, const CloseTol& tol = {}) {
   int64_t not_finite = 0;
   for (float v : got_all) not_finite += !std::isfinite(v);
   EXPECT_EQ(not_finite, 0) << what << ": output elements not written (poison) or not finite";
@@ -377,6 +378,7 @@ void expect_close(const std::vector<float>& got_all, const std::vector<float>& w
   EXPECT_TRUE(all_close(got, want, tol.atol_rms * rms, tol.rtol, hidden))
       << what << " (rows sampled: " << rows.size() << ")";
   EXPECT_LT(std::sqrt(se / std::max(ss, 1e-30)), tol.max_rel_l2) << what;
+  return std::sqrt(se / std::max(ss, 1e-30));
 }
 
 struct Step {
@@ -462,7 +464,10 @@ TEST_F(MoeGpu, ExpertsV2LiteBf16) { check_shape({"v2-lite", 2048, 1408, 64, 6, f
 TEST_F(MoeGpu, ExpertsV3LikeFp8) { check_shape({"v3-like-fp8", 7168, 2048, 32, 8, true, true, 48}); }
 
 // Every GEMM variant (tile height 16, 32, 64, 128) on one step, through the
-// kernel interface.
+// kernel interface. FP8 tiles of 16 and 32 rows run both dequantizations
+// (NUCLEUS_MOE_FP8_REGISTER_DEQUANT on and off): each within the tolerance of
+// the reference, and the register path, whose weights are exact, no less
+// accurate than the shared-memory path's q * scale rounded to bf16.
 TEST_F(MoeGpu, ExpertsEveryVariant) {
   for (const MoeShape& s : {MoeShape{"tiny-fp8-down", 256, 192, 8, 2, false, true, 4096},
                             MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 128},
@@ -479,14 +484,150 @@ TEST_F(MoeGpu, ExpertsEveryVariant) {
     const auto rows = sample_rows(T, s.max_ref_tokens);
     const auto want = reference_rows(set, st.x_host, st.routing, rows);
     for (int bm : {16, 32, 64, 128}) {
-      NUCLEUS_CUDA_CHECK(cudaMemset(st.out.raw(), 0x7f, st.out.nbytes()));
-      ASSERT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
-                                   gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, ws,
-                                   st.out.data<__nv_bfloat16>(), nullptr, bm),
-                cudaSuccess);
-      NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
-      expect_close(from_bf16(host_copy<uint16_t>(st.out)), want, rows, s.hidden,
-                   std::string(s.name) + " bm=" + std::to_string(bm));
+      double err[2] = {0, 0};  // [shared, registers]
+      for (bool regs : {false, true}) {
+        NUCLEUS_CUDA_CHECK(cudaMemset(st.out.raw(), 0x7f, st.out.nbytes()));
+        ASSERT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                     gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, ws,
+                                     st.out.data<__nv_bfloat16>(), nullptr,
+                                     MoeGroupedOptions{.force_bm = bm, .fp8_register_dequant = regs, .up_splits = 1}),
+                  cudaSuccess);
+        NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+        err[regs] = expect_close(from_bf16(host_copy<uint16_t>(st.out)), want, rows, s.hidden,
+                                 std::string(s.name) + " bm=" + std::to_string(bm) +
+                                     (regs ? " fp8 in registers" : " fp8 through shared memory"));
+      }
+      if (bm <= 32 && (s.gate_up_fp8 || s.down_fp8))
+        EXPECT_LE(err[1], err[0] * 1.02) << s.name << " bm=" << bm << ": register dequantization less accurate";
+      else
+        EXPECT_EQ(err[1], err[0]) << s.name << " bm=" << bm << ": the switch changed a path it does not cover";
+    }
+  }
+}
+
+// UP split-K at decode steps: every forced split count (1, 2, 4, 8) within
+// the tolerance of the reference, bit-identical repeats (the splits are added
+// in order), rows of out-of-range expert ids contributing nothing; and the
+// rule's counts on the DeepSeek shapes, by hand: splits double while the
+// step's expert column tiles times the splits leave SMs idle (132 SMs).
+TEST_F(MoeGpu, ExpertsUpSplitK) {
+  const int sms = 132;
+  EXPECT_EQ(moe_grouped_up_splits(1, {7168, 256, 256, 8}, 16, sms), 8);   // V3 TP 8: 8 x 4 tiles = 32
+  EXPECT_EQ(moe_grouped_up_splits(2, {7168, 256, 256, 8}, 16, sms), 4);   // 16 x 4 = 64
+  EXPECT_EQ(moe_grouped_up_splits(4, {7168, 256, 256, 8}, 16, sms), 2);   // 32 x 4 = 128
+  EXPECT_EQ(moe_grouped_up_splits(8, {7168, 256, 256, 8}, 16, sms), 1);   // 64 x 4 = 256
+  EXPECT_EQ(moe_grouped_up_splits(1, {7168, 2048, 256, 8}, 16, sms), 1);  // V3: 8 x 32 = 256
+  EXPECT_EQ(moe_grouped_up_splits(1, {2048, 1408, 64, 6}, 16, sms), 1);   // V2-Lite: 6 x 22 = 132
+  EXPECT_EQ(moe_grouped_up_splits(1, {2048, 704, 64, 6}, 16, sms), 2);    // V2-Lite at TP 2: 6 x 11 = 66
+  EXPECT_EQ(moe_grouped_up_splits(1, {256, 192, 8, 2}, 16, sms), 1);      // K of 2 k-tiles: no split
+  EXPECT_EQ(moe_grouped_up_splits(1, {7168, 256, 256, 8}, 32, sms), 1);   // 32-row tiles: none
+  EXPECT_EQ(moe_grouped_up_splits(40, {7168, 256, 256, 8}, 16, sms), 1);  // 320 pairs: 2 x 320 > 512 rows
+
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12},
+                            MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 8}}) {
+    ExpertSet set(s);
+    std::vector<ExpertView> views;
+    for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
+    Tensor d_views = device_copy(views, DType::kU8);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    for (int64_t T : {1, 3, 8}) {
+      Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
+      const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+      Step st = make_step(s, T, false, 77 + T);
+      if (T == 3) {  // one pair with an id out of range: its row is not sorted, contributes nothing
+        st.routing.ids[1] = -1;
+        NUCLEUS_CUDA_CHECK(cudaMemcpy(st.ids.raw(), st.routing.ids.data(), st.routing.ids.size() * 4,
+                                      cudaMemcpyHostToDevice));
+      }
+      const auto rows = sample_rows(T, T);
+      Routing ref_routing = st.routing;  // the reference has no out-of-range ids: a weight of 0 instead
+      if (T == 3) {
+        ref_routing.ids[1] = 0;
+        ref_routing.weights[1] = 0.0f;
+      }
+      const auto want = reference_rows(set, st.x_host, ref_routing, rows);
+      for (int splits : {1, 2, 4, 8}) {
+        std::vector<float> runs[2];
+        for (auto& got : runs) {
+          NUCLEUS_CUDA_CHECK(cudaMemset(st.out.raw(), 0x7f, st.out.nbytes()));
+          ASSERT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(),
+                                       st.weights.data<float>(), gs, d_views.data<ExpertView>(), s.gate_up_fp8,
+                                       s.down_fp8, ws, st.out.data<__nv_bfloat16>(), nullptr,
+                                       MoeGroupedOptions{.force_bm = 16, .up_splits = splits}),
+                    cudaSuccess);
+          NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+          got = from_bf16(host_copy<uint16_t>(st.out));
+        }
+        const std::string what = std::string(s.name) + " T=" + std::to_string(T) + " up splits " + std::to_string(splits);
+        expect_close(runs[0], want, rows, s.hidden, what);
+        EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4)) << what << ": repeat differs";
+      }
+    }
+  }
+}
+
+// PDL (the op's default under NUCLEUS_PDL=1): every launch a programmatic
+// dependent of the one before, DOWN streaming its first weights before it
+// waits for h. Eager and inside a CUDA graph, the output equals the plain
+// launches' bit for bit (the kernels are deterministic), with split-K (V3
+// TP 8 at T = 1) and without, at decode and prefill tile heights.
+TEST_F(MoeGpu, ExpertsPdlEqualsPlainLaunches) {
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12}}) {
+    ExpertSet set(s);
+    std::vector<ExpertView> views;
+    for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
+    Tensor d_views = device_copy(views, DType::kU8);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    for (int64_t T : {1, 8, 300}) {
+      Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
+      const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+      Step st = make_step(s, T, false, 500 + T);
+      cudaStream_t stream = cuda::context().stream;
+      auto launch = [&](bool pdl) {
+        MoeGroupedOptions opt;
+        opt.pdl = pdl;
+        return launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(), gs,
+                                  d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, ws,
+                                  st.out.data<__nv_bfloat16>(), stream, opt);
+      };
+      auto run = [&](bool pdl, bool graph) {
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
+        if (!graph) {
+          EXPECT_EQ(launch(pdl), cudaSuccess);
+        } else {
+          cudaGraph_t g;
+          cudaGraphExec_t exec;
+          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          EXPECT_EQ(launch(pdl), cudaSuccess);
+          EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+          EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+          for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(g);
+        }
+        NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return from_bf16(host_copy<uint16_t>(st.out));
+      };
+      const auto plain = run(false, false);
+      const auto rows = sample_rows(T, s.max_ref_tokens);
+      expect_close(plain, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden,
+                   std::string(s.name) + " T=" + std::to_string(T) + " plain launches");
+      for (bool graph : {false, true}) {
+        const auto got = run(true, graph);
+        EXPECT_EQ(0, std::memcmp(got.data(), plain.data(), got.size() * 4))
+            << s.name << " T=" << T << (graph ? " graph" : " eager") << ": PDL launches differ from plain ones";
+      }
+      if (T == 8) {  // every id out of range: no m-tile at all; the output is zero
+        std::vector<int32_t> none(static_cast<size_t>(T * s.top_k), -1);
+        NUCLEUS_CUDA_CHECK(cudaMemcpy(st.ids.raw(), none.data(), none.size() * 4, cudaMemcpyHostToDevice));
+        for (bool graph : {false, true}) {
+          const auto got = run(true, graph);
+          EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float v) { return v == 0.0f; }))
+              << s.name << (graph ? " graph" : " eager") << ": ids all out of range, output not zero";
+        }
+      }
     }
   }
 }

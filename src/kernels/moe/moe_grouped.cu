@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/device_sms.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/moe/moe_grouped.cuh"
 
 namespace nucleus::kernels {
@@ -31,6 +33,8 @@ __global__ void __launch_bounds__(kAlignThreads)
   __shared__ int cursor[kAlignThreads];    // counts, then the next free row of each expert
   __shared__ int row_off[kAlignThreads];   // first sorted row of each expert
   __shared__ int tile_off[kAlignThreads];  // first m-tile of each expert
+  pdl::wait_for_inputs();  // topk_ids come from the router
+  pdl::launch_dependents();
   const int tid = threadIdx.x;
   cursor[tid] = 0;
   __syncthreads();
@@ -76,10 +80,38 @@ __global__ void __launch_bounds__(kAlignThreads)
   }
 }
 
+// UP split-K, the sum: h[r, j] = silu(g) * u with g = sum_s partial[s, r, j]
+// and u = sum_s partial[s, r, inter + j], splits in order (f32), for the
+// step's sorted rows r < expert_offsets[num_experts]. Two columns a thread.
+__global__ void moe_up_finish_kernel(const float* __restrict__ partial, int k_splits, int partial_rows, int inter,
+                                     const int32_t* __restrict__ expert_offsets, int num_experts,
+                                     __nv_bfloat16* __restrict__ h) {
+  pdl::wait_for_inputs();  // the partial sums come from UP
+  pdl::launch_dependents();
+  const int rows = expert_offsets[num_experts];
+  const int pairs_per_row = inter / 2;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= static_cast<int64_t>(rows) * pairs_per_row) return;
+  const int r = static_cast<int>(i / pairs_per_row), j = static_cast<int>(i % pairs_per_row) * 2;
+  float2 g = make_float2(0.0f, 0.0f), u = make_float2(0.0f, 0.0f);
+  for (int sp = 0; sp < k_splits; ++sp) {
+    const float* row = partial + (static_cast<int64_t>(sp) * partial_rows + r) * (2 * inter);
+    const float2 gs = *reinterpret_cast<const float2*>(row + j), us = *reinterpret_cast<const float2*>(row + inter + j);
+    g.x += gs.x;
+    g.y += gs.y;
+    u.x += us.x;
+    u.y += us.y;
+  }
+  const float h0 = g.x / (1.0f + __expf(-g.x)) * u.x, h1 = g.y / (1.0f + __expf(-g.y)) * u.y;
+  *reinterpret_cast<__nv_bfloat162*>(h + static_cast<int64_t>(r) * inter + j) = __floats2bfloat162_rn(h0, h1);
+}
+
 // out[t, c..c+8) = sum_k w[t, k] * y[pair_pos[t, k], c..c+8), k in order, f32.
 __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
                                    const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
                                    __nv_bfloat16* __restrict__ out) {
+  pdl::wait_for_inputs();  // y comes from DOWN
+  pdl::launch_dependents();
   const int vecs = hidden / 8;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= num_tokens * vecs) return;
@@ -110,21 +142,23 @@ using moe_grouped::GemmArgs;
 using moe_grouped::launch_grouped_gemm_impl;
 
 template <bool kUp>
-cudaError_t launch_gemm(int bm, bool fp8, const GemmArgs& a, int64_t max_tiles, cudaStream_t stream) {
+cudaError_t launch_gemm(int bm, bool fp8, bool regs, const GemmArgs& a, int64_t max_tiles, cudaStream_t stream) {
   constexpr int kBnSmall = kUp ? 128 : 64;  // DOWN: narrower tiles for more CTAs at small batches
   switch (bm) {
     case 16:
-      return fp8 ? launch_grouped_gemm_impl<16, kBnSmall, true, kUp>(a, max_tiles, stream)
-                 : launch_grouped_gemm_impl<16, kBnSmall, false, kUp>(a, max_tiles, stream);
+      if (fp8 && regs && a.k % 128 == 0) return launch_grouped_gemm_impl<16, kBnSmall, true, kUp, true>(a, max_tiles, stream);
+      return fp8 ? launch_grouped_gemm_impl<16, kBnSmall, true, kUp, false>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<16, kBnSmall, false, kUp, false>(a, max_tiles, stream);
     case 32:
-      return fp8 ? launch_grouped_gemm_impl<32, kBnSmall, true, kUp>(a, max_tiles, stream)
-                 : launch_grouped_gemm_impl<32, kBnSmall, false, kUp>(a, max_tiles, stream);
+      if (fp8 && regs && a.k % 128 == 0) return launch_grouped_gemm_impl<32, kBnSmall, true, kUp, true>(a, max_tiles, stream);
+      return fp8 ? launch_grouped_gemm_impl<32, kBnSmall, true, kUp, false>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<32, kBnSmall, false, kUp, false>(a, max_tiles, stream);
     case 64:
-      return fp8 ? launch_grouped_gemm_impl<64, 128, true, kUp>(a, max_tiles, stream)
-                 : launch_grouped_gemm_impl<64, 128, false, kUp>(a, max_tiles, stream);
+      return fp8 ? launch_grouped_gemm_impl<64, 128, true, kUp, false>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<64, 128, false, kUp, false>(a, max_tiles, stream);
     case 128:
-      return fp8 ? launch_grouped_gemm_impl<128, 128, true, kUp>(a, max_tiles, stream)
-                 : launch_grouped_gemm_impl<128, 128, false, kUp>(a, max_tiles, stream);
+      return fp8 ? launch_grouped_gemm_impl<128, 128, true, kUp, false>(a, max_tiles, stream)
+                 : launch_grouped_gemm_impl<128, 128, false, kUp, false>(a, max_tiles, stream);
     default:
       return cudaErrorInvalidValue;  // unsupported tile height
   }
@@ -137,7 +171,8 @@ int down_bn(int bm) { return bm <= 32 ? 64 : 128; }
 size_t moe_grouped_workspace_bytes(const MoeGroupedShape& s, int64_t max_pairs) {
   const int64_t tiles = max_tiles_for(max_pairs, s.num_experts, 16);
   return align_up((s.num_experts + 1) * 4) + 2 * align_up(max_pairs * 4) + 2 * align_up(tiles * 4) + align_up(4) +
-         align_up(max_pairs * s.inter * 2) + align_up(max_pairs * s.hidden * 2);
+         align_up(max_pairs * s.inter * 2) + align_up(max_pairs * s.hidden * 2) +
+         align_up(kMoeUpSplitRows * 2 * s.inter * 4);
 }
 
 MoeGroupedWorkspace moe_grouped_workspace_carve(void* base, const MoeGroupedShape& s, int64_t max_pairs) {
@@ -157,6 +192,7 @@ MoeGroupedWorkspace moe_grouped_workspace_carve(void* base, const MoeGroupedShap
   ws.num_tiles = reinterpret_cast<int32_t*>(take(4));
   ws.h = reinterpret_cast<__nv_bfloat16*>(take(max_pairs * s.inter * 2));
   ws.y = reinterpret_cast<__nv_bfloat16*>(take(max_pairs * s.hidden * 2));
+  ws.up_partial = reinterpret_cast<float*>(take(kMoeUpSplitRows * 2 * s.inter * 4));
   ws.max_pairs = max_pairs;
   return ws;
 }
@@ -190,21 +226,48 @@ int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s) {
   return 128;
 }
 
+// Launches `kernel` on `stream`, as a programmatic dependent when `pdl`.
+template <typename... Params, typename... Args>
+cudaError_t launch_maybe_pdl(void (*kernel)(Params...), int64_t grid, int block, bool pdl, cudaStream_t stream,
+                             Args... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(block);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms) {
+  const int64_t pairs = num_tokens * s.top_k;
+  if (bm != 16 || pairs <= 0) return 1;
+  const int64_t ctas = std::min(pairs, s.num_experts) * (s.inter / 64);  // expert column tiles at most
+  const int64_t k_tiles = s.hidden / 128;                                 // of the register path's 128 k
+  int splits = 1;
+  while (splits < kMoeUpMaxSplits && ctas * splits < static_cast<int64_t>(num_sms) &&
+         pairs * 2 * splits <= kMoeUpSplitRows && k_tiles >= 4 * 2 * splits)
+    splits *= 2;
+  return splits;
+}
+
 cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const int32_t* topk_ids,
                                const float* topk_weights, const MoeGroupedShape& s, const ExpertView* experts,
                                bool gate_up_fp8, bool down_fp8, const MoeGroupedWorkspace& ws, __nv_bfloat16* out,
-                               cudaStream_t stream, int force_bm) {
+                               cudaStream_t stream, const MoeGroupedOptions& opt) {
   if (num_tokens == 0) return cudaSuccess;
   const int64_t pairs = num_tokens * s.top_k;
   if (num_tokens < 0 || pairs > ws.max_pairs) return cudaErrorInvalidValue;
   if (pairs * std::max(s.hidden, s.inter) >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // 32-bit offsets
-  const int bm = force_bm ? force_bm : moe_grouped_pick_bm(num_tokens, s);
+  const int bm = opt.force_bm ? opt.force_bm : moe_grouped_pick_bm(num_tokens, s);
   if (bm != 16 && bm != 32 && bm != 64 && bm != 128) return cudaErrorInvalidValue;
   const int64_t max_tiles = max_tiles_for(pairs, s.num_experts, bm);
 
-  moe_align_kernel<<<1, kAlignThreads, 0, stream>>>(topk_ids, static_cast<int>(pairs), static_cast<int>(s.num_experts),
-                                                    bm, ws);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_maybe_pdl(moe_align_kernel, 1, kAlignThreads, opt.pdl, stream, topk_ids,
+                                     static_cast<int>(pairs), static_cast<int>(s.num_experts), bm, ws);
   if (err != cudaSuccess) return err;
 
   GemmArgs up;
@@ -220,23 +283,44 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   up.k = static_cast<int>(s.hidden);
   up.n = static_cast<int>(s.inter);
   up.n_tiles = static_cast<int>(s.inter / 64);  // every UP tile holds 64 gate + 64 up rows
-  err = launch_gemm<true>(bm, gate_up_fp8, up, max_tiles, stream);
+  up.num_experts = static_cast<int>(s.num_experts);
+  up.pdl = opt.pdl;
+  int splits = opt.up_splits > 0 ? opt.up_splits : moe_grouped_up_splits(num_tokens, s, bm, current_device_sms());
+  // Forced counts stay within the workspace's partial rows and leave every split a k-tile.
+  splits = static_cast<int>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(kMoeUpMaxSplits, s.hidden / 128)));
+  while (splits > 1 && pairs * splits > kMoeUpSplitRows) --splits;
+  if (splits > 1) {
+    up.k_splits = splits;
+    up.partial = ws.up_partial;
+    up.partial_rows = static_cast<int>(pairs);
+  }
+  err = launch_gemm<true>(bm, gate_up_fp8, opt.fp8_register_dequant, up, max_tiles * splits, stream);
   if (err != cudaSuccess) return err;
+  if (splits > 1) {
+    const int64_t threads = pairs * (s.inter / 2);
+    err = launch_maybe_pdl(moe_up_finish_kernel, cuda_common::ceil_div(threads, 256), 256, opt.pdl, stream,
+                           static_cast<const float*>(ws.up_partial), splits, static_cast<int>(pairs),
+                           static_cast<int>(s.inter), static_cast<const int32_t*>(ws.expert_offsets),
+                           static_cast<int>(s.num_experts), ws.h);
+    if (err != cudaSuccess) return err;
+  }
 
   GemmArgs down = up;
+  down.k_splits = 1;
+  down.partial = nullptr;
   down.a = ws.h;
   down.sorted_pairs = nullptr;
   down.c = ws.y;
   down.k = static_cast<int>(s.inter);
   down.n = static_cast<int>(s.hidden);
   down.n_tiles = static_cast<int>(s.hidden / down_bn(bm));
-  err = launch_gemm<false>(bm, down_fp8, down, max_tiles, stream);
+  err = launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
   if (err != cudaSuccess) return err;
 
   const int64_t threads = num_tokens * (s.hidden / 8);
-  moe_combine_kernel<<<cuda_common::ceil_div(threads, 256), 256, 0, stream>>>(
-      ws.y, ws.pair_pos, topk_weights, num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
-  return cudaGetLastError();
+  return launch_maybe_pdl(moe_combine_kernel, cuda_common::ceil_div(threads, 256), 256, opt.pdl, stream,
+                          static_cast<const __nv_bfloat16*>(ws.y), static_cast<const int32_t*>(ws.pair_pos),
+                          topk_weights, num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
 }
 
 }  // namespace nucleus::kernels

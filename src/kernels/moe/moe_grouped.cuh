@@ -50,7 +50,27 @@ struct MoeGroupedWorkspace {
   int32_t* num_tiles = nullptr;       // [1] m-tiles in the work list
   __nv_bfloat16* h = nullptr;         // [max_pairs, inter] silu(gate) * up, sorted rows
   __nv_bfloat16* y = nullptr;         // [max_pairs, hidden] expert outputs, sorted rows
+  float* up_partial = nullptr;        // [k_splits, rows, 2 * inter] f32 UP sums of split-K steps,
+                                      // k_splits * rows <= kMoeUpSplitRows
   int64_t max_pairs = 0;
+};
+
+// Split-K of the UP GEMM (steps of few pairs, where the experts' column tiles
+// alone leave SMs idle): at most this many splits, and splits * pairs rows of
+// f32 partial sums in the workspace.
+constexpr int kMoeUpMaxSplits = 8;
+constexpr int64_t kMoeUpSplitRows = 512;
+
+// Launch-time choices of launch_moe_grouped (tests and benches force them;
+// the engine passes the knobs' values).
+struct MoeGroupedOptions {
+  int force_bm = 0;                  // 0 picks the m-tile rows; 16, 32, 64 or 128 force them
+  bool fp8_register_dequant = true;  // FP8 weights of 16- and 32-row tiles converted in registers
+                                     // (NUCLEUS_MOE_FP8_REGISTER_DEQUANT)
+  int up_splits = 0;                 // UP split-K: 0 by the rule (moe_grouped_up_splits), 1 none,
+                                     // 2..kMoeUpMaxSplits forced (within the workspace) (NUCLEUS_MOE_UP_SPLIT_K)
+  bool pdl = false;                  // every launch a programmatic dependent of the one before (NUCLEUS_PDL):
+                                     // DOWN streams its first weights while UP drains
 };
 
 // Bytes of device memory a workspace for `max_pairs` pairs needs, and the
@@ -72,14 +92,31 @@ const char* moe_grouped_unsupported(const MoeGroupedShape& s, const WeightView& 
 //   experts:      device array [num_experts]; gate_up [2 * inter, hidden], down [hidden, inter]
 //   gate_up_fp8 / down_fp8: whether those weights are FP8 (as the views say)
 //   out:          [num_tokens, hidden] bf16, overwritten
-//   force_bm:     0 picks the variant; 16, 32, 64 (decode) or 128 (prefill) force one (tests, benches)
+//   opt:          the m-tile rows, the FP8 dequantization and the UP split-K
+//                 (MoeGroupedOptions). FP8 register dequantization: weights of
+//                 16- and 32-row m-tiles are converted to bf16 in registers,
+//                 exactly, with the block scale applied to the f32 sums of
+//                 each k-tile; off: through a bf16 shared tile of q * scale
+//                 rounded to bf16. UP split-K with S splits: each CTA sums a
+//                 1/S share of the K range into the workspace's f32 partial
+//                 rows and a fifth launch adds the S partials in split order
+//                 and applies SiLU * up (deterministic).
 // Stream-async; safe under graph capture (no allocation, no host sync).
 // Returns cudaErrorInvalidValue for sizes beyond the workspace or with
 // num_tokens * top_k * max(hidden, inter) >= 2^31 (kernels use 32-bit offsets).
 cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const int32_t* topk_ids,
                                const float* topk_weights, const MoeGroupedShape& s, const ExpertView* experts,
                                bool gate_up_fp8, bool down_fp8, const MoeGroupedWorkspace& ws, __nv_bfloat16* out,
-                               cudaStream_t stream, int force_bm = 0);
+                               cudaStream_t stream, const MoeGroupedOptions& opt = {});
+
+// UP split-K count for a step of num_tokens tokens (1: no split): while the
+// step's expert column tiles (active experts x inter / 64) times S leave SMs
+// without a CTA, S doubles (at most kMoeUpMaxSplits, S * pairs <=
+// kMoeUpSplitRows, each split >= 4 k-tiles of 128); only for 16-row m-tiles
+// (decode steps). Measured (docs/perf.md "MoE experts at decode"): splitting
+// a grid that already fills the SMs once costs 2-6% (V3 T = 1, V3 TP 8 T = 8),
+// filling an idle machine gains up to 1.8x (V3 TP 8 FP8 T = 1).
+int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms);
 
 // The m-tile rows launch_moe_grouped picks for these sizes (16, 32, 64 or 128).
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
@@ -102,12 +139,21 @@ struct GemmArgs {
   int k = 0;                   // reduction width (UP: hidden; DOWN: inter)
   int n = 0;                   // output width (UP: inter; DOWN: hidden)
   int n_tiles = 0;             // UP: n / (BN / 2); DOWN: n / BN
+  int num_experts = 0;
+  // UP split-K (k_splits > 1): each CTA sums k-tiles [split * kt / S, (split
+  // + 1) * kt / S) and writes raw f32 gate and up sums to
+  // partial[split][row][2 * n] (gate j at j, up j at n + j) instead of h.
+  int k_splits = 1;
+  float* partial = nullptr;
+  int partial_rows = 0;  // rows a split's block holds (>= the step's pairs)
+  bool pdl = false;      // launched as a programmatic dependent (host side)
 };
 
 // Explicitly instantiated in moe_grouped_{up,down}_{bf16,fp8}.cu for
 // (BM, BN) in {(16, 128), (32, 128), (64, 128), (128, 128)} (UP) and
-// {(16, 64), (32, 64), (64, 128), (128, 128)} (DOWN).
-template <int BM, int BN, bool kFp8, bool kUp>
+// {(16, 64), (32, 64), (64, 128), (128, 128)} (DOWN); kRegs (FP8 weights
+// dequantized in registers, moe_grouped_gemm.cuh) for FP8 at BM 16 and 32.
+template <int BM, int BN, bool kFp8, bool kUp, bool kRegs>
 cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cudaStream_t stream);
 
 }  // namespace moe_grouped

@@ -3,8 +3,8 @@
 #include "kernels/moe/moe_grouped_gemm.cuh"
 
 namespace nucleus::kernels::moe_grouped {
-template cudaError_t launch_grouped_gemm_impl<16, 64, false, false>(const GemmArgs&, int64_t, cudaStream_t);
-template cudaError_t launch_grouped_gemm_impl<32, 64, false, false>(const GemmArgs&, int64_t, cudaStream_t);
-template cudaError_t launch_grouped_gemm_impl<64, 128, false, false>(const GemmArgs&, int64_t, cudaStream_t);
-template cudaError_t launch_grouped_gemm_impl<128, 128, false, false>(const GemmArgs&, int64_t, cudaStream_t);
+template cudaError_t launch_grouped_gemm_impl<16, 64, false, false, false>(const GemmArgs&, int64_t, cudaStream_t);
+template cudaError_t launch_grouped_gemm_impl<32, 64, false, false, false>(const GemmArgs&, int64_t, cudaStream_t);
+template cudaError_t launch_grouped_gemm_impl<64, 128, false, false, false>(const GemmArgs&, int64_t, cudaStream_t);
+template cudaError_t launch_grouped_gemm_impl<128, 128, false, false, false>(const GemmArgs&, int64_t, cudaStream_t);
 }  // namespace nucleus::kernels::moe_grouped
