@@ -324,6 +324,13 @@ Routing make_routing(int64_t T, int64_t E, int64_t K, bool skewed, uint64_t seed
   return r;
 }
 
+// The experts' device views, as the kernels take them: ExpertView [num_experts].
+Tensor device_views(const ExpertSet& set) {
+  std::vector<ExpertView> views;
+  for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
+  return device_copy(views, DType::kU8);
+}
+
 // Output rows of the reference for tokens `rows` of the step.
 std::vector<float> reference_rows(const ExpertSet& set, const std::vector<float>& x, const Routing& r,
                                   const std::vector<int64_t>& rows) {
@@ -473,9 +480,7 @@ TEST_F(MoeGpu, ExpertsEveryVariant) {
                             MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 128},
                             MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 32}}) {
     ExpertSet set(s);
-    std::vector<ExpertView> views;
-    for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
-    Tensor d_views = device_copy(views, DType::kU8);
+    Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     const int64_t T = 100;
     Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
@@ -527,9 +532,7 @@ TEST_F(MoeGpu, ExpertsUpSplitK) {
                             MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12},
                             MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 8}}) {
     ExpertSet set(s);
-    std::vector<ExpertView> views;
-    for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
-    Tensor d_views = device_copy(views, DType::kU8);
+    Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     for (int64_t T : {1, 3, 8}) {
       Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
@@ -576,9 +579,7 @@ TEST_F(MoeGpu, ExpertsPdlEqualsPlainLaunches) {
   for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
                             MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12}}) {
     ExpertSet set(s);
-    std::vector<ExpertView> views;
-    for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
-    Tensor d_views = device_copy(views, DType::kU8);
+    Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     for (int64_t T : {1, 8, 300}) {
       Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
@@ -753,10 +754,7 @@ TEST_F(MoeGpu, DecodeKernelEdgeCases) {
                             MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 16, 12},
                             MoeShape{"top16", 256, 192, 64, 16, false, false, 16}}) {
     ExpertSet set(s);
-    std::vector<ExpertView> views;
-    for (const auto& e : set.op_experts)
-      views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
-    Tensor d_views = device_copy(views, DType::kU8);
+    Tensor d_views = device_views(set);
     for (int64_t T : {1, 3, 16}) {
       Step st = make_step(s, T, false, 500 + T);
       const int64_t K = s.top_k;

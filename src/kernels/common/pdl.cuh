@@ -10,6 +10,10 @@
 // captured as a programmatic edge.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
 namespace nucleus::kernels::pdl {
 
 // Lets a programmatic dependent launched after this kernel start its CTAs
@@ -20,5 +24,26 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // are visible; returns at once in a kernel not launched as a programmatic
 // dependent.
 __device__ __forceinline__ void wait_for_inputs() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+// Launches `kernel` on `stream` over `grid` CTAs of `block` threads with
+// `smem` bytes of dynamic shared memory, as a programmatic dependent of the
+// kernel before it when `dependent` (launched normally otherwise). The
+// arguments convert to the kernel's parameter types. Host side; returns
+// cudaLaunchKernelEx's error.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), int64_t grid, int block, size_t smem, bool dependent,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(static_cast<unsigned>(block));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
 
 }  // namespace nucleus::kernels::pdl

@@ -180,18 +180,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) skinny_fp8_gemm_kernel(const P
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <int MT>
-cudaError_t launch_mt(const Params& p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_mt(const Params& p, bool pdl_on, cudaStream_t stream) {
   const int64_t groups = ceil_div64(p.n, kRW);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ceil_div64(groups, p.warps / p.slices)));
-  config.blockDim = dim3(p.warps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, skinny_fp8_gemm_kernel<MT>, p);
+  return pdl::launch(skinny_fp8_gemm_kernel<MT>, ceil_div64(groups, p.warps / p.slices), p.warps * 32, 0, pdl_on,
+                     stream, p);
 }
 
 }  // namespace

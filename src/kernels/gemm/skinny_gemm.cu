@@ -155,19 +155,11 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <int M>
-cudaError_t launch_m(const Params& p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_m(const Params& p, bool pdl_on, cudaStream_t stream) {
   constexpr int U = M <= 2 ? 4 : 2;
   const int64_t groups = ceil_div64(p.n, kRW);
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ceil_div64(groups, kSkinnyWarps / p.slices)));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, skinny_gemm_kernel<M, U>, p);
+  return pdl::launch(skinny_gemm_kernel<M, U>, ceil_div64(groups, kSkinnyWarps / p.slices), kThreads, 0, pdl_on,
+                     stream, p);
 }
 
 }  // namespace

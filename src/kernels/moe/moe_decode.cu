@@ -417,30 +417,15 @@ __global__ void __launch_bounds__(kThreads, 1) moe_decode_down_kernel(const Para
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-template <typename Kernel>
-cudaError_t launch(Kernel kernel, unsigned grid, unsigned block, const Params& p, bool pdl, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(block);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
-
 template <bool kUpFp8, bool kDownFp8, int MR>
-cudaError_t launch_mr(const Params& p, bool pdl, cudaStream_t stream) {
+cudaError_t launch_mr(const Params& p, bool pdl_on, cudaStream_t stream) {
   constexpr int kUpU = MR <= 2 ? 4 : 2;
   constexpr int kDownU = MR <= 4 ? 8 : 4;
   const int64_t activated_max = std::min<int64_t>(p.pairs, p.E);
-  cudaError_t e = launch(moe_decode_up_kernel<kUpFp8, MR, kUpU>, static_cast<unsigned>(activated_max * p.tiles),
-                         kThreads, p, pdl, stream);
+  cudaError_t e =
+      pdl::launch(moe_decode_up_kernel<kUpFp8, MR, kUpU>, activated_max * p.tiles, kThreads, 0, pdl_on, stream, p);
   if (e != cudaSuccess) return e;
-  return launch(moe_decode_down_kernel<kDownFp8, MR, kDownU>, static_cast<unsigned>(p.down_ctas), kThreads, p, pdl,
-                stream);
+  return pdl::launch(moe_decode_down_kernel<kDownFp8, MR, kDownU>, p.down_ctas, kThreads, 0, pdl_on, stream, p);
 }
 
 template <bool kUpFp8, bool kDownFp8>

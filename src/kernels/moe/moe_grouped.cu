@@ -226,22 +226,6 @@ int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s) {
   return 128;
 }
 
-// Launches `kernel` on `stream`, as a programmatic dependent when `pdl`.
-template <typename... Params, typename... Args>
-cudaError_t launch_maybe_pdl(void (*kernel)(Params...), int64_t grid, int block, bool pdl, cudaStream_t stream,
-                             Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(block);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-}
-
 int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms) {
   const int64_t pairs = num_tokens * s.top_k;
   if (bm != 16 || pairs <= 0) return 1;
@@ -266,8 +250,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   if (bm != 16 && bm != 32 && bm != 64 && bm != 128) return cudaErrorInvalidValue;
   const int64_t max_tiles = max_tiles_for(pairs, s.num_experts, bm);
 
-  cudaError_t err = launch_maybe_pdl(moe_align_kernel, 1, kAlignThreads, opt.pdl, stream, topk_ids,
-                                     static_cast<int>(pairs), static_cast<int>(s.num_experts), bm, ws);
+  cudaError_t err = pdl::launch(moe_align_kernel, 1, kAlignThreads, 0, opt.pdl, stream, topk_ids,
+                                static_cast<int>(pairs), static_cast<int>(s.num_experts), bm, ws);
   if (err != cudaSuccess) return err;
 
   GemmArgs up;
@@ -298,10 +282,9 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   if (err != cudaSuccess) return err;
   if (splits > 1) {
     const int64_t threads = pairs * (s.inter / 2);
-    err = launch_maybe_pdl(moe_up_finish_kernel, cuda_common::ceil_div(threads, 256), 256, opt.pdl, stream,
-                           static_cast<const float*>(ws.up_partial), splits, static_cast<int>(pairs),
-                           static_cast<int>(s.inter), static_cast<const int32_t*>(ws.expert_offsets),
-                           static_cast<int>(s.num_experts), ws.h);
+    err = pdl::launch(moe_up_finish_kernel, cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream,
+                      ws.up_partial, splits, static_cast<int>(pairs), static_cast<int>(s.inter), ws.expert_offsets,
+                      static_cast<int>(s.num_experts), ws.h);
     if (err != cudaSuccess) return err;
   }
 
@@ -318,9 +301,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   if (err != cudaSuccess) return err;
 
   const int64_t threads = num_tokens * (s.hidden / 8);
-  return launch_maybe_pdl(moe_combine_kernel, cuda_common::ceil_div(threads, 256), 256, opt.pdl, stream,
-                          static_cast<const __nv_bfloat16*>(ws.y), static_cast<const int32_t*>(ws.pair_pos),
-                          topk_weights, num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
+  return pdl::launch(moe_combine_kernel, cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream, ws.y,
+                     ws.pair_pos, topk_weights, num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
 }
 
 }  // namespace nucleus::kernels

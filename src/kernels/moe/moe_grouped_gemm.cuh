@@ -429,17 +429,7 @@ cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cu
   const int64_t blocks = max_tiles * args.n_tiles;
   if (blocks == 0) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(blocks));
-  config.blockDim = dim3(WARPS_M * WARPS_N * 32);
-  config.dynamicSmemBytes = bytes;
-  config.stream = stream;
-  cudaLaunchAttribute pdl_attr[1];
-  pdl_attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl_attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = pdl_attr;
-  config.numAttrs = args.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args);
+  return pdl::launch(kernel, blocks, WARPS_M * WARPS_N * 32, bytes, args.pdl, stream, args);
 }
 
 }  // namespace nucleus::kernels::moe_grouped
