@@ -54,10 +54,18 @@ struct Result {
   double prefill_s = 0, decode_step_s = 0;
   double decode_bytes = 0;
   int64_t experts_per_step = 0;
-  // Speculative decoding: the timed decode steps' split (SpecDecodeStats).
+  // Tokens the timed decode steps produced, over all sequences (one a
+  // sequence a step without speculative decoding).
+  int64_t decode_tokens = 0, decode_steps = 0;
+  // Speculative decoding: the timed decode steps' split and their acceptance
+  // (SpecDecodeStats of these steps alone).
   double target_step_s = 0, mtp_pass_s = 0;
   int64_t spec_steps = 0;
+  SpecDecodeStats spec;
 };
+
+// The timed decode steps' wall time, all runs together.
+double decode_seconds(const Result& r) { return r.decode_step_s * static_cast<double>(r.decode_steps); }
 
 }  // namespace
 
@@ -162,7 +170,8 @@ int run_bench_latency(int argc, char** argv) {
       std::vector<double> prefill_times;
       double decode_total_s = 0, spec_target_s = 0, spec_mtp_s = 0;
       int64_t spec_steps = 0;
-      int64_t decode_total_steps = 0;
+      int64_t decode_total_steps = 0, decode_tokens = 0;
+      SpecDecodeStats spec_timed;
       StepStats stats;
       // Run 0 warms up (allocations, cuBLASLt plans); runs 1..num_iters are timed.
       for (int64_t run = 0; run <= num_iters; ++run) {
@@ -219,6 +228,8 @@ int run_bench_latency(int argc, char** argv) {
           NUCLEUS_CHECK(static_cast<int64_t>(outs->size()) == batch, "decode step served {} of {} sequences",
                         outs->size(), batch);
           ++decode_steps;
+          if (timed)
+            for (const auto& o : *outs) decode_tokens += static_cast<int64_t>(o.new_token_ids.size());
           // A request at its max_tokens (the context limit, with speculative
           // decoding's several tokens a step) ends this run's decode steps.
           if (std::any_of(outs->begin(), outs->end(), [](const RequestOutput& o) { return o.finished; })) break;
@@ -233,6 +244,9 @@ int run_bench_latency(int argc, char** argv) {
           spec_target_s += st.target_seconds - spec_before.target_seconds;
           spec_mtp_s += st.mtp_seconds - spec_before.mtp_seconds;
           spec_steps += st.num_steps - spec_before.num_steps;
+          spec_timed.num_drafts += st.num_drafts - spec_before.num_drafts;
+          spec_timed.num_draft_tokens += st.num_draft_tokens - spec_before.num_draft_tokens;
+          spec_timed.num_accepted_tokens += st.num_accepted_tokens - spec_before.num_accepted_tokens;
         }
         if (run == num_iters) {
           e.set_step_stats(&stats);
@@ -250,6 +264,9 @@ int run_bench_latency(int argc, char** argv) {
       r.decode_step_s = decode_total_s / static_cast<double>(std::max<int64_t>(decode_total_steps, 1));
       r.experts_per_step = stats.experts_activated;
       r.spec_steps = spec_steps;
+      r.spec = spec_timed;
+      r.decode_tokens = decode_tokens;
+      r.decode_steps = decode_total_steps;
       r.target_step_s = spec_steps ? spec_target_s / spec_steps : 0;
       r.mtp_pass_s = spec_steps ? spec_mtp_s / spec_steps : 0;
       const double avg_context = input_len + output_len / 2.0;
@@ -276,7 +293,9 @@ int run_bench_latency(int argc, char** argv) {
     const double gbps = r.decode_bytes / r.decode_step_s / 1e9;
     std::printf("%6lld %6lld %11.2f %13.0f %11.3f %12.0f %9lld %11.3f ", static_cast<long long>(r.input_len),
                 static_cast<long long>(r.batch), r.prefill_s * 1e3, r.batch * r.input_len / r.prefill_s,
-                r.decode_step_s * 1e3, r.batch / r.decode_step_s, static_cast<long long>(r.experts_per_step),
+                r.decode_step_s * 1e3,
+                static_cast<double>(r.decode_tokens) / std::max(decode_seconds(r), 1e-12),
+                static_cast<long long>(r.experts_per_step),
                 r.decode_bytes / 1e9);
     if (h200)
       std::printf("%8.1f%% %8.1f%%\n", 100.0 * gbps * 1e9 / roofline::kHbmSpecBytesPerSec,
@@ -288,18 +307,21 @@ int run_bench_latency(int argc, char** argv) {
                          device_name(e.model().options().device));
   if (ec.speculative.enabled()) {
     // decode_ms is a verify step (k + 1 rows a sequence, plus the MTP passes);
-    // decode_tok/s counts steps, not tokens: each yields mean_acceptance_length.
+    // decode_tok/s counts the tokens those steps produced.
     const SpecDecodeStats st = e.stats().spec;
-    std::printf("speculative decoding: %s, k %lld: %s\n", ec.speculative.method.c_str(),
+    std::printf("speculative decoding: %s, k %lld: %s (every run, warm-up included)\n", ec.speculative.method.c_str(),
                 static_cast<long long>(ec.speculative.num_speculative_tokens), spec_decode_summary(st).c_str());
-    std::printf("(decode_ms is one verify step; tokens/s per user = mean acceptance length %.3f / decode_ms)\n",
-                st.mean_acceptance_length());
+    std::printf("(decode_ms is one verify step and its MTP passes; decode_tok/s counts the tokens they produced)\n");
     // The timed decode steps split: the target's verify step (k + 1 rows a
-    // sequence, acceptance on the host) and the MTP passes that draft.
-    std::printf("%6s %6s %11s %14s %12s\n", "input", "batch", "decode_ms", "verify_step_ms", "mtp_pass_ms");
+    // sequence, acceptance on the host) and the MTP passes that draft; and
+    // their acceptance, per row.
+    std::printf("%6s %6s %11s %14s %12s %11s %15s\n", "input", "batch", "decode_ms", "verify_step_ms", "mtp_pass_ms",
+                "acceptance", "tok/s_per_user");
     for (const auto& r : results)
-      std::printf("%6lld %6lld %11.3f %14.3f %12.3f\n", static_cast<long long>(r.input_len),
-                  static_cast<long long>(r.batch), r.decode_step_s * 1e3, r.target_step_s * 1e3, r.mtp_pass_s * 1e3);
+      std::printf("%6lld %6lld %11.3f %14.3f %12.3f %10.1f%% %15.1f\n", static_cast<long long>(r.input_len),
+                  static_cast<long long>(r.batch), r.decode_step_s * 1e3, r.target_step_s * 1e3, r.mtp_pass_s * 1e3,
+                  100.0 * r.spec.acceptance_rate(),
+                  static_cast<double>(r.decode_tokens) / r.batch / std::max(decode_seconds(r), 1e-12));
   }
   return 0;
 }

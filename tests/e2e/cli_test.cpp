@@ -270,6 +270,41 @@ TEST(CliTest, BenchLatencyOnTheCpuShowsNoGpuRoofline) {
   EXPECT_NE(r.out.find("width builds: not used"), std::string::npos) << r.out;
 }
 
+// bench latency with MTP drafts: decode_tok/s counts the tokens the verify
+// steps produced (between 1 and k + 1 a sequence a step, above 1 once drafts
+// are accepted), and the acceptance is given per row.
+TEST(CliTest, BenchLatencyWithDraftsCountsTokens) {
+  RunResult r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
+                        " --batch-sizes 1,2 --input-len 8 --output-len 12 --speculative-config "
+                        "'{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 2}'",
+                    true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const size_t table = r.out.find("tok/s_per_user");
+  ASSERT_NE(table, std::string::npos) << r.out;
+  std::istringstream main_rows(r.out.substr(r.out.find("%4.58TB/s")));
+  std::istringstream spec_rows(r.out.substr(table));
+  std::string line;
+  std::getline(main_rows, line);  // the header's end
+  std::getline(spec_rows, line);
+  for (int batch : {1, 2}) {
+    long long input, b, experts;
+    double prefill_ms, prefill_tps, decode_ms, decode_tps, gb;
+    ASSERT_TRUE(main_rows >> input >> b >> prefill_ms >> prefill_tps >> decode_ms >> decode_tps >> experts >> gb)
+        << r.out;
+    std::getline(main_rows, line);  // the roofline dashes
+    EXPECT_EQ(b, batch);
+    double d_ms, verify_ms, mtp_ms, per_user;
+    std::string acceptance;
+    ASSERT_TRUE(spec_rows >> input >> b >> d_ms >> verify_ms >> mtp_ms >> acceptance >> per_user) << r.out;
+    const double accepted = std::stod(acceptance.substr(0, acceptance.size() - 1));
+    const double tokens_per_seq_step = decode_tps * decode_ms / 1e3 / batch;
+    EXPECT_GE(tokens_per_seq_step, 0.999) << r.out;
+    EXPECT_LE(tokens_per_seq_step, 3.001) << r.out;
+    if (accepted > 0) EXPECT_GT(tokens_per_seq_step, 1.0) << r.out;
+    EXPECT_NEAR(per_user * batch, decode_tps, 0.01 * decode_tps + 1) << r.out;
+  }
+}
+
 TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   struct Case {
     std::string args;
