@@ -82,7 +82,9 @@ int run_bench_latency(int argc, char** argv) {
                  "Timed runs per (input length, batch); prefill reports the median, decode the mean")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1000}));
-  app.add_option("--output-len", output_len, "Generated tokens per request (>= 2: one from prefill, the rest timed decode)")
+  app.add_option("--output-len", output_len,
+                 "Generated tokens per request (>= 2: one from prefill, the rest timed decode); with "
+                 "--speculative-config, output-len - 1 timed verify steps, each of up to k + 1 tokens")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--seed", seed, "Seed of the random prompts")->capture_default_str();
@@ -167,6 +169,22 @@ int run_bench_latency(int argc, char** argv) {
       // the context limit.
       sp.max_tokens = static_cast<int32_t>(
           std::max<int64_t>(output_len, std::min<int64_t>(per_step * 2 * output_len + 16, ec.max_model_len - input_len)));
+      // Every request must stay running through the timed steps: a batch
+      // whose KV rows do not fit the cache would be preempted, and the decode
+      // steps would not be of `batch` sequences.
+      {
+        const int64_t bs = ec.block_size, tokens = input_len + per_step * (output_len + 1);
+        const int64_t need = batch * ((tokens + bs - 1) / bs), have = e.stats().kv_blocks_total;
+        if (need > have) {
+          std::fprintf(stderr,
+                       "error: input %lld batch %lld: the KV cache holds %lld blocks of %lld tokens; the batch needs "
+                       "%lld (up to %lld tokens a request): lower --batch-sizes or --input-len, or give the cache "
+                       "more blocks (--num-kv-blocks, --gpu-memory-utilization)\n",
+                       static_cast<long long>(input_len), static_cast<long long>(batch), static_cast<long long>(have),
+                       static_cast<long long>(bs), static_cast<long long>(need), static_cast<long long>(tokens));
+          return 1;
+        }
+      }
       std::vector<double> prefill_times;
       double decode_total_s = 0, spec_target_s = 0, spec_mtp_s = 0;
       int64_t spec_steps = 0;
@@ -225,8 +243,14 @@ int run_bench_latency(int argc, char** argv) {
                          static_cast<long long>(batch), outs.status().message().c_str());
             return 1;
           }
-          NUCLEUS_CHECK(static_cast<int64_t>(outs->size()) == batch, "decode step served {} of {} sequences",
-                        outs->size(), batch);
+          if (static_cast<int64_t>(outs->size()) != batch) {
+            std::fprintf(stderr,
+                         "error: input %lld batch %lld: a decode step served %zu of the %lld sequences (the scheduler "
+                         "preempted or held back the rest: --max-num-batched-tokens, --num-kv-blocks)\n",
+                         static_cast<long long>(input_len), static_cast<long long>(batch), outs->size(),
+                         static_cast<long long>(batch));
+            return 1;
+          }
           ++decode_steps;
           if (timed)
             for (const auto& o : *outs) decode_tokens += static_cast<int64_t>(o.new_token_ids.size());

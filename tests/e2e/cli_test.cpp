@@ -268,6 +268,20 @@ TEST(CliTest, BenchLatencyOnTheCpuShowsNoGpuRoofline) {
   EXPECT_NE(r.out.find("not shown for the cpu backend"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("%\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("width builds: not used"), std::string::npos) << r.out;
+  // A batch whose KV rows do not fit the cache is refused before it runs
+  // (it used to abort when the scheduler preempted part of it).
+  for (const char* batch : {"300", "99999999999"}) {
+    r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") + " --batch-sizes " + batch +
+                " --input-len 16 --output-len 4",
+            true);
+    EXPECT_EQ(r.status, 1) << r.out;
+    EXPECT_NE(r.out.find(std::string("batch ") + batch + ": the KV cache holds"), std::string::npos) << r.out;
+  }
+  r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
+              " --batch-sizes 16 --input-len 64 --output-len 8 --num-kv-blocks 8",
+          true);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("the KV cache holds 8 blocks"), std::string::npos) << r.out;
 }
 
 // bench latency with MTP drafts: decode_tok/s counts the tokens the verify
