@@ -139,8 +139,10 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
     in = &local;
     ++multi_token_decode_steps_;
   }
+  // The route depends on the rows, not on where mtp_hidden lies: taken once.
+  auto [route, rows] = route_for(*in, stats != nullptr);
   if (options_.device == Device::kCuda && in->mtp_hidden.defined() && in->mtp_hidden.device() != Device::kCuda &&
-      !(graph_mtp_hidden_.defined() && route_for(*in, stats != nullptr).first == Route::kDecodeGraph)) {
+      !(graph_mtp_hidden_.defined() && route == Route::kDecodeGraph)) {
     if (in != &local) local = *in;
     in = &local;
     local.mtp_hidden = to_device(local.mtp_hidden);
@@ -152,8 +154,7 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
   StepBuffers& sb = kind == StepKind::kDecode ? decode_buffers_ : prefill_buffers_;
   const int64_t T = inputs.num_tokens();
 
-  // 1. Route and padded inputs.
-  auto [route, rows] = route_for(inputs, stats != nullptr);
+  // 1. Padded inputs for the route.
   StepInputs padded;
   if (route == Route::kDecodeGraph) {
     padded = pad_decode_step(inputs, rows, static_cast<int32_t>(options_.max_blocks_per_seq));
