@@ -56,16 +56,14 @@ struct Result {
   int64_t experts_per_step = 0;
   // Tokens the timed decode steps produced, over all sequences (one a
   // sequence a step without speculative decoding).
-  int64_t decode_tokens = 0, decode_steps = 0;
+  int64_t decode_tokens = 0;
+  double decode_total_s = 0;  // the timed decode steps' wall time, all runs together
   // Speculative decoding: the timed decode steps' split and their acceptance
   // (SpecDecodeStats of these steps alone).
   double target_step_s = 0, mtp_pass_s = 0;
   int64_t spec_steps = 0;
   SpecDecodeStats spec;
 };
-
-// The timed decode steps' wall time, all runs together.
-double decode_seconds(const Result& r) { return r.decode_step_s * static_cast<double>(r.decode_steps); }
 
 }  // namespace
 
@@ -290,7 +288,7 @@ int run_bench_latency(int argc, char** argv) {
       r.spec_steps = spec_steps;
       r.spec = spec_timed;
       r.decode_tokens = decode_tokens;
-      r.decode_steps = decode_total_steps;
+      r.decode_total_s = decode_total_s;
       r.target_step_s = spec_steps ? spec_target_s / spec_steps : 0;
       r.mtp_pass_s = spec_steps ? spec_mtp_s / spec_steps : 0;
       const double avg_context = input_len + output_len / 2.0;
@@ -318,7 +316,7 @@ int run_bench_latency(int argc, char** argv) {
     std::printf("%6lld %6lld %11.2f %13.0f %11.3f %12.0f %9lld %11.3f ", static_cast<long long>(r.input_len),
                 static_cast<long long>(r.batch), r.prefill_s * 1e3, r.batch * r.input_len / r.prefill_s,
                 r.decode_step_s * 1e3,
-                static_cast<double>(r.decode_tokens) / std::max(decode_seconds(r), 1e-12),
+                static_cast<double>(r.decode_tokens) / std::max(r.decode_total_s, 1e-12),
                 static_cast<long long>(r.experts_per_step),
                 r.decode_bytes / 1e9);
     if (h200)
@@ -350,7 +348,7 @@ int run_bench_latency(int argc, char** argv) {
         std::snprintf(acceptance, sizeof acceptance, "n/a");
       std::printf("%6lld %6lld %11.3f %14.3f %12.3f %11s %15.1f\n", static_cast<long long>(r.input_len),
                   static_cast<long long>(r.batch), r.decode_step_s * 1e3, r.target_step_s * 1e3, r.mtp_pass_s * 1e3,
-                  acceptance, static_cast<double>(r.decode_tokens) / r.batch / std::max(decode_seconds(r), 1e-12));
+                  acceptance, static_cast<double>(r.decode_tokens) / r.batch / std::max(r.decode_total_s, 1e-12));
     }
   }
   return 0;
