@@ -3,19 +3,29 @@
 // over the paged latent cache, output projection) per backend and cache
 // dtype (bf16, FP8 e4m3 with k_scale), on decode steps of `batch` sequences
 // of `context` keys each, page 64, random block tables. Each call uses
-// another layer of a cache larger than L2 (rotation), calls are captured in
+// another layer of a cache larger than L2 (rotation), and another layer's
+// kv_b_proj (distinct copies rotated past 256 MB where the cache rotation
+// allows, as a model's layers read them from HBM), calls are captured in
 // a CUDA graph and timed with events: median of the replays. Bytes moved =
 // KV rows read (batch * context * 576 * 2 B bf16, * 1 B FP8) + q read +
-// output written (kv_b_proj weights, which stay in L2 here, are not
-// counted). Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
+// output written + kv_b_proj as stored (bf16 or FP8: 256 B or 128 B a head
+// and latent column). Rows: each backend at its defaults, "nucleus_blas" =
+// nucleus with NUCLEUS_MLA_DECODE_SMALL_GEMMS=0 (cuBLASLt absorption GEMMs at
+// every row count, the previous version) and "nucleus_small" = 1 (the own
+// absorption kernels up to 8 rows; printed where auto does not take them).
+// Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
 // (core/roofline.h: the measured read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
 // GB of cache holds per layer and for DeepSeek-V3's 61 layers.
-//   mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all]  (default both:
-//   bf16 and fp8_e4m3; all adds fp8_ds_mla)
+//   mla_decode_bench [--quick | --small] [--kv-cache-dtype bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all]
+//                    [--kv-b bf16|fp8|both]
+//   (cache default both: bf16 and fp8_e4m3; all adds fp8_ds_mla. kv_b_proj
+//   default bf16; fp8: e4m3 in 128 x 128 blocks, as DeepSeek-V3's checkpoint.
+//   --small: batches 1, 2, 4, 8 at contexts 1k, 4k, 32k.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -41,13 +51,16 @@ constexpr int kNope = 128, kRope = 64, kVHead = 128, kLora = 512, kLatent = 576,
 constexpr double kL2RotateBytes = 256e6;  // cache bytes touched before a layer repeats
 
 // Random latent rows stored as e4m3(value / k_scale) bytes.
+// (A pool of at most 5M values, repeated, as device_random_bf16.)
 Tensor device_random_fp8(int64_t n, float scale, float k_scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);
-  std::vector<uint8_t> h(n);
+  const int64_t pool = std::min<int64_t>(n, (int64_t{5} << 20) + 7);
+  std::vector<uint8_t> h(pool);
   for (auto& x : h) x = f32_to_fp8e4m3(d(rng) / k_scale);
   Tensor t = Tensor::empty({n}, DType::kF8E4M3, Device::kCuda);
-  copy_to_device(t.raw(), h.data(), h.size());
+  for (int64_t i = 0; i < n; i += pool)
+    copy_to_device(static_cast<uint8_t*>(t.raw()) + i, h.data(), static_cast<size_t>(std::min(pool, n - i)));
   return t;
 }
 
@@ -71,14 +84,36 @@ Tensor device_random_ds_mla(int64_t n_rows, float scale, uint64_t seed) {
   return t;
 }
 
+// n random bf16 values: a pool of at most 4M (5M: not a multiple of a row or
+// a page) repeated, so that large caches fill in a second.
 Tensor device_random_bf16(int64_t n, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);
-  std::vector<uint16_t> h(n);
+  const int64_t pool = std::min<int64_t>(n, (int64_t{5} << 20) + 7);
+  std::vector<uint16_t> h(pool);
   for (auto& x : h) x = f32_to_bf16(d(rng));
   Tensor t = Tensor::empty({n}, DType::kBF16, Device::kCuda);
-  copy_to_device(t.raw(), h.data(), h.size() * 2);
+  for (int64_t i = 0; i < n; i += pool)
+    copy_to_device(static_cast<uint16_t*>(t.raw()) + i, h.data(), static_cast<size_t>(std::min(pool, n - i)) * 2);
   return t;
+}
+
+// kv_b_proj [wn, 512]: bf16 values in [-0.1, 0.1], or e4m3 values with
+// 128 x 128 block scales of about the same magnitude.
+LinearWeight random_kv_b(int64_t wn, bool fp8, uint64_t seed) {
+  LinearWeight w;
+  w.out_features = wn;
+  w.in_features = kLora;
+  if (!fp8) {
+    w.weight = device_random_bf16(wn * kLora, 0.1f, seed).view({wn, kLora});
+    return w;
+  }
+  w.weight = device_random_fp8(wn * kLora, 400.0f, 1.0f, seed).view({wn, kLora});
+  std::vector<float> sc(static_cast<size_t>((wn + 127) / 128 * (kLora / 128)), 2.5e-4f);
+  w.scale_inv = Tensor::empty({(wn + 127) / 128, kLora / 128}, DType::kF32, Device::kCuda);
+  copy_to_device(w.scale_inv.raw(), sc.data(), sc.size() * 4);
+  w.block_n = w.block_k = 128;
+  return w;
 }
 
 struct Result {
@@ -90,18 +125,20 @@ struct Result {
 struct Setup {
   int batch, context, heads, layers;
   KvCacheDtype cache_dtype;
+  bool fp8_kv_b = false;
   StepInputs si;
   KvCache kv;
-  LinearWeight w;
+  std::vector<LinearWeight> w;  // rotated with the layers
   Tensor q, out, q_lat, o_lat;
 };
 
-std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtype cache_dtype) {
+std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtype cache_dtype, bool fp8_kv_b) {
   auto s = std::make_unique<Setup>();
   s->batch = batch;
   s->context = context;
   s->heads = heads;
   s->cache_dtype = cache_dtype;
+  s->fp8_kv_b = fp8_kv_b;
   const bool fp8 = cache_dtype == KvCacheDtype::kFp8E4M3, ds = cache_dtype == KvCacheDtype::kFp8DsMla;
   const int nb = (context + kBlock - 1) / kBlock, blocks = batch * nb;
   const double layer_bytes = static_cast<double>(blocks) * kBlock * kv_cache_row_bytes(cache_dtype, kLatent);
@@ -135,9 +172,15 @@ std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtyp
                      .view({s->layers, blocks, kBlock, kLatent});
   if (fp8) s->kv.k_scale.assign(static_cast<size_t>(s->layers), kKScale);
   const int64_t wn = static_cast<int64_t>(heads) * (kNope + kVHead);
-  s->w.weight = device_random_bf16(wn * kLora, 0.1f, 2).view({wn, kLora});
-  s->w.out_features = wn;
-  s->w.in_features = kLora;
+  const double w_bytes = static_cast<double>(wn) * kLora * (fp8_kv_b ? 1 : 2);
+  const int num_w = std::clamp(static_cast<int>(kL2RotateBytes / w_bytes) + 1, 1, s->layers);
+  s->w.push_back(random_kv_b(wn, fp8_kv_b, 2));
+  for (int l = 1; l < num_w; ++l) {  // copies at other addresses
+    LinearWeight c = s->w[0];
+    c.weight = Tensor::empty(s->w[0].weight.shape(), s->w[0].weight.dtype(), Device::kCuda);
+    NUCLEUS_CUDA_CHECK(cudaMemcpy(c.weight.raw(), s->w[0].weight.raw(), s->w[0].weight.nbytes(), cudaMemcpyDeviceToDevice));
+    s->w.push_back(std::move(c));
+  }
   s->q = device_random_bf16(static_cast<int64_t>(batch) * heads * (kNope + kRope), 2.0f, 3)
              .view({batch, heads * (kNope + kRope)});
   s->out = Tensor::empty({batch, heads * kVHead}, DType::kBF16, Device::kCuda);
@@ -149,9 +192,21 @@ std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtyp
 
 Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& dev) {
   Result r;
+  // nucleus_blas / nucleus_small: the nucleus backend with the cuBLASLt
+  // absorption GEMMs / the own kernels at every row count they take.
+  struct SmallGemms {
+    explicit SmallGemms(const char* v) : set_(v != nullptr) {
+      if (set_) setenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS", v, 1);
+    }
+    ~SmallGemms() {
+      if (set_) unsetenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS");
+    }
+    bool set_;
+  } small_gemms(name == "nucleus_blas" ? "0" : name == "nucleus_small" ? "1" : nullptr);
+  const std::string backend = name == "nucleus_blas" || name == "nucleus_small" ? "nucleus" : name;
   const Backend<MlaDecodeAttentionOp>* b = nullptr;
   for (const auto& e : MlaDecodeAttentionOp::backends())
-    if (e.device == Device::kCuda && name == e.name) b = &e;
+    if (e.device == Device::kCuda && backend == e.name) b = &e;
   if (!b) {
     r.why = "not built";
     return r;
@@ -159,7 +214,8 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   kernels::MlaDims dims{s.heads, kNope, kRope, kVHead, kLora, 0.135234f};
   std::vector<std::unique_ptr<MlaDecodeAttentionOp>> ops;
   for (int l = 0; l < s.layers; ++l)
-    ops.push_back(std::make_unique<MlaDecodeAttentionOp>(l, &s.w, dims, AttentionMode::kAuto, s.cache_dtype));
+    ops.push_back(std::make_unique<MlaDecodeAttentionOp>(l, &s.w[l % s.w.size()], dims, AttentionMode::kAuto,
+                                                         s.cache_dtype));
   std::vector<Op*> reserved;
   for (auto& op : ops) {
     const Status st = op->use_backend(*b);
@@ -242,12 +298,27 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, small = false;
+  std::vector<bool> kv_b_fp8 = {false};
   std::vector<KvCacheDtype> cache_dtypes = {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") {
       quick = true;
+    } else if (a == "--small") {
+      small = true;
+    } else if (a == "--kv-b" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v == "bf16") {
+        kv_b_fp8 = {false};
+      } else if (v == "fp8") {
+        kv_b_fp8 = {true};
+      } else if (v == "both") {
+        kv_b_fp8 = {false, true};
+      } else {
+        std::fprintf(stderr, "mla_decode_bench: --kv-b bf16, fp8 or both\n");
+        return 2;
+      }
     } else if (a == "--kv-cache-dtype" && i + 1 < argc && std::string(argv[i + 1]) == "both") {
       ++i;
     } else if (a == "--kv-cache-dtype" && i + 1 < argc && std::string(argv[i + 1]) == "all") {
@@ -263,7 +334,9 @@ int main(int argc, char** argv) {
       }
       cache_dtypes = {**d};
     } else {
-      std::fprintf(stderr, "usage: mla_decode_bench [--quick] [--kv-cache-dtype bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all]\n");
+      std::fprintf(stderr,
+                   "usage: mla_decode_bench [--quick | --small] [--kv-cache-dtype "
+                   "bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all] [--kv-b bf16|fp8|both]\n");
       return 2;
     }
   }
@@ -272,48 +345,61 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "mla_decode_bench: %s\n", c.status().to_string().c_str());
     return 1;
   }
-  std::printf("# mla_decode_bench on %s (%d SMs), page %d, bf16 kv_b_proj\n", (*c)->name.c_str(), (*c)->num_sms,
-              kBlock);
+  std::printf("# mla_decode_bench on %s (%d SMs), page %d\n", (*c)->name.c_str(), (*c)->num_sms, kBlock);
   for (KvCacheDtype d : cache_dtypes) {
     const double row = static_cast<double>(kv_cache_row_bytes(d, kLatent));
     std::printf("# %s cache: %.0f B per token and layer: %.0f tokens/GB per layer, %.0f tokens/GB at 61 layers "
                 "(DeepSeek-V3)\n",
                 kv_cache_dtype_name(d), row, 1e9 / row, 1e9 / (61 * row));
   }
-  std::printf("%-6s %-7s %-5s %-9s %-11s %10s %9s %8s %7s %7s %8s\n", "batch", "context", "heads", "cache", "backend",
-              "us/call", "MB", "GB/s", "%4.8T", "%4.58T", "TFLOP/s");
+  std::printf("%-6s %-7s %-5s %-9s %-5s %-12s %10s %9s %8s %7s %7s %8s\n", "batch", "context", "heads", "cache",
+              "kv_b", "backend", "us/call", "MB", "GB/s", "%4.8T", "%4.58T", "TFLOP/s");
   struct Shape {
     int batch, context;
   };
   std::vector<Shape> shapes = {{64, 4096}, {128, 4096}, {1, 1024}, {8, 1024}, {32, 1024},
                                {1, 4096},  {8, 4096},   {32, 4096}};
   if (quick) shapes = {{64, 4096}, {1, 1024}};
+  if (small) {
+    shapes.clear();
+    for (int context : {1024, 4096, 32768})
+      for (int batch : {1, 2, 4, 8}) shapes.push_back({batch, context});
+  }
   for (const Shape& sh : shapes) {
     for (int heads : {16, 128}) {
       for (KvCacheDtype d : cache_dtypes) {
-        auto s = make_setup(sh.batch, sh.context, heads, d);
+       for (bool wfp8 : kv_b_fp8) {
+        auto s = make_setup(sh.batch, sh.context, heads, d, wfp8);
         DeviceInputUploader uploader;
         const DeviceStepInputs dev = uploader.upload(s->si);
         const double row = static_cast<double>(kv_cache_row_bytes(d, kLatent));
         const double bytes = static_cast<double>(sh.batch) * sh.context * row +
-                             static_cast<double>(sh.batch) * heads * (kNope + kRope + kVHead) * 2;
+                             static_cast<double>(sh.batch) * heads * (kNope + kRope + kVHead) * 2 +
+                             static_cast<double>(heads) * (kNope + kVHead) * kLora * (wfp8 ? 1 : 2);
         // Attention FLOPs: scores (576) and output (512) per head and key.
         const double flops = 2.0 * sh.batch * heads * static_cast<double>(sh.context) * (kLatent + kLora);
-        for (const char* backend : {"nucleus", "flashinfer", "cuda_naive"}) {
-          if (std::strcmp(backend, "cuda_naive") == 0 && static_cast<double>(sh.batch) * heads * sh.context > 3e7)
+        for (const char* backend : {"nucleus", "nucleus_blas", "nucleus_small", "flashinfer", "cuda_naive"}) {
+          if (std::strcmp(backend, "nucleus_small") == 0 &&
+              (sh.batch <= mla_decode_small_rows_auto(heads, wfp8) || sh.batch > 8))
+            continue;  // the default (auto) there, or past 8 rows nucleus_blas
+          if (std::strcmp(backend, "cuda_naive") == 0 &&
+              (small || static_cast<double>(sh.batch) * heads * sh.context > 3e7))
             continue;  // minutes per call set; its order of magnitude shows on the smaller shapes
           Result r = time_backend(*s, backend, dev);
+          const char* wname = wfp8 ? "fp8" : "bf16";
           if (!r.ok) {
-            std::printf("%-6d %-7d %-5d %-9s %-11s refused: %s\n", sh.batch, sh.context, heads,
-                        kv_cache_dtype_name(d), backend, r.why.c_str());
+            std::printf("%-6d %-7d %-5d %-9s %-5s %-12s refused: %s\n", sh.batch, sh.context, heads,
+                        kv_cache_dtype_name(d), wname, backend, r.why.c_str());
             continue;
           }
           const double gbs = bytes / (r.us * 1e-6) / 1e9;
-          std::printf("%-6d %-7d %-5d %-9s %-11s %10.2f %9.2f %8.0f %6.1f%% %6.1f%% %8.1f %s\n", sh.batch, sh.context,
-                      heads, kv_cache_dtype_name(d), backend, r.us, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / roofline::kHbmSpecBytesPerSec,
-                      100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec, flops / (r.us * 1e-6) / 1e12, r.why.c_str());
+          std::printf("%-6d %-7d %-5d %-9s %-5s %-12s %10.2f %9.2f %8.0f %6.1f%% %6.1f%% %8.1f %s\n", sh.batch,
+                      sh.context, heads, kv_cache_dtype_name(d), wname, backend, r.us, bytes / 1e6, gbs,
+                      100.0 * gbs * 1e9 / roofline::kHbmSpecBytesPerSec, 100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec,
+                      flops / (r.us * 1e-6) / 1e12, r.why.c_str());
           std::fflush(stdout);
         }
+       }
       }
     }
   }

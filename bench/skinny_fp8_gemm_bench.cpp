@@ -12,7 +12,9 @@
 //   skinny_fp8_pdl the same launched with PDL: each GEMM of the graph a
 //                 programmatic dependent of the one before (which lets it
 //                 start at once), as the engine launches them after a norm
-//   skinny_fp8_sN with N slices (--sweep 1), for the slice rule
+//   skinny_fp8_pipe_pdl  the same, pipelined (SkinnyFp8GemmArgs::pipelined:
+//                 the next step's weight loads issued before this step's math)
+//   skinny_fp8_sN, skinny_fp8_pipe_sN with N slices (--sweep 1), for the slice rule
 // Method (bench/bench_util.h): CUDA graphs of 20 GEMMs on distinct weight
 // copies, enough that a pass reads at least twice the L2; the median per GEMM.
 // Bytes = FP8 weights + f32 scales + x + out, each once; % of the one
@@ -190,7 +192,7 @@ int main(int argc, char** argv) {
       row("cuda_fp8", 0, fp8_path(cuda_ops::Fp8Path::kOwn));
       row("before", 0, before);
       before_us = before;
-      auto skinny = [&](int slices, bool pdl = false) {
+      auto skinny = [&](int slices, bool pdl = false, bool pipe = false) {
         return bench::median_us_per_launch(copies, [&](int i) {
           kernels::SkinnyFp8GemmArgs a;
           a.x = x.data<__nv_bfloat16>();
@@ -204,14 +206,19 @@ int main(int argc, char** argv) {
           a.k = S.k;
           a.slices = slices;
           a.pdl = pdl;
+          a.pipelined = pipe;
           return kernels::launch_skinny_fp8_gemm(a, stream) == cudaSuccess;
         });
       };
       const int slices = kernels::skinny_fp8_default_slices(S.n, S.k, c.num_sms);
       row("skinny_fp8", slices, skinny(0));
       row("skinny_fp8_pdl", slices, skinny(0, true));
+      row("skinny_fp8_pipe_pdl", slices, skinny(0, true, true));
       if (sweep)
-        for (int s : {1, 2, 4, 8, 16}) row("skinny_fp8_s" + std::to_string(s), s, skinny(s));
+        for (int s : {1, 2, 4, 8, 16}) {
+          row("skinny_fp8_s" + std::to_string(s), s, skinny(s));
+          row("skinny_fp8_pipe_s" + std::to_string(s), s, skinny(s, false, true));
+        }
     }
   }
   return 0;

@@ -47,8 +47,15 @@ constexpr KnobInfo kKnobs[] = {
      "FP8 block-scaled decode GEMMs at m <= 16 (k a multiple of 128) run the FP8 skinny kernel: by the rule, "
      "never, or always; a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
+    {KNOB(kSkinnyFp8Pipeline), "NUCLEUS_SKINNY_FP8_PIPELINE", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the FP8 skinny kernel keeps two steps of weight loads in flight a lane (the next step's issued before this "
+     "step's math): where its grid fits one wave (auto), always, or never; a malformed value is refused at "
+     "start-up",
+     "src/ops/skinny.cpp"},
     {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1", "1",
-     "skinny decode GEMMs (bf16 and FP8), the MoE decode kernels and the grouped MoE path's five kernels launch "
+     "skinny decode GEMMs (bf16 and FP8), the MoE decode kernels, the grouped MoE path's five kernels and decode "
+     "attention's small-row kernels launch "
      "as programmatic dependents (PDL) of the kernel before them; "
      "a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
@@ -88,6 +95,13 @@ constexpr KnobInfo kKnobs[] = {
      "the grouped MoE path's UP GEMM at decode steps splits K over this many CTAs a column tile (auto: enough "
      "for two CTAs an SM, up to 8); a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMlaDecodeSmallGemms), "NUCLEUS_MLA_DECODE_SMALL_GEMMS", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "decode attention calls of a few rows run the q absorption and the output projection (W_UK, W_UV) as "
+     "own kernels that read kv_b_proj directly (FP8 as stored), fused with the q gather and the split combine, "
+     "with PDL: auto by the measured rule (8 rows with an FP8 kv_b_proj or <= 16 heads, else 4), 1 at most 8, "
+     "0 never (cuBLASLt batched GEMMs on a bf16 kv_b_proj); a malformed value is refused at start-up",
+     "src/ops/mla_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -51,6 +51,13 @@ void linear_skinny_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const
   a.k = w.in_features;
   a.accumulate = op.accumulate();
   a.pdl = skinny_pdl();
+  switch (skinny_fp8_pipeline_switch()) {
+    case SkinnySwitch::kOn: a.pipelined = true; break;
+    case SkinnySwitch::kOff: a.pipelined = false; break;
+    case SkinnySwitch::kAuto:
+      a.pipelined = kernels::skinny_fp8_pipelined_fits(a.n, a.k, 0, cuda::context().num_sms);
+      break;
+  }
   if ((out_dtype == DType::kBF16 || out_dtype == DType::kF32) && m <= skinny_fp8_max_rows(a.n, a.k) &&
       kernels::skinny_fp8_gemm_check(a) == cudaSuccess) {
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_skinny_fp8_gemm(a, cuda::context().stream));

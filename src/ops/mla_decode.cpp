@@ -1,13 +1,54 @@
 #include "ops/mla_decode.h"
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 #include <vector>
+
+#include "core/knobs.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/mla_decode_cuda.h"
 #endif
 
 namespace nucleus {
+
+namespace {
+
+// 0 (never), 1 (every call the kernels take), 2 (auto), or -1 when malformed.
+int parse_small_gemms() {
+  auto s = env_string(Knob::kMlaDecodeSmallGemms);
+  if (!s) return 2;
+  std::string t = *s;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t.empty() || t == "auto") return 2;
+  if (t == "0" || t == "off" || t == "false") return 0;
+  if (t == "1" || t == "on" || t == "true") return 1;
+  return -1;
+}
+
+constexpr int64_t kSmallRowsMax = 8;  // kernels::kMlaDecodeSmallRows (the kernel header is CUDA-only)
+
+}  // namespace
+
+int64_t mla_decode_small_rows_auto(int64_t num_heads, bool fp8_kv_b) {
+  return fp8_kv_b || num_heads <= 16 ? kSmallRowsMax : 4;
+}
+
+int64_t mla_decode_small_rows(int64_t num_heads, bool fp8_kv_b) {
+  switch (parse_small_gemms()) {
+    case 0: return 0;
+    case 1: return kSmallRowsMax;
+    default: return mla_decode_small_rows_auto(num_heads, fp8_kv_b);
+  }
+}
+
+Status mla_decode_env_status() {
+  if (parse_small_gemms() < 0)
+    return invalid_argument("NUCLEUS_MLA_DECODE_SMALL_GEMMS='" + *env_string(Knob::kMlaDecodeSmallGemms) +
+                            "' is not auto, 0 or 1");
+  return ok_status();
+}
 
 std::string MlaDecodeAttentionOp::attrs() const {
   return "layer=" + std::to_string(layer()) + " heads=" + std::to_string(dims().num_heads) +

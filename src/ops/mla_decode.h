@@ -27,4 +27,19 @@ class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public
   static const std::vector<Backend<MlaDecodeAttentionOp>>& backends();
 };
 
+// The most rows a decode attention call of `num_heads` heads (kv_b_proj FP8
+// or not) runs through the own absorption kernels
+// (kernels::launch_mla_decode_absorb_small / _output_small) instead of
+// cuBLASLt's batched GEMMs, by NUCLEUS_MLA_DECODE_SMALL_GEMMS: auto (default)
+// the measured rule mla_decode_small_rows_auto, 1 every call they take (8
+// rows), 0 none. Read at every call, so a benchmark can compare the settings
+// in one process; a malformed value reads as auto here and is refused by
+// mla_decode_env_status() at model creation.
+int64_t mla_decode_small_rows(int64_t num_heads, bool fp8_kv_b);
+// The auto rule (docs/perf.md "MLA decode at small batches", H200): the own
+// kernels win at 1-4 rows at every measured shape, and at 8 rows with an FP8
+// kv_b_proj or 16 heads; a bf16 kv_b_proj of 128 heads lost 2-4% at 8 rows.
+int64_t mla_decode_small_rows_auto(int64_t num_heads, bool fp8_kv_b);
+Status mla_decode_env_status();
+
 }  // namespace nucleus

@@ -2,9 +2,11 @@
 // flash-decoding kernel, kernels/mla/mla_decode.cuh), "flashinfer"
 // (FlashInfer's Hopper MLA kernel, kernels/mla/flashinfer_mla.cuh) and, at the
 // end, "cuda_naive" (the plain absorbed-form kernel). The fast two
-// share the absorption: q_lat = q_nope . W_UK and out = o_lat . W_UV as
-// cuBLASLt batched GEMMs over heads, with a bf16 copy of an FP8 kv_b_proj
-// made once on first use (op.state()[0]).
+// share the absorption: q_lat = q_nope . W_UK and out = o_lat . W_UV, at a
+// few rows a call as own kernels that read kv_b_proj as stored (bf16 or FP8
+// blocks; NUCLEUS_MLA_DECODE_SMALL_GEMMS), else as cuBLASLt batched GEMMs
+// over heads on a bf16 copy of an FP8 kv_b_proj made once on first use
+// (op.state()[0]).
 //
 // Input: {q}, or {q, q_full} after the mla_front op (width builds), whose
 // absorbed query [T, H, 576] bf16 is then read instead of absorbing q here.
@@ -33,6 +35,7 @@
 #include "ops/mla_decode_cuda.h"
 #include "ops/mla_attention_cuda.h"
 #include "ops/op_cuda_check.h"
+#include "ops/skinny.h"
 
 namespace nucleus::cuda_ops {
 
@@ -128,8 +131,42 @@ LayerCache layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
           kv.dtype() == KvCacheDtype::kFp8DsMla};
 }
 
-// Runs the shared steps around `attend` (which fills s.o_lat from s.q_full)
-// for every chunk of at most W rows.
+// What an attention step left for the output projection: o_lat (bf16, in
+// the scratch) when num_splits is 1, else the split partials, not yet merged.
+struct Attended {
+  int num_splits = 1;
+  const float* part_o = nullptr;
+  const float* part_lse = nullptr;
+};
+
+// The small-row kernels' view of this op (kernels::MlaDecodeSmallParams):
+// kv_b_proj as stored when it is bf16 or FP8 in 128 x 128 blocks, else the
+// bf16 copy.
+kernels::MlaDecodeSmallParams small_params(const MlaDecodeAttentionOp& op, const kernels::MlaDecodeRows& r,
+                                           const __nv_bfloat16* kv_b_copy) {
+  kernels::MlaDecodeSmallParams p;
+  p.r = r;
+  p.num_heads = static_cast<int>(op.dims().num_heads);
+  const LinearWeight& w = op.kv_b();
+  if (w.fp8() && w.block_n == 128 && w.block_k == 128) {
+    p.kv_b = w.weight.raw();
+    p.kv_b_scale = w.scale_inv.data<float>();
+  } else {
+    p.kv_b = kv_b_copy;
+  }
+  // PDL lets the kernel stream kv_b before the kernel before it has finished:
+  // not for the bf16 copy, which the first call makes just before it.
+  p.pdl = skinny_pdl() && !(w.fp8() && p.kv_b_scale == nullptr);
+  return p;
+}
+
+// Runs the shared steps around `attend(rows, r0, scratch, small, pdl)` (which
+// fills s.o_lat from s.q_full, or leaves split partials when `small`, and may
+// launch its kernel as a programmatic dependent when `pdl`) for
+// every chunk of at most W rows. A chunk of at most mla_decode_small_rows()
+// rows (NUCLEUS_MLA_DECODE_SMALL_GEMMS; auto: 4 or 8) runs the own absorption
+// kernels: gather + absorb in one, combine + output + scatter in one; larger
+// chunks run the gather kernel and cuBLASLt's batched GEMMs.
 template <typename Attend>
 void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out,
                   Attend attend) {
@@ -142,14 +179,24 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
   cudaStream_t st = stream();
   // The mla_front op (width builds) already wrote every row's absorbed query.
   const bool absorbed_in = in.size() > 1 && rs.rows == nullptr;
+  const LinearWeight& w = op.kv_b();
+  const bool fp8_direct = w.fp8() && w.block_n == 128 && w.block_k == 128;  // the kernels read FP8 as stored
+  const int64_t small_rows = std::min<int64_t>(mla_decode_small_rows(H, fp8_direct), kernels::kMlaDecodeSmallRows);
+  const int64_t out_stride = out[0].row_numel();
   for (int64_t r0 = 0; r0 < rs.num_rows; r0 += W) {
     const int64_t n = std::min(W, rs.num_rows - r0);
     const kernels::MlaDecodeRows r = rows_of(ctx, rs, r0, n);
+    const bool small = n <= small_rows;
+    Scratch chunk = s;
     int e = 0;
     if (absorbed_in) {
-      Scratch chunk = s;
       chunk.q_full = in[1].data<__nv_bfloat16>() + r0 * H * kernels::kMlaDecodeLatent;
-      attend(r, r0, chunk);
+    } else if (small) {
+      kernels::MlaDecodeSmallParams p = small_params(op, r, kv_b);
+      p.q = q.data<__nv_bfloat16>();
+      p.q_stride = q.row_numel();
+      p.q_full = s.q_full;
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_absorb_small(p, st));
     } else {
       NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_gather_q(r, q.data<__nv_bfloat16>(), q.row_numel(),
                                                              static_cast<int>(H), s.q_nope, s.q_full, st));
@@ -157,11 +204,22 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
       if (e != 0)
         return ctx.fail(internal_error("mla_decode q absorption GEMM failed: cuBLAS status " + std::to_string(e) +
                                        " (rows " + std::to_string(n) + ", heads " + std::to_string(H) + ")"));
-      attend(r, r0, s);
     }
+    // Without the absorb kernel (absorbed_in) the attention kernel's
+    // predecessor is the mla_front build, which writes this step's cache
+    // rows: the attention kernel then must not run ahead of it (no PDL).
+    const Attended a = attend(r, r0, chunk, small, small && !absorbed_in);
     if (ctx.failed()) return;
-    const int64_t out_stride = out[0].row_numel();
-    if (rs.rows) {
+    if (small) {
+      kernels::MlaDecodeSmallParams p = small_params(op, r, kv_b);
+      p.o_lat = s.o_lat;
+      p.num_splits = a.num_splits;
+      p.part_o = a.part_o;
+      p.part_lse = a.part_lse;
+      p.out = out[0].data<__nv_bfloat16>();
+      p.out_stride = out_stride;
+      NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_output_small(p, st));
+    } else if (rs.rows) {
       e = kernels::mla_decode_gemm_output(kv_b, static_cast<int>(H), n, s.o_lat, s.out_c,
                                           H * kernels::kMlaDecodeVHead, st);
       if (e != 0) return ctx.fail(internal_error("mla_decode output GEMM failed: cuBLAS status " + std::to_string(e)));
@@ -188,10 +246,12 @@ int64_t partial_floats(int H, int64_t max_rows) {
   return std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1));
 }
 
-// The nucleus attention step (split-KV kernel + combine) for one chunk of
-// rows; its split partials live in ctx.workspace.
-void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache,
-                    const kernels::MlaDecodeRows& r, const Scratch& s) {
+// The nucleus attention step for one chunk of rows: the split-KV kernel, then
+// the combine kernel unless `small` (the small output kernel merges the
+// splits; the attention kernel is then its PDL predecessor and the absorb
+// kernel's dependent). Its split partials live in ctx.workspace.
+Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache,
+                        const kernels::MlaDecodeRows& r, const Scratch& s, bool small, bool pdl) {
   const int H = static_cast<int>(op.dims().num_heads);
   const int hpc = kernels::mla_decode_heads_per_cta(H);
   const int sms = cuda::context().num_sms;
@@ -215,7 +275,16 @@ void nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& 
     p.part_o = static_cast<float*>(ctx.workspace.data);
     p.part_lse = p.part_o + r.num_rows * p.num_splits * H * kernels::kMlaDecodeLora;
   }
+  p.combine = !small;
+  p.pdl = pdl && skinny_pdl();
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_mla_decode_attention(p, stream()));
+  Attended a;
+  if (small && p.num_splits > 1) {
+    a.num_splits = p.num_splits;
+    a.part_o = p.part_o;
+    a.part_lse = p.part_lse;
+  }
+  return a;
 }
 
 }  // namespace
@@ -234,9 +303,10 @@ size_t mla_decode_nucleus_workspace(const MlaDecodeAttentionOp& op, const StepLi
 
 void mla_decode_nucleus(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   const LayerCache cache = layer_cache(op, ctx);
-  run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t, const Scratch& s) {
-    nucleus_attend(op, ctx, cache, r, s);
-  });
+  run_absorbed(op, ctx, in, out,
+               [&](const kernels::MlaDecodeRows& r, int64_t, const Scratch& s, bool small, bool pdl) {
+                 return nucleus_attend(op, ctx, cache, r, s, small, pdl);
+               });
 }
 
 namespace {
@@ -335,9 +405,12 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
                 kernels::kFlashInferMlaFloatWorkspaceBytes);
   const LayerCache cache = layer_cache(op, ctx);
   NUCLEUS_CHECK(!cache.fp8 && !cache.ds_mla, "flashinfer mla_decode run on an FP8 cache (supports() refuses it)");
-  run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t r0, const Scratch& s) {
+  run_absorbed(op, ctx, in, out, [&](const kernels::MlaDecodeRows& r, int64_t r0, const Scratch& s, bool, bool) {
     auto batch = plan->batch(r0, r.num_rows, r.max_blocks, stream());
-    if (!batch.ok()) return ctx.fail(batch.status());
+    if (!batch.ok()) {
+      ctx.fail(batch.status());
+      return Attended{};
+    }
     kernels::FlashInferMlaParams p;
     p.num_heads = static_cast<int>(op.dims().num_heads);
     p.scale = op.dims().scale;
@@ -349,6 +422,7 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
     p.o_lat = s.o_lat;
     p.float_workspace = ctx.workspace.data;
     NUCLEUS_OP_CUDA_CHECK(kernels::flashinfer_mla_decode(**batch, p, stream()));
+    return Attended{};  // o_lat written
   });
 }
 

@@ -46,7 +46,17 @@ int parse_pdl() {
   return v;
 }
 
+int parse_fp8_pipeline() {
+  static const int v = parse_switch_value(Knob::kSkinnyFp8Pipeline);
+  return v;
+}
+
 }  // namespace
+
+SkinnySwitch skinny_fp8_pipeline_switch() {
+  const int v = parse_fp8_pipeline();
+  return v < 0 ? SkinnySwitch::kOff : static_cast<SkinnySwitch>(v);
+}
 
 SkinnySwitch skinny_switch() {
   const int v = parse_switch();
@@ -59,6 +69,9 @@ Status skinny_env_status() {
   if (parse_fp8_switch() < 0)
     return invalid_argument("NUCLEUS_SKINNY_FP8='" + *env_string(Knob::kSkinnyFp8) + "' is not auto, 0 or 1");
   if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string(Knob::kPdl) + "' is not 0 or 1");
+  if (parse_fp8_pipeline() < 0)
+    return invalid_argument("NUCLEUS_SKINNY_FP8_PIPELINE='" + *env_string(Knob::kSkinnyFp8Pipeline) +
+                            "' is not auto, 0 or 1");
   return ok_status();
 }
 

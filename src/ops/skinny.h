@@ -28,6 +28,11 @@ Status skinny_env_status();
 
 // Whether skinny GEMMs are launched with PDL (NUCLEUS_PDL, read once).
 bool skinny_pdl();
+// NUCLEUS_SKINNY_FP8_PIPELINE: whether the FP8 skinny kernel runs pipelined
+// (kernels::SkinnyFp8GemmArgs::pipelined): auto (default) where its grid
+// fits one wave (kernels::skinny_fp8_pipelined_fits), 1 always, 0 never.
+// Read once; a malformed value reads as off (refused by skinny_env_status).
+SkinnySwitch skinny_fp8_pipeline_switch();
 
 // The largest row count m (0..8) at which a bf16 decode GEMM with weight
 // [n, k] runs the skinny kernel; rows above it run cuBLASLt. Under kAuto the

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 
@@ -349,6 +350,100 @@ TEST_F(MlaDecodeGpu, GraphReplayFollowsNewContexts) {
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
+}
+
+// NUCLEUS_MLA_DECODE_SMALL_GEMMS=1: calls of at most 8 rows run the own
+// absorption kernels (kv_b_proj read as stored, the split combine fused into
+// the output kernel); 0 runs cuBLASLt's batched GEMMs. Both must match the
+// reference. With a bf16 kv_b_proj they differ only in summation order, so
+// they agree more tightly than either matches the reference; with FP8 the
+// cuBLASLt path reads a bf16 copy of q * scale (one rounding more a weight),
+// so the own kernels must be at least as close to the reference. auto runs
+// the kernels up to its rule's rows (4, or 8 with FP8 kv_b or 16 heads): bit
+// for bit the forced setting there, the cuBLASLt one above. 9 rows: past the
+// kernels, every setting runs cuBLASLt.
+TEST_F(MlaDecodeGpu, SmallGemmsOnAndOffAgree) {
+  struct Env {
+    explicit Env(const char* v) {
+      if (v) setenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS", v, 1);
+    }
+    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS"); }
+  };
+  auto rel_l2 = [](const std::vector<float>& a, const std::vector<float>& b, const std::vector<float>& want) {
+    double d2 = 0, r2 = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (std::isnan(want[i])) continue;
+      d2 += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+      r2 += static_cast<double>(want[i]) * want[i];
+    }
+    return std::sqrt(d2 / r2);
+  };
+  uint64_t seed = 700;
+  for (int heads : {16, 128})
+    for (bool fp8 : {false, true})
+      for (int rows : {1, 2, 5, 8, 9})
+        for (int context : {40, 3000}) {
+          const Case c{rows, context, heads, 16, fp8, 1, rows > 2};
+          Problem p = make_problem(c, seed++);
+          const std::vector<float> want = reference(p);
+          std::string why;
+          std::vector<float> on, off, autov;
+          {
+            Env e("1");
+            on = run_backend("nucleus", p, 64, &why);
+          }
+          {
+            Env e("0");
+            off = run_backend("nucleus", p, 64, &why);
+          }
+          {
+            Env e(nullptr);
+            autov = run_backend("nucleus", p, 64, &why);
+          }
+          ASSERT_FALSE(on.empty() || off.empty() || autov.empty()) << name(c) << ": " << why;
+          const int64_t width = heads * kVHead;
+          EXPECT_TRUE(matches(on, want, width)) << "on " << name(c);
+          EXPECT_TRUE(matches(off, want, width)) << "off " << name(c);
+          const double err_on = rel_l2(on, want, want), err_off = rel_l2(off, want, want);
+          const double diff = rel_l2(on, off, want);
+          if (rows > 8)
+            EXPECT_EQ(diff, 0.0) << name(c) << ": past 8 rows both settings run cuBLASLt";
+          else if (fp8)
+            EXPECT_LE(err_on, err_off * 1.05) << name(c) << ": exact FP8 weights, yet farther from the reference";
+          else
+            EXPECT_LE(diff, 2e-3) << name(c);
+          const int64_t auto_rows = mla_decode_small_rows_auto(heads, fp8);
+          EXPECT_EQ(autov, rows <= auto_rows ? on : off)
+              << name(c) << ": auto runs the kernels at <= " << auto_rows << " rows only";
+          printf("mla_decode small GEMMs on/off %-28s diff %.2e, error vs reference on %.2e off %.2e\n",
+                 name(c).c_str(), diff, err_on, err_off);
+        }
+}
+
+// The switch's values and the auto rule; a malformed value is refused when
+// the model is created.
+TEST(MlaDecodeSwitch, ValuesAutoRuleAndMalformedValueRefused) {
+  EXPECT_EQ(mla_decode_small_rows_auto(16, false), 8);
+  EXPECT_EQ(mla_decode_small_rows_auto(128, true), 8);
+  EXPECT_EQ(mla_decode_small_rows_auto(128, false), 4);
+  EXPECT_EQ(mla_decode_small_rows_auto(32, false), 4);
+  struct Case {
+    const char* value;
+    int64_t rows;  // at 128 heads, bf16 kv_b
+  };
+  for (const Case& c : {Case{"auto", 4}, Case{"", 4}, Case{"0", 0}, Case{"off", 0}, Case{"1", 8}, Case{"ON", 8}}) {
+    setenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS", c.value, 1);
+    EXPECT_EQ(mla_decode_small_rows(128, false), c.rows) << c.value;
+    EXPECT_TRUE(mla_decode_env_status().ok()) << c.value;
+  }
+  setenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS", "yes", 1);
+  const Status s = mla_decode_env_status();
+  EXPECT_EQ(mla_decode_small_rows(128, false), 4) << "a malformed value reads as auto until refused";
+  unsetenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS");
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("NUCLEUS_MLA_DECODE_SMALL_GEMMS='yes'"), std::string::npos) << s.message();
+  EXPECT_TRUE(mla_decode_env_status().ok());
+  EXPECT_EQ(mla_decode_small_rows(16, false), 8);
 }
 
 // Shapes the fast backends are not built for are refused with a reason.

@@ -172,7 +172,7 @@ constexpr float kSentinel = 1232.0f;
 
 // Runs m = 1..16 (or `ms`) against the reference of the first 16 rows (a
 // row's sums do not depend on the other rows).
-void check_shape(const Shape& s, int slices, std::vector<int64_t> ms = {}) {
+void check_shape(const Shape& s, int slices, std::vector<int64_t> ms = {}, bool pipelined = false) {
   SCOPED_TRACE(s.what + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " slices=" +
                std::to_string(slices));
   if (ms.empty())
@@ -206,6 +206,7 @@ void check_shape(const Shape& s, int slices, std::vector<int64_t> ms = {}) {
       a.n = s.n;
       a.k = s.k;
       a.slices = slices;
+      a.pipelined = pipelined;
       ASSERT_EQ(launch_skinny_fp8_gemm(a, nullptr), cudaSuccess);
       const std::vector<float> got_all =
           f32_accumulate ? host_copy<float>(out) : from_bf16(host_copy<uint16_t>(out));
@@ -248,6 +249,46 @@ TEST_F(SkinnyFp8GemmGpu, EverySliceCountAndShapesOffTheTiles) {
                          Shape{101, 384, "n % 8 = 5, 3 blocks"}, Shape{6, 128, "one block, n < 8"},
                          Shape{130, 1152, "n = 130, 9 blocks"}})
     for (int slices : {1, 2, 4, 8, 16}) check_shape(s, slices, {1, 3, 8, 9, 16});
+}
+
+// The pipelined kernel (two steps of weight loads in flight) against the
+// reference on the same shapes and slice counts, and bit for bit against the
+// unpipelined one (only the order of the loads differs, not the arithmetic).
+TEST_F(SkinnyFp8GemmGpu, PipelinedMatchesReferenceAndUnpipelinedBitForBit) {
+  for (const Shape& s : {Shape{576, 7168, "V3 kv_a"}, Shape{3072, 1536, "V3 TP8 q_b"},
+                         Shape{101, 384, "n % 8 = 5, 3 blocks"}, Shape{6, 128, "one block, n < 8"},
+                         Shape{130, 1152, "n = 130, 9 blocks"}, Shape{7168, 2048, "V3 TP8 o_proj"}})
+    for (int slices : {0, 1, 4, 16}) check_shape(s, slices, {1, 3, 8, 9, 16}, true);
+  // The auto rule (one wave at the pipelined occupancy) on 132 SMs: V3's q_a
+  // (192 row groups x 8 slices) fits, q_b (3072 x 1) does not.
+  EXPECT_TRUE(skinny_fp8_pipelined_fits(1536, 7168, 0, 132));
+  EXPECT_FALSE(skinny_fp8_pipelined_fits(24576, 1536, 0, 132));
+  EXPECT_TRUE(skinny_fp8_pipelined_fits(7168, 16384, 0, 132));
+  const Fp8Weight w = make_weight(1536, 7168, 91);
+  const std::vector<float> x = hashed_bf16_values(16 * 7168, 1.0f, 92);
+  const Tensor d_x = device_copy(to_bf16(x), DType::kBF16);
+  for (int64_t m : {1, 5, 16})
+    for (int slices : {0, 1, 2, 8}) {
+      std::vector<uint16_t> got[2];
+      for (int pipe = 0; pipe < 2; ++pipe) {
+        Tensor out = device_copy(std::vector<uint16_t>(m * 1536, 0), DType::kBF16);
+        SkinnyFp8GemmArgs a;
+        a.x = d_x.data<__nv_bfloat16>();
+        a.x_stride = 7168;
+        a.w = w.d_q.data<uint8_t>();
+        a.scale_inv = w.d_scale.data<float>();
+        a.out = out.raw();
+        a.out_stride = 1536;
+        a.m = m;
+        a.n = 1536;
+        a.k = 7168;
+        a.slices = slices;
+        a.pipelined = pipe == 1;
+        ASSERT_EQ(launch_skinny_fp8_gemm(a, nullptr), cudaSuccess);
+        got[pipe] = host_copy<uint16_t>(out);
+      }
+      EXPECT_EQ(got[0], got[1]) << "m " << m << " slices " << slices;
+    }
 }
 
 TEST_F(SkinnyFp8GemmGpu, RepeatedLaunchesAreBitIdentical) {

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace nucleus::kernels::pdl {
 
@@ -25,16 +26,16 @@ __device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontr
 // dependent.
 __device__ __forceinline__ void wait_for_inputs() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
-// Launches `kernel` on `stream` over `grid` CTAs of `block` threads with
+// Launches `kernel` on `stream` over the `grid` of CTAs of `block` threads with
 // `smem` bytes of dynamic shared memory, as a programmatic dependent of the
 // kernel before it when `dependent` (launched normally otherwise). The
 // arguments convert to the kernel's parameter types. Host side; returns
 // cudaLaunchKernelEx's error.
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), int64_t grid, int block, size_t smem, bool dependent,
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, int block, size_t smem, bool dependent,
                    cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.gridDim = grid;
   config.blockDim = dim3(static_cast<unsigned>(block));
   config.dynamicSmemBytes = smem;
   config.stream = stream;
@@ -44,6 +45,14 @@ cudaError_t launch(void (*kernel)(Params...), int64_t grid, int block, size_t sm
   config.attrs = attr;
   config.numAttrs = dependent ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
+
+// The same over a one-dimensional grid of `grid` CTAs.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), int64_t grid, int block, size_t smem, bool dependent,
+                   cudaStream_t stream, Args&&... args) {
+  return launch(kernel, dim3(static_cast<unsigned>(grid)), block, smem, dependent, stream,
+                std::forward<Args>(args)...);
 }
 
 }  // namespace nucleus::kernels::pdl

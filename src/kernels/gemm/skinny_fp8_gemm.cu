@@ -69,7 +69,9 @@ __device__ __forceinline__ void store(const Params& p, int row, int tok, float v
 }
 
 // MT: 16-token halves of the MMA that hold tokens (1: m <= 8, 2: m <= 16).
-template <int MT>
+// kPipe: the next step's weight and scale loads are issued before this
+// step's math (two steps in flight a lane; SkinnyFp8GemmArgs::pipelined).
+template <int MT, bool kPipe>
 __global__ void __launch_bounds__(kMaxWarps * 32) skinny_fp8_gemm_kernel(const Params p) {
   constexpr int kOuts = 2 * MT;  // sums a lane produces
   __shared__ float red[kMaxWarps][kOuts][32];
@@ -96,18 +98,32 @@ __global__ void __launch_bounds__(kMaxWarps * 32) skinny_fp8_gemm_kernel(const P
 #pragma unroll
   for (int i = 0; i < kOuts; ++i) acc[i] = 0.0f;
 
-  bool waited = false;
-  for (int c0 = c_begin; c0 < c_end; c0 += kU) {  // warp-uniform bounds: the MMAs run converged
-    // Every weight and scale load of the step first, then the math.
-    uint4 wv[kU];
+  // Every weight and scale load of a step (U chunks from c0).
+  auto load_step = [&](int c0, uint4 (&wv)[kU], float (&sc)[kU / kChunksPerBlock]) {
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       wv[u] = c0 + u < c_end ? ld_stream_v4(wrow + static_cast<int64_t>(c0 + u) * kChunk) : make_uint4(0, 0, 0, 0);
-    float sc[kU / kChunksPerBlock];
 #pragma unroll
     for (int b = 0; b < kU / kChunksPerBlock; ++b) {
       const int kb = c0 / kChunksPerBlock + b;
       sc[b] = kb < kb_end ? __ldg(srow + kb) : 0.0f;
+    }
+  };
+  uint4 wv[kU];
+  float sc[kU / kChunksPerBlock];
+  if constexpr (kPipe)
+    if (c_begin < c_end) load_step(c_begin, wv, sc);
+
+  bool waited = false;
+  for (int c0 = c_begin; c0 < c_end; c0 += kU) {  // warp-uniform bounds: the MMAs run converged
+    // Every weight and scale load of the step first (pipelined: of the next
+    // step, this one's are in flight since the last), then the math.
+    uint4 wn[kU];
+    float sn[kU / kChunksPerBlock];
+    if constexpr (kPipe) {
+      if (c0 + kU < c_end) load_step(c0 + kU, wn, sn);
+    } else {
+      load_step(c0, wv, sc);
     }
     // The weights do not depend on the previous kernel; x does (PDL: the
     // first weight loads are in flight while it finishes).
@@ -148,6 +164,12 @@ __global__ void __launch_bounds__(kMaxWarps * 32) skinny_fp8_gemm_kernel(const P
 #pragma unroll
       for (int i = 0; i < kOuts; ++i) acc[i] = fmaf(part[i], sc[b], acc[i]);
     }
+    if constexpr (kPipe) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) wv[u] = wn[u];
+#pragma unroll
+      for (int b = 0; b < kU / kChunksPerBlock; ++b) sc[b] = sn[b];
+    }
   }
 
   pdl::wait_for_inputs();  // before any output access (a warp with no k blocks has not waited)
@@ -180,10 +202,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) skinny_fp8_gemm_kernel(const P
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <int MT>
-cudaError_t launch_mt(const Params& p, bool pdl_on, cudaStream_t stream) {
+cudaError_t launch_mt(const Params& p, bool pdl_on, bool pipelined, cudaStream_t stream) {
   const int64_t groups = ceil_div64(p.n, kRW);
-  return pdl::launch(skinny_fp8_gemm_kernel<MT>, ceil_div64(groups, p.warps / p.slices), p.warps * 32, 0, pdl_on,
-                     stream, p);
+  const int64_t grid = ceil_div64(groups, p.warps / p.slices);
+  return pipelined ? pdl::launch(skinny_fp8_gemm_kernel<MT, true>, grid, p.warps * 32, 0, pdl_on, stream, p)
+                   : pdl::launch(skinny_fp8_gemm_kernel<MT, false>, grid, p.warps * 32, 0, pdl_on, stream, p);
 }
 
 }  // namespace
@@ -221,6 +244,12 @@ int skinny_fp8_default_slices(int64_t n, int64_t k, int num_sms) {
   return best;
 }
 
+bool skinny_fp8_pipelined_fits(int64_t n, int64_t k, int slices, int num_sms) {
+  const int s = slices > 0 ? slices : skinny_fp8_default_slices(n, k, num_sms);
+  constexpr int64_t kPipelinedWarpsPerSm = 2 * kBaseWarps;
+  return ceil_div64(n, kRW) * s <= kPipelinedWarpsPerSm * num_sms;
+}
+
 cudaError_t launch_skinny_fp8_gemm(const SkinnyFp8GemmArgs& a, cudaStream_t stream) {
   if (cudaError_t e = skinny_fp8_gemm_check(a); e != cudaSuccess) return e;
   Params p{};
@@ -232,8 +261,8 @@ cudaError_t launch_skinny_fp8_gemm(const SkinnyFp8GemmArgs& a, cudaStream_t stre
   p.blocks_per_slice = static_cast<int>(ceil_div64(p.kb_count, p.slices));
   p.accumulate = a.accumulate;
   p.out_f32 = a.out_f32;
-  if (a.m <= 8) return launch_mt<1>(p, a.pdl, stream);
-  return launch_mt<2>(p, a.pdl, stream);
+  if (a.m <= 8) return launch_mt<1>(p, a.pdl, a.pipelined, stream);
+  return launch_mt<2>(p, a.pdl, a.pipelined, stream);
 }
 
 }  // namespace nucleus::kernels

@@ -67,7 +67,18 @@ struct SkinnyFp8GemmArgs {
   // stream: the CTAs may start while it finishes and stream their first
   // weights before waiting for it (griddepcontrol.wait) to read x or touch out.
   bool pdl = false;
+  // Two steps of weight loads in flight a lane: the next step's 8 loads are
+  // issued before this step's math (more bytes in flight an SM, for weights
+  // of tens of MB and more), at 32 more registers a thread.
+  bool pipelined = false;
 };
+
+// Whether the pipelined kernel pays at n x k (slices 0: the default count)
+// on num_sms SMs: when its warps fit in one wave at its occupancy (two
+// 8-warp CTAs an SM at ~120 registers a thread). Measured (docs/perf.md
+// "Skinny FP8 decode GEMMs"): 10-25% faster where the grid fits one wave
+// (V3 q_a, shared experts, o_proj), 25% slower on q_b's 1.5 waves.
+bool skinny_fp8_pipelined_fits(int64_t n, int64_t k, int slices, int num_sms);
 
 // Why the kernel refuses `a`, or nullptr when it takes it: needs
 // 1 <= m <= 16, n >= 1, k >= 128 and k % 128 == 0, x_stride % 8 == 0 and

@@ -21,9 +21,11 @@
 #include <cuda_fp8.h>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/mla/ds_mla_row.h"
 #include "kernels/mla/mla_decode.cuh"
+#include "kernels/mla/mla_decode_rows.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -32,7 +34,10 @@ namespace nucleus::kernels {
 
 namespace {
 
-constexpr int kTileKeys = 32;
+using mla_decode_detail::kTileKeys;
+using mla_decode_detail::row_chunk;
+using mla_decode_detail::row_keys;
+using mla_decode_detail::row_of;
 constexpr int kRowElems = kMlaDecodeLatent + 8;  // padded smem row: 1168 bytes
 constexpr int kTileElems = kTileKeys * kRowElems;
 constexpr int kStagesBf16 = 4;
@@ -41,28 +46,9 @@ constexpr int kFp8TileBytes = kTileKeys * kMlaDecodeLatent;  // raw e4m3 tile: 3
 constexpr int kStagesDs = 7;                                 // 7 x 32 x 656 B in flight (shared memory bound)
 static_assert(kDsMlaRowBytes % 16 == 0 && kDsMlaRopeOffset % 16 == 0, "fp8_ds_mla rows load in 16-byte chunks");
 static_assert(kDsMlaLatent == kMlaDecodeLora && kDsMlaRope == kMlaDecodeRope, "fp8_ds_mla row of the fast path");
-constexpr int kMinChunk = 128;                            // keys per split at least
 constexpr int kSpStride = kTileKeys + 8;                  // floats per partial-score row (conflict-free)
 constexpr int kChunksPerRow = kMlaDecodeLatent * 2 / 16;  // 72 16-byte chunks per latent row
 constexpr float kLog2e = 1.4426950408889634f;
-
-// Keys per split of a row with num_keys keys when the grid has num_splits
-// splits (a multiple of the tile, at least kMinChunk).
-__device__ __forceinline__ int row_chunk(int num_keys, int num_splits) {
-  int c = (num_keys + num_splits - 1) / num_splits;
-  c = c < kMinChunk ? kMinChunk : c;
-  return (c + kTileKeys - 1) / kTileKeys * kTileKeys;
-}
-
-__device__ __forceinline__ int64_t row_of(const MlaDecodeRows& r, int64_t i) {
-  return r.rows ? static_cast<int64_t>(r.rows[i]) : r.row_offset + i;
-}
-
-// Keys visible to query row `row` (its position + 1) and its sequence.
-__device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int* seq) {
-  *seq = r.token_seq[row];
-  return r.context_lens[*seq] + static_cast<int>(row - r.query_start[*seq]) + 1;
-}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -177,6 +163,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
     ptx::cp_async_commit();
   }
   const unsigned char* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
+  // As a programmatic dependent (PDL) of the q absorption: the cache rows
+  // (written before it) are on their way; q_full is read only after it has
+  // finished. The output kernel after this one may start its weight loads.
+  pdl::wait_for_inputs();
+  pdl::launch_dependents();
 
   // Q fragments (A operand, 16 heads x 16 dims per k-step) of this warp's dim quarter.
   uint32_t qf[9][4];
@@ -406,8 +397,7 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
   const int64_t i = blockIdx.y;
   int seq;
   const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int chunk = row_chunk(num_keys, p.num_splits);
-  const int ns = (num_keys + chunk - 1) / chunk;
+  const int ns = mla_decode_detail::row_splits(num_keys, p.num_splits);
   const int64_t base = i * p.num_splits * H + h;  // + s * H
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
@@ -495,9 +485,11 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
       q.part_o = p.part_o + r0 * p.num_splits * p.num_heads * kMlaDecodeLora;
       q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
     }
-    dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
-    mla_decode_attention_kernel<M, kFp8, kDs><<<grid, kThreads, smem, stream>>>(q);
-    if (p.num_splits > 1) mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
+    const dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
+    const cudaError_t e = pdl::launch(mla_decode_attention_kernel<M, kFp8, kDs>, grid, kThreads, smem, p.pdl, stream, q);
+    if (e != cudaSuccess) return e;
+    if (p.num_splits > 1 && p.combine)
+      mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
   }
   return cudaGetLastError();
 }

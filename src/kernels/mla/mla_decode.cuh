@@ -80,6 +80,12 @@ struct MlaDecodeAttnParams {
   float* part_o = nullptr;
   float* part_lse = nullptr;
   __nv_bfloat16* o_lat = nullptr;
+  // false: with num_splits > 1 the combine kernel is not launched; the
+  // caller's output kernel (launch_mla_decode_output_small) merges part_o.
+  bool combine = true;
+  // Launch as a programmatic dependent (PDL) of the kernel before it: the
+  // first cache tiles are requested before q_full is read.
+  bool pdl = false;
 };
 cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream_t stream);
 
@@ -105,6 +111,45 @@ cudaError_t launch_mla_decode_dequant_weight(const WeightView& w, __nv_bfloat16*
 // inside a graph capture. Return a cuBLAS status as an int (0 = success).
 //   absorb: q_full[i, h, :512] = q_nope_c[i, h, :] . W_UK[h]      ([128] x [128, 512])
 //   output: out[i * out_ld + h * 128 + :] = o_lat[i, h, :] . W_UV[h]^T  ([512] x [512, 128]^T)
+// Steps 1+2 and 4+5 at decode row counts, as own kernels that read
+// kv_b_proj directly (bf16, or FP8 e4m3 with 128 x 128 block scales: half the
+// bytes of the bf16 copy the cuBLASLt GEMMs read) and take part in PDL. At
+// most kMlaDecodeSmallRows rows a call (r.num_rows). Grid: 4 CTAs a head, a
+// CTA streams a quarter of W_UK[h] or W_UV[h] (32 KB bf16, 16 KB FP8) once
+// for all rows. f32 accumulation; q_full, o_lat and out are rounded to bf16
+// as the cuBLASLt path rounds them, so with a bf16 kv_b_proj the two differ
+// only in summation order (with FP8 the cuBLASLt path reads bf16(q * scale),
+// one rounding more a weight). A kernel launched with pdl reads kv_b before
+// it waits for its predecessor: kv_b must not be written by that kernel.
+constexpr int kMlaDecodeSmallRows = 8;
+struct MlaDecodeSmallParams {
+  MlaDecodeRows r;  // r.num_rows in 1 .. kMlaDecodeSmallRows
+  int num_heads = 0;
+  // kv_b_proj [num_heads * 256, 512]: bf16, or e4m3 bytes when kv_b_scale is
+  // set (kv_b_scale [num_heads * 2, 4] f32, 128 x 128 blocks).
+  const void* kv_b = nullptr;
+  const float* kv_b_scale = nullptr;
+  // absorb: q [T, num_heads * 192] (row stride q_stride) -> q_full [num_rows, num_heads, 576].
+  const __nv_bfloat16* q = nullptr;
+  int64_t q_stride = 0;
+  __nv_bfloat16* q_full = nullptr;
+  // output: o_lat [num_rows, num_heads, 512] bf16 when num_splits == 1, else
+  // the attention's part_o / part_lse (num_splits, as launched), merged here
+  // exactly as the combine kernel merges them; out[row, h * 128 + d] for
+  // row = the step row of call row i (out_stride elements a row).
+  const __nv_bfloat16* o_lat = nullptr;
+  const float* part_o = nullptr;
+  const float* part_lse = nullptr;
+  int num_splits = 1;
+  __nv_bfloat16* out = nullptr;
+  int64_t out_stride = 0;
+  bool pdl = false;  // launch as a programmatic dependent of the kernel before it
+};
+//   absorb: q_full[i, h, :512] = q[row_i, h, :128] . W_UK[h]; q_full[i, h, 512:] = q[row_i, h, 128:192]
+cudaError_t launch_mla_decode_absorb_small(const MlaDecodeSmallParams& p, cudaStream_t stream);
+//   output: out[row_i, h * 128 + d] = sum_c o_lat[i, h, c] W_UV[h][d, c]  (o_lat merged from the splits first)
+cudaError_t launch_mla_decode_output_small(const MlaDecodeSmallParams& p, cudaStream_t stream);
+
 int mla_decode_gemm_absorb(const __nv_bfloat16* kv_b, int num_heads, int64_t num_rows,
                            const __nv_bfloat16* q_nope_c, __nv_bfloat16* q_full, cudaStream_t stream);
 int mla_decode_gemm_output(const __nv_bfloat16* kv_b, int num_heads, int64_t num_rows, const __nv_bfloat16* o_lat,

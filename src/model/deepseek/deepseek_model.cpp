@@ -53,6 +53,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   NUCLEUS_RETURN_IF_ERROR(skinny_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_up_splits_env_status());
+  NUCLEUS_RETURN_IF_ERROR(mla_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
   NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
   NUCLEUS_RETURN_IF_ERROR(check_kv_cache_dims(m->kv_cache_dtype_, config.kv_lora_rank, config.qk_rope_head_dim));

@@ -1,0 +1,41 @@
+// Device helpers the MLA decode kernels share (kernels/mla/mla_decode.cu and
+// mla_decode_heads.cu): which query row a call's row i is, how many keys it
+// sees, and how its keys are split over the grid's KV splits. Only for .cu
+// files.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/mla/mla_decode.cuh"
+
+namespace nucleus::kernels::mla_decode_detail {
+
+constexpr int kTileKeys = 32;   // keys of one attention tile
+constexpr int kMinChunk = 128;  // keys per split at least
+
+// Keys per split of a row with num_keys keys when the grid has num_splits
+// splits (a multiple of the tile, at least kMinChunk).
+__device__ __forceinline__ int row_chunk(int num_keys, int num_splits) {
+  int c = (num_keys + num_splits - 1) / num_splits;
+  c = c < kMinChunk ? kMinChunk : c;
+  return (c + kTileKeys - 1) / kTileKeys * kTileKeys;
+}
+
+// The step row of a call's row i.
+__device__ __forceinline__ int64_t row_of(const MlaDecodeRows& r, int64_t i) {
+  return r.rows ? static_cast<int64_t>(r.rows[i]) : r.row_offset + i;
+}
+
+// Keys visible to query row `row` (its position + 1) and its sequence.
+__device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int* seq) {
+  *seq = r.token_seq[row];
+  return r.context_lens[*seq] + static_cast<int>(row - r.query_start[*seq]) + 1;
+}
+
+// Splits a row with num_keys keys uses when the grid has num_splits.
+__device__ __forceinline__ int row_splits(int num_keys, int num_splits) {
+  const int chunk = row_chunk(num_keys, num_splits);
+  return (num_keys + chunk - 1) / chunk;
+}
+
+}  // namespace nucleus::kernels::mla_decode_detail
