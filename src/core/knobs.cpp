@@ -205,6 +205,23 @@ bool parse_flag(std::string_view text) {
   return s == "1" || s == "true" || s == "yes" || s == "on";
 }
 
+Status flag_env_status() {
+  for (const KnobInfo& k : all_knobs()) {
+    if (k.type != KnobType::kFlag) continue;
+    const char* v = std::getenv(k.name);
+    if (!v) continue;
+    std::string s(v);
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (s.empty() || s == "1" || s == "true" || s == "yes" || s == "on" || s == "0" || s == "false" || s == "no" ||
+        s == "off")
+      continue;
+    return invalid_argument(std::string(k.name) + "='" + v +
+                            "' is not a flag value (1/true/yes/on, or 0/false/no/off; default " + k.default_value +
+                            ")");
+  }
+  return ok_status();
+}
+
 std::optional<int64_t> parse_int(std::string_view text, int base) {
   if (text.empty()) return std::nullopt;
   const std::string s(text);  // strtoll needs the terminator

@@ -19,6 +19,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/status.h"
+
 namespace nucleus {
 
 // One value per NUCLEUS_* switch, in the registry's order (kCount last).
@@ -92,7 +94,8 @@ const char* knob_type_name(KnobType t);
 // The variable's value, or nullopt when unset (set and empty: "").
 std::optional<std::string> env_string(Knob k);
 // A kFlag switch (a NUCLEUS_CHECK otherwise): unset gives the registry default;
-// set, parse_flag of the value (so set and empty is false, even for a default-on flag).
+// set, parse_flag of the value (so set and empty is false, even for a default-on flag;
+// a value that is no flag spelling is refused at model creation: flag_env_status).
 bool env_flag(Knob k);
 // A variable that is not a NUCLEUS_* switch (HOME, XDG_CACHE_HOME, ...); a
 // NUCLEUS_* name is a NUCLEUS_CHECK failure (read it through its Knob).
@@ -100,6 +103,11 @@ std::optional<std::string> foreign_env(const char* name);
 
 // "1", "true", "yes", "on" (any case) are true; everything else ("0", "", "off", "2") false.
 bool parse_flag(std::string_view text);
+// OK when every kFlag switch that is set holds a flag spelling: "1", "true",
+// "yes", "on", "0", "false", "no", "off" (any case) or "" (off). Otherwise
+// invalid_argument naming the first that does not (NUCLEUS_DUMP_GRAPH='2', say),
+// which env_flag would silently read as off: models refuse to start with one.
+Status flag_env_status();
 // The whole of `text` as an integer in `base` (strtoll rules: leading blanks and a
 // sign are accepted, 0 base takes 0x/0 prefixes; out-of-range values clamp to the
 // int64 limits as strtoll does); nullopt when empty or anything follows the digits.

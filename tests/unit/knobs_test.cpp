@@ -243,6 +243,26 @@ TEST(KnobsTest, EnvFlagDefaultsAndSpellings) {
   }
 }
 
+// A set flag must hold a flag spelling; anything else (which env_flag reads
+// as off, even for a default-on flag) is refused, naming the switch.
+TEST(KnobsTest, FlagEnvStatusRefusesNonFlagValues) {
+  {
+    ScopedEnv e("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", nullptr);
+    EXPECT_TRUE(flag_env_status().ok());
+  }
+  for (const char* ok : {"1", "0", "", "On", "OFF", "yes", "No", "true", "False"}) {
+    ScopedEnv e("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", ok);
+    EXPECT_TRUE(flag_env_status().ok()) << "'" << ok << "'";
+  }
+  for (const char* bad : {"2", "enable", " 1"}) {
+    ScopedEnv e("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", bad);
+    const Status s = flag_env_status();
+    EXPECT_FALSE(s.ok()) << "'" << bad << "'";
+    EXPECT_NE(s.message().find(std::string("NUCLEUS_MOE_FP8_REGISTER_DEQUANT='") + bad + "'"), std::string::npos)
+        << s.message();
+  }
+}
+
 TEST(KnobsTest, EnvStringSetEmptyAndUnset) {
   {
     ScopedEnv e("NUCLEUS_KERNEL_CACHE_DIR", nullptr);

@@ -49,6 +49,7 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   NUCLEUS_CHECK(options.tensor_parallel_size == 1, "DeepseekModel::create of tensor-parallel size {} (a rank is one model)",
                 options.tensor_parallel_size);
   std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options, std::move(rank)));
+  NUCLEUS_RETURN_IF_ERROR(flag_env_status());
   NUCLEUS_RETURN_IF_ERROR(splitk_env_status());
   NUCLEUS_RETURN_IF_ERROR(skinny_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
