@@ -399,22 +399,7 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
   const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
   const int ns = mla_decode_detail::row_splits(num_keys, p.num_splits);
   const int64_t base = i * p.num_splits * H + h;  // + s * H
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    float mx = -INFINITY;
-    for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, p.part_lse[base + static_cast<int64_t>(s) * H]);
-    mx = cuda_common::warp_max(mx);
-    float sum = 0.0f;
-    for (int s = lane; s < ns; s += 32) {
-      const float e = exp2f(p.part_lse[base + static_cast<int64_t>(s) * H] - mx);
-      w[s] = e;
-      sum += e;
-    }
-    sum = cuda_common::warp_sum(sum);
-    const float inv = 1.0f / sum;
-    __syncwarp();
-    for (int s = lane; s < ns; s += 32) w[s] *= inv;
-  }
+  if (threadIdx.x < 32) mla_decode_detail::split_weights(p.part_lse + base, H, ns, w, threadIdx.x);
   __syncthreads();
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   const int c = threadIdx.x * 4;

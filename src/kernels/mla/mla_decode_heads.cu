@@ -208,20 +208,7 @@ __global__ void __launch_bounds__(kOutThreads) mla_decode_output_small_kernel(co
       int seq;
       const int ns = row_splits(row_keys(p.r, row_of(p.r, i), &seq), p.num_splits);
       const int64_t base = static_cast<int64_t>(i) * p.num_splits * H + h;  // + s * H
-      float* w = wsplit[i];
-      float mx = -INFINITY;
-      for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, p.part_lse[base + static_cast<int64_t>(s) * H]);
-      mx = cuda_common::warp_max(mx);
-      float sum = 0.0f;
-      for (int s = lane; s < ns; s += 32) {
-        const float e = exp2f(p.part_lse[base + static_cast<int64_t>(s) * H] - mx);
-        w[s] = e;
-        sum += e;
-      }
-      sum = cuda_common::warp_sum(sum);
-      const float inv = 1.0f / sum;
-      __syncwarp();
-      for (int s = lane; s < ns; s += 32) w[s] *= inv;
+      mla_decode_detail::split_weights(p.part_lse + base, H, ns, wsplit[i], lane);
       if (lane == 0) row_ns[i] = ns;
     }
     __syncthreads();

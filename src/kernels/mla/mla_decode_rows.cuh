@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/cuda_common.cuh"
 #include "kernels/mla/mla_decode.cuh"
 
 namespace nucleus::kernels::mla_decode_detail {
@@ -36,6 +37,26 @@ __device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int
 __device__ __forceinline__ int row_splits(int num_keys, int num_splits) {
   const int chunk = row_chunk(num_keys, num_splits);
   return (num_keys + chunk - 1) / chunk;
+}
+
+// One warp (lane = its lane): w[s] = the softmax weight of split s < ns of a
+// row and head, from the splits' log-sum-exps (log2 domain) lse[s * stride]:
+// the combine's weights, computed in one order wherever splits are merged.
+__device__ __forceinline__ void split_weights(const float* lse, int64_t stride, int ns, float* w, int lane) {
+  float mx = -INFINITY;
+  for (int s = lane; s < ns; s += 32) mx = fmaxf(mx, lse[s * stride]);
+  mx = cuda_common::warp_max(mx);
+  float sum = 0.0f;
+  for (int s = lane; s < ns; s += 32) {
+    const float e = exp2f(lse[s * stride] - mx);
+    w[s] = e;
+    sum += e;
+  }
+  sum = cuda_common::warp_sum(sum);
+  const float inv = 1.0f / sum;
+  __syncwarp();
+  for (int s = lane; s < ns; s += 32) w[s] *= inv;
+  __syncwarp();
 }
 
 }  // namespace nucleus::kernels::mla_decode_detail
