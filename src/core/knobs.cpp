@@ -205,6 +205,17 @@ bool parse_flag(std::string_view text) {
   return s == "1" || s == "true" || s == "yes" || s == "on";
 }
 
+std::optional<AutoSwitch> env_auto_switch(Knob k) {
+  const auto v = env_string(k);
+  if (!v) return AutoSwitch::kAuto;
+  std::string t = *v;
+  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (t.empty() || t == "auto") return AutoSwitch::kAuto;
+  if (t == "0" || t == "off" || t == "false") return AutoSwitch::kOff;
+  if (t == "1" || t == "on" || t == "true") return AutoSwitch::kOn;
+  return std::nullopt;
+}
+
 Status flag_env_status() {
   for (const KnobInfo& k : all_knobs()) {
     if (k.type != KnobType::kFlag) continue;

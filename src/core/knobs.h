@@ -103,6 +103,12 @@ std::optional<std::string> foreign_env(const char* name);
 
 // "1", "true", "yes", "on" (any case) are true; everything else ("0", "", "off", "2") false.
 bool parse_flag(std::string_view text);
+// A three-way switch (kEnum "auto, 0, 1"): unset, "" or "auto" is kAuto;
+// "0", "off", "false" kOff; "1", "on", "true" kOn (any case); nullopt for
+// any other value (the reader refuses it at start-up).
+enum class AutoSwitch { kAuto, kOff, kOn };
+std::optional<AutoSwitch> env_auto_switch(Knob k);
+
 // OK when every kFlag switch that is set holds a flag spelling: "1", "true",
 // "yes", "on", "0", "false", "no", "off" (any case) or "" (off). Otherwise
 // invalid_argument naming the first that does not (NUCLEUS_DUMP_GRAPH='2', say),

@@ -1,7 +1,5 @@
 #include "ops/mla_decode.h"
 
-#include <algorithm>
-#include <cctype>
 #include <string>
 #include <vector>
 
@@ -15,18 +13,6 @@ namespace nucleus {
 
 namespace {
 
-// 0 (never), 1 (every call the kernels take), 2 (auto), or -1 when malformed.
-int parse_small_gemms() {
-  auto s = env_string(Knob::kMlaDecodeSmallGemms);
-  if (!s) return 2;
-  std::string t = *s;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (t.empty() || t == "auto") return 2;
-  if (t == "0" || t == "off" || t == "false") return 0;
-  if (t == "1" || t == "on" || t == "true") return 1;
-  return -1;
-}
-
 constexpr int64_t kSmallRowsMax = 8;  // kernels::kMlaDecodeSmallRows (the kernel header is CUDA-only)
 
 }  // namespace
@@ -36,15 +22,16 @@ int64_t mla_decode_small_rows_auto(int64_t num_heads, bool fp8_kv_b) {
 }
 
 int64_t mla_decode_small_rows(int64_t num_heads, bool fp8_kv_b) {
-  switch (parse_small_gemms()) {
-    case 0: return 0;
-    case 1: return kSmallRowsMax;
-    default: return mla_decode_small_rows_auto(num_heads, fp8_kv_b);
+  switch (env_auto_switch(Knob::kMlaDecodeSmallGemms).value_or(AutoSwitch::kAuto)) {
+    case AutoSwitch::kOff: return 0;
+    case AutoSwitch::kOn: return kSmallRowsMax;
+    case AutoSwitch::kAuto: break;
   }
+  return mla_decode_small_rows_auto(num_heads, fp8_kv_b);
 }
 
 Status mla_decode_env_status() {
-  if (parse_small_gemms() < 0)
+  if (!env_auto_switch(Knob::kMlaDecodeSmallGemms))
     return invalid_argument("NUCLEUS_MLA_DECODE_SMALL_GEMMS='" + *env_string(Knob::kMlaDecodeSmallGemms) +
                             "' is not auto, 0 or 1");
   return ok_status();

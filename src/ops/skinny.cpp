@@ -14,14 +14,8 @@ constexpr int64_t kMaxRows = 8;  // kernels::kSkinnyMaxRows (the kernel header i
 
 // -1: malformed.
 int parse_switch_value(Knob knob) {
-  auto s = env_string(knob);
-  if (!s) return static_cast<int>(SkinnySwitch::kAuto);
-  std::string t = *s;
-  std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (t == "auto" || t.empty()) return static_cast<int>(SkinnySwitch::kAuto);
-  if (t == "0" || t == "off" || t == "false") return static_cast<int>(SkinnySwitch::kOff);
-  if (t == "1" || t == "on" || t == "true") return static_cast<int>(SkinnySwitch::kOn);
-  return -1;
+  const auto v = env_auto_switch(knob);
+  return v ? static_cast<int>(*v) : -1;
 }
 
 int parse_fp8_switch() {

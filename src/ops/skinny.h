@@ -15,11 +15,12 @@
 
 #include <cstdint>
 
+#include "core/knobs.h"
 #include "core/status.h"
 
 namespace nucleus {
 
-enum class SkinnySwitch { kAuto, kOff, kOn };
+using SkinnySwitch = AutoSwitch;  // core/knobs.h
 SkinnySwitch skinny_switch();
 // OK, or invalid_argument naming a malformed NUCLEUS_SKINNY, NUCLEUS_SKINNY_FP8
 // or NUCLEUS_PDL (checked when a model is built, which then fails;

@@ -263,6 +263,30 @@ TEST(KnobsTest, FlagEnvStatusRefusesNonFlagValues) {
   }
 }
 
+TEST(KnobsTest, EnvAutoSwitchSpellings) {
+  const Knob k = Knob::kMlaDecodeSmallGemms;
+  {
+    ScopedEnv e(knob_name(k), nullptr);
+    EXPECT_EQ(env_auto_switch(k), AutoSwitch::kAuto);
+  }
+  for (const char* v : {"", "auto", "AUTO"}) {
+    ScopedEnv e(knob_name(k), v);
+    EXPECT_EQ(env_auto_switch(k), AutoSwitch::kAuto) << "'" << v << "'";
+  }
+  for (const char* v : {"0", "off", "False"}) {
+    ScopedEnv e(knob_name(k), v);
+    EXPECT_EQ(env_auto_switch(k), AutoSwitch::kOff) << "'" << v << "'";
+  }
+  for (const char* v : {"1", "ON", "true"}) {
+    ScopedEnv e(knob_name(k), v);
+    EXPECT_EQ(env_auto_switch(k), AutoSwitch::kOn) << "'" << v << "'";
+  }
+  for (const char* v : {"2", "yes", " 1"}) {
+    ScopedEnv e(knob_name(k), v);
+    EXPECT_EQ(env_auto_switch(k), std::nullopt) << "'" << v << "'";
+  }
+}
+
 TEST(KnobsTest, EnvStringSetEmptyAndUnset) {
   {
     ScopedEnv e("NUCLEUS_KERNEL_CACHE_DIR", nullptr);
