@@ -12,12 +12,18 @@
 // and latent column). Rows: each backend at its defaults, "nucleus_blas" =
 // nucleus with NUCLEUS_MLA_DECODE_SMALL_GEMMS=0 (cuBLASLt absorption GEMMs at
 // every row count, the previous version) and "nucleus_small" = 1 (the own
-// absorption kernels up to 8 rows; printed where auto does not take them).
+// absorption kernels up to 8 rows; printed where auto does not take them),
+// "nucleus_skN" = nucleus with NUCLEUS_MLA_DECODE_SPLIT_KEYS=N (KV splits of
+// at least N keys; --split-keys N,M,... adds these rows at batch <= 8),
+// "nucleus_2cta" = nucleus with NUCLEUS_MLA_DECODE_CTAS_PER_SM=2 (16 heads;
+// --ctas adds these rows) and "nucleus_1cta" = 1. --shape B,CTX runs one
+// shape (both head counts unless --heads N).
 // Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
 // (core/roofline.h: the measured read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
 // GB of cache holds per layer and for DeepSeek-V3's 61 layers.
 //   mla_decode_bench [--quick | --small] [--kv-cache-dtype bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all]
-//                    [--kv-b bf16|fp8|both]
+//                    [--kv-b bf16|fp8|both] [--split-keys N,M,...] [--ctas]
+//                    [--shape BATCH,CONTEXT] [--heads N]
 //   (cache default both: bf16 and fp8_e4m3; all adds fp8_ds_mla. kv_b_proj
 //   default bf16; fp8: e4m3 in 128 x 128 blocks, as DeepSeek-V3's checkpoint.
 //   --small: batches 1, 2, 4, 8 at contexts 1k, 4k, 32k.)
@@ -203,7 +209,30 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
     }
     bool set_;
   } small_gemms(name == "nucleus_blas" ? "0" : name == "nucleus_small" ? "1" : nullptr);
-  const std::string backend = name == "nucleus_blas" || name == "nucleus_small" ? "nucleus" : name;
+  // nucleus_skN: the nucleus backend with NUCLEUS_MLA_DECODE_SPLIT_KEYS=N.
+  const bool sk = name.rfind("nucleus_sk", 0) == 0;
+  struct SplitKeys {
+    explicit SplitKeys(const std::string& v) : set_(!v.empty()) {
+      if (set_) setenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS", v.c_str(), 1);
+    }
+    ~SplitKeys() {
+      if (set_) unsetenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS");
+    }
+    bool set_;
+  } split_keys(sk ? name.substr(10) : std::string());
+  // nucleus_1cta / nucleus_2cta: NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2.
+  const bool ctas = name == "nucleus_1cta" || name == "nucleus_2cta";
+  struct CtasPerSm {
+    explicit CtasPerSm(const char* v) : set_(v != nullptr) {
+      if (set_) setenv("NUCLEUS_MLA_DECODE_CTAS_PER_SM", v, 1);
+    }
+    ~CtasPerSm() {
+      if (set_) unsetenv("NUCLEUS_MLA_DECODE_CTAS_PER_SM");
+    }
+    bool set_;
+  } ctas_per_sm(name == "nucleus_1cta" ? "1" : name == "nucleus_2cta" ? "2" : nullptr);
+  const std::string backend =
+      name == "nucleus_blas" || name == "nucleus_small" || sk || ctas ? "nucleus" : name;
   const Backend<MlaDecodeAttentionOp>* b = nullptr;
   for (const auto& e : MlaDecodeAttentionOp::backends())
     if (e.device == Device::kCuda && backend == e.name) b = &e;
@@ -299,6 +328,9 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
 
 int main(int argc, char** argv) {
   bool quick = false, small = false;
+  std::vector<std::string> split_keys;  // --split-keys: extra nucleus_skN rows
+  bool ctas_rows = false;               // --ctas: nucleus_1cta / nucleus_2cta rows at 16 heads
+  int shape_batch = 0, shape_context = 0, only_heads = 0;
   std::vector<bool> kv_b_fp8 = {false};
   std::vector<KvCacheDtype> cache_dtypes = {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3};
   for (int i = 1; i < argc; ++i) {
@@ -307,6 +339,34 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (a == "--small") {
       small = true;
+    } else if (a == "--ctas") {
+      ctas_rows = true;
+    } else if (a == "--shape" && i + 1 < argc) {
+      if (std::sscanf(argv[++i], "%d,%d", &shape_batch, &shape_context) != 2 || shape_batch < 1 ||
+          shape_context < 1) {
+        std::fprintf(stderr, "mla_decode_bench: --shape BATCH,CONTEXT (positive)\n");
+        return 2;
+      }
+    } else if (a == "--heads" && i + 1 < argc) {
+      only_heads = std::atoi(argv[++i]);
+      if (only_heads != 16 && only_heads != 128) {
+        std::fprintf(stderr, "mla_decode_bench: --heads 16 or 128\n");
+        return 2;
+      }
+    } else if (a == "--split-keys" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      size_t at = 0;
+      while (at <= v.size()) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        const std::string n = v.substr(at, comma - at);
+        if (n.empty() || n.size() > 4 || n.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoi(n) < 32 || std::stoi(n) > 1024 || std::stoi(n) % 32 != 0) {
+          std::fprintf(stderr, "mla_decode_bench: --split-keys takes multiples of 32 from 32 to 1024, e.g. 32,64,128\n");
+          return 2;
+        }
+        split_keys.push_back("nucleus_sk" + n);
+        at = comma + 1;
+      }
     } else if (a == "--kv-b" && i + 1 < argc) {
       const std::string v = argv[++i];
       if (v == "bf16") {
@@ -336,7 +396,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: mla_decode_bench [--quick | --small] [--kv-cache-dtype "
-                   "bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all] [--kv-b bf16|fp8|both]\n");
+                   "bf16|fp8|fp8_e4m3|fp8_ds_mla|both|all] [--kv-b bf16|fp8|both] [--split-keys N,M,...] [--ctas] [--shape B,CTX] [--heads N]\n");
       return 2;
     }
   }
@@ -365,8 +425,10 @@ int main(int argc, char** argv) {
     for (int context : {1024, 4096, 32768})
       for (int batch : {1, 2, 4, 8}) shapes.push_back({batch, context});
   }
+  if (shape_batch > 0) shapes = {{shape_batch, shape_context}};
   for (const Shape& sh : shapes) {
     for (int heads : {16, 128}) {
+      if (only_heads && heads != only_heads) continue;
       for (KvCacheDtype d : cache_dtypes) {
        for (bool wfp8 : kv_b_fp8) {
         auto s = make_setup(sh.batch, sh.context, heads, d, wfp8);
@@ -378,7 +440,16 @@ int main(int argc, char** argv) {
                              static_cast<double>(heads) * (kNope + kVHead) * kLora * (wfp8 ? 1 : 2);
         // Attention FLOPs: scores (576) and output (512) per head and key.
         const double flops = 2.0 * sh.batch * heads * static_cast<double>(sh.context) * (kLatent + kLora);
-        for (const char* backend : {"nucleus", "nucleus_blas", "nucleus_small", "flashinfer", "cuda_naive"}) {
+        std::vector<std::string> backends = {"nucleus", "nucleus_blas", "nucleus_small"};
+        if (sh.batch <= 8) backends.insert(backends.end(), split_keys.begin(), split_keys.end());
+        if (ctas_rows && heads <= 16) {
+          backends.push_back("nucleus_1cta");
+          backends.push_back("nucleus_2cta");
+        }
+        backends.push_back("flashinfer");
+        backends.push_back("cuda_naive");
+        for (const std::string& bname : backends) {
+          const char* backend = bname.c_str();
           if (std::strcmp(backend, "nucleus_small") == 0 &&
               (sh.batch <= mla_decode_small_rows_auto(heads, wfp8) || sh.batch > 8))
             continue;  // the default (auto) there, or past 8 rows nucleus_blas

@@ -102,6 +102,17 @@ constexpr KnobInfo kKnobs[] = {
      "with PDL: auto by the measured rule (8 rows with an FP8 kv_b_proj or <= 16 heads, else 4), 1 at most 8, "
      "0 never (cuBLASLt batched GEMMs on a bf16 kv_b_proj); a malformed value is refused at start-up",
      "src/ops/mla_decode.cpp"},
+    {KNOB(kMlaDecodeSplitKeys), "NUCLEUS_MLA_DECODE_SPLIT_KEYS", KnobType::kEnum,
+     "auto, or N: a multiple of 32 from 32 to 1024", "auto",
+     "the nucleus decode attention kernel's KV splits stream at least N keys each (auto: the measured rule "
+     "mla_decode_min_split_keys_auto; 128 is the fixed minimum before the switch); a malformed value is "
+     "refused at start-up",
+     "src/ops/mla_decode.cpp"},
+    {KNOB(kMlaDecodeCtasPerSm), "NUCLEUS_MLA_DECODE_CTAS_PER_SM", KnobType::kEnum, "auto, 1, 2", "auto",
+     "the nucleus decode attention kernel at 16 heads a CTA runs 2 CTAs a multiprocessor with a shallower "
+     "cp.async ring (auto: the measured rule mla_decode_ctas_per_sm_auto; 1: one CTA with the deep ring, the "
+     "kernel before the switch); a malformed value is refused at start-up",
+     "src/ops/mla_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -49,6 +49,8 @@ enum class Knob {
   kMoeFp8RegisterDequant,
   kMoeUpSplitK,
   kMlaDecodeSmallGemms,
+  kMlaDecodeSplitKeys,
+  kMlaDecodeCtasPerSm,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -1,5 +1,6 @@
 #include "ops/mla_decode.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,19 @@ namespace nucleus {
 namespace {
 
 constexpr int64_t kSmallRowsMax = 8;  // kernels::kMlaDecodeSmallRows (the kernel header is CUDA-only)
+constexpr int64_t kSplitKeysTile = 32;   // kernels::kMlaDecodeTileKeys
+constexpr int64_t kSplitsOnDevice = 0;     // kernels::kMlaDecodeSplitsAuto
+constexpr int64_t kSplitKeysMost = 1024;
+
+// NUCLEUS_MLA_DECODE_SPLIT_KEYS: 0 for auto (unset, empty, "auto"), N for a
+// valid count, -1 for anything else.
+int64_t split_keys_switch() {
+  const std::optional<std::string> s = env_string(Knob::kMlaDecodeSplitKeys);
+  if (!s || s->empty() || *s == "auto" || *s == "AUTO") return 0;
+  if (s->size() > 4 || s->find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int64_t n = std::stoll(*s);
+  return n >= kSplitKeysTile && n <= kSplitKeysMost && n % kSplitKeysTile == 0 ? n : -1;
+}
 
 }  // namespace
 
@@ -30,10 +44,44 @@ int64_t mla_decode_small_rows(int64_t num_heads, bool fp8_kv_b) {
   return mla_decode_small_rows_auto(num_heads, fp8_kv_b);
 }
 
+int64_t mla_decode_min_split_keys_auto(int64_t /*num_rows*/, int64_t /*num_heads*/) { return kSplitsOnDevice; }
+
+int64_t mla_decode_min_split_keys(int64_t num_rows, int64_t num_heads) {
+  const int64_t n = split_keys_switch();
+  return n > 0 ? n : mla_decode_min_split_keys_auto(num_rows, num_heads);
+}
+
+namespace {
+
+// NUCLEUS_MLA_DECODE_CTAS_PER_SM: 0 for auto, 1 or 2, -1 for anything else.
+int ctas_per_sm_switch() {
+  const std::optional<std::string> s = env_string(Knob::kMlaDecodeCtasPerSm);
+  if (!s || s->empty() || *s == "auto" || *s == "AUTO") return 0;
+  if (*s == "1") return 1;
+  if (*s == "2") return 2;
+  return -1;
+}
+
+}  // namespace
+
+int mla_decode_ctas_per_sm_auto(int64_t /*num_rows*/, int64_t /*num_heads*/) { return 1; }
+
+int mla_decode_ctas_per_sm(int64_t num_rows, int64_t num_heads) {
+  if (num_heads > 16) return 1;
+  const int n = ctas_per_sm_switch();
+  return n > 0 ? n : mla_decode_ctas_per_sm_auto(num_rows, num_heads);
+}
+
 Status mla_decode_env_status() {
   if (!env_auto_switch(Knob::kMlaDecodeSmallGemms))
     return invalid_argument("NUCLEUS_MLA_DECODE_SMALL_GEMMS='" + *env_string(Knob::kMlaDecodeSmallGemms) +
                             "' is not auto, 0 or 1");
+  if (split_keys_switch() < 0)
+    return invalid_argument("NUCLEUS_MLA_DECODE_SPLIT_KEYS='" + *env_string(Knob::kMlaDecodeSplitKeys) +
+                            "' is not auto or a multiple of 32 from 32 to 1024");
+  if (ctas_per_sm_switch() < 0)
+    return invalid_argument("NUCLEUS_MLA_DECODE_CTAS_PER_SM='" + *env_string(Knob::kMlaDecodeCtasPerSm) +
+                            "' is not auto, 1 or 2");
   return ok_status();
 }
 

@@ -40,6 +40,27 @@ int64_t mla_decode_small_rows(int64_t num_heads, bool fp8_kv_b);
 // kernels win at 1-4 rows at every measured shape, and at 8 rows with an FP8
 // kv_b_proj or 16 heads; a bf16 kv_b_proj of 128 heads lost 2-4% at 8 rows.
 int64_t mla_decode_small_rows_auto(int64_t num_heads, bool fp8_kv_b);
+// Keys each KV split of the nucleus decode attention kernel streams at least
+// (kernels::MlaDecodeAttnParams::min_split_keys) for a call of `num_rows`
+// rows and `num_heads` heads, by NUCLEUS_MLA_DECODE_SPLIT_KEYS: auto
+// (default) the rule mla_decode_min_split_keys_auto, or N (a multiple of 32
+// from 32 to 1024). 0 means the split plan is made on the device, per row
+// from its key count (kernels::kMlaDecodeSplitsAuto). Read at every call; a
+// malformed value reads as auto here and is refused by
+// mla_decode_env_status().
+int64_t mla_decode_min_split_keys(int64_t num_rows, int64_t num_heads);
+int64_t mla_decode_min_split_keys_auto(int64_t num_rows, int64_t num_heads);
+// CTAs a multiprocessor holds in the nucleus decode attention kernel
+// (kernels::MlaDecodeAttnParams::ctas_per_sm) for a call of `num_rows` rows
+// of `num_heads` heads, by NUCLEUS_MLA_DECODE_CTAS_PER_SM: auto (default) the
+// rule mla_decode_ctas_per_sm_auto, 1, or 2 (only where a CTA holds 16 heads,
+// num_heads <= 16; else 1). Read at every call; a malformed value reads as
+// auto here and is refused by mla_decode_env_status().
+int mla_decode_ctas_per_sm(int64_t num_rows, int64_t num_heads);
+int mla_decode_ctas_per_sm_auto(int64_t num_rows, int64_t num_heads);
+// OK, or invalid_argument naming a malformed NUCLEUS_MLA_DECODE_SMALL_GEMMS,
+// NUCLEUS_MLA_DECODE_SPLIT_KEYS or NUCLEUS_MLA_DECODE_CTAS_PER_SM (checked at
+// model creation).
 Status mla_decode_env_status();
 
 }  // namespace nucleus

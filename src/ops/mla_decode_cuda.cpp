@@ -135,6 +135,7 @@ LayerCache layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
 // the scratch) when num_splits is 1, else the split partials, not yet merged.
 struct Attended {
   int num_splits = 1;
+  int min_split_keys = kernels::kMlaDecodeMinSplitKeys;
   const float* part_o = nullptr;
   const float* part_lse = nullptr;
 };
@@ -214,6 +215,7 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
       kernels::MlaDecodeSmallParams p = small_params(op, r, kv_b);
       p.o_lat = s.o_lat;
       p.num_splits = a.num_splits;
+      p.min_split_keys = a.min_split_keys;
       p.part_o = a.part_o;
       p.part_lse = a.part_lse;
       p.out = out[0].data<__nv_bfloat16>();
@@ -239,10 +241,11 @@ int64_t partial_floats(int H, int64_t max_rows) {
   const int hpc = kernels::mla_decode_heads_per_cta(H);
   const int sms = cuda::context().num_sms;
   int64_t most = 0;
-  for (int64_t n = 1; n <= max_rows; ++n) {
-    const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms);
-    if (splits > 1) most = std::max(most, n * splits);
-  }
+  for (int64_t n = 1; n <= max_rows; ++n)
+    for (int per_sm : {1, 2}) {  // NUCLEUS_MLA_DECODE_CTAS_PER_SM may change between calls
+      const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms * per_sm);
+      if (splits > 1) most = std::max(most, n * splits);
+    }
   return std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1));
 }
 
@@ -264,7 +267,10 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   p.cache_fp8 = cache.fp8;
   p.cache_ds_mla = cache.ds_mla;
   p.k_scale = cache.k_scale;
-  p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms);
+  p.ctas_per_sm = hpc == 16 ? mla_decode_ctas_per_sm(r.num_rows, H) : 1;
+  // The grid fills the CTAs the multiprocessors hold at once.
+  p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms * p.ctas_per_sm);
+  p.min_split_keys = static_cast<int>(mla_decode_min_split_keys(r.num_rows, H));
   p.heads_per_cta = hpc;
   p.o_lat = s.o_lat;
   if (p.num_splits > 1) {
@@ -281,6 +287,7 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   Attended a;
   if (small && p.num_splits > 1) {
     a.num_splits = p.num_splits;
+    a.min_split_keys = p.min_split_keys;
     a.part_o = p.part_o;
     a.part_lse = p.part_lse;
   }

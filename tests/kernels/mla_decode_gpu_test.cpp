@@ -420,6 +420,84 @@ TEST_F(MlaDecodeGpu, SmallGemmsOnAndOffAgree) {
         }
 }
 
+// NUCLEUS_MLA_DECODE_SPLIT_KEYS: every minimum split size agrees with the
+// reference, through the small output kernel's merge (1-8 rows) and the
+// combine kernel (9 rows); 128 is the fixed minimum before the switch, and
+// auto equals the setting its rule picks bit for bit.
+TEST_F(MlaDecodeGpu, SplitKeysSettingsAgree) {
+  struct Env {
+    explicit Env(const char* v) {
+      if (v) setenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS", v, 1);
+    }
+    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS"); }
+  };
+  uint64_t seed = 900;
+  for (int heads : {16, 128})
+    for (int rows : {1, 3, 9})
+      for (int context : {33, 3000, 9000}) {
+        const Case c{rows, context, heads, 64, false, 1, rows > 1};
+        Problem p = make_problem(c, seed++);
+        const std::vector<float> want = reference(p);
+        const int64_t width = heads * kVHead;
+        std::vector<float> auto_out;
+        {
+          Env e(nullptr);
+          std::string why;
+          auto_out = run_backend("nucleus", p, 64, &why);
+          ASSERT_FALSE(auto_out.empty()) << name(c) << ": " << why;
+          EXPECT_TRUE(matches(auto_out, want, width)) << "auto " << name(c);
+        }
+        const std::string auto_keys = std::to_string(mla_decode_min_split_keys_auto(rows, heads));
+        for (const char* keys : {"32", "64", "128", "256"}) {
+          Env e(keys);
+          ASSERT_EQ(mla_decode_min_split_keys(rows, heads), std::atoi(keys));
+          std::string why;
+          const std::vector<float> got = run_backend("nucleus", p, 64, &why);
+          ASSERT_FALSE(got.empty()) << name(c) << ": " << why;
+          auto r = matches(got, want, width);
+          EXPECT_TRUE(r) << "split keys " << keys << " " << name(c);
+          if (auto_keys == keys) {
+            EXPECT_EQ(got, auto_out) << name(c) << ": auto is split keys " << keys;
+          }
+          printf("mla_decode split keys %-4s %-28s %s\n", keys, name(c).c_str(), r.message());
+        }
+      }
+}
+
+// NUCLEUS_MLA_DECODE_CTAS_PER_SM: two CTAs a multiprocessor (a shallower
+// ring, a grid sized for twice the CTAs, so other splits) match the reference
+// as one does; more than 16 heads always run one, bit for bit the same.
+TEST_F(MlaDecodeGpu, TwoCtasPerSmMatchesOne) {
+  struct Env {
+    explicit Env(const char* v) { setenv("NUCLEUS_MLA_DECODE_CTAS_PER_SM", v, 1); }
+    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_CTAS_PER_SM"); }
+  };
+  uint64_t seed = 1100;
+  for (int heads : {16, 4, 128})
+    for (int rows : {1, 9, 130})
+      for (int context : {33, 3000}) {
+        const Case c{rows, context, heads, 16, false, 1, rows > 1};
+        Problem p = make_problem(c, seed++);
+        const std::vector<float> want = reference(p);
+        std::vector<float> one, two;
+        std::string why;
+        {
+          Env e("1");
+          ASSERT_EQ(mla_decode_ctas_per_sm(rows, heads), 1);
+          one = run_backend("nucleus", p, 256, &why);
+        }
+        {
+          Env e("2");
+          ASSERT_EQ(mla_decode_ctas_per_sm(rows, heads), heads <= 16 ? 2 : 1);
+          two = run_backend("nucleus", p, 256, &why);
+        }
+        ASSERT_FALSE(one.empty() || two.empty()) << name(c) << ": " << why;
+        EXPECT_TRUE(matches(one, want, heads * kVHead)) << name(c);
+        EXPECT_TRUE(matches(two, want, heads * kVHead)) << name(c);
+        if (heads > 16) EXPECT_EQ(one, two) << name(c) << ": more than 16 heads run one CTA either way";
+      }
+}
+
 // The switch's values and the auto rule; a malformed value is refused when
 // the model is created.
 TEST(MlaDecodeSwitch, ValuesAutoRuleAndMalformedValueRefused) {

@@ -57,8 +57,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 
 __device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-__host__ __device__ constexpr int num_stages(bool fp8, bool ds = false) {
-  return ds ? kStagesDs : fp8 ? kStagesFp8 : kStagesBf16;
+// kPerSm: CTAs a multiprocessor holds (1, or 2 with a shallower ring: 2
+// bf16 tiles, 3 raw FP8 tiles).
+__host__ __device__ constexpr int num_stages(bool fp8, bool ds = false, int per_sm = 1) {
+  return per_sm == 2 ? (fp8 ? 3 : 2) : ds ? kStagesDs : fp8 ? kStagesFp8 : kStagesBf16;
 }
 // Bytes of one raw cache row in the ring (FP8 layouts) and of a raw tile.
 __host__ __device__ constexpr int raw_row_bytes(bool ds) { return ds ? kDsMlaRowBytes : kMlaDecodeLatent; }
@@ -66,15 +68,19 @@ __host__ __device__ constexpr int raw_tile_bytes(bool ds) { return kTileKeys * r
 
 // Shared memory: the ring (bf16 tiles, or raw FP8 tiles then one bf16
 // tile), then the partial scores.
-template <bool kFp8, bool kDs = false>
+template <bool kFp8, bool kDs = false, int kPerSm = 1>
 constexpr size_t ring_bytes() {
-  return kFp8 ? static_cast<size_t>(num_stages(true, kDs)) * raw_tile_bytes(kDs) + static_cast<size_t>(kTileElems) * 2
-              : static_cast<size_t>(kStagesBf16) * kTileElems * 2;
+  return kFp8 ? static_cast<size_t>(num_stages(true, kDs, kPerSm)) * raw_tile_bytes(kDs) +
+                    static_cast<size_t>(kTileElems) * 2
+              : static_cast<size_t>(num_stages(false, false, kPerSm)) * kTileElems * 2;
 }
-template <int M, bool kFp8, bool kDs = false>
+template <int M, bool kFp8, bool kDs = false, int kPerSm = 1>
 constexpr size_t attention_smem_bytes() {
-  return ring_bytes<kFp8, kDs>() + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
+  return ring_bytes<kFp8, kDs, kPerSm>() + static_cast<size_t>(M) * 4 * 16 * kSpStride * 4;
 }
+static_assert(2 * attention_smem_bytes<1, false, false, 2>() <= 227 * 1024 &&
+                  2 * attention_smem_bytes<1, true, true, 2>() <= 227 * 1024,
+              "two CTAs of 16 heads fit a multiprocessor");
 
 // Two e4m3 bytes (low byte first) -> bf16x2, exactly (e4m3 -> f16 -> f32 ->
 // bf16 loses nothing; NaN stays NaN).
@@ -96,13 +102,13 @@ static_assert(kChunksPerRow % kThreadsPerRow == 0, "loader split");
 // (kh = (w % (8 / M)) / 4); for the output columns [64 M c, +64 M)
 // (c = w % (8 / M)). kFp8: the cache holds e4m3 bytes; kDs (with kFp8):
 // fp8_ds_mla rows (see the file comment).
-template <int M, bool kFp8, bool kDs = false>
-__global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const MlaDecodeAttnParams p) {
+template <int M, bool kFp8, bool kDs = false, int kPerSm = 1>
+__global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(const MlaDecodeAttnParams p) {
   static_assert(kFp8 || !kDs, "an fp8_ds_mla ring is a raw FP8 ring");
   constexpr int kWarpsPerMt = kWarps / M;  // 8 or 4
   constexpr int kNtS = 2 * M;              // score n-tiles (8 keys) per warp
   constexpr int kNtO = 8 * M;              // output n-tiles (8 columns) per warp
-  constexpr int kStages = num_stages(kFp8, kDs);
+  constexpr int kStages = num_stages(kFp8, kDs, kPerSm);
   constexpr int kRawRow = raw_row_bytes(kDs), kRawTile = raw_tile_bytes(kDs), kRawChunks = kRawRow / 16;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // bf16: the ring [kStages][32][kRowElems]; FP8: the raw ring [kStages][32][576 B], then one bf16 tile.
@@ -110,14 +116,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_kernel(const
   unsigned char* raw_smem = smem_raw;
   __nv_bfloat16* conv_tile =
       reinterpret_cast<__nv_bfloat16*>(smem_raw + static_cast<size_t>(kStages) * kRawTile);
-  float* sp = reinterpret_cast<float*>(smem_raw + ring_bytes<kFp8, kDs>());  // [M][4][16][kSpStride]
+  float* sp = reinterpret_cast<float*>(smem_raw + ring_bytes<kFp8, kDs, kPerSm>());  // [M][4][16][kSpStride]
 
   const int H = p.num_heads;
   const int group = blockIdx.x, split = blockIdx.y;
   const int64_t i = blockIdx.z;
   int seq;
   const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int chunk = row_chunk(num_keys, p.num_splits);
+  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows);
   const int k_begin = split * chunk;
   if (k_begin >= num_keys) return;  // this row needs fewer splits
   const int k_end = min(num_keys, k_begin + chunk);
@@ -397,7 +403,7 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
   const int64_t i = blockIdx.y;
   int seq;
   const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int ns = mla_decode_detail::row_splits(num_keys, p.num_splits);
+  const int ns = mla_decode_detail::row_splits(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows);
   const int64_t base = i * p.num_splits * H + h;  // + s * H
   if (threadIdx.x < 32) mla_decode_detail::split_weights(p.part_lse + base, H, ns, w, threadIdx.x);
   __syncthreads();
@@ -448,12 +454,12 @@ __global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __r
   out[idx] = __float2bfloat16(w.at(idx / w.k, idx % w.k));
 }
 
-template <int M, bool kFp8, bool kDs = false>
+template <int M, bool kFp8, bool kDs = false, int kPerSm = 1>
 cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
-  constexpr size_t smem = attention_smem_bytes<M, kFp8, kDs>();
+  constexpr size_t smem = attention_smem_bytes<M, kFp8, kDs, kPerSm>();
   const cudaError_t attr = cuda_common::once_per_device([] {
-    return cudaFuncSetAttribute(mla_decode_attention_kernel<M, kFp8, kDs>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(smem));
+    return cudaFuncSetAttribute(mla_decode_attention_kernel<M, kFp8, kDs, kPerSm>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   });
   if (attr != cudaSuccess) return attr;
   const int groups = (p.num_heads + 16 * M - 1) / (16 * M);
@@ -471,7 +477,8 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
       q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
     }
     const dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
-    const cudaError_t e = pdl::launch(mla_decode_attention_kernel<M, kFp8, kDs>, grid, kThreads, smem, p.pdl, stream, q);
+    const cudaError_t e =
+        pdl::launch(mla_decode_attention_kernel<M, kFp8, kDs, kPerSm>, grid, kThreads, smem, p.pdl, stream, q);
     if (e != cudaSuccess) return e;
     if (p.num_splits > 1 && p.combine)
       mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
@@ -515,8 +522,14 @@ cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat
 cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream_t stream) {
   if (p.r.num_rows == 0) return cudaSuccess;
   if (p.num_splits < 1 || p.num_splits > kMlaDecodeMaxSplits || p.r.block_size < 1) return cudaErrorInvalidValue;
+  if (p.min_split_keys < 0 || p.min_split_keys % kTileKeys != 0) return cudaErrorInvalidValue;
   if (p.num_splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
+  if (p.ctas_per_sm != 1 && !(p.ctas_per_sm == 2 && p.heads_per_cta == 16)) return cudaErrorInvalidValue;
+  if (p.ctas_per_sm == 2) {
+    if (p.cache_ds_mla) return p.cache_fp8 ? cudaErrorInvalidValue : launch_attention_m<1, true, true, 2>(p, stream);
+    return p.cache_fp8 ? launch_attention_m<1, true, false, 2>(p, stream) : launch_attention_m<1, false, false, 2>(p, stream);
+  }
   if (p.cache_ds_mla) {
     if (p.cache_fp8) return cudaErrorInvalidValue;
     if (p.heads_per_cta == 16) return launch_attention_m<1, true, true>(p, stream);

@@ -37,6 +37,19 @@ constexpr int kMlaDecodeNope = 128;
 constexpr int kMlaDecodeVHead = 128;
 constexpr int kMlaDecodeLatent = kMlaDecodeLora + kMlaDecodeRope;  // 576
 constexpr int kMlaDecodeMaxSplits = 256;
+constexpr int kMlaDecodeTileKeys = 32;  // keys of one attention tile
+// Keys a KV split streams at least unless a launch says otherwise
+// (min_split_keys below; the fixed minimum before it became a parameter).
+constexpr int kMlaDecodeMinSplitKeys = 128;
+// min_split_keys = kMlaDecodeSplitsAuto: each row's split count is computed
+// on the device from its key count and the call's rows,
+// s = round(sqrt(kMlaDecodeSplitCost * keys / rows)), within [1, num_splits]:
+// the s minimising s-independent work + (keys / (32 s)) serial tiles a CTA *
+// t_tile + rows * s partials * t_merge, with t_tile / (32 t_merge) = 0.54
+// measured on the H200 (docs/perf.md "MLA decode: the split plan on the
+// device": ~1.5 us a 32-key tile of 16 heads, ~0.09 us a partial merged).
+constexpr int kMlaDecodeSplitsAuto = 0;
+constexpr float kMlaDecodeSplitCost = 0.54f;
 
 // Which rows a call processes and where their keys are.
 struct MlaDecodeRows {
@@ -58,8 +71,11 @@ cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat
                                        cudaStream_t stream);
 
 // Steps 3 and 4. q_full: [num_rows, num_heads, 576] bf16. num_splits (1 ..
-// kMlaDecodeMaxSplits) is the grid's split count; each row uses
-// mla_decode_row_splits(num_keys, num_splits) of them. With num_splits == 1
+// kMlaDecodeMaxSplits) is the grid's split count; a row of num_keys keys
+// splits them into chunks of c = max(ceil(num_keys / num_splits),
+// min_split_keys) keys (or, with kMlaDecodeSplitsAuto, ceil(num_keys / s) for
+// the rule's s) rounded up to the 32-key tile, and uses ceil(num_keys / c)
+// splits (the rest of its CTAs return). With num_splits == 1
 // o_lat is written directly; otherwise part_o [num_rows, num_splits,
 // num_heads, 512] f32 and part_lse [num_rows, num_splits, num_heads] (log2
 // domain) hold the splits and a combine kernel writes o_lat [num_rows,
@@ -76,7 +92,16 @@ struct MlaDecodeAttnParams {
   bool cache_ds_mla = false;  // tile-scaled rows, read as stored * scale[tile]; not with cache_fp8
   float k_scale = 1.0f;  // cache_fp8 only: a row is read as stored * k_scale
   int num_splits = 1;
+  // Keys a split streams at least: a multiple of kMlaDecodeTileKeys, >= 32,
+  // or kMlaDecodeSplitsAuto (each row's splits from its keys and the call's
+  // rows, on the device); else cudaErrorInvalidValue. Fewer keys a split put
+  // more SMs to work on a few long rows, at the cost of more partials to merge.
+  int min_split_keys = kMlaDecodeMinSplitKeys;
   int heads_per_cta = 16;
+  // CTAs a multiprocessor holds: 1, or 2 (16 heads a CTA only) with a
+  // shallower cp.async ring (2 bf16 tiles, 3 raw FP8 tiles instead of 4 / 8 /
+  // 7): more warps to hide the per-tile latency, fewer bytes in flight a CTA.
+  int ctas_per_sm = 1;
   float* part_o = nullptr;
   float* part_lse = nullptr;
   __nv_bfloat16* o_lat = nullptr;
@@ -141,6 +166,7 @@ struct MlaDecodeSmallParams {
   const float* part_o = nullptr;
   const float* part_lse = nullptr;
   int num_splits = 1;
+  int min_split_keys = kMlaDecodeMinSplitKeys;  // the attention launch's (MlaDecodeAttnParams)
   __nv_bfloat16* out = nullptr;
   int64_t out_stride = 0;
   bool pdl = false;  // launch as a programmatic dependent of the kernel before it

@@ -11,14 +11,27 @@
 
 namespace nucleus::kernels::mla_decode_detail {
 
-constexpr int kTileKeys = 32;   // keys of one attention tile
-constexpr int kMinChunk = 128;  // keys per split at least
+constexpr int kTileKeys = kMlaDecodeTileKeys;  // keys of one attention tile
 
 // Keys per split of a row with num_keys keys when the grid has num_splits
-// splits (a multiple of the tile, at least kMinChunk).
-__device__ __forceinline__ int row_chunk(int num_keys, int num_splits) {
-  int c = (num_keys + num_splits - 1) / num_splits;
-  c = c < kMinChunk ? kMinChunk : c;
+// splits and the call num_rows rows: a multiple of the tile.
+//  - min_keys > 0 (the launch's min_split_keys, a multiple of the tile): the
+//    even share of the grid's splits, at least min_keys;
+//  - min_keys == 0 (kMlaDecodeSplitsAuto): the split count s that balances a
+//    split's serial tiles against the merge of rows * s partials,
+//    s = round(sqrt(kMlaDecodeSplitCost * num_keys / num_rows)) within
+//    [1, num_splits] (docs/perf.md "MLA decode: the split plan on the device").
+// Every kernel of a call computes it from the same arguments.
+__device__ __forceinline__ int row_chunk(int num_keys, int num_splits, int min_keys, int64_t num_rows) {
+  int c;
+  if (min_keys > 0) {
+    c = (num_keys + num_splits - 1) / num_splits;
+    c = c < min_keys ? min_keys : c;
+  } else {
+    const float want = sqrtf(kMlaDecodeSplitCost * static_cast<float>(num_keys) / static_cast<float>(num_rows));
+    const int s = min(num_splits, max(1, __float2int_rn(want)));
+    c = (num_keys + s - 1) / s;
+  }
   return (c + kTileKeys - 1) / kTileKeys * kTileKeys;
 }
 
@@ -34,8 +47,8 @@ __device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int
 }
 
 // Splits a row with num_keys keys uses when the grid has num_splits.
-__device__ __forceinline__ int row_splits(int num_keys, int num_splits) {
-  const int chunk = row_chunk(num_keys, num_splits);
+__device__ __forceinline__ int row_splits(int num_keys, int num_splits, int min_keys, int64_t num_rows) {
+  const int chunk = row_chunk(num_keys, num_splits, min_keys, num_rows);
   return (num_keys + chunk - 1) / chunk;
 }
 

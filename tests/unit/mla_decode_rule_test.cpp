@@ -1,0 +1,86 @@
+// The decode attention switches of ops/mla_decode.h read on the CPU: the KV
+// split minimum (NUCLEUS_MLA_DECODE_SPLIT_KEYS) by value, its auto rule, and
+// the refusal of a malformed value naming it. (That every setting computes
+// the same attention: mla_decode_gpu_test SplitKeysSettingsAgree.)
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "ops/mla_decode.h"
+
+namespace nucleus {
+namespace {
+
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  const char* name_;
+};
+
+TEST(MlaDecodeRule, SplitKeysValues) {
+  for (const char* v : {"32", "64", "128", "96", "1024"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_SPLIT_KEYS", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_EQ(mla_decode_min_split_keys(1, 16), std::atoi(v)) << v;
+    EXPECT_EQ(mla_decode_min_split_keys(64, 128), std::atoi(v)) << v;
+  }
+  for (const char* v : {"", "auto", "AUTO"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_SPLIT_KEYS", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << "'" << v << "'";
+    for (int64_t rows : {1, 2, 8, 64})
+      for (int64_t heads : {16, 128})
+        EXPECT_EQ(mla_decode_min_split_keys(rows, heads), mla_decode_min_split_keys_auto(rows, heads));
+  }
+}
+
+TEST(MlaDecodeRule, SplitKeysAutoRuleIsAKernelValue) {
+  for (int64_t rows = 1; rows <= 512; rows *= 2)
+    for (int64_t heads : {4, 16, 32, 64, 128}) {
+      const int64_t k = mla_decode_min_split_keys_auto(rows, heads);
+      EXPECT_TRUE(k == 0 || (k >= 32 && k <= 1024)) << "the device's plan (0) or a minimum the switch takes";
+      EXPECT_EQ(k % 32, 0) << "a multiple of the 32-key tile";
+    }
+}
+
+TEST(MlaDecodeRule, MalformedSplitKeysAreRefusedByName) {
+  for (const char* bad : {"0", "16", "48", "2048", "-32", "64k", " 64", "on"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_SPLIT_KEYS", bad);
+    const Status s = mla_decode_env_status();
+    EXPECT_FALSE(s.ok()) << "'" << bad << "'";
+    EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_SPLIT_KEYS='") + bad + "'"), std::string::npos)
+        << s.message();
+    EXPECT_EQ(mla_decode_min_split_keys(1, 16), mla_decode_min_split_keys_auto(1, 16))
+        << "a malformed value reads as auto until refused";
+  }
+}
+
+TEST(MlaDecodeRule, CtasPerSmValues) {
+  for (const char* v : {"1", "2"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_CTAS_PER_SM", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_EQ(mla_decode_ctas_per_sm(1, 16), std::atoi(v));
+    EXPECT_EQ(mla_decode_ctas_per_sm(1, 128), 1) << "more than 16 heads a call: one CTA a multiprocessor";
+  }
+  for (const char* v : {"", "auto"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_CTAS_PER_SM", v);
+    for (int64_t rows : {1, 8, 64, 256}) {
+      EXPECT_EQ(mla_decode_ctas_per_sm(rows, 16), mla_decode_ctas_per_sm_auto(rows, 16));
+      const int a = mla_decode_ctas_per_sm_auto(rows, 16);
+      EXPECT_TRUE(a == 1 || a == 2) << a;
+    }
+  }
+  for (const char* bad : {"0", "3", "two", " 2"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_CTAS_PER_SM", bad);
+    const Status s = mla_decode_env_status();
+    EXPECT_FALSE(s.ok()) << "'" << bad << "'";
+    EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_CTAS_PER_SM='") + bad + "'"), std::string::npos)
+        << s.message();
+  }
+}
+
+}  // namespace
+}  // namespace nucleus
