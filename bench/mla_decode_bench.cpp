@@ -198,39 +198,27 @@ std::unique_ptr<Setup> make_setup(int batch, int context, int heads, KvCacheDtyp
 
 Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& dev) {
   Result r;
-  // nucleus_blas / nucleus_small: the nucleus backend with the cuBLASLt
-  // absorption GEMMs / the own kernels at every row count they take.
-  struct SmallGemms {
-    explicit SmallGemms(const char* v) : set_(v != nullptr) {
-      if (set_) setenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS", v, 1);
+  // Rows that are the nucleus backend under one switch, set for this call:
+  // nucleus_blas / nucleus_small: NUCLEUS_MLA_DECODE_SMALL_GEMMS=0 / 1 (the
+  // cuBLASLt absorption GEMMs / the own kernels at every row count they take);
+  // nucleus_skN: NUCLEUS_MLA_DECODE_SPLIT_KEYS=N; nucleus_1cta / nucleus_2cta:
+  // NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2.
+  struct ScopedSwitch {
+    ScopedSwitch(const char* var, std::string v) : var_(var), set_(!v.empty()) {
+      if (set_) setenv(var_, v.c_str(), 1);
     }
-    ~SmallGemms() {
-      if (set_) unsetenv("NUCLEUS_MLA_DECODE_SMALL_GEMMS");
+    ~ScopedSwitch() {
+      if (set_) unsetenv(var_);
     }
+    const char* var_;
     bool set_;
-  } small_gemms(name == "nucleus_blas" ? "0" : name == "nucleus_small" ? "1" : nullptr);
-  // nucleus_skN: the nucleus backend with NUCLEUS_MLA_DECODE_SPLIT_KEYS=N.
+  };
   const bool sk = name.rfind("nucleus_sk", 0) == 0;
-  struct SplitKeys {
-    explicit SplitKeys(const std::string& v) : set_(!v.empty()) {
-      if (set_) setenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS", v.c_str(), 1);
-    }
-    ~SplitKeys() {
-      if (set_) unsetenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS");
-    }
-    bool set_;
-  } split_keys(sk ? name.substr(10) : std::string());
-  // nucleus_1cta / nucleus_2cta: NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2.
   const bool ctas = name == "nucleus_1cta" || name == "nucleus_2cta";
-  struct CtasPerSm {
-    explicit CtasPerSm(const char* v) : set_(v != nullptr) {
-      if (set_) setenv("NUCLEUS_MLA_DECODE_CTAS_PER_SM", v, 1);
-    }
-    ~CtasPerSm() {
-      if (set_) unsetenv("NUCLEUS_MLA_DECODE_CTAS_PER_SM");
-    }
-    bool set_;
-  } ctas_per_sm(name == "nucleus_1cta" ? "1" : name == "nucleus_2cta" ? "2" : nullptr);
+  const ScopedSwitch small_gemms("NUCLEUS_MLA_DECODE_SMALL_GEMMS",
+                                 name == "nucleus_blas" ? "0" : name == "nucleus_small" ? "1" : "");
+  const ScopedSwitch split_keys("NUCLEUS_MLA_DECODE_SPLIT_KEYS", sk ? name.substr(10) : "");
+  const ScopedSwitch ctas_per_sm("NUCLEUS_MLA_DECODE_CTAS_PER_SM", ctas ? name.substr(8, 1) : "");
   const std::string backend =
       name == "nucleus_blas" || name == "nucleus_small" || sk || ctas ? "nucleus" : name;
   const Backend<MlaDecodeAttentionOp>* b = nullptr;
