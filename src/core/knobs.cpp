@@ -53,10 +53,11 @@ constexpr KnobInfo kKnobs[] = {
      "step's math): where its grid fits one wave (auto), always, or never; a malformed value is refused at "
      "start-up",
      "src/ops/skinny.cpp"},
-    {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1", "1",
+    {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1, gemms", "1",
      "skinny decode GEMMs (bf16 and FP8), the MoE decode kernels, the grouped MoE path's five kernels and decode "
      "attention's small-row kernels launch "
-     "as programmatic dependents (PDL) of the kernel before them; "
+     "as programmatic dependents (PDL) of the kernel before them, and with 1 also the RMSNorm, add+RMSNorm, "
+     "SwiGLU, RoPE + cache write and MoE routing kernels (gemms: not those, the setting before they took part); "
      "a malformed value is refused at start-up",
      "src/ops/skinny.cpp"},
     {KNOB(kForceKernel), "NUCLEUS_FORCE_KERNEL", KnobType::kList, "family=backend[,...]", "(none)",
@@ -112,6 +113,12 @@ constexpr KnobInfo kKnobs[] = {
      "the nucleus decode attention kernel at 16 heads a CTA runs 2 CTAs a multiprocessor with a shallower "
      "cp.async ring (auto: the measured rule mla_decode_ctas_per_sm_auto; 1: one CTA with the deep ring, the "
      "kernel before the switch); a malformed value is refused at start-up",
+     "src/ops/mla_decode.cpp"},
+    {KNOB(kMlaDecodeKeyTile), "NUCLEUS_MLA_DECODE_KEY_TILE", KnobType::kEnum, "auto, 32, 64", "auto",
+     "the nucleus decode attention kernel at 16 heads a CTA (one CTA a multiprocessor) streams 64-key tiles, "
+     "each warp scoring its own 8 keys over all dims with one shared softmax a tile (auto: the measured rule "
+     "mla_decode_key_tile_auto; 32: the 32-key kernel before the switch); a malformed value is refused at "
+     "start-up",
      "src/ops/mla_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "

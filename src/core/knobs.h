@@ -51,6 +51,7 @@ enum class Knob {
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,
   kMlaDecodeCtasPerSm,
+  kMlaDecodeKeyTile,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

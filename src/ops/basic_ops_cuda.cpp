@@ -8,6 +8,7 @@
 #include "kernels/rmsnorm/rmsnorm.cuh"
 #include "ops/basic_ops_cuda.h"
 #include "ops/op_cuda_check.h"
+#include "ops/skinny.h"
 
 namespace nucleus::cuda_ops {
 
@@ -40,12 +41,12 @@ void rmsnorm(RmsNormOp& op, OpContext&, const TensorList& in, const TensorList& 
   if (x.dtype() == DType::kF32) {  // a split-K GEMM's output, normalised into the declared bf16 buffer
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_rmsnorm_f32_to_bf16(x.data<float>(), x.row_numel(), op.weight().data<float>(),
                                                            x.dim(0), op.width(), x.dim(1), op.eps(), bf16(y),
-                                                           y.row_numel(), stream()));
+                                                           y.row_numel(), stream(), small_ops_pdl()));
     return;
   }
   NUCLEUS_CHECK(x.raw() == y.raw(), "rmsnorm: a bf16 input is normalised in place");
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_rmsnorm_inplace(bf16(x), x.row_numel(), op.weight().data<float>(), x.dim(0),
-                                                     op.width(), op.eps(), stream()));
+                                                     op.width(), op.eps(), stream(), small_ops_pdl()));
 }
 
 void mtp_input(MtpInputOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
@@ -81,6 +82,7 @@ void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const T
   p.width = residual.dim(1);
   p.eps = op.eps();
   p.out = bf16(out[1]);
+  p.pdl = small_ops_pdl();
   if (op.prezero().n_total > 0) {  // the donor's fill, decided for this step's rows
     const Tensor& buf = out[2];
     const int64_t m = buf.dim(0);
@@ -98,9 +100,11 @@ void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const T
 
 void silu_mul(SiluMulOp&, OpContext&, const TensorList& in, const TensorList& out) {
   if (in[0].dtype() == DType::kF32)
-    NUCLEUS_OP_CUDA_CHECK(kernels::launch_silu_mul(in[0].data<float>(), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_silu_mul(in[0].data<float>(), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream(),
+                                                   small_ops_pdl()));
   else
-    NUCLEUS_OP_CUDA_CHECK(kernels::launch_silu_mul(bf16(in[0]), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream()));
+    NUCLEUS_OP_CUDA_CHECK(kernels::launch_silu_mul(bf16(in[0]), in[0].dim(0), out[0].dim(1), bf16(out[0]), stream(),
+                                                   small_ops_pdl()));
 }
 
 void gather_logit_rows(GatherLogitRowsOp&, OpContext& ctx, const TensorList& in, const TensorList& out) {

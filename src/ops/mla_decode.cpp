@@ -53,14 +53,21 @@ int64_t mla_decode_min_split_keys(int64_t num_rows, int64_t num_heads) {
 
 namespace {
 
-// NUCLEUS_MLA_DECODE_CTAS_PER_SM: 0 for auto, 1 or 2, -1 for anything else.
-int ctas_per_sm_switch() {
-  const std::optional<std::string> s = env_string(Knob::kMlaDecodeCtasPerSm);
+// A switch that takes auto or one of two numbers: 0 for auto (unset, empty,
+// "auto"), the number when it is `a` or `b`, -1 for anything else.
+int two_value_switch(Knob knob, int a, int b) {
+  const std::optional<std::string> s = env_string(knob);
   if (!s || s->empty() || *s == "auto" || *s == "AUTO") return 0;
-  if (*s == "1") return 1;
-  if (*s == "2") return 2;
+  if (*s == std::to_string(a)) return a;
+  if (*s == std::to_string(b)) return b;
   return -1;
 }
+
+// NUCLEUS_MLA_DECODE_CTAS_PER_SM: 0 for auto, 1 or 2, -1 for anything else.
+int ctas_per_sm_switch() { return two_value_switch(Knob::kMlaDecodeCtasPerSm, 1, 2); }
+
+// NUCLEUS_MLA_DECODE_KEY_TILE: 0 for auto, 32 or 64, -1 for anything else.
+int key_tile_switch() { return two_value_switch(Knob::kMlaDecodeKeyTile, 32, 64); }
 
 }  // namespace
 
@@ -70,6 +77,14 @@ int mla_decode_ctas_per_sm(int64_t num_rows, int64_t num_heads) {
   if (num_heads > 16) return 1;
   const int n = ctas_per_sm_switch();
   return n > 0 ? n : mla_decode_ctas_per_sm_auto(num_rows, num_heads);
+}
+
+int mla_decode_key_tile_auto(int64_t /*num_rows*/, int64_t num_heads) { return num_heads <= 16 ? 64 : 32; }
+
+int mla_decode_key_tile(int64_t num_rows, int64_t num_heads) {
+  if (num_heads > 16 || mla_decode_ctas_per_sm(num_rows, num_heads) != 1) return 32;
+  const int n = key_tile_switch();
+  return n > 0 ? n : mla_decode_key_tile_auto(num_rows, num_heads);
 }
 
 Status mla_decode_env_status() {
@@ -82,6 +97,9 @@ Status mla_decode_env_status() {
   if (ctas_per_sm_switch() < 0)
     return invalid_argument("NUCLEUS_MLA_DECODE_CTAS_PER_SM='" + *env_string(Knob::kMlaDecodeCtasPerSm) +
                             "' is not auto, 1 or 2");
+  if (key_tile_switch() < 0)
+    return invalid_argument("NUCLEUS_MLA_DECODE_KEY_TILE='" + *env_string(Knob::kMlaDecodeKeyTile) +
+                            "' is not auto, 32 or 64");
   return ok_status();
 }
 

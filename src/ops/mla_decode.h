@@ -58,9 +58,20 @@ int64_t mla_decode_min_split_keys_auto(int64_t num_rows, int64_t num_heads);
 // auto here and is refused by mla_decode_env_status().
 int mla_decode_ctas_per_sm(int64_t num_rows, int64_t num_heads);
 int mla_decode_ctas_per_sm_auto(int64_t num_rows, int64_t num_heads);
+// Keys of one tile of the nucleus decode attention kernel
+// (kernels::MlaDecodeAttnParams::key_tile) for a call of `num_rows` rows of
+// `num_heads` heads, by NUCLEUS_MLA_DECODE_KEY_TILE: auto (default) the rule
+// mla_decode_key_tile_auto, 32 (the 32-key kernel) or 64 (the 64-key
+// kernel). 64 only where a CTA holds 16 heads (num_heads <= 16) and one CTA
+// runs a multiprocessor (mla_decode_ctas_per_sm 1); else 32. Read at every
+// call; a malformed value reads as auto here and is refused by
+// mla_decode_env_status().
+int mla_decode_key_tile(int64_t num_rows, int64_t num_heads);
+// The auto rule (docs/perf.md "MLA decode: 64-key tiles"): 64 at <= 16 heads.
+int mla_decode_key_tile_auto(int64_t num_rows, int64_t num_heads);
 // OK, or invalid_argument naming a malformed NUCLEUS_MLA_DECODE_SMALL_GEMMS,
-// NUCLEUS_MLA_DECODE_SPLIT_KEYS or NUCLEUS_MLA_DECODE_CTAS_PER_SM (checked at
-// model creation).
+// NUCLEUS_MLA_DECODE_SPLIT_KEYS, NUCLEUS_MLA_DECODE_CTAS_PER_SM or
+// NUCLEUS_MLA_DECODE_KEY_TILE (checked at model creation).
 Status mla_decode_env_status();
 
 }  // namespace nucleus

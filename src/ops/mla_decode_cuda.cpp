@@ -136,6 +136,7 @@ LayerCache layer_cache(const MlaDecodeAttentionOp& op, const OpContext& ctx) {
 struct Attended {
   int num_splits = 1;
   int min_split_keys = kernels::kMlaDecodeMinSplitKeys;
+  int key_tile = kernels::kMlaDecodeTileKeys;
   const float* part_o = nullptr;
   const float* part_lse = nullptr;
 };
@@ -216,6 +217,7 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
       p.o_lat = s.o_lat;
       p.num_splits = a.num_splits;
       p.min_split_keys = a.min_split_keys;
+      p.key_tile = a.key_tile;
       p.part_o = a.part_o;
       p.part_lse = a.part_lse;
       p.out = out[0].data<__nv_bfloat16>();
@@ -271,6 +273,7 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   // The grid fills the CTAs the multiprocessors hold at once.
   p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms * p.ctas_per_sm);
   p.min_split_keys = static_cast<int>(mla_decode_min_split_keys(r.num_rows, H));
+  p.key_tile = mla_decode_key_tile(r.num_rows, H);
   p.heads_per_cta = hpc;
   p.o_lat = s.o_lat;
   if (p.num_splits > 1) {
@@ -288,6 +291,7 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   if (small && p.num_splits > 1) {
     a.num_splits = p.num_splits;
     a.min_split_keys = p.min_split_keys;
+    a.key_tile = p.key_tile;
     a.part_o = p.part_o;
     a.part_lse = p.part_lse;
   }

@@ -8,6 +8,7 @@
 #include "ops/linear_cuda.h"
 #include "ops/moe_cuda.h"
 #include "ops/op_cuda_check.h"
+#include "ops/skinny.h"
 
 namespace nucleus::cuda_ops {
 
@@ -15,7 +16,7 @@ void moe_route(MoeRouteOp& op, OpContext&, const TensorList& in, const TensorLis
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_route(op.params(), in[0].data<float>(),
                                                op.bias().defined() ? op.bias().data<float>() : nullptr, in[0].dim(0),
                                                out[0].data<int32_t>(), out[1].data<float>(),
-                                               cuda::context().stream));
+                                               cuda::context().stream, small_ops_pdl()));
 }
 
 void moe_experts_naive(MoeExpertsOp& op, OpContext&, const TensorList& in, const TensorList& out) {

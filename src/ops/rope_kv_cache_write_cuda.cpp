@@ -6,6 +6,7 @@
 #include "ops/mla_attention_cuda.h"
 #include "ops/op_cuda_check.h"
 #include "ops/rope_kv_cache_write_cuda.h"
+#include "ops/skinny.h"
 
 namespace nucleus::cuda_ops {
 
@@ -49,6 +50,7 @@ void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorLis
   p.qk_nope = static_cast<int>(d.qk_nope);
   p.qk_rope = static_cast<int>(d.qk_rope);
   p.kv_lora = static_cast<int>(d.kv_lora);
+  p.pdl = small_ops_pdl();
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_rope_kv_cache_write(p, stream()));
 }
 

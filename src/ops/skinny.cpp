@@ -35,6 +35,7 @@ int parse_pdl() {
     auto s = env_string(Knob::kPdl);
     if (!s || s->empty() || *s == "1") return 1;
     if (*s == "0") return 0;
+    if (*s == "gemms") return 2;
     return -1;
   }();
   return v;
@@ -62,14 +63,16 @@ Status skinny_env_status() {
     return invalid_argument("NUCLEUS_SKINNY='" + *env_string(Knob::kSkinny) + "' is not auto, 0 or 1");
   if (parse_fp8_switch() < 0)
     return invalid_argument("NUCLEUS_SKINNY_FP8='" + *env_string(Knob::kSkinnyFp8) + "' is not auto, 0 or 1");
-  if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string(Knob::kPdl) + "' is not 0 or 1");
+  if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string(Knob::kPdl) + "' is not 0, 1 or gemms");
   if (parse_fp8_pipeline() < 0)
     return invalid_argument("NUCLEUS_SKINNY_FP8_PIPELINE='" + *env_string(Knob::kSkinnyFp8Pipeline) +
                             "' is not auto, 0 or 1");
   return ok_status();
 }
 
-bool skinny_pdl() { return parse_pdl() == 1; }
+bool skinny_pdl() { return parse_pdl() == 1 || parse_pdl() == 2; }
+
+bool small_ops_pdl() { return parse_pdl() == 1; }
 
 SkinnySwitch skinny_fp8_switch() {
   const int v = parse_fp8_switch();

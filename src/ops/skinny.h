@@ -27,8 +27,13 @@ SkinnySwitch skinny_switch();
 // skinny_switch() and skinny_fp8_switch() read a malformed value as off).
 Status skinny_env_status();
 
-// Whether skinny GEMMs are launched with PDL (NUCLEUS_PDL, read once).
+// Whether skinny GEMMs (and the MoE and MLA decode kernels) are launched
+// with PDL (NUCLEUS_PDL 1 or gemms, read once).
 bool skinny_pdl();
+// Whether the RMSNorm, add+RMSNorm, RoPE + cache write and MoE routing
+// kernels are launched with PDL too (NUCLEUS_PDL 1, the default; gemms keeps
+// them plain launches, the setting before they took part).
+bool small_ops_pdl();
 // NUCLEUS_SKINNY_FP8_PIPELINE: whether the FP8 skinny kernel runs pipelined
 // (kernels::SkinnyFp8GemmArgs::pipelined): auto (default) where its grid
 // fits one wave (kernels::skinny_fp8_pipelined_fits), 1 always, 0 never.

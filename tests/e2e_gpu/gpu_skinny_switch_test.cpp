@@ -1,7 +1,8 @@
 // The skinny decode GEMM switches end to end on the GPU: `nucleus generate`
 // on the shipped tiny model (bf16) with NUCLEUS_SKINNY=1 (every bf16 decode
 // GEMM at m <= 8 on the skinny kernel, launched with PDL), with NUCLEUS_PDL=0
-// too, and NUCLEUS_SKINNY=0 (cuBLASLt); and the same for the FP8 tiny model
+// and NUCLEUS_PDL=gemms (the norm, SwiGLU, RoPE and routing kernels launched
+// normally) too, and NUCLEUS_SKINNY=0 (cuBLASLt); and the same for the FP8 tiny model
 // with NUCLEUS_SKINNY_FP8 (FP8 decode GEMMs at m <= 16 on the FP8 skinny
 // kernel, or on cuBLASLt FP8 / the own FP8 kernels); and on both with
 // NUCLEUS_MOE_DECODE=0 (the routed experts on cuda_grouped, the default,
@@ -127,6 +128,7 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3",
                {Config{"on", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"on, PDL gemms", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=gemms NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"off", "NUCLEUS_SKINNY=0 NUCLEUS_MOE_DECODE=16", false, true},
                 Config{"moe decode off", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0", true, false}},
                "cuda_skinny");
@@ -139,6 +141,7 @@ TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3-fp8",
                {Config{"on", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"on, PDL gemms", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=gemms NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"off", "NUCLEUS_SKINNY_FP8=0 NUCLEUS_MOE_DECODE=16", false, true},
                 Config{"moe decode off", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0", true, false}},
                "cuda_skinny_fp8");

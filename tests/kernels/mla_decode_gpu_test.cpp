@@ -494,8 +494,73 @@ TEST_F(MlaDecodeGpu, TwoCtasPerSmMatchesOne) {
         ASSERT_FALSE(one.empty() || two.empty()) << name(c) << ": " << why;
         EXPECT_TRUE(matches(one, want, heads * kVHead)) << name(c);
         EXPECT_TRUE(matches(two, want, heads * kVHead)) << name(c);
-        if (heads > 16) EXPECT_EQ(one, two) << name(c) << ": more than 16 heads run one CTA either way";
+        if (heads > 16) {
+          EXPECT_EQ(one, two) << name(c) << ": more than 16 heads run one CTA either way";
+        }
       }
+}
+
+// NUCLEUS_MLA_DECODE_KEY_TILE: the 64-key kernel (8 keys a warp over all
+// dims, one shared softmax a tile) matches the reference as the 32-key kernel
+// does: bf16 and FP8 rows, pages of 1, 16 and 64 keys, contexts that end
+// inside, at and just past a tile, several query rows a sequence, a mixed
+// step, split and unsplit calls (1-130 rows), through the small output
+// kernel's merge and the combine kernel; auto equals the tile its rule picks
+// bit for bit, and more than 16 heads run the 32-key kernel either way.
+TEST_F(MlaDecodeGpu, KeyTilesAgree) {
+  struct Env {
+    explicit Env(const char* v) {
+      if (v) setenv("NUCLEUS_MLA_DECODE_KEY_TILE", v, 1);
+    }
+    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_KEY_TILE"); }
+  };
+  std::vector<Case> cases;
+  for (int heads : {16, 4, 128})
+    for (bool fp8 : {false, true}) {
+      cases.push_back({1, 1, heads, 16, fp8});
+      cases.push_back({1, 63, heads, 1, fp8});
+      cases.push_back({2, 64, heads, 64, fp8});
+      cases.push_back({1, 65, heads, 16, fp8});
+      cases.push_back({1, 4097, heads, 64, fp8});
+      cases.push_back({3, 3000, heads, 16, fp8, 1, true});
+      cases.push_back({9, 700, heads, 64, fp8, 1, true});
+      cases.push_back({2, 200, heads, 16, fp8, 3});
+      cases.push_back({7, 150, heads, 16, fp8, 1, false, 3});
+      cases.push_back({130, 300, heads, 1, fp8, 1, true});
+    }
+  uint64_t seed = 1300;
+  for (const Case& c : cases) {
+    Problem p = make_problem(c, seed++);
+    const std::vector<float> want = reference(p);
+    const int64_t rows = p.si.num_tokens();
+    std::vector<float> t32, t64, autov;
+    std::string why;
+    {
+      Env e("32");
+      ASSERT_EQ(mla_decode_key_tile(rows, c.heads), 32);
+      t32 = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e("64");
+      ASSERT_EQ(mla_decode_key_tile(rows, c.heads), c.heads <= 16 ? 64 : 32);
+      t64 = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e(nullptr);
+      autov = run_backend("nucleus", p, 256, &why);
+    }
+    ASSERT_FALSE(t32.empty() || t64.empty() || autov.empty()) << name(c) << ": " << why;
+    const int64_t width = c.heads * kVHead;
+    auto r32 = matches(t32, want, width), r64 = matches(t64, want, width);
+    EXPECT_TRUE(r32) << "32-key tiles " << name(c);
+    EXPECT_TRUE(r64) << "64-key tiles " << name(c);
+    EXPECT_EQ(autov, mla_decode_key_tile_auto(rows, c.heads) == 64 && c.heads <= 16 ? t64 : t32) << name(c);
+    if (c.heads > 16) {
+      EXPECT_EQ(t32, t64) << name(c) << ": more than 16 heads run the 32-key kernel either way";
+    }
+    printf("mla_decode key tile 32 %-30s %s\nmla_decode key tile 64 %-30s %s\n", name(c).c_str(), r32.message(),
+           name(c).c_str(), r64.message());
+  }
 }
 
 // The switch's values and the auto rule; a malformed value is refused when

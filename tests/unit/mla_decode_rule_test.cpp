@@ -1,7 +1,10 @@
 // The decode attention switches of ops/mla_decode.h read on the CPU: the KV
 // split minimum (NUCLEUS_MLA_DECODE_SPLIT_KEYS) by value, its auto rule, and
-// the refusal of a malformed value naming it. (That every setting computes
-// the same attention: mla_decode_gpu_test SplitKeysSettingsAgree.)
+// the refusal of a malformed value naming it; the same for the CTAs a
+// multiprocessor (NUCLEUS_MLA_DECODE_CTAS_PER_SM) and the key tile
+// (NUCLEUS_MLA_DECODE_KEY_TILE). (That every setting computes the same
+// attention: mla_decode_gpu_test SplitKeysSettingsAgree, TwoCtasPerSmMatchesOne,
+// KeyTilesAgree.)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -79,6 +82,35 @@ TEST(MlaDecodeRule, CtasPerSmValues) {
     EXPECT_FALSE(s.ok()) << "'" << bad << "'";
     EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_CTAS_PER_SM='") + bad + "'"), std::string::npos)
         << s.message();
+  }
+}
+
+TEST(MlaDecodeRule, KeyTileValues) {
+  for (const char* v : {"32", "64"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_KEY_TILE", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_EQ(mla_decode_key_tile(1, 16), std::atoi(v));
+    EXPECT_EQ(mla_decode_key_tile(64, 4), std::atoi(v));
+    EXPECT_EQ(mla_decode_key_tile(1, 128), 32) << "more than 16 heads a call: the 32-key kernel";
+    ScopedEnv two("NUCLEUS_MLA_DECODE_CTAS_PER_SM", "2");
+    EXPECT_EQ(mla_decode_key_tile(1, 16), 32) << "two CTAs a multiprocessor: the 32-key kernel";
+  }
+  for (const char* v : {"", "auto", "AUTO"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_KEY_TILE", v);
+    for (int64_t rows : {1, 8, 64, 256})
+      for (int64_t heads : {4, 16, 128}) {
+        const int a = mla_decode_key_tile_auto(rows, heads);
+        EXPECT_TRUE(a == 32 || a == 64) << a;
+        EXPECT_EQ(mla_decode_key_tile(rows, heads), heads <= 16 ? a : 32);
+      }
+  }
+  for (const char* bad : {"0", "16", "128", "sixty-four", " 64"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_KEY_TILE", bad);
+    const Status s = mla_decode_env_status();
+    EXPECT_FALSE(s.ok()) << "'" << bad << "'";
+    EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_KEY_TILE='") + bad + "'"), std::string::npos)
+        << s.message();
+    EXPECT_EQ(mla_decode_key_tile(1, 16), mla_decode_key_tile_auto(1, 16)) << "a malformed value reads as auto";
   }
 }
 

@@ -1,6 +1,8 @@
-// Split-KV flash decoding for absorbed MLA (see mla_decode.cuh).
+// Split-KV flash decoding for absorbed MLA (see mla_decode.cuh). Two
+// attention kernels: the 32-key kernel described here, and the 64-key kernel
+// for 16 heads a CTA (MlaDecodeAttnParams::key_tile; its comment further down).
 //
-// Attention CTA: one query row x one KV split x M m-tiles of 16 heads, 4*M
+// 32-key attention CTA: one query row x one KV split x M m-tiles of 16 heads, 4*M
 // warps. Warp (mt, qd) owns heads [16 mt, +16) of the group and
 //   - for the scores, the latent dims [144 qd, +144) (9 k-steps): its Q
 //     fragments stay in registers for the whole CTA; the four dim-quarter
@@ -123,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
   const int64_t i = blockIdx.z;
   int seq;
   const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows);
+  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kTileKeys);
   const int k_begin = split * chunk;
   if (k_begin >= num_keys) return;  // this row needs fewer splits
   const int k_end = min(num_keys, k_begin + chunk);
@@ -395,6 +397,308 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
   }
 }
 
+// ---------------------------------------------------------------------------
+// The 64-key attention kernel (MlaDecodeAttnParams::key_tile = 64): one query
+// row x one KV split x 16 heads, 8 warps. Warp w
+//   - scores keys [8 w, +8) of each 64-key tile over all 576 dims: its Q
+//     fragments (16 heads x 576, 144 registers) stay in registers, two
+//     independent accumulator chains; no partial scores cross warps;
+//   - loads (cp.async) and, for FP8 caches, converts exactly those 8 rows;
+//   - shares the tile's softmax through shared memory: per-head maxima of its
+//     8 keys, then P (bf16) and per-head sums of its 8 keys;
+//   - accumulates o_lat columns [64 w, +64) over the tile's 64 keys (P . V).
+// Three barriers a 64-key tile (tile landed, maxima, P), against four a 64
+// keys and a softmax redone by every warp in the 32-key kernel.
+constexpr int kWideKeys = kMlaDecodeWideTileKeys;
+constexpr int kWideTileElems = kWideKeys * kRowElems;
+constexpr int kWideThreadsPerRow = kThreads / kWideKeys;  // loader: 4 threads a key row, warp w: rows [8 w, +8)
+constexpr int kPStride = kWideKeys + 8;                    // bf16 per P row (144 bytes: conflict-free ldmatrix)
+
+// cp.async ring depth: as many tiles as fit beside the bf16 (conversion)
+// tile, P and the reductions.
+__host__ __device__ constexpr int wide_stages(bool fp8, bool ds) { return ds ? 3 : fp8 ? 4 : 3; }
+template <bool kFp8, bool kDs>
+constexpr size_t wide_smem_bytes() {
+  const size_t raw_tile = static_cast<size_t>(kWideKeys) * raw_row_bytes(kDs);
+  const size_t ring = kFp8 ? wide_stages(true, kDs) * raw_tile + static_cast<size_t>(kWideTileElems) * 2
+                           : static_cast<size_t>(wide_stages(false, false)) * kWideTileElems * 2;
+  return ring + 16 * kPStride * 2 + 2 * 16 * kWarps * 4;
+}
+static_assert(wide_smem_bytes<false, false>() <= 227 * 1024 && wide_smem_bytes<true, false>() <= 227 * 1024 &&
+                  wide_smem_bytes<true, true>() <= 227 * 1024,
+              "64-key tiles fit one CTA a multiprocessor");
+
+template <bool kFp8, bool kDs>
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(const MlaDecodeAttnParams p) {
+  static_assert(kFp8 || !kDs, "an fp8_ds_mla ring is a raw FP8 ring");
+  constexpr int kStages = wide_stages(kFp8, kDs);
+  constexpr int kRawRow = raw_row_bytes(kDs), kRawTile = kWideKeys * kRawRow, kRawChunks = kRawRow / 16;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __nv_bfloat16* kv_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
+  unsigned char* raw_smem = smem_raw;
+  __nv_bfloat16* conv_tile = reinterpret_cast<__nv_bfloat16*>(smem_raw + static_cast<size_t>(kStages) * kRawTile);
+  const size_t ring = kFp8 ? static_cast<size_t>(kStages) * kRawTile + static_cast<size_t>(kWideTileElems) * 2
+                           : static_cast<size_t>(kStages) * kWideTileElems * 2;
+  __nv_bfloat16* p_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + ring);               // [16][kPStride]
+  float* red_max = reinterpret_cast<float*>(smem_raw + ring + 16 * kPStride * 2);          // [16 heads][8 warps]
+  float* red_sum = red_max + 16 * kWarps;                                                  // [16 heads][8 warps]
+
+  const int H = p.num_heads;
+  const int group = blockIdx.x, split = blockIdx.y;
+  const int64_t i = blockIdx.z;
+  int seq;
+  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
+  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kWideKeys);
+  const int k_begin = split * chunk;
+  if (k_begin >= num_keys) return;  // this row needs fewer splits
+  const int k_end = min(num_keys, k_begin + chunk);
+  const int num_tiles = (k_end - k_begin + kWideKeys - 1) / kWideKeys;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int r_lo = lane >> 2, c0 = (lane & 3) * 2;
+  const int h_lo = group * 16 + r_lo, h_hi = h_lo + 8;
+  const int bs = p.r.block_size;
+  const int32_t* table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
+
+  // Loader: thread copies 16-byte chunks ld_part + 4 j of key row ld_row
+  // (= 8 warp + lane / 4: a warp loads the rows it scores).
+  const int ld_row = tid / kWideThreadsPerRow, ld_part = tid % kWideThreadsPerRow;
+  constexpr int kRowBytes = kFp8 ? kRawRow : kMlaDecodeLatent * 2;
+  constexpr int kChunks = kFp8 ? kRawChunks : kChunksPerRow;
+  constexpr int kLoads = (kChunks + kWideThreadsPerRow - 1) / kWideThreadsPerRow;
+  const auto* cache_bytes = static_cast<const unsigned char*>(p.cache);
+  auto row_src = [&](int t) -> const unsigned char* {
+    const int key = k_begin + t * kWideKeys + ld_row;
+    if (key >= k_end) return nullptr;
+    const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
+    return cache_bytes + slot * kRowBytes;
+  };
+  auto load_tile = [&](const unsigned char* src, int stage) {
+    const bool valid = src != nullptr;
+    const unsigned char* s0 = valid ? src + ld_part * 16 : cache_bytes;
+    const uint32_t dst = kFp8 ? ptx::smem_u32(raw_smem + stage * kRawTile + ld_row * kRawRow + ld_part * 16)
+                              : ptx::smem_u32(kv_smem + stage * kWideTileElems + ld_row * kRowElems + ld_part * 8);
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j)
+      if (kChunks % kWideThreadsPerRow == 0 || ld_part + j * kWideThreadsPerRow < kChunks)
+        ptx::cp_async_16(dst + j * kWideThreadsPerRow * 16, valid ? s0 + j * kWideThreadsPerRow * 16 : s0,
+                         valid ? 16 : 0);
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_tiles) load_tile(row_src(s), s);
+    ptx::cp_async_commit();
+  }
+  const unsigned char* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
+  pdl::wait_for_inputs();  // as the 32-key kernel: q_full is read after the absorption finished
+  pdl::launch_dependents();
+
+  // Q fragments (A operand, 16 heads x 16 dims) of all 36 k-steps: q_full's
+  // 16 x 576 block staged in shared memory with 16-byte loads (in the ring
+  // stage the prologue left empty, or the FP8 conversion tile), then ldmatrix.
+  uint32_t qf[36][4];
+  {
+    __nv_bfloat16* q_stage = kFp8 ? conv_tile : kv_smem + (kStages - 1) * kWideTileElems;  // [16][kRowElems]
+    const __nv_bfloat16* qb = p.q_full + (i * H + group * 16) * kMlaDecodeLatent;
+    const int heads_here = min(16, H - group * 16);
+    for (int c = tid; c < 16 * kChunksPerRow; c += kThreads) {
+      const int h = c / kChunksPerRow, part = c % kChunksPerRow;
+      const uint4 v = h < heads_here ? *reinterpret_cast<const uint4*>(qb + h * kMlaDecodeLatent + part * 8)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(q_stage + h * kRowElems + part * 8) = v;
+    }
+    __syncthreads();
+    const uint32_t a_addr = ptx::smem_u32(q_stage + (lane & 15) * kRowElems + (lane >> 4) * 8);
+#pragma unroll
+    for (int ks = 0; ks < 36; ++ks)
+      ptx::ldmatrix_x4(a_addr + ks * 16 * 2, qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3]);
+    // The first iteration's barrier orders these reads before the stage (or
+    // the conversion tile) is written again.
+  }
+
+  float o[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
+  const float k_scale = kFp8 && !kDs ? p.k_scale : 1.0f;
+  const float scale_log2 = p.scale * k_scale * kLog2e;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    ptx::cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile t landed; every warp is done with tile t - 1 (ring stage, P, sums)
+    {
+      const int nt = t + kStages - 1;
+      if (nt < num_tiles) {
+        load_tile(next_src, nt % kStages);
+        next_src = nt + 1 < num_tiles ? row_src(nt + 1) : nullptr;
+      }
+      ptx::cp_async_commit();
+    }
+    const __nv_bfloat16* kv;
+    if constexpr (kFp8) {
+      // This warp's 8 raw rows -> the bf16 tile (read by every warp only after the next barrier).
+      const unsigned char* raw = raw_smem + (t % kStages) * kRawTile + ld_row * kRawRow;
+      __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
+#pragma unroll
+      for (int j = 0; j < kMlaDecodeLatent / 8 / kWideThreadsPerRow; ++j) {
+        const int g = ld_part + j * kWideThreadsPerRow;
+        if constexpr (kDs) {
+          if (g < kDsMlaLatent / 8) {
+            const float sc = reinterpret_cast<const float*>(raw + kDsMlaScaleOffset)[g * 8 / kDsMlaTile];
+            const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
+            const uint32_t w[4] = {b.x, b.x >> 16, b.y, b.y >> 16};
+            uint32_t out[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const __half2_raw h =
+                  __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[e] & 0xffffu), __NV_E4M3);
+              const float2 f = __half22float2(__half2(h));
+              out[e] = pack_bf16(f.x * sc, f.y * sc);
+            }
+            *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(out[0], out[1], out[2], out[3]);
+          } else {
+            *reinterpret_cast<uint4*>(dst + g * 8) =
+                *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + (g - kDsMlaLatent / 8) * 16);
+          }
+        } else {
+          const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
+          *reinterpret_cast<uint4*>(dst + g * 8) =
+              make_uint4(fp8x2_to_bf16x2(b.x), fp8x2_to_bf16x2(b.x >> 16), fp8x2_to_bf16x2(b.y),
+                         fp8x2_to_bf16x2(b.y >> 16));
+        }
+      }
+      __syncwarp();  // the warp's own rows, converted, before its score MMAs read them
+      kv = conv_tile;
+    } else {
+      kv = kv_smem + (t % kStages) * kWideTileElems;
+    }
+
+    // Scores of the warp's 8 keys (16 heads x 8 keys), two chains over the 36 k-steps.
+    float s[4];
+    {
+      float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t b_addr = ptx::smem_u32(kv + (warp * 8 + (lane & 7)) * kRowElems + (lane >> 3) * 8);
+#pragma unroll
+      for (int ks = 0; ks < 36; ks += 2) {
+        uint32_t b0, b1, b2, b3;
+        ptx::ldmatrix_x4(b_addr + ks * 16 * 2, b0, b1, b2, b3);
+        ptx::mma_m16n8k16_bf16_unordered(sa, qf[ks], b0, b1);
+        ptx::mma_m16n8k16_bf16_unordered(sb, qf[ks + 1], b2, b3);
+      }
+      const int key = k_begin + t * kWideKeys + warp * 8 + c0;
+      const bool v0 = key < k_end, v1 = key + 1 < k_end;
+      s[0] = v0 ? (sa[0] + sb[0]) * scale_log2 : -INFINITY;
+      s[1] = v1 ? (sa[1] + sb[1]) * scale_log2 : -INFINITY;
+      s[2] = v0 ? (sa[2] + sb[2]) * scale_log2 : -INFINITY;
+      s[3] = v1 ? (sa[3] + sb[3]) * scale_log2 : -INFINITY;
+    }
+    // The tile's per-head maxima: the warp's 8 keys sit in 4 lanes a head.
+    {
+      float mx_lo = fmaxf(s[0], s[1]), mx_hi = fmaxf(s[2], s[3]);
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+      if ((lane & 3) == 0) {
+        red_max[r_lo * kWarps + warp] = mx_lo;
+        red_max[(r_lo + 8) * kWarps + warp] = mx_hi;
+      }
+    }
+    __syncthreads();
+    float mx_lo = m_lo, mx_hi = m_hi;
+    {
+      const float4* a = reinterpret_cast<const float4*>(red_max + r_lo * kWarps);
+      const float4* b = reinterpret_cast<const float4*>(red_max + (r_lo + 8) * kWarps);
+      const float4 a0 = a[0], a1 = a[1], b0 = b[0], b1 = b[1];
+      mx_lo = fmaxf(mx_lo, fmaxf(fmaxf(fmaxf(a0.x, a0.y), fmaxf(a0.z, a0.w)), fmaxf(fmaxf(a1.x, a1.y), fmaxf(a1.z, a1.w))));
+      mx_hi = fmaxf(mx_hi, fmaxf(fmaxf(fmaxf(b0.x, b0.y), fmaxf(b0.z, b0.w)), fmaxf(fmaxf(b1.x, b1.y), fmaxf(b1.z, b1.w))));
+    }
+    {
+      const float p0 = exp2f(s[0] - mx_lo), p1 = exp2f(s[1] - mx_lo);
+      const float p2 = exp2f(s[2] - mx_hi), p3 = exp2f(s[3] - mx_hi);
+      *reinterpret_cast<uint32_t*>(p_smem + r_lo * kPStride + warp * 8 + c0) = pack_bf16(p0, p1);
+      *reinterpret_cast<uint32_t*>(p_smem + (r_lo + 8) * kPStride + warp * 8 + c0) = pack_bf16(p2, p3);
+      float sum_lo = p0 + p1, sum_hi = p2 + p3;
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
+      sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 1);
+      sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, 2);
+      if ((lane & 3) == 0) {
+        red_sum[r_lo * kWarps + warp] = sum_lo;
+        red_sum[(r_lo + 8) * kWarps + warp] = sum_hi;
+      }
+    }
+    __syncthreads();  // P, the sums and (FP8) every converted row are in shared memory
+    {
+      const float corr_lo = exp2f(m_lo - mx_lo), corr_hi = exp2f(m_hi - mx_hi);
+      m_lo = mx_lo;
+      m_hi = mx_hi;
+      const float4* a = reinterpret_cast<const float4*>(red_sum + r_lo * kWarps);
+      const float4* b = reinterpret_cast<const float4*>(red_sum + (r_lo + 8) * kWarps);
+      const float4 a0 = a[0], a1 = a[1], b0 = b[0], b1 = b[1];
+      l_lo = l_lo * corr_lo + (((a0.x + a0.y) + (a0.z + a0.w)) + ((a1.x + a1.y) + (a1.z + a1.w)));
+      l_hi = l_hi * corr_hi + (((b0.x + b0.y) + (b0.z + b0.w)) + ((b1.x + b1.y) + (b1.z + b1.w)));
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        o[n][0] *= corr_lo;
+        o[n][1] *= corr_lo;
+        o[n][2] *= corr_hi;
+        o[n][3] *= corr_hi;
+      }
+    }
+    // o[:, 64 w : +64] += P (16 x 64) . V (64 x 64).
+#pragma unroll
+    for (int kk = 0; kk < kWideKeys / 16; ++kk) {
+      uint32_t a[4];
+      ptx::ldmatrix_x4(ptx::smem_u32(p_smem + (lane & 15) * kPStride + kk * 16 + (lane >> 4) * 8), a[0], a[1], a[2],
+                       a[3]);
+      const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        const int col = warp * 64 + (2 * np + (lane >> 4)) * 8;
+        uint32_t b0, b1, b2, b3;
+        ptx::ldmatrix_x4_trans(ptx::smem_u32(kv + key * kRowElems + col), b0, b1, b2, b3);
+        ptx::mma_m16n8k16_bf16_unordered(o[2 * np], a, b0, b1);
+        ptx::mma_m16n8k16_bf16_unordered(o[2 * np + 1], a, b2, b3);
+      }
+    }
+  }
+  ptx::cp_async_wait<0>();
+
+  // l_lo / l_hi are already the heads' full sums (the same in every lane of a head).
+  const float inv_lo = k_scale / l_lo, inv_hi = k_scale / l_hi;
+  const int col0 = warp * 64 + c0;
+  if (p.num_splits == 1) {
+    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      if (h_lo < H)
+        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+      if (h_hi < H)
+        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+  } else {
+    const int64_t base = (i * p.num_splits + split) * H;
+    float* ob = p.part_o + base * kMlaDecodeLora;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      if (h_lo < H)
+        *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+            make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+      if (h_hi < H)
+        *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+            make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+    if (warp == 0 && (lane & 3) == 0) {
+      if (h_lo < H) p.part_lse[base + h_lo] = m_lo + log2f(l_lo);
+      if (h_hi < H) p.part_lse[base + h_hi] = m_hi + log2f(l_hi);
+    }
+  }
+}
+
 // o_lat[i, h, :] = sum_s w_s part_o[i, s, h, :], w = softmax over the row's splits of part_lse.
 // Grid (num_heads, rows), 128 threads x 4 columns.
 __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecodeAttnParams p) {
@@ -403,7 +707,7 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
   const int64_t i = blockIdx.y;
   int seq;
   const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int ns = mla_decode_detail::row_splits(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows);
+  const int ns = mla_decode_detail::row_splits(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, p.key_tile);
   const int64_t base = i * p.num_splits * H + h;  // + s * H
   if (threadIdx.x < 32) mla_decode_detail::split_weights(p.part_lse + base, H, ns, w, threadIdx.x);
   __syncthreads();
@@ -454,15 +758,18 @@ __global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __r
   out[idx] = __float2bfloat16(w.at(idx / w.k, idx % w.k));
 }
 
-template <int M, bool kFp8, bool kDs = false, int kPerSm = 1>
-cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
-  constexpr size_t smem = attention_smem_bytes<M, kFp8, kDs, kPerSm>();
-  const cudaError_t attr = cuda_common::once_per_device([] {
-    return cudaFuncSetAttribute(mla_decode_attention_kernel<M, kFp8, kDs, kPerSm>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+// Launches attention kernel kKernel (heads_per_group heads a CTA, smem bytes
+// of shared memory) over the call's rows (in grid-z slices of at most 65535),
+// then the combine kernel when the call is split and combines. (A template
+// on the kernel, so that each kernel sets its shared-memory limit once.)
+template <auto kKernel>
+cudaError_t launch_attention_grid(size_t smem, int heads_per_group, const MlaDecodeAttnParams& p,
+                                  cudaStream_t stream) {
+  const cudaError_t attr = cuda_common::once_per_device([smem] {
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   });
   if (attr != cudaSuccess) return attr;
-  const int groups = (p.num_heads + 16 * M - 1) / (16 * M);
+  const int groups = (p.num_heads + heads_per_group - 1) / heads_per_group;
   constexpr int64_t kMaxGridZ = 65535;
   for (int64_t r0 = 0; r0 < p.r.num_rows; r0 += kMaxGridZ) {
     const int64_t n = std::min(kMaxGridZ, p.r.num_rows - r0);
@@ -477,13 +784,24 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
       q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
     }
     const dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
-    const cudaError_t e =
-        pdl::launch(mla_decode_attention_kernel<M, kFp8, kDs, kPerSm>, grid, kThreads, smem, p.pdl, stream, q);
+    const cudaError_t e = pdl::launch(kKernel, grid, kThreads, smem, p.pdl, stream, q);
     if (e != cudaSuccess) return e;
     if (p.num_splits > 1 && p.combine)
       mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
   }
   return cudaGetLastError();
+}
+
+template <int M, bool kFp8, bool kDs = false, int kPerSm = 1>
+cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream) {
+  return launch_attention_grid<mla_decode_attention_kernel<M, kFp8, kDs, kPerSm>>(
+      attention_smem_bytes<M, kFp8, kDs, kPerSm>(), 16 * M, p, stream);
+}
+
+template <bool kFp8, bool kDs>
+cudaError_t launch_attention64(const MlaDecodeAttnParams& p, cudaStream_t stream) {
+  return launch_attention_grid<mla_decode_attention64_kernel<kFp8, kDs>>(wide_smem_bytes<kFp8, kDs>(), 16, p,
+                                                                          stream);
 }
 
 }  // namespace
@@ -526,6 +844,12 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
   if (p.num_splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
   if (p.ctas_per_sm != 1 && !(p.ctas_per_sm == 2 && p.heads_per_cta == 16)) return cudaErrorInvalidValue;
+  if (p.key_tile == kMlaDecodeWideTileKeys) {
+    if (p.heads_per_cta != 16 || p.ctas_per_sm != 1 || (p.cache_fp8 && p.cache_ds_mla)) return cudaErrorInvalidValue;
+    if (p.cache_ds_mla) return launch_attention64<true, true>(p, stream);
+    return p.cache_fp8 ? launch_attention64<true, false>(p, stream) : launch_attention64<false, false>(p, stream);
+  }
+  if (p.key_tile != kMlaDecodeTileKeys) return cudaErrorInvalidValue;
   if (p.ctas_per_sm == 2) {
     if (p.cache_ds_mla) return p.cache_fp8 ? cudaErrorInvalidValue : launch_attention_m<1, true, true, 2>(p, stream);
     return p.cache_fp8 ? launch_attention_m<1, true, false, 2>(p, stream) : launch_attention_m<1, false, false, 2>(p, stream);

@@ -6,7 +6,8 @@
 //   3. attend:   split-KV flash decoding, each CTA = one row x one KV split x
 //                a group of 16 or 32 heads, every latent row read once for the
 //                whole group; tensor cores (mma.sync m16n8k16) for
-//                [heads x 576] x [576 x keys] and [heads x keys] x [keys x 512].
+//                [heads x 576] x [576 x keys] and [heads x keys] x [keys x 512]
+//                (32-key tiles, or 64-key tiles at 16 heads: key_tile below).
 //                The cache is bf16, or FP8 e4m3 (ops/kv_cache_dtype.h): FP8
 //                rows are converted exactly to bf16 in shared memory and the
 //                layer's k_scale is factored out (scores scale * k_scale *
@@ -38,6 +39,8 @@ constexpr int kMlaDecodeVHead = 128;
 constexpr int kMlaDecodeLatent = kMlaDecodeLora + kMlaDecodeRope;  // 576
 constexpr int kMlaDecodeMaxSplits = 256;
 constexpr int kMlaDecodeTileKeys = 32;  // keys of one attention tile
+// Keys of one tile of the 64-key attention kernel (MlaDecodeAttnParams::key_tile).
+constexpr int kMlaDecodeWideTileKeys = 64;
 // Keys a KV split streams at least unless a launch says otherwise
 // (min_split_keys below; the fixed minimum before it became a parameter).
 constexpr int kMlaDecodeMinSplitKeys = 128;
@@ -74,7 +77,7 @@ cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat
 // kMlaDecodeMaxSplits) is the grid's split count; a row of num_keys keys
 // splits them into chunks of c = max(ceil(num_keys / num_splits),
 // min_split_keys) keys (or, with kMlaDecodeSplitsAuto, ceil(num_keys / s) for
-// the rule's s) rounded up to the 32-key tile, and uses ceil(num_keys / c)
+// the rule's s) rounded up to the key tile (key_tile), and uses ceil(num_keys / c)
 // splits (the rest of its CTAs return). With num_splits == 1
 // o_lat is written directly; otherwise part_o [num_rows, num_splits,
 // num_heads, 512] f32 and part_lse [num_rows, num_splits, num_heads] (log2
@@ -102,6 +105,15 @@ struct MlaDecodeAttnParams {
   // shallower cp.async ring (2 bf16 tiles, 3 raw FP8 tiles instead of 4 / 8 /
   // 7): more warps to hide the per-tile latency, fewer bytes in flight a CTA.
   int ctas_per_sm = 1;
+  // Keys of one attention tile: kMlaDecodeTileKeys (32; the kernel above), or
+  // kMlaDecodeWideTileKeys (64; 16 heads a CTA and one CTA a multiprocessor
+  // only): a kernel whose 8 warps each score 8 keys of a 64-key tile over all
+  // 576 dims (Q held in registers), one softmax a tile shared through shared
+  // memory (P as bf16), then P . V split by output columns as above. Fewer
+  // instructions and barriers a key than the 32-key kernel, whose 8 warps
+  // each score a quarter of the dims and all redo the tile's softmax. A split
+  // is a multiple of the tile.
+  int key_tile = kMlaDecodeTileKeys;
   float* part_o = nullptr;
   float* part_lse = nullptr;
   __nv_bfloat16* o_lat = nullptr;
@@ -167,6 +179,7 @@ struct MlaDecodeSmallParams {
   const float* part_lse = nullptr;
   int num_splits = 1;
   int min_split_keys = kMlaDecodeMinSplitKeys;  // the attention launch's (MlaDecodeAttnParams)
+  int key_tile = kMlaDecodeTileKeys;            // the attention launch's (MlaDecodeAttnParams)
   __nv_bfloat16* out = nullptr;
   int64_t out_stride = 0;
   bool pdl = false;  // launch as a programmatic dependent of the kernel before it

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kOutThreads) mla_decode_output_small_kernel(co
     if (warp < n) {
       const int i = warp;
       int seq;
-      const int ns = row_splits(row_keys(p.r, row_of(p.r, i), &seq), p.num_splits, p.min_split_keys, p.r.num_rows);
+      const int ns = row_splits(row_keys(p.r, row_of(p.r, i), &seq), p.num_splits, p.min_split_keys, p.r.num_rows, p.key_tile);
       const int64_t base = static_cast<int64_t>(i) * p.num_splits * H + h;  // + s * H
       mla_decode_detail::split_weights(p.part_lse + base, H, ns, wsplit[i], lane);
       if (lane == 0) row_ns[i] = ns;
@@ -296,7 +296,7 @@ cudaError_t launch_mla_decode_output_small(const MlaDecodeSmallParams& p, cudaSt
   if (const cudaError_t e = check(p); e != cudaSuccess) return e;
   if (p.out == nullptr || p.out_stride < static_cast<int64_t>(p.num_heads) * kMlaDecodeVHead ||
       p.num_splits < 1 || p.num_splits > kMlaDecodeMaxSplits || p.min_split_keys < 0 ||
-      p.min_split_keys % kMlaDecodeTileKeys != 0)
+      p.min_split_keys % kMlaDecodeTileKeys != 0 || (p.key_tile != kMlaDecodeTileKeys && p.key_tile != kMlaDecodeWideTileKeys))
     return cudaErrorInvalidValue;
   if (p.num_splits == 1 ? p.o_lat == nullptr : (p.part_o == nullptr || p.part_lse == nullptr))
     return cudaErrorInvalidValue;

@@ -1,4 +1,5 @@
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/common/pdl.cuh"
 #include "kernels/moe/moe_naive.cuh"
 
 namespace nucleus::kernels {
@@ -35,6 +36,8 @@ constexpr int kRouteWarps = 4;  // tokens per block
 __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ logits, const float* __restrict__ bias,
                                  int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
                                  int64_t num_tokens) {
+  pdl::launch_dependents();  // the grouped path's align kernel may launch
+  pdl::wait_for_inputs();    // launched as a dependent: the router GEMM has finished
   extern __shared__ float sm[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
@@ -163,14 +166,15 @@ __global__ void expert_down_kernel(int64_t num_tokens, int64_t hidden, int64_t i
 }  // namespace
 
 cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
-                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream) {
+                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream, bool dependent) {
   if (num_tokens == 0) return cudaSuccess;
   if (p.num_experts > 1024 || p.n_group > 64 || p.top_k > 16 || p.n_group < 1 || p.num_experts % p.n_group != 0)
     return cudaErrorInvalidValue;
   const size_t smem = kRouteWarps * 2 * p.num_experts * sizeof(float);
   const auto blocks = static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps);
-  moe_route_kernel<<<blocks, kRouteWarps * 32, smem, stream>>>(p, logits, bias, topk_ids, topk_weights, num_tokens);
-  return cudaGetLastError();
+  const cudaError_t e = pdl::launch(moe_route_kernel, blocks, kRouteWarps * 32, smem, dependent, stream, p, logits, bias,
+                                    topk_ids, topk_weights, num_tokens);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t launch_moe_experts_naive(const __nv_bfloat16* x, int64_t num_tokens, int64_t hidden, int64_t inter,

@@ -15,9 +15,11 @@ namespace nucleus::kernels {
 
 // logits: [num_tokens, num_experts] f32; bias: [num_experts] f32 or null;
 // topk_ids / topk_weights: [num_tokens, top_k]. num_experts <= 1024.
-// Stream-async, graph-safe.
+// Stream-async, graph-safe. dependent: launched as a programmatic dependent
+// (PDL, kernels/common/pdl.cuh) of the kernel before it, which it waits for
+// before it reads anything.
 cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
-                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream);
+                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream, bool dependent = false);
 
 // One expert: gate_up [2 * inter, hidden], down [hidden, inter].
 struct ExpertView {

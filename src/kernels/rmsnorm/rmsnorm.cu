@@ -24,6 +24,7 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ residual, const Delta* __
                                    __nv_bfloat16* __restrict__ out, float* __restrict__ zero_fill,
                                    int64_t zero_fill_count) {
   pdl::launch_dependents();  // a skinny GEMM after the norm may start streaming its weights
+  pdl::wait_for_inputs();    // launched as a dependent: the kernel before has finished
   if (blockIdx.x >= rows) {  // a prezero fill block
     add_norm_row::zero_fill_blocks(zero_fill, zero_fill_count, rows);
     return;
@@ -42,6 +43,7 @@ template <typename In>
 __global__ void rmsnorm_kernel(const In* x, int64_t x_stride, const float* __restrict__ w, int64_t width,
                                int64_t row_width, float eps, __nv_bfloat16* out, int64_t out_stride) {
   pdl::launch_dependents();  // a skinny GEMM after the norm may start streaming its weights
+  pdl::wait_for_inputs();    // launched as a dependent: the kernel before has finished
   __shared__ float scratch[32];
   const In* row = x + static_cast<int64_t>(blockIdx.x) * x_stride;
   __nv_bfloat16* orow = out + static_cast<int64_t>(blockIdx.x) * out_stride;
@@ -70,15 +72,15 @@ cudaError_t launch_add_rmsnorm(const AddRmsNormParams& p, cudaStream_t stream) {
   const bool fill = p.zero_fill != nullptr && p.zero_fill_count > 0;
   if (fill && p.fill_blocks < 1) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(p.rows + (fill ? p.fill_blocks : 0));
-  if (p.delta_f32)
-    add_rmsnorm_kernel<float><<<grid, kThreads, 0, stream>>>(p.residual, static_cast<const float*>(p.delta), p.w,
-                                                              p.rows, p.width, p.eps, p.out, p.zero_fill,
-                                                              fill ? p.zero_fill_count : 0);
-  else
-    add_rmsnorm_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
-        p.residual, static_cast<const __nv_bfloat16*>(p.delta), p.w, p.rows, p.width, p.eps, p.out, p.zero_fill,
-        fill ? p.zero_fill_count : 0);
-  return cudaGetLastError();
+  const int64_t fill_count = fill ? p.zero_fill_count : 0;
+  const cudaError_t e =
+      p.delta_f32
+          ? pdl::launch(add_rmsnorm_kernel<float>, grid, kThreads, 0, p.pdl, stream, p.residual,
+                        static_cast<const float*>(p.delta), p.w, p.rows, p.width, p.eps, p.out, p.zero_fill, fill_count)
+          : pdl::launch(add_rmsnorm_kernel<__nv_bfloat16>, grid, kThreads, 0, p.pdl, stream, p.residual,
+                        static_cast<const __nv_bfloat16*>(p.delta), p.w, p.rows, p.width, p.eps, p.out, p.zero_fill,
+                        fill_count);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t launch_add_rmsnorm(float* residual, const __nv_bfloat16* delta, const float* w, int64_t rows,
@@ -95,22 +97,23 @@ cudaError_t launch_add_rmsnorm(float* residual, const __nv_bfloat16* delta, cons
 }
 
 cudaError_t launch_rmsnorm_inplace(__nv_bfloat16* x, int64_t row_stride, const float* w, int64_t rows,
-                                   int64_t width, float eps, cudaStream_t stream) {
+                                   int64_t width, float eps, cudaStream_t stream, bool dependent) {
   if (rows == 0) return cudaSuccess;
   if (width > kThreads * kMaxPerThread) return cudaErrorInvalidValue;
-  rmsnorm_kernel<__nv_bfloat16><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, row_stride, w, width, width,
-                                                                                      eps, x, row_stride);
-  return cudaGetLastError();
+  const cudaError_t e = pdl::launch(rmsnorm_kernel<__nv_bfloat16>, rows, kThreads, 0, dependent, stream,
+                                    static_cast<const __nv_bfloat16*>(x), row_stride, w, width, width, eps, x,
+                                    row_stride);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t launch_rmsnorm_f32_to_bf16(const float* x, int64_t x_stride, const float* w, int64_t rows, int64_t width,
                                        int64_t row_width, float eps, __nv_bfloat16* out, int64_t out_stride,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, bool dependent) {
   if (rows == 0) return cudaSuccess;
   if (width > kThreads * kMaxPerThread || row_width < width) return cudaErrorInvalidValue;
-  rmsnorm_kernel<float><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(x, x_stride, w, width, row_width, eps,
-                                                                             out, out_stride);
-  return cudaGetLastError();
+  const cudaError_t e = pdl::launch(rmsnorm_kernel<float>, rows, kThreads, 0, dependent, stream, x, x_stride, w, width,
+                                    row_width, eps, out, out_stride);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace nucleus::kernels

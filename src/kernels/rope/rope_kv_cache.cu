@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/mla/ds_mla_row.h"
 #include "kernels/rope/rope_kv_cache.cuh"
 
@@ -68,6 +69,8 @@ enum class CacheKind { kBf16, kFp8, kDsMla };
 // the block stores the latent row into the cache.
 template <CacheKind kKind>
 __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
+  pdl::launch_dependents();  // the decode attention's absorption kernel may start streaming W_UK
+  pdl::wait_for_inputs();    // launched as a dependent: the kernel before has finished
   constexpr bool kDs = kKind == CacheKind::kDsMla;
   using Store = CacheStore<kKind == CacheKind::kFp8>;
   using T = typename Store::T;
@@ -132,13 +135,11 @@ cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t 
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
   if (p.cache_ds_mla && (p.kv_lora != kDsMlaLatent || p.qk_rope != kDsMlaRope)) return cudaErrorInvalidValue;
   const auto grid = static_cast<unsigned>(p.num_tokens);
-  if (p.cache_ds_mla)
-    rope_kv_cache_kernel<CacheKind::kDsMla><<<grid, 256, 0, stream>>>(p);
-  else if (p.cache_fp8)
-    rope_kv_cache_kernel<CacheKind::kFp8><<<grid, 256, 0, stream>>>(p);
-  else
-    rope_kv_cache_kernel<CacheKind::kBf16><<<grid, 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  const cudaError_t e =
+      p.cache_ds_mla ? pdl::launch(rope_kv_cache_kernel<CacheKind::kDsMla>, grid, 256, 0, p.pdl, stream, p)
+      : p.cache_fp8  ? pdl::launch(rope_kv_cache_kernel<CacheKind::kFp8>, grid, 256, 0, p.pdl, stream, p)
+                     : pdl::launch(rope_kv_cache_kernel<CacheKind::kBf16>, grid, 256, 0, p.pdl, stream, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 }  // namespace nucleus::kernels

@@ -41,6 +41,10 @@ struct RopeKvCacheParams {
   int qk_nope = 0;
   int qk_rope = 0;
   int kv_lora = 0;
+  // Launch as a programmatic dependent (PDL, kernels/common/pdl.cuh) of the
+  // kernel before it: scheduled early, it waits for that kernel before it
+  // reads or writes anything.
+  bool pdl = false;
 };
 
 // One block per token; every token is written the same way whatever the
