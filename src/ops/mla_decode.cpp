@@ -1,5 +1,7 @@
 #include "ops/mla_decode.h"
 
+#include <algorithm>
+#include <cctype>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,10 +56,11 @@ int64_t mla_decode_min_split_keys(int64_t num_rows, int64_t num_heads) {
 namespace {
 
 // A switch that takes auto or one of two numbers: 0 for auto (unset, empty,
-// "auto"), the number when it is `a` or `b`, -1 for anything else.
+// "auto" in any case), the number when it is `a` or `b`, -1 for anything else.
 int two_value_switch(Knob knob, int a, int b) {
-  const std::optional<std::string> s = env_string(knob);
-  if (!s || s->empty() || *s == "auto" || *s == "AUTO") return 0;
+  std::optional<std::string> s = env_string(knob);
+  if (s) std::transform(s->begin(), s->end(), s->begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!s || s->empty() || *s == "auto") return 0;
   if (*s == std::to_string(a)) return a;
   if (*s == std::to_string(b)) return b;
   return -1;

@@ -95,8 +95,9 @@ TEST(MlaDecodeRule, KeyTileValues) {
     ScopedEnv two("NUCLEUS_MLA_DECODE_CTAS_PER_SM", "2");
     EXPECT_EQ(mla_decode_key_tile(1, 16), 32) << "two CTAs a multiprocessor: the 32-key kernel";
   }
-  for (const char* v : {"", "auto", "AUTO"}) {
+  for (const char* v : {"", "auto", "AUTO", "Auto"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_KEY_TILE", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << "'" << v << "'";
     for (int64_t rows : {1, 8, 64, 256})
       for (int64_t heads : {4, 16, 128}) {
         const int a = mla_decode_key_tile_auto(rows, heads);
