@@ -292,6 +292,7 @@ StatusOr<std::unique_ptr<ModelExecutor>> load_deepseek_model(const std::string& 
 
 StatusOr<std::unique_ptr<ModelExecutor>> build_deepseek_model(const ModelConfig& config, const ModelOptions& options,
                                                               const WeightFactory& make_weights) {
+  NUCLEUS_RETURN_IF_ERROR(DeepseekModel::env_status());  // before any weight is read
   const int n = static_cast<int>(options.tensor_parallel_size);
   if (n == 1 && !options.force_tp_group) {
     auto backend = make_weight_backend(options.device);

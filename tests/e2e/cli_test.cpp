@@ -314,7 +314,9 @@ TEST(CliTest, BenchLatencyWithDraftsCountsTokens) {
     const double tokens_per_seq_step = decode_tps * decode_ms / 1e3 / batch;
     EXPECT_GE(tokens_per_seq_step, 0.999) << r.out;
     EXPECT_LE(tokens_per_seq_step, 3.001) << r.out;
-    if (accepted > 0) EXPECT_GT(tokens_per_seq_step, 1.0) << r.out;
+    if (accepted > 0) {
+      EXPECT_GT(tokens_per_seq_step, 1.0) << r.out;
+    }
     EXPECT_NEAR(per_user * batch, decode_tps, 0.01 * decode_tps + 1) << r.out;
   }
 }
@@ -389,6 +391,25 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   }
   for (const char* good : {"auto", "0", "4"}) {
     r = run("generate --device cpu --max-tokens 2", true, std::string("NUCLEUS_MOE_UP_SPLIT_K=") + good);
+    EXPECT_EQ(r.status, 0) << good << "\n" << r.out;
+  }
+  // The decode-kernel switches are refused before the weights are read (no
+  // "weight check" line): a typo must not cost a model load.
+  struct Bad {
+    const char* env;
+    const char* message;
+  };
+  for (const Bad& b : {Bad{"NUCLEUS_MLA_DECODE_KEY_TILE=48", "NUCLEUS_MLA_DECODE_KEY_TILE='48' is not auto, 32 or 64"},
+                       Bad{"NUCLEUS_PDL=gemm", "NUCLEUS_PDL='gemm' is not 0, 1 or gemms"},
+                       Bad{"NUCLEUS_MOE_DECODE=17", "NUCLEUS_MOE_DECODE='17'"}}) {
+    r = run("generate --device cpu --max-tokens 2", true, b.env);
+    EXPECT_EQ(r.status, 1) << b.env << "\n" << r.out;
+    EXPECT_NE(r.out.find(b.message), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("weight check"), std::string::npos) << b.env << ": refused after the weights were read\n"
+                                                             << r.out;
+  }
+  for (const char* good : {"NUCLEUS_MLA_DECODE_KEY_TILE=Auto", "NUCLEUS_PDL=gemms"}) {
+    r = run("generate --device cpu --max-tokens 2", true, good);
     EXPECT_EQ(r.status, 0) << good << "\n" << r.out;
   }
 }

@@ -49,18 +49,22 @@ StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig
   NUCLEUS_CHECK(options.tensor_parallel_size == 1, "DeepseekModel::create of tensor-parallel size {} (a rank is one model)",
                 options.tensor_parallel_size);
   std::unique_ptr<DeepseekModel> m(new DeepseekModel(config, std::move(weights), options, std::move(rank)));
+  NUCLEUS_RETURN_IF_ERROR(env_status());
+  NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
+  NUCLEUS_RETURN_IF_ERROR(check_kv_cache_dims(m->kv_cache_dtype_, config.kv_lora_rank, config.qk_rope_head_dim));
+  NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
+  NUCLEUS_RETURN_IF_ERROR(m->prepare_width_builds());
+  return m;
+}
+
+Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(flag_env_status());
   NUCLEUS_RETURN_IF_ERROR(splitk_env_status());
   NUCLEUS_RETURN_IF_ERROR(skinny_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_up_splits_env_status());
   NUCLEUS_RETURN_IF_ERROR(mla_decode_env_status());
-  NUCLEUS_RETURN_IF_ERROR(prezero_env_status());
-  NUCLEUS_ASSIGN_OR_RETURN(m->kv_cache_dtype_, resolve_kv_cache_dtype(options.kv_cache_dtype, options.device));
-  NUCLEUS_RETURN_IF_ERROR(check_kv_cache_dims(m->kv_cache_dtype_, config.kv_lora_rank, config.qk_rope_head_dim));
-  NUCLEUS_RETURN_IF_ERROR(m->resolve_k_scales());
-  NUCLEUS_RETURN_IF_ERROR(m->prepare_width_builds());
-  return m;
+  return prezero_env_status();
 }
 
 StatusOr<std::unique_ptr<DeepseekModel>> DeepseekModel::create(const ModelConfig& config, ModelWeights weights,

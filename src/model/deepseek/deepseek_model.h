@@ -129,6 +129,12 @@ class DeepseekModel {
   // A model alone (no tensor-parallel group).
   static StatusOr<std::unique_ptr<DeepseekModel>> create(const ModelConfig& config, ModelWeights weights,
                                                          const ModelOptions& options);
+  // OK, or invalid_argument naming the first malformed kernel switch of the
+  // environment (core/knobs.h flags; the split-K, skinny/PDL, MoE decode, MoE
+  // UP split-K, MLA decode and prezero switches). create() checks them; the
+  // loaders (build_deepseek_model) check them before any weight is read, so
+  // a typo costs no load.
+  static Status env_status();
 
   // The step graph of `kind` (design.md "The model"), every node's backend
   // chosen for options().device and the cache dtype; the decode graph after
