@@ -18,7 +18,10 @@
 // "nucleus_2cta" = nucleus with NUCLEUS_MLA_DECODE_CTAS_PER_SM=2 (16 heads;
 // --ctas adds these rows) and "nucleus_1cta" = 1, "nucleus_t32" = nucleus
 // with NUCLEUS_MLA_DECODE_KEY_TILE=32 (the 32-key kernel, the version before
-// the 64-key one; at 16 heads, where auto picks 64). --shape B,CTX runs one
+// the 64-key one; at 16 heads, where auto picks 64), "nucleus_cpasync" /
+// "nucleus_bulk" = nucleus with NUCLEUS_MLA_DECODE_BULK_LOADS=0 / 1 (the
+// 64-key kernel's cp.async loader, the version before bulk row loads, or bulk
+// row copies; whichever auto does not pick for the cache). --shape B,CTX runs one
 // shape (both head counts unless --heads N).
 // Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
 // (core/roofline.h: the measured read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
@@ -204,7 +207,8 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   // nucleus_blas / nucleus_small: NUCLEUS_MLA_DECODE_SMALL_GEMMS=0 / 1 (the
   // cuBLASLt absorption GEMMs / the own kernels at every row count they take);
   // nucleus_skN: NUCLEUS_MLA_DECODE_SPLIT_KEYS=N; nucleus_1cta / nucleus_2cta:
-  // NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2; nucleus_t32: NUCLEUS_MLA_DECODE_KEY_TILE=32.
+  // NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2; nucleus_t32: NUCLEUS_MLA_DECODE_KEY_TILE=32;
+  // nucleus_cpasync: NUCLEUS_MLA_DECODE_BULK_LOADS=0, nucleus_bulk: =1.
   struct ScopedSwitch {
     ScopedSwitch(const char* var, std::string v) : var_(var), set_(!v.empty()) {
       if (set_) setenv(var_, v.c_str(), 1);
@@ -222,8 +226,12 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   const ScopedSwitch split_keys("NUCLEUS_MLA_DECODE_SPLIT_KEYS", sk ? name.substr(10) : "");
   const ScopedSwitch ctas_per_sm("NUCLEUS_MLA_DECODE_CTAS_PER_SM", ctas ? name.substr(8, 1) : "");
   const ScopedSwitch key_tile("NUCLEUS_MLA_DECODE_KEY_TILE", name == "nucleus_t32" ? "32" : "");
-  const std::string backend =
-      name == "nucleus_blas" || name == "nucleus_small" || sk || ctas || name == "nucleus_t32" ? "nucleus" : name;
+  const ScopedSwitch bulk_loads("NUCLEUS_MLA_DECODE_BULK_LOADS",
+                                name == "nucleus_cpasync" ? "0" : name == "nucleus_bulk" ? "1" : "");
+  const std::string backend = name == "nucleus_blas" || name == "nucleus_small" || sk || ctas ||
+                                      name == "nucleus_t32" || name == "nucleus_cpasync" || name == "nucleus_bulk"
+                                  ? "nucleus"
+                                  : name;
   const Backend<MlaDecodeAttentionOp>* b = nullptr;
   for (const auto& e : MlaDecodeAttentionOp::backends())
     if (e.device == Device::kCuda && backend == e.name) b = &e;
@@ -433,7 +441,11 @@ int main(int argc, char** argv) {
         const double flops = 2.0 * sh.batch * heads * static_cast<double>(sh.context) * (kLatent + kLora);
         std::vector<std::string> backends = {"nucleus", "nucleus_blas", "nucleus_small"};
         if (sh.batch <= 8) backends.insert(backends.end(), split_keys.begin(), split_keys.end());
-        if (heads <= 16) backends.push_back("nucleus_t32");
+        if (heads <= 16) {
+          backends.push_back("nucleus_t32");
+          // The row whose loader auto does not take (the other is "nucleus").
+          backends.push_back(mla_decode_bulk_loads_auto(sh.batch, heads, d) ? "nucleus_cpasync" : "nucleus_bulk");
+        }
         if (ctas_rows && heads <= 16) {
           backends.push_back("nucleus_1cta");
           backends.push_back("nucleus_2cta");

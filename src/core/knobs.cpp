@@ -120,6 +120,12 @@ constexpr KnobInfo kKnobs[] = {
      "mla_decode_key_tile_auto; 32: the 32-key kernel before the switch); a malformed value is refused at "
      "start-up",
      "src/ops/mla_decode.cpp"},
+    {KNOB(kMlaDecodeBulkLoads), "NUCLEUS_MLA_DECODE_BULK_LOADS", KnobType::kEnum, "auto, 0, 1", "auto",
+     "the 64-key decode attention kernel loads each cache row with one bulk asynchronous copy (cp.async.bulk, "
+     "L2 evict-first, completion on a shared-memory mbarrier) instead of 16-byte cp.async pieces (auto: the "
+     "measured rule mla_decode_bulk_loads_auto, bulk for bf16 and fp8_ds_mla rows; 0: cp.async, the loader before "
+     "the switch); a malformed value is refused at start-up",
+     "src/ops/mla_decode.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

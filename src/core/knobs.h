@@ -52,6 +52,7 @@ enum class Knob {
   kMlaDecodeSplitKeys,
   kMlaDecodeCtasPerSm,
   kMlaDecodeKeyTile,
+  kMlaDecodeBulkLoads,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -90,6 +90,19 @@ int mla_decode_key_tile(int64_t num_rows, int64_t num_heads) {
   return n > 0 ? n : mla_decode_key_tile_auto(num_rows, num_heads);
 }
 
+bool mla_decode_bulk_loads_auto(int64_t /*num_rows*/, int64_t /*num_heads*/, KvCacheDtype cache) {
+  return cache != KvCacheDtype::kFp8E4M3;
+}
+
+bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cache) {
+  switch (env_auto_switch(Knob::kMlaDecodeBulkLoads).value_or(AutoSwitch::kAuto)) {
+    case AutoSwitch::kOff: return false;
+    case AutoSwitch::kOn: return true;
+    case AutoSwitch::kAuto: break;
+  }
+  return mla_decode_bulk_loads_auto(num_rows, num_heads, cache);
+}
+
 Status mla_decode_env_status() {
   if (!env_auto_switch(Knob::kMlaDecodeSmallGemms))
     return invalid_argument("NUCLEUS_MLA_DECODE_SMALL_GEMMS='" + *env_string(Knob::kMlaDecodeSmallGemms) +
@@ -103,6 +116,9 @@ Status mla_decode_env_status() {
   if (key_tile_switch() < 0)
     return invalid_argument("NUCLEUS_MLA_DECODE_KEY_TILE='" + *env_string(Knob::kMlaDecodeKeyTile) +
                             "' is not auto, 32 or 64");
+  if (!env_auto_switch(Knob::kMlaDecodeBulkLoads))
+    return invalid_argument("NUCLEUS_MLA_DECODE_BULK_LOADS='" + *env_string(Knob::kMlaDecodeBulkLoads) +
+                            "' is not auto, 0 or 1");
   return ok_status();
 }
 

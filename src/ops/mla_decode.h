@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/kv_cache_dtype.h"
 #include "ops/mla_attention.h"
 #include "ops/op.h"
 
@@ -69,9 +70,22 @@ int mla_decode_ctas_per_sm_auto(int64_t num_rows, int64_t num_heads);
 int mla_decode_key_tile(int64_t num_rows, int64_t num_heads);
 // The auto rule (docs/perf.md "MLA decode: 64-key tiles"): 64 at <= 16 heads.
 int mla_decode_key_tile_auto(int64_t num_rows, int64_t num_heads);
+// Whether the 64-key decode attention kernel loads cache rows with bulk
+// asynchronous copies (kernels::MlaDecodeAttnParams::bulk_loads) for a call
+// of `num_rows` rows of `num_heads` heads on a `cache` cache, by
+// NUCLEUS_MLA_DECODE_BULK_LOADS: auto (default) the rule
+// mla_decode_bulk_loads_auto, 0 (cp.async pieces) or 1. No effect where the
+// 32-key kernel runs (mla_decode_key_tile 32). Read at every call; a
+// malformed value reads as auto here and is refused by mla_decode_env_status().
+bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
+// The auto rule (docs/perf.md "MLA decode: bulk row loads"): bulk copies for
+// bf16 and fp8_ds_mla rows (faster at every measured shape, up to 1.2x), the
+// cp.async pieces for fp8_e4m3 rows (bulk copies 1-4% slower there).
+bool mla_decode_bulk_loads_auto(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
 // OK, or invalid_argument naming a malformed NUCLEUS_MLA_DECODE_SMALL_GEMMS,
-// NUCLEUS_MLA_DECODE_SPLIT_KEYS, NUCLEUS_MLA_DECODE_CTAS_PER_SM or
-// NUCLEUS_MLA_DECODE_KEY_TILE (checked at model creation).
+// NUCLEUS_MLA_DECODE_SPLIT_KEYS, NUCLEUS_MLA_DECODE_CTAS_PER_SM,
+// NUCLEUS_MLA_DECODE_KEY_TILE or NUCLEUS_MLA_DECODE_BULK_LOADS (checked at
+// model creation).
 Status mla_decode_env_status();
 
 }  // namespace nucleus

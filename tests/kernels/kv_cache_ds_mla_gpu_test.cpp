@@ -519,6 +519,26 @@ TEST_F(KvCacheDsMlaGpu, DecodeBackendsReadTileScaledRows) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_BULK_LOADS on the tile-scaled layout: bulk row copies
+// (656-byte rows) and cp.async pieces put the same bytes in shared memory,
+// so the outputs are bit-identical.
+TEST_F(KvCacheDsMlaGpu, BulkLoadsAgree) {
+  uint64_t seed = 950;
+  for (const DecodeCase& c :
+       std::vector<DecodeCase>{{1, 1, 16, 16}, {1, 70, 16, 1}, {3, 1000, 16, 16}, {64, 1000, 16, 64}, {129, 64, 4, 1}}) {
+    DecodeProblem p = make_decode(c, seed++);
+    std::string why;
+    std::vector<float> got[2];
+    for (int bulk : {0, 1}) {
+      setenv("NUCLEUS_MLA_DECODE_BULK_LOADS", bulk ? "1" : "0", 1);
+      got[bulk] = run_decode("nucleus", p, true, &why);
+      unsetenv("NUCLEUS_MLA_DECODE_BULK_LOADS");
+      ASSERT_FALSE(got[bulk].empty()) << why;
+    }
+    EXPECT_EQ(got[0], got[1]) << name(c);
+  }
+}
+
 TEST_F(KvCacheDsMlaGpu, ReadersThatCannotReadTheLayoutRefuseItByName) {
   LinearWeight w;
   w.name = "kv_b_proj";

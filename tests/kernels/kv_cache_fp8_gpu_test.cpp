@@ -492,6 +492,34 @@ TEST_F(KvCacheFp8Gpu, DecodeRowListAndForcedAbsorbedPrefillRows) {
   check_decode({{3, 200, 16, 16, true, 7}, {2, 1000, 128, 64, false, 33}}, 16);
 }
 
+// NUCLEUS_MLA_DECODE_BULK_LOADS on an e4m3 cache (the 64-key kernel, 16
+// heads and fewer): bulk row copies (576-byte rows) and cp.async pieces put
+// the same bytes in shared memory, so the outputs are bit-identical, and both
+// match the reference.
+TEST_F(KvCacheFp8Gpu, DecodeBulkLoadsAgree) {
+  uint64_t seed = 900;
+  for (const DecodeCase& c : std::vector<DecodeCase>{{1, 1, 16, 16},
+                                                     {1, 70, 16, 1, true},
+                                                     {3, 1000, 16, 16, true},
+                                                     {2, 4097, 4, 64},
+                                                     {64, 1000, 16, 64, true},
+                                                     {7, 300, 16, 16, true, 1, true, 3},
+                                                     {129, 64, 16, 1}}) {
+    DecodeProblem p = make_decode(c, seed++);
+    const std::vector<float> want = decode_reference(p, decode_fp8(p.fp8, p.k_scale));
+    std::string why;
+    std::vector<float> got[2];
+    for (int bulk : {0, 1}) {
+      setenv("NUCLEUS_MLA_DECODE_BULK_LOADS", bulk ? "1" : "0", 1);
+      got[bulk] = run_decode("nucleus", p, true, &why);
+      unsetenv("NUCLEUS_MLA_DECODE_BULK_LOADS");
+      ASSERT_FALSE(got[bulk].empty()) << why;
+      EXPECT_TRUE(decode_matches(got[bulk], want, c.heads * kVHead)) << name(c) << " bulk " << bulk;
+    }
+    EXPECT_EQ(got[0], got[1]) << name(c);
+  }
+}
+
 TEST_F(KvCacheFp8Gpu, FlashInferRefusesFp8AndTheDispatchPicksNucleus) {
   LinearWeight w;
   w.weight = Tensor::empty({16 * 256, kLora}, DType::kBF16, Device::kCuda);

@@ -563,6 +563,57 @@ TEST_F(MlaDecodeGpu, KeyTilesAgree) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_BULK_LOADS: the 64-key kernel with whole rows by bulk
+// copies (mbarrier per ring stage, rows past a split's end zeroed by the
+// warp) equals its cp.async loader bit for bit (the same bytes reach shared
+// memory), and both match the reference: bf16 and FP8 rows, pages of 1, 16
+// and 64 keys, contexts ending inside, at and past a tile (partial warps of
+// rows), several query rows a sequence, a mixed step, split and unsplit.
+TEST_F(MlaDecodeGpu, BulkLoadsAgree) {
+  struct Env {
+    explicit Env(const char* v) { setenv("NUCLEUS_MLA_DECODE_BULK_LOADS", v, 1); }
+    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_BULK_LOADS"); }
+  };
+  std::vector<Case> cases;
+  for (int heads : {16, 4})
+    for (bool fp8 : {false, true}) {
+      cases.push_back({1, 1, heads, 16, fp8});
+      cases.push_back({1, 5, heads, 1, fp8});
+      cases.push_back({1, 63, heads, 1, fp8});
+      cases.push_back({2, 64, heads, 64, fp8});
+      cases.push_back({1, 70, heads, 16, fp8});
+      cases.push_back({1, 4097, heads, 64, fp8});
+      cases.push_back({3, 3000, heads, 16, fp8, 1, true});
+      cases.push_back({2, 200, heads, 16, fp8, 3});
+      cases.push_back({7, 150, heads, 16, fp8, 1, false, 3});
+      cases.push_back({130, 300, heads, 1, fp8, 1, true});
+    }
+  uint64_t seed = 1700;
+  for (const Case& c : cases) {
+    Problem p = make_problem(c, seed++);
+    const std::vector<float> want = reference(p);
+    const int64_t rows = p.si.num_tokens();
+    ASSERT_EQ(mla_decode_key_tile(rows, c.heads), 64) << name(c);
+    std::vector<float> bulk, pieces;
+    std::string why;
+    {
+      Env e("1");
+      ASSERT_TRUE(mla_decode_bulk_loads(rows, c.heads, KvCacheDtype::kBF16));
+      bulk = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e("0");
+      ASSERT_FALSE(mla_decode_bulk_loads(rows, c.heads, KvCacheDtype::kBF16));
+      pieces = run_backend("nucleus", p, 256, &why);
+    }
+    ASSERT_FALSE(bulk.empty() || pieces.empty()) << name(c) << ": " << why;
+    const auto rb = matches(bulk, want, c.heads * kVHead);
+    EXPECT_TRUE(rb) << "bulk loads " << name(c);
+    EXPECT_EQ(bulk, pieces) << name(c) << ": the same bytes in shared memory, the same outputs";
+    printf("mla_decode bulk loads %-30s %s\n", name(c).c_str(), rb.message());
+  }
+}
+
 // The switch's values and the auto rule; a malformed value is refused when
 // the model is created.
 TEST(MlaDecodeSwitch, ValuesAutoRuleAndMalformedValueRefused) {

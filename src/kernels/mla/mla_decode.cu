@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/ptx.cuh"
@@ -44,7 +45,6 @@ constexpr int kRowElems = kMlaDecodeLatent + 8;  // padded smem row: 1168 bytes
 constexpr int kTileElems = kTileKeys * kRowElems;
 constexpr int kStagesBf16 = 4;
 constexpr int kStagesFp8 = 8;                             // same bytes in flight as bf16's 4
-constexpr int kFp8TileBytes = kTileKeys * kMlaDecodeLatent;  // raw e4m3 tile: 32 x 576 bytes
 constexpr int kStagesDs = 7;                                 // 7 x 32 x 656 B in flight (shared memory bound)
 static_assert(kDsMlaRowBytes % 16 == 0 && kDsMlaRopeOffset % 16 == 0, "fp8_ds_mla rows load in 16-byte chunks");
 static_assert(kDsMlaLatent == kMlaDecodeLora && kDsMlaRope == kMlaDecodeRope, "fp8_ds_mla row of the fast path");
@@ -93,6 +93,102 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two_bytes) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Group g (8 values) of one raw FP8 cache row `raw` -> bf16 at dst + 8 g:
+// e4m3 exactly; an fp8_ds_mla row's latent groups times their tile's f32
+// scale (one rounding), its 8 rope groups (bf16 already) copied.
+template <bool kDs>
+__device__ __forceinline__ void convert_row_group(const unsigned char* raw, int g, __nv_bfloat16* dst) {
+  if constexpr (kDs) {
+    if (g < kDsMlaLatent / 8) {
+      const float sc = reinterpret_cast<const float*>(raw + kDsMlaScaleOffset)[g * 8 / kDsMlaTile];
+      const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
+      const uint32_t w[4] = {b.x, b.x >> 16, b.y, b.y >> 16};
+      uint32_t out[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[e] & 0xffffu), __NV_E4M3);
+        const float2 f = __half22float2(__half2(h));
+        out[e] = pack_bf16(f.x * sc, f.y * sc);
+      }
+      *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(out[0], out[1], out[2], out[3]);
+    } else {
+      *reinterpret_cast<uint4*>(dst + g * 8) =
+          *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + (g - kDsMlaLatent / 8) * 16);
+    }
+  } else {
+    const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
+    *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(fp8x2_to_bf16x2(b.x), fp8x2_to_bf16x2(b.x >> 16),
+                                                        fp8x2_to_bf16x2(b.y), fp8x2_to_bf16x2(b.y >> 16));
+  }
+}
+
+// A CTA's share of call row i: keys [k_begin, k_end) of split `split` in
+// tiles of kTile keys, and the row's block-table row. Empty (k_begin >=
+// k_end) where the row needs fewer splits than the grid has.
+struct SplitKeys {
+  int k_begin = 0, k_end = 0, num_tiles = 0;
+  const int32_t* table = nullptr;
+};
+template <int kTile>
+__device__ __forceinline__ SplitKeys split_keys(const MlaDecodeAttnParams& p, int64_t i, int split) {
+  int seq;
+  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
+  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kTile);
+  SplitKeys k;
+  k.k_begin = split * chunk;
+  k.k_end = min(num_keys, k.k_begin + chunk);
+  k.num_tiles = k.k_begin < k.k_end ? (k.k_end - k.k_begin + kTile - 1) / kTile : 0;
+  k.table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
+  return k;
+}
+
+// The bytes of cache row `key` (row_bytes a row) of a sequence with block-table row `table`.
+__device__ __forceinline__ const unsigned char* cache_row(const MlaDecodeAttnParams& p, const int32_t* table, int key,
+                                                          int row_bytes) {
+  const int bs = p.r.block_size;
+  const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
+  return static_cast<const unsigned char*>(p.cache) + slot * row_bytes;
+}
+
+// A warp's o_lat columns col0 + 8 n (n < kN) of heads h_lo and h_hi (rows of
+// the mma layout) of call row i, already divided by the row sums: bf16 into
+// o_lat when the call is not split, else f32 partials of split `split` and,
+// where write_lse, the heads' log-sum-exps (log2 domain).
+template <int kN>
+__device__ __forceinline__ void store_output(const MlaDecodeAttnParams& p, const float (&o)[kN][4], int64_t i,
+                                             int split, int h_lo, int h_hi, int col0, float inv_lo, float inv_hi,
+                                             bool write_lse, float lse_lo, float lse_hi) {
+  const int H = p.num_heads;
+  if (p.num_splits == 1) {
+    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      if (h_lo < H)
+        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+      if (h_hi < H)
+        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+    return;
+  }
+  const int64_t base = (i * p.num_splits + split) * H;
+  float* ob = p.part_o + base * kMlaDecodeLora;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    if (h_lo < H)
+      *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+          make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+    if (h_hi < H)
+      *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+          make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  }
+  if (write_lse) {
+    if (h_lo < H) p.part_lse[base + h_lo] = lse_lo;
+    if (h_hi < H) p.part_lse[base + h_hi] = lse_hi;
+  }
+}
+
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kThreadsPerRow = kThreads / kTileKeys;           // loader: 8 threads per key row
@@ -123,19 +219,13 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
   const int H = p.num_heads;
   const int group = blockIdx.x, split = blockIdx.y;
   const int64_t i = blockIdx.z;
-  int seq;
-  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kTileKeys);
-  const int k_begin = split * chunk;
-  if (k_begin >= num_keys) return;  // this row needs fewer splits
-  const int k_end = min(num_keys, k_begin + chunk);
-  const int num_tiles = (k_end - k_begin + kTileKeys - 1) / kTileKeys;
+  const SplitKeys sk = split_keys<kTileKeys>(p, i, split);
+  if (sk.num_tiles == 0) return;  // this row needs fewer splits
+  const int k_begin = sk.k_begin, k_end = sk.k_end, num_tiles = sk.num_tiles;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int mt = warp / kWarpsPerMt, wi = warp % kWarpsPerMt, qd = wi & 3, kh = wi >> 2;
   const int h_lo = group * 16 * M + mt * 16 + (lane >> 2), h_hi = h_lo + 8;
-  const int bs = p.r.block_size;
-  const int32_t* table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
 
   // Loader: thread copies 16-byte chunks ld_part + 8 j of key row ld_row of a
   // tile (bf16: 72 chunks a row, 9 each; FP8: 36 a row, 4 or 5 each).
@@ -144,9 +234,7 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
   const auto* cache_bytes = static_cast<const unsigned char*>(p.cache);
   auto row_src = [&](int t) -> const unsigned char* {  // this thread's row of tile t, or null past the end
     const int key = k_begin + t * kTileKeys + ld_row;
-    if (key >= k_end) return nullptr;
-    const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
-    return cache_bytes + slot * kRowBytes;
+    return key < k_end ? cache_row(p, sk.table, key, kRowBytes) : nullptr;
   };
   auto load_tile = [&](const unsigned char* src, int stage) {
     const bool valid = src != nullptr;
@@ -216,47 +304,15 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
       ptx::cp_async_commit();
     }
     const __nv_bfloat16* kv;
-    if constexpr (kDs) {
-      // The landed fp8_ds_mla tile -> the bf16 tile: 8 latent values a step
-      // times their tile's scale (64 groups a row), then the 8 rope groups copied.
+    if constexpr (kFp8) {
+      // The landed raw tile -> the bf16 tile, 8 values a step (convert_row_group:
+      // e4m3 exactly, or an fp8_ds_mla row's latent times its tiles' scales and
+      // its rope copied).
       const unsigned char* raw = raw_smem + (t % kStages) * kRawTile + ld_row * kRawRow;
-      const float* tile_scale = reinterpret_cast<const float*>(raw + kDsMlaScaleOffset);
       __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
 #pragma unroll
-      for (int j = 0; j < kMlaDecodeLatent / 8 / kThreadsPerRow; ++j) {
-        const int g = ld_part + j * kThreadsPerRow;
-        if (g < kDsMlaLatent / 8) {
-          const float sc = tile_scale[g * 8 / kDsMlaTile];
-          const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
-          const uint32_t w[4] = {b.x, b.x >> 16, b.y, b.y >> 16};
-          uint32_t out[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const __half2_raw h =
-                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[e] & 0xffffu), __NV_E4M3);
-            const float2 f = __half22float2(__half2(h));
-            out[e] = pack_bf16(f.x * sc, f.y * sc);
-          }
-          *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(out[0], out[1], out[2], out[3]);
-        } else {
-          *reinterpret_cast<uint4*>(dst + g * 8) =
-              *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + (g - kDsMlaLatent / 8) * 16);
-        }
-      }
-      __syncthreads();
-      kv = conv_tile;
-    } else if constexpr (kFp8) {
-      // The landed e4m3 tile -> the bf16 tile (8 bytes -> 16 a step, 9 steps a thread).
-      const unsigned char* raw = raw_smem + (t % kStages) * kFp8TileBytes + ld_row * kMlaDecodeLatent;
-      __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
-#pragma unroll
-      for (int j = 0; j < kMlaDecodeLatent / 8 / kThreadsPerRow; ++j) {
-        const int g = ld_part + j * kThreadsPerRow;
-        const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
-        *reinterpret_cast<uint4*>(dst + g * 8) =
-            make_uint4(fp8x2_to_bf16x2(b.x), fp8x2_to_bf16x2(b.x >> 16), fp8x2_to_bf16x2(b.y),
-                       fp8x2_to_bf16x2(b.y >> 16));
-      }
+      for (int j = 0; j < kMlaDecodeLatent / 8 / kThreadsPerRow; ++j)
+        convert_row_group<kDs>(raw, ld_part + j * kThreadsPerRow, dst);
       __syncthreads();
       kv = conv_tile;
     } else {
@@ -366,35 +422,8 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
   l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
   const float inv_lo = k_scale / l_lo, inv_hi = k_scale / l_hi;
-  const int col0 = wi * 64 * M + (lane & 3) * 2;
-  if (p.num_splits == 1) {
-    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
-#pragma unroll
-    for (int n = 0; n < kNtO; ++n) {
-      if (h_lo < H)
-        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
-      if (h_hi < H)
-        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
-    }
-  } else {
-    const int64_t base = (i * p.num_splits + split) * H;
-    float* ob = p.part_o + base * kMlaDecodeLora;
-#pragma unroll
-    for (int n = 0; n < kNtO; ++n) {
-      if (h_lo < H)
-        *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-      if (h_hi < H)
-        *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-    }
-    if (wi == 0 && (lane & 3) == 0) {
-      if (h_lo < H) p.part_lse[base + h_lo] = m_lo + log2f(l_lo);
-      if (h_hi < H) p.part_lse[base + h_hi] = m_hi + log2f(l_hi);
-    }
-  }
+  store_output(p, o, i, split, h_lo, h_hi, wi * 64 * M + (lane & 3) * 2, inv_lo, inv_hi, wi == 0 && (lane & 3) == 0,
+               m_lo + log2f(l_lo), m_hi + log2f(l_hi));
 }
 
 // ---------------------------------------------------------------------------
@@ -422,13 +451,13 @@ constexpr size_t wide_smem_bytes() {
   const size_t raw_tile = static_cast<size_t>(kWideKeys) * raw_row_bytes(kDs);
   const size_t ring = kFp8 ? wide_stages(true, kDs) * raw_tile + static_cast<size_t>(kWideTileElems) * 2
                            : static_cast<size_t>(wide_stages(false, false)) * kWideTileElems * 2;
-  return ring + 16 * kPStride * 2 + 2 * 16 * kWarps * 4;
+  return ring + 16 * kPStride * 2 + 2 * 16 * kWarps * 4 + wide_stages(kFp8, kDs) * 8;  // + the stage mbarriers
 }
 static_assert(wide_smem_bytes<false, false>() <= 227 * 1024 && wide_smem_bytes<true, false>() <= 227 * 1024 &&
                   wide_smem_bytes<true, true>() <= 227 * 1024,
               "64-key tiles fit one CTA a multiprocessor");
 
-template <bool kFp8, bool kDs>
+template <bool kFp8, bool kDs, bool kBulk>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(const MlaDecodeAttnParams p) {
   static_assert(kFp8 || !kDs, "an fp8_ds_mla ring is a raw FP8 ring");
   constexpr int kStages = wide_stages(kFp8, kDs);
@@ -442,53 +471,77 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   __nv_bfloat16* p_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + ring);               // [16][kPStride]
   float* red_max = reinterpret_cast<float*>(smem_raw + ring + 16 * kPStride * 2);          // [16 heads][8 warps]
   float* red_sum = red_max + 16 * kWarps;                                                  // [16 heads][8 warps]
+  uint64_t* stage_bars = reinterpret_cast<uint64_t*>(red_sum + 16 * kWarps);              // [kStages] (kBulk)
 
   const int H = p.num_heads;
   const int group = blockIdx.x, split = blockIdx.y;
   const int64_t i = blockIdx.z;
-  int seq;
-  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kWideKeys);
-  const int k_begin = split * chunk;
-  if (k_begin >= num_keys) return;  // this row needs fewer splits
-  const int k_end = min(num_keys, k_begin + chunk);
-  const int num_tiles = (k_end - k_begin + kWideKeys - 1) / kWideKeys;
+  const SplitKeys sk = split_keys<kWideKeys>(p, i, split);
+  if (sk.num_tiles == 0) return;  // this row needs fewer splits
+  const int k_begin = sk.k_begin, k_end = sk.k_end, num_tiles = sk.num_tiles;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int r_lo = lane >> 2, c0 = (lane & 3) * 2;
   const int h_lo = group * 16 + r_lo, h_hi = h_lo + 8;
-  const int bs = p.r.block_size;
-  const int32_t* table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
 
-  // Loader: thread copies 16-byte chunks ld_part + 4 j of key row ld_row
-  // (= 8 warp + lane / 4: a warp loads the rows it scores).
+  // Loader. A warp loads the 8 rows it scores, rows [8 warp, +8) of a tile.
+  //  - cp.async (!kBulk): thread copies 16-byte chunks ld_part + 4 j of row
+  //    ld_row = 8 warp + lane / 4; completion by cp.async groups.
+  //  - bulk (kBulk): lane l < 8 copies row 8 warp + l whole with one
+  //    cp.async.bulk; lane 0 announces the warp's bytes on the stage's
+  //    mbarrier (8 arrivals a phase, one a warp); rows past the split's end
+  //    are zeroed by the warp (their scores are masked, and P . V must not
+  //    meet stale NaN bits).
   const int ld_row = tid / kWideThreadsPerRow, ld_part = tid % kWideThreadsPerRow;
+  const int src_row = kBulk ? warp * 8 + (lane & 7) : ld_row;
   constexpr int kRowBytes = kFp8 ? kRawRow : kMlaDecodeLatent * 2;
+  constexpr int kDstRowBytes = kFp8 ? kRawRow : kRowElems * 2;
   constexpr int kChunks = kFp8 ? kRawChunks : kChunksPerRow;
   constexpr int kLoads = (kChunks + kWideThreadsPerRow - 1) / kWideThreadsPerRow;
   const auto* cache_bytes = static_cast<const unsigned char*>(p.cache);
   auto row_src = [&](int t) -> const unsigned char* {
-    const int key = k_begin + t * kWideKeys + ld_row;
-    if (key >= k_end) return nullptr;
-    const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
-    return cache_bytes + slot * kRowBytes;
+    const int key = k_begin + t * kWideKeys + src_row;
+    return key < k_end ? cache_row(p, sk.table, key, kRowBytes) : nullptr;
   };
-  auto load_tile = [&](const unsigned char* src, int stage) {
-    const bool valid = src != nullptr;
-    const unsigned char* s0 = valid ? src + ld_part * 16 : cache_bytes;
-    const uint32_t dst = kFp8 ? ptx::smem_u32(raw_smem + stage * kRawTile + ld_row * kRawRow + ld_part * 16)
-                              : ptx::smem_u32(kv_smem + stage * kWideTileElems + ld_row * kRowElems + ld_part * 8);
+  auto stage_bar = [&](int stage) { return ptx::smem_u32(stage_bars + stage); };
+  auto load_tile = [&](const unsigned char* src, int t, int stage) {
+    unsigned char* stage_base = kFp8 ? raw_smem + stage * kRawTile : reinterpret_cast<unsigned char*>(kv_smem + stage * kWideTileElems);
+    if constexpr (kBulk) {
+      const int n_valid = max(0, min(8, k_end - (k_begin + t * kWideKeys + warp * 8)));
+      if (lane == 0) ptx::mbarrier_arrive_expect_tx(stage_bar(stage), static_cast<uint32_t>(n_valid * kRowBytes));
+      if (lane < n_valid) {
+        ptx::fence_proxy_async();  // earlier generic reads / writes of this stage before the copy engine's writes
+        ptx::bulk_copy_g2s(ptx::smem_u32(stage_base + src_row * kDstRowBytes), src, kRowBytes, stage_bar(stage),
+                           ptx::l2_evict_first_policy());
+      }
+      if (n_valid < 8)
+        for (int c = lane; c < (8 - n_valid) * (kRowBytes / 16); c += 32)
+          *reinterpret_cast<uint4*>(stage_base + (warp * 8 + n_valid + c / (kRowBytes / 16)) * kDstRowBytes +
+                                    (c % (kRowBytes / 16)) * 16) = make_uint4(0u, 0u, 0u, 0u);
+    } else {
+      const bool valid = src != nullptr;
+      const unsigned char* s0 = valid ? src + ld_part * 16 : cache_bytes;
+      const uint32_t dst = ptx::smem_u32(stage_base + ld_row * kDstRowBytes + ld_part * 16);
 #pragma unroll
-    for (int j = 0; j < kLoads; ++j)
-      if (kChunks % kWideThreadsPerRow == 0 || ld_part + j * kWideThreadsPerRow < kChunks)
-        ptx::cp_async_16(dst + j * kWideThreadsPerRow * 16, valid ? s0 + j * kWideThreadsPerRow * 16 : s0,
-                         valid ? 16 : 0);
+      for (int j = 0; j < kLoads; ++j)
+        if (kChunks % kWideThreadsPerRow == 0 || ld_part + j * kWideThreadsPerRow < kChunks)
+          ptx::cp_async_16(dst + j * kWideThreadsPerRow * 16, valid ? s0 + j * kWideThreadsPerRow * 16 : s0,
+                           valid ? 16 : 0);
+    }
   };
+  if constexpr (kBulk) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(stage_bar(s), kWarps);
+      ptx::fence_mbarrier_init();
+    }
+    __syncthreads();
+  }
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_tiles) load_tile(row_src(s), s);
-    ptx::cp_async_commit();
+    if (s < num_tiles) load_tile(row_src(s), s, s);
+    if constexpr (!kBulk) ptx::cp_async_commit();
   }
   const unsigned char* next_src = kStages - 1 < num_tiles ? row_src(kStages - 1) : nullptr;
   pdl::wait_for_inputs();  // as the 32-key kernel: q_full is read after the absorption finished
@@ -525,15 +578,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   const float scale_log2 = p.scale * k_scale * kLog2e;
 
   for (int t = 0; t < num_tiles; ++t) {
-    ptx::cp_async_wait<kStages - 2>();
+    if constexpr (kBulk)
+      ptx::mbarrier_wait_parity(stage_bar(t % kStages), static_cast<uint32_t>(t / kStages) & 1u);
+    else
+      ptx::cp_async_wait<kStages - 2>();
     __syncthreads();  // tile t landed; every warp is done with tile t - 1 (ring stage, P, sums)
     {
       const int nt = t + kStages - 1;
       if (nt < num_tiles) {
-        load_tile(next_src, nt % kStages);
+        load_tile(next_src, nt, nt % kStages);
         next_src = nt + 1 < num_tiles ? row_src(nt + 1) : nullptr;
       }
-      ptx::cp_async_commit();
+      if constexpr (!kBulk) ptx::cp_async_commit();
     }
     const __nv_bfloat16* kv;
     if constexpr (kFp8) {
@@ -541,33 +597,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
       const unsigned char* raw = raw_smem + (t % kStages) * kRawTile + ld_row * kRawRow;
       __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
 #pragma unroll
-      for (int j = 0; j < kMlaDecodeLatent / 8 / kWideThreadsPerRow; ++j) {
-        const int g = ld_part + j * kWideThreadsPerRow;
-        if constexpr (kDs) {
-          if (g < kDsMlaLatent / 8) {
-            const float sc = reinterpret_cast<const float*>(raw + kDsMlaScaleOffset)[g * 8 / kDsMlaTile];
-            const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
-            const uint32_t w[4] = {b.x, b.x >> 16, b.y, b.y >> 16};
-            uint32_t out[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const __half2_raw h =
-                  __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[e] & 0xffffu), __NV_E4M3);
-              const float2 f = __half22float2(__half2(h));
-              out[e] = pack_bf16(f.x * sc, f.y * sc);
-            }
-            *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(out[0], out[1], out[2], out[3]);
-          } else {
-            *reinterpret_cast<uint4*>(dst + g * 8) =
-                *reinterpret_cast<const uint4*>(raw + kDsMlaRopeOffset + (g - kDsMlaLatent / 8) * 16);
-          }
-        } else {
-          const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
-          *reinterpret_cast<uint4*>(dst + g * 8) =
-              make_uint4(fp8x2_to_bf16x2(b.x), fp8x2_to_bf16x2(b.x >> 16), fp8x2_to_bf16x2(b.y),
-                         fp8x2_to_bf16x2(b.y >> 16));
-        }
-      }
+      for (int j = 0; j < kMlaDecodeLatent / 8 / kWideThreadsPerRow; ++j)
+        convert_row_group<kDs>(raw, ld_part + j * kWideThreadsPerRow, dst);
       __syncwarp();  // the warp's own rows, converted, before its score MMAs read them
       kv = conv_tile;
     } else {
@@ -667,36 +698,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   ptx::cp_async_wait<0>();
 
   // l_lo / l_hi are already the heads' full sums (the same in every lane of a head).
-  const float inv_lo = k_scale / l_lo, inv_hi = k_scale / l_hi;
-  const int col0 = warp * 64 + c0;
-  if (p.num_splits == 1) {
-    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      if (h_lo < H)
-        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
-      if (h_hi < H)
-        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
-    }
-  } else {
-    const int64_t base = (i * p.num_splits + split) * H;
-    float* ob = p.part_o + base * kMlaDecodeLora;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      if (h_lo < H)
-        *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-      if (h_hi < H)
-        *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-    }
-    if (warp == 0 && (lane & 3) == 0) {
-      if (h_lo < H) p.part_lse[base + h_lo] = m_lo + log2f(l_lo);
-      if (h_hi < H) p.part_lse[base + h_hi] = m_hi + log2f(l_hi);
-    }
-  }
+  store_output(p, o, i, split, h_lo, h_hi, warp * 64 + c0, k_scale / l_lo, k_scale / l_hi, warp == 0 && (lane & 3) == 0,
+               m_lo + log2f(l_lo), m_hi + log2f(l_hi));
 }
 
 // o_lat[i, h, :] = sum_s w_s part_o[i, s, h, :], w = softmax over the row's splits of part_lse.
@@ -800,8 +803,11 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
 
 template <bool kFp8, bool kDs>
 cudaError_t launch_attention64(const MlaDecodeAttnParams& p, cudaStream_t stream) {
-  return launch_attention_grid<mla_decode_attention64_kernel<kFp8, kDs>>(wide_smem_bytes<kFp8, kDs>(), 16, p,
-                                                                          stream);
+  if (p.bulk_loads)
+    return launch_attention_grid<mla_decode_attention64_kernel<kFp8, kDs, true>>(wide_smem_bytes<kFp8, kDs>(), 16, p,
+                                                                                 stream);
+  return launch_attention_grid<mla_decode_attention64_kernel<kFp8, kDs, false>>(wide_smem_bytes<kFp8, kDs>(), 16, p,
+                                                                                stream);
 }
 
 }  // namespace

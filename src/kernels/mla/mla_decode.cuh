@@ -114,6 +114,13 @@ struct MlaDecodeAttnParams {
   // each score a quarter of the dims and all redo the tile's softmax. A split
   // is a multiple of the tile.
   int key_tile = kMlaDecodeTileKeys;
+  // 64-key kernel only (ignored by the 32-key one): each cache row arrives by
+  // one bulk asynchronous copy (cp.async.bulk, the copy engine, under an L2
+  // evict-first policy; completion on a shared-memory mbarrier per ring
+  // stage) instead of 16-byte cp.async pieces from every thread: fewer load
+  // instructions and larger L2 requests. Same bytes in shared memory, so the
+  // same results.
+  bool bulk_loads = false;
   float* part_o = nullptr;
   float* part_lse = nullptr;
   __nv_bfloat16* o_lat = nullptr;
