@@ -120,7 +120,8 @@ constexpr KnobInfo kKnobs[] = {
      "mla_decode_key_tile_auto; 32: the 32-key kernel before the switch); a malformed value is refused at "
      "start-up",
      "src/ops/mla_decode.cpp"},
-    {KNOB(kMlaDecodeBulkLoads), "NUCLEUS_MLA_DECODE_BULK_LOADS", KnobType::kEnum, "auto, 0, 1", "auto",
+    {KNOB(kMlaDecodeBulkLoads), "NUCLEUS_MLA_DECODE_BULK_LOADS", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "the 64-key decode attention kernel loads each cache row with one bulk asynchronous copy (cp.async.bulk, "
      "L2 evict-first, completion on a shared-memory mbarrier) instead of 16-byte cp.async pieces (auto: the "
      "measured rule mla_decode_bulk_loads_auto, bulk for bf16 and fp8_ds_mla rows; 0: cp.async, the loader before "
@@ -269,7 +270,8 @@ std::optional<int64_t> parse_int(std::string_view text, int base) {
 std::string knobs_help_text() {
   std::string out =
       "Environment switches (NUCLEUS_*); docs/flags.md has the details.\n"
-      "flag: 1, true, yes, on (any case) set; anything else, empty included, not set.\n\n";
+      "flag: 1, true, yes, on (any case) set; 0, false, no, off or empty not set; any other value is refused at "
+      "start-up.\n\n";
   for (const KnobInfo& k : kKnobs) {
     out += k.name;
     out += "  ";

@@ -118,7 +118,7 @@ Status mla_decode_env_status() {
                             "' is not auto, 32 or 64");
   if (!env_auto_switch(Knob::kMlaDecodeBulkLoads))
     return invalid_argument("NUCLEUS_MLA_DECODE_BULK_LOADS='" + *env_string(Knob::kMlaDecodeBulkLoads) +
-                            "' is not auto, 0 or 1");
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
   return ok_status();
 }
 

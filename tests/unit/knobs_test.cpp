@@ -311,6 +311,8 @@ TEST(KnobsDeathTest, MisusesStop) {
 
 TEST(KnobsTest, HelpTextListsEverySwitch) {
   const std::string help = knobs_help_text();
+  // The header says what flag_env_status does with a value that is no flag spelling.
+  EXPECT_NE(help.find("any other value is refused at start-up"), std::string::npos) << help.substr(0, 200);
   for (const KnobInfo& k : all_knobs()) {
     SCOPED_TRACE(k.name);
     const size_t at = help.find(std::string(k.name) + "  ");
