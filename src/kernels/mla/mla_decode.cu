@@ -505,7 +505,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   };
   auto stage_bar = [&](int stage) { return ptx::smem_u32(stage_bars + stage); };
   auto load_tile = [&](const unsigned char* src, int t, int stage) {
-    unsigned char* stage_base = kFp8 ? raw_smem + stage * kRawTile : reinterpret_cast<unsigned char*>(kv_smem + stage * kWideTileElems);
+    unsigned char* stage_base =
+        kFp8 ? raw_smem + stage * kRawTile : reinterpret_cast<unsigned char*>(kv_smem + stage * kWideTileElems);
     if constexpr (kBulk) {
       const int n_valid = max(0, min(8, k_end - (k_begin + t * kWideKeys + warp * 8)));
       if (lane == 0) ptx::mbarrier_arrive_expect_tx(stage_bar(stage), static_cast<uint32_t>(n_valid * kRowBytes));
