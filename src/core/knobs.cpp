@@ -127,6 +127,12 @@ constexpr KnobInfo kKnobs[] = {
      "measured rule mla_decode_bulk_loads_auto, bulk for bf16 and fp8_ds_mla rows; 0: cp.async, the loader before "
      "the switch); a malformed value is refused at start-up",
      "src/ops/mla_decode.cpp"},
+    {KNOB(kFuseKvANorm), "NUCLEUS_FUSE_KV_A_NORM", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)",
+     "auto",
+     "kv_a_layernorm runs inside the RoPE + latent-cache-write op (one kernel instead of two a layer; the same bytes "
+     "in the cache) instead of as its own RMSNorm op (auto and 1: fused; 0: its own op, the graph before the "
+     "switch); read when the graphs are built; a malformed value is refused at start-up",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

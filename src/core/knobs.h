@@ -53,6 +53,7 @@ enum class Knob {
   kMlaDecodeCtasPerSm,
   kMlaDecodeKeyTile,
   kMlaDecodeBulkLoads,
+  kFuseKvANorm,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "kernels/rmsnorm/rmsnorm_ref.h"
 #include "ops/mla_attention.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -14,7 +15,8 @@ namespace nucleus {
 
 std::string RopeKvCacheWriteOp::attrs() const {
   return "layer=" + std::to_string(layer_) + " heads=" + std::to_string(dims_.num_heads) +
-         " rope=" + std::to_string(dims_.qk_rope) + " cache=" + kv_cache_dtype_name(cache_dtype_);
+         " rope=" + std::to_string(dims_.qk_rope) + " cache=" + kv_cache_dtype_name(cache_dtype_) +
+         (kv_norm_weight_.defined() ? " kv_norm=1" : "");
 }
 
 const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
@@ -48,7 +50,11 @@ const std::vector<Backend<RopeKvCacheWriteOp>>& RopeKvCacheWriteOp::backends() {
            const int64_t slot = si.slot_mapping[t];
            if (slot < 0) continue;
            NUCLEUS_CHECK(slot < kv.num_slots(), "slot {} outside the cache ({} slots)", slot, kv.num_slots());
-           std::memcpy(latent.data(), row, d.kv_lora * 4);
+           if (op.kv_norm_weight().defined())  // the fused kv_a_layernorm: RmsNormOp's reference
+             kernels::rmsnorm_ref(row, kv_stride, op.kv_norm_weight().data<float>(), 1, d.kv_lora, op.kv_norm_eps(),
+                                  latent.data(), kv.width);
+           else
+             std::memcpy(latent.data(), row, d.kv_lora * 4);
            std::memcpy(latent.data() + d.kv_lora, k_pe.data(), d.qk_rope * 4);
            encode_kv_row(latent.data(), kv.width, kv.dtype(), k_scale, cache + slot * row_bytes);
          }

@@ -18,7 +18,10 @@ namespace nucleus {
 //   if slot_mapping[t] >= 0: cache[layer, slot] = stored([kv_a[t, :kv_lora] | k_pe])
 // where stored() is the cache dtype's encoding (ops/kv_cache_dtype.h): the
 // value (f32), its bf16 rounding, or e4m3(value / k_scale[layer]) (FP8).
-// kv_a's first kv_lora columns must already be normalised (kv_a_layernorm).
+// kv_a's first kv_lora columns must already be normalised (kv_a_layernorm),
+// unless the op has the norm fused in (fuse_kv_norm): then the stored c_kv is
+// rmsnorm(kv_a[t, :kv_lora]) * weight (the RmsNormOp's math: on CUDA rounded
+// to bf16 as that op's kernel rounds it) and kv_a is only read.
 // Buffers: in = {q [T, num_heads * qk_head], kv_a [T, kv_lora + qk_rope]};
 // out = {q} (in place), or, when in[0] is a split-K GEMM's f32 output
 // (graph/passes/splitk_pass.h), out = {the declared q buffer}: q written whole
@@ -38,6 +41,17 @@ class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
   const char* kind() const override { return "rope_kv_cache_write"; }
   std::string attrs() const override;
   bool accepts_f32_input(size_t index) const override { return index == 0; }
+  // Fuses kv_a_layernorm (weight [kv_lora] f32 on the op's device, eps) into
+  // the op, in place of an RmsNormOp on kv_a before it
+  // (NUCLEUS_FUSE_KV_A_NORM). kv_a must then be bf16 on CUDA (the op does not
+  // take a split-K GEMM's f32 kv_a; the split-K pass then keeps kv_a_proj off
+  // split-K).
+  void fuse_kv_norm(Tensor weight, float eps) {
+    kv_norm_weight_ = std::move(weight);
+    kv_norm_eps_ = eps;
+  }
+  const Tensor& kv_norm_weight() const { return kv_norm_weight_; }  // undefined unless fused
+  float kv_norm_eps() const { return kv_norm_eps_; }
   static const std::vector<Backend<RopeKvCacheWriteOp>>& backends();
   int64_t layer() const { return layer_; }
   const kernels::RopeTable& rope() const { return *rope_; }
@@ -53,6 +67,8 @@ class RopeKvCacheWriteOp : public OpWithBackends<RopeKvCacheWriteOp> {
   const float* inv_freq_device_;
   float attention_factor_;
   KvCacheDtype cache_dtype_;
+  Tensor kv_norm_weight_;
+  float kv_norm_eps_ = 0.0f;
 };
 
 }  // namespace nucleus

@@ -15,6 +15,11 @@ cudaStream_t stream() { return cuda::context().stream; }
 }  // namespace
 
 Status rope_kv_cache_write_supports(const RopeKvCacheWriteOp& op) {
+  if (op.kv_norm_weight().defined()) {
+    if (op.kv_norm_weight().dtype() != DType::kF32 || op.kv_norm_weight().device() != Device::kCuda)
+      return unsupported("the fused kv_a_layernorm weight is not f32 on the GPU");
+    if (op.dims().kv_lora > 1024) return unsupported("the fused kv_a_layernorm takes kv_lora <= 1024");
+  }
   if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
     return op.dims().kv_lora == kDsMlaLatent && op.dims().qk_rope == kDsMlaRope
                ? ok_status()
@@ -37,6 +42,10 @@ void rope_kv_cache_write(RopeKvCacheWriteOp& op, OpContext& ctx, const TensorLis
   }
   p.kv_a = in[1].data<__nv_bfloat16>();
   p.kv_stride = in[1].row_numel();
+  if (op.kv_norm_weight().defined()) {
+    p.kv_norm_w = op.kv_norm_weight().data<float>();
+    p.kv_norm_eps = op.kv_norm_eps();
+  }
   p.positions = ctx.dev->positions;
   p.slot_mapping = ctx.dev->slot_mapping;
   p.inv_freq = op.inv_freq_device();

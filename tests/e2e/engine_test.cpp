@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 #include <fstream>
 #include <map>
@@ -306,6 +308,60 @@ TEST(EngineTest, ExpandedAndAbsorbedAttentionAgree) {
   }
   EXPECT_LT(worst, 1e-4);
   std::printf("expanded vs absorbed: max |logit difference| %.3g\n", worst);
+}
+
+// NUCLEUS_FUSE_KV_A_NORM: kv_a_layernorm inside the RoPE + cache-write op
+// (default) or as its own RmsNormOp gives the same logits bit for bit on the
+// CPU (the fused op calls the same reference) and the same greedy tokens; a
+// malformed value refuses the model before its weights are read.
+TEST(EngineTest, FusedKvANormEqualsItsOwnOp) {
+  auto cases = ref_cases("tiny-dsv3");
+  struct Env {
+    explicit Env(const char* v) { setenv("NUCLEUS_FUSE_KV_A_NORM", v, 1); }
+    ~Env() { unsetenv("NUCLEUS_FUSE_KV_A_NORM"); }
+  };
+  std::unique_ptr<ModelExecutor> fused, own;
+  {
+    Env e("1");
+    fused = load();
+  }
+  {
+    Env e("0");
+    own = load();
+  }
+  for (size_t ci = 0; ci < 2; ++ci) {
+    std::vector<int32_t> toks = cases[ci].prompt;
+    toks.insert(toks.end(), cases[ci].greedy.begin(), cases[ci].greedy.begin() + 3);
+    KvCache kv_f = fused->make_kv_cache(16, 16), kv_o = own->make_kv_cache(16, 16);
+    const int64_t n = static_cast<int64_t>(cases[ci].prompt.size());
+    int64_t done = 0;
+    for (int64_t len : {n, int64_t{1}, int64_t{1}, int64_t{1}}) {
+      StepInputs in;
+      for (int64_t i = 0; i < len; ++i) {
+        in.token_ids.push_back(toks[done + i]);
+        in.positions.push_back(static_cast<int32_t>(done + i));
+        in.slot_mapping.push_back(done + i);
+        in.logit_indices.push_back(static_cast<int32_t>(i));
+      }
+      in.query_start = {0, static_cast<int32_t>(len)};
+      in.context_lens = {static_cast<int32_t>(done)};
+      in.max_blocks_per_seq = 16;
+      for (int b = 0; b < 16; ++b) in.block_tables.push_back(b);
+      auto lf = fused->forward(in, kv_f);
+      auto lo = own->forward(in, kv_o);
+      ASSERT_TRUE(lf.ok() && lo.ok());
+      ASSERT_EQ(lf->numel(), lo->numel());
+      EXPECT_EQ(0, std::memcmp(lf->raw(), lo->raw(), static_cast<size_t>(lf->nbytes()))) << "case " << ci << " at " << done;
+      done += len;
+    }
+  }
+  {
+    Env e("fused");
+    ModelOptions o;
+    auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("NUCLEUS_FUSE_KV_A_NORM='fused'"), std::string::npos) << m.status().to_string();
+  }
 }
 
 }  // namespace

@@ -170,6 +170,77 @@ TEST_F(GpuKernels, RopeAndKvCacheWrite) {
   EXPECT_TRUE(all_close(from_bf16(host_copy<uint16_t>(d_cache)), cache_ref, 2e-3f, 8e-3f, width));
 }
 
+// The fused kv_a_layernorm (RopeKvCacheParams::kv_norm_w): the cache bytes and
+// the rotated q equal launch_rmsnorm_inplace on kv_a followed by the plain
+// kernel, bit for bit, for bf16, FP8 (per-layer scale) and fp8_ds_mla rows;
+// kv_a is left as it was; kv_lora above 1024 is refused.
+TEST_F(GpuKernels, RopeKvCacheWriteFusedKvANormEqualsRmsNormThenRope) {
+  auto config = load_model_config(testing::model_path("configs/deepseek-v2-lite.config.json"));
+  ASSERT_TRUE(config.ok());
+  const int nh = 16, nope = 128, rope = 64, lora = 512, width = lora + rope;
+  RopeTable table = make_rope_table(rope_params(*config), 5000);
+  const int64_t T = 37, slots = 64;
+  auto q = random_bf16_values(T * nh * (nope + rope), 1.0f, 18);
+  auto kv_a = random_bf16_values(T * width, 3.0f, 19);
+  auto w = random_bf16_values(lora, 1.0f, 20);
+  std::vector<int32_t> pos(T);
+  std::vector<int64_t> slot(T);
+  for (int64_t t = 0; t < T; ++t) {
+    pos[t] = static_cast<int32_t>((t * 131) % 5000);
+    slot[t] = t % 5 == 2 ? -1 : (t * 3) % slots;
+  }
+  Tensor d_pos = device_copy(pos, DType::kI32), d_slot = device_copy(slot, DType::kI64);
+  Tensor d_inv = device_copy(table.inv_freq, DType::kF32), d_w = device_copy(w, DType::kF32);
+  for (int kind = 0; kind < 3; ++kind) {  // bf16, fp8 e4m3 (k_scale 0.05), fp8_ds_mla
+    const int64_t row_bytes = kind == 0 ? width * 2 : kind == 1 ? width : 656;
+    std::vector<uint8_t> results[2][2];  // [fused][cache, q]
+    for (int fused : {0, 1}) {
+      Tensor d_q = device_copy(to_bf16(q), DType::kBF16), d_kv = device_copy(to_bf16(kv_a), DType::kBF16);
+      Tensor d_cache = device_copy(std::vector<uint8_t>(slots * row_bytes, 0x5a), DType::kU8);
+      if (!fused) {
+        ASSERT_EQ(launch_rmsnorm_inplace(d_kv.data<__nv_bfloat16>(), width, d_w.data<float>(), T, lora, 1e-6f,
+                                         stream()),
+                  cudaSuccess);
+      }
+      RopeKvCacheParams p;
+      p.q = d_q.data<__nv_bfloat16>();
+      p.q_stride = nh * (nope + rope);
+      p.kv_a = d_kv.data<__nv_bfloat16>();
+      p.kv_stride = width;
+      if (fused) {
+        p.kv_norm_w = d_w.data<float>();
+        p.kv_norm_eps = 1e-6f;
+      }
+      p.positions = d_pos.data<int32_t>();
+      p.slot_mapping = d_slot.data<int64_t>();
+      p.inv_freq = d_inv.data<float>();
+      p.attention_factor = static_cast<float>(rope_params(*config).attention_factor);
+      p.cache = d_cache.raw();
+      p.cache_fp8 = kind == 1;
+      p.cache_ds_mla = kind == 2;
+      p.k_scale = 0.05f;
+      p.num_tokens = T;
+      p.num_heads = nh;
+      p.qk_nope = nope;
+      p.qk_rope = rope;
+      p.kv_lora = lora;
+      ASSERT_EQ(launch_rope_kv_cache_write(p, stream()), cudaSuccess);
+      results[fused][0] = host_copy<uint8_t>(d_cache);
+      const auto qb = host_copy<uint16_t>(d_q);
+      results[fused][1].assign(reinterpret_cast<const uint8_t*>(qb.data()),
+                               reinterpret_cast<const uint8_t*>(qb.data() + qb.size()));
+      if (fused) {
+        EXPECT_EQ(host_copy<uint16_t>(d_kv), to_bf16(kv_a)) << kind << ": the fused kernel wrote kv_a";
+        p.kv_lora = 1025;
+        p.cache_ds_mla = false;
+        EXPECT_EQ(launch_rope_kv_cache_write(p, stream()), cudaErrorInvalidValue) << "kv_lora 1025 with the norm";
+      }
+    }
+    EXPECT_EQ(results[0][0], results[1][0]) << "cache kind " << kind << ": fused norm changed the cache bytes";
+    EXPECT_EQ(results[0][1], results[1][1]) << "cache kind " << kind << ": fused norm changed q";
+  }
+}
+
 struct GemmCase {
   int64_t m, n, k;
 };

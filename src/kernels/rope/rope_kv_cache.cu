@@ -1,5 +1,6 @@
 #include <cuda_fp8.h>
 
+#include "kernels/common/cuda_common.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla/ds_mla_row.h"
 #include "kernels/rope/rope_kv_cache.cuh"
@@ -65,6 +66,35 @@ __device__ void encode_ds_mla_latent(const __nv_bfloat16* src, uint8_t* row) {
 // kBf16, kFp8 (per-layer k_scale) or kDsMla (the tile-scaled row).
 enum class CacheKind { kBf16, kFp8, kDsMla };
 
+constexpr int kThreads = 256;
+constexpr int kNormPerThread = 4;  // the fused kv_a_layernorm: kv_lora <= 1024
+
+// The fused kv_a_layernorm (RopeKvCacheParams::kv_norm_w): token t's c_kv
+// normalised into c (shared memory, bf16), exactly as rmsnorm_kernel
+// (kernels/rmsnorm/rmsnorm.cu) computes it for a row: thread i's partial sum
+// of squares over columns i, i + 256, ... in that order (the RMSNorm kernel's
+// further terms are zeros, which change no float sum), block_sum, one rsqrt,
+// then bf16(x * inv * w). Every thread of the block calls it.
+__device__ void normalise_c_kv(const RopeKvCacheParams& p, int64_t t, __nv_bfloat16* c, float* scratch) {
+  const __nv_bfloat16* row = p.kv_a + t * p.kv_stride;
+  float v[kNormPerThread];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormPerThread; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    v[j] = i < p.kv_lora ? __bfloat162float(row[i]) : 0.0f;
+    ss += v[j] * v[j];
+  }
+  ss = cuda_common::block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(p.kv_lora) + p.kv_norm_eps);
+#pragma unroll
+  for (int j = 0; j < kNormPerThread; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < p.kv_lora) c[i] = __float2bfloat16(v[j] * inv * p.kv_norm_w[i]);
+  }
+  __syncthreads();  // c complete before any thread stores it
+}
+
 // One block per token: thread pairs rotate q_pe of every head and k_pe, then
 // the block stores the latent row into the cache.
 template <CacheKind kKind>
@@ -83,6 +113,14 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
   const int width = p.kv_lora + p.qk_rope;
   T* cache_row = !kDs && slot >= 0 ? static_cast<T*>(p.cache) + slot * width : nullptr;
   uint8_t* ds_row = kDs && slot >= 0 ? static_cast<uint8_t*>(p.cache) + slot * kDsMlaRowBytes : nullptr;
+  // c_kv as stored: kv_a's own columns, or (fused kv_a_layernorm) normalised here.
+  __shared__ __nv_bfloat16 c_norm[kThreads * kNormPerThread];
+  __shared__ float scratch[32];
+  const __nv_bfloat16* c_kv = p.kv_a + t * p.kv_stride;
+  if (p.kv_norm_w) {
+    normalise_c_kv(p, t, c_norm, scratch);
+    c_kv = c_norm;
+  }
   for (int idx = threadIdx.x; idx < total_pairs; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
     float s, c;
@@ -121,10 +159,9 @@ __global__ void rope_kv_cache_kernel(RopeKvCacheParams p) {
     }
   }
   if constexpr (kDs) {
-    if (ds_row) encode_ds_mla_latent(p.kv_a + t * p.kv_stride, ds_row);
+    if (ds_row) encode_ds_mla_latent(c_kv, ds_row);
   } else if (cache_row) {
-    const __nv_bfloat16* src = p.kv_a + t * p.kv_stride;
-    for (int i = threadIdx.x; i < p.kv_lora; i += blockDim.x) Store::copy(cache_row, i, src[i], p.k_scale);
+    for (int i = threadIdx.x; i < p.kv_lora; i += blockDim.x) Store::copy(cache_row, i, c_kv[i], p.k_scale);
   }
 }
 }  // namespace
@@ -134,11 +171,12 @@ cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t 
   if (p.cache_fp8 && p.cache_ds_mla) return cudaErrorInvalidValue;
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
   if (p.cache_ds_mla && (p.kv_lora != kDsMlaLatent || p.qk_rope != kDsMlaRope)) return cudaErrorInvalidValue;
+  if (p.kv_norm_w && p.kv_lora > kThreads * kNormPerThread) return cudaErrorInvalidValue;
   const auto grid = static_cast<unsigned>(p.num_tokens);
   const cudaError_t e =
-      p.cache_ds_mla ? pdl::launch(rope_kv_cache_kernel<CacheKind::kDsMla>, grid, 256, 0, p.pdl, stream, p)
-      : p.cache_fp8  ? pdl::launch(rope_kv_cache_kernel<CacheKind::kFp8>, grid, 256, 0, p.pdl, stream, p)
-                     : pdl::launch(rope_kv_cache_kernel<CacheKind::kBf16>, grid, 256, 0, p.pdl, stream, p);
+      p.cache_ds_mla ? pdl::launch(rope_kv_cache_kernel<CacheKind::kDsMla>, grid, kThreads, 0, p.pdl, stream, p)
+      : p.cache_fp8  ? pdl::launch(rope_kv_cache_kernel<CacheKind::kFp8>, grid, kThreads, 0, p.pdl, stream, p)
+                     : pdl::launch(rope_kv_cache_kernel<CacheKind::kBf16>, grid, kThreads, 0, p.pdl, stream, p);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

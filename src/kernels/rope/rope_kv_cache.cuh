@@ -26,6 +26,14 @@ struct RopeKvCacheParams {
   int64_t q_in_stride = 0;
   const __nv_bfloat16* kv_a = nullptr;  // [num_tokens, kv_stride]: [c_kv normalised (kv_lora) | k_pe (qk_rope)]
   int64_t kv_stride = 0;
+  // Optional kv_a_layernorm fused in: when set, kv_a's c_kv is not yet
+  // normalised and the row stores c = bf16(rmsnorm(c_kv) * kv_norm_w) (w:
+  // [kv_lora] f32 on the device, eps kv_norm_eps; kv_lora <= 1024), computed
+  // as the RMSNorm kernel computes it (the same per-thread partial sums of 256
+  // threads and block reduction), so the bytes equal launch_rmsnorm_inplace
+  // followed by this kernel without it. kv_a itself is not written.
+  const float* kv_norm_w = nullptr;
+  float kv_norm_eps = 0.0f;
   const int32_t* positions = nullptr;  // [num_tokens]
   const int64_t* slot_mapping = nullptr;  // [num_tokens]; -1 writes nothing
   const float* inv_freq = nullptr;        // [qk_rope / 2] device
@@ -49,7 +57,9 @@ struct RopeKvCacheParams {
 
 // One block per token; every token is written the same way whatever the
 // launch's other tokens (prefill and decode rows of a token are byte-equal).
-// Stream-async, graph-safe.
+// Stream-async, graph-safe. cudaErrorInvalidValue for an FP8 cache without a
+// positive k_scale, both cache layouts at once, an fp8_ds_mla row of other
+// widths than 512 + 64, or kv_norm_w with kv_lora > 1024.
 cudaError_t launch_rope_kv_cache_write(const RopeKvCacheParams& p, cudaStream_t stream);
 
 }  // namespace nucleus::kernels

@@ -64,6 +64,9 @@ Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_up_splits_env_status());
   NUCLEUS_RETURN_IF_ERROR(mla_decode_env_status());
+  if (!env_auto_switch(Knob::kFuseKvANorm))
+    return invalid_argument("NUCLEUS_FUSE_KV_A_NORM='" + *env_string(Knob::kFuseKvANorm) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
   return prezero_env_status();
 }
 
@@ -298,12 +301,15 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       }
       g.add(p + "self_attn.kv_a_proj_with_mqa", std::make_unique<LinearOp>(&aw.kv_a_proj, false), {x_norm},
             {kv_a});
-      g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
-      g.add(p + "self_attn.rope_kv_cache_write",
-            std::make_unique<RopeKvCacheWriteOp>(
-                l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
-                static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_),
-            {q, kv_a}, {q});
+      auto rope_op = std::make_unique<RopeKvCacheWriteOp>(
+          l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
+          static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
+      // kv_a_layernorm: inside the RoPE + cache-write op (NUCLEUS_FUSE_KV_A_NORM, default), or its own op.
+      if (env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff)
+        rope_op->fuse_kv_norm(aw.kv_a_layernorm, eps);
+      else
+        g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
+      g.add(p + "self_attn.rope_kv_cache_write", std::move(rope_op), {q, kv_a}, {q});
       // The decode graph has only single-token sequences: no prefill op
       // unless expanded attention is forced.
       if (mode != AttentionMode::kExpanded)
