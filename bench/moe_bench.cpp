@@ -9,7 +9,8 @@
 // T <= 16 in the same run, cuda_naive at T = 1, 8, 32; FP8 models also with
 // NUCLEUS_MOE_FP8_REGISTER_DEQUANT=0 (row "cuda_grouped fp8 via smem") at
 // T <= 512, and every model with NUCLEUS_MOE_UP_SPLIT_K=0 (row "cuda_grouped
-// up split-K off") at T <= 16. --max-t: steps of at most T tokens. --decode: only
+// up split-K off") and with NUCLEUS_MOE_DEEP_RING=0 (row "cuda_grouped deep
+// ring off", the 4-stage ring everywhere) at T <= 16. --max-t: steps of at most T tokens. --decode: only
 // T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
@@ -219,6 +220,7 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
     if (m.fp8 && T <= 512) report_with("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", "0", "cuda_grouped fp8 via smem");
     // The UP GEMM without split-K (the rule splits decode steps of few pairs).
     if (T <= 16) report_with("NUCLEUS_MOE_UP_SPLIT_K", "0", "cuda_grouped up split-K off");
+    if (T <= 16) report_with("NUCLEUS_MOE_DEEP_RING", "0", "cuda_grouped deep ring off");
     if (decode_ok.ok() && T <= 16) {
       report("cuda_decode", time_us([&] { decode.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
       NUCLEUS_CHECK_OK(ctx.error);

@@ -96,6 +96,12 @@ constexpr KnobInfo kKnobs[] = {
      "the grouped MoE path's UP GEMM at decode steps splits K over this many CTAs a column tile (auto: enough "
      "for two CTAs an SM, up to 8); a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeDeepRing), "NUCLEUS_MOE_DEEP_RING", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true)", "auto",
+     "the grouped MoE GEMMs with 16-row bf16 tiles stream weights through an 8-stage cp.async ring (one CTA an "
+     "SM) instead of 4 stages (auto: the measured rule kernels::moe_grouped_deep_ring, where a launch has few "
+     "CTAs an SM; 0: never, the setting before; 1: at every 16-row bf16 GEMM); a malformed value is refused at "
+     "start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kMlaDecodeSmallGemms), "NUCLEUS_MLA_DECODE_SMALL_GEMMS", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "decode attention calls of a few rows run the q absorption and the output projection (W_UK, W_UV) as "

@@ -48,6 +48,7 @@ enum class Knob {
   kMoeDecode,
   kMoeFp8RegisterDequant,
   kMoeUpSplitK,
+  kMoeDeepRing,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,
   kMlaDecodeCtasPerSm,

@@ -53,7 +53,18 @@ Status moe_up_splits_env_status() {
   if (moe_up_splits_switch() < 0)
     return invalid_argument("NUCLEUS_MOE_UP_SPLIT_K='" + *env_string(Knob::kMoeUpSplitK) +
                             "' is not auto, 0 or a split count 2..8");
+  if (!env_auto_switch(Knob::kMoeDeepRing))
+    return invalid_argument("NUCLEUS_MOE_DEEP_RING='" + *env_string(Knob::kMoeDeepRing) + "' is not auto, 0 or 1");
   return ok_status();
+}
+
+int moe_deep_ring_switch() {
+  switch (env_auto_switch(Knob::kMoeDeepRing).value_or(AutoSwitch::kAuto)) {
+    case AutoSwitch::kOff: return 0;
+    case AutoSwitch::kOn: return 1;
+    case AutoSwitch::kAuto: break;
+  }
+  return -1;
 }
 
 }  // namespace nucleus

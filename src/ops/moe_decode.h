@@ -41,8 +41,13 @@ Status moe_decode_env_status();
 // (no split), N for 2..8 (forced); -1 when malformed.
 int moe_up_splits_switch();
 
-// OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K (checked
-// when a model is built).
+// OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K or
+// NUCLEUS_MOE_DEEP_RING (checked when a model is built).
 Status moe_up_splits_env_status();
+
+// NUCLEUS_MOE_DEEP_RING as kernels::MoeGroupedOptions::deep_ring, read at each
+// use: -1 auto (the rule kernels::moe_grouped_deep_ring; default, and a
+// malformed value until moe_up_splits_env_status refuses it), 0 off, 1 on.
+int moe_deep_ring_switch();
 
 }  // namespace nucleus

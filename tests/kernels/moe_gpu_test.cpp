@@ -570,6 +570,45 @@ TEST_F(MoeGpu, ExpertsUpSplitK) {
   }
 }
 
+// The deep ring of 16-row bf16 tiles (NUCLEUS_MOE_DEEP_RING): 8 cp.async
+// stages instead of 4 change no arithmetic, so forced on and forced off give
+// the same bytes, close to the reference; the rule's choices on the DeepSeek
+// shapes by hand (132 SMs: at most 528 CTAs, at least 20 k-tiles of 64).
+TEST_F(MoeGpu, ExpertsDeepRing) {
+  EXPECT_TRUE(moe_grouped_deep_ring(132, 32, 132));    // V2-Lite T = 1, UP: 6 experts x 22 tiles, K 2048
+  EXPECT_TRUE(moe_grouped_deep_ring(192, 22, 132));    // V2-Lite T = 1, DOWN: 6 x 32 tiles, K 1408
+  EXPECT_FALSE(moe_grouped_deep_ring(768, 22, 132));   // V2-Lite T = 4, DOWN: 24 tiles x 32
+  EXPECT_FALSE(moe_grouped_deep_ring(1056, 32, 132));  // V2-Lite T = 8, UP
+  EXPECT_FALSE(moe_grouped_deep_ring(256, 14, 132));   // V3 TP 8 T = 1, UP split 8 ways: 14 k-tiles a CTA
+  EXPECT_FALSE(moe_grouped_deep_ring(100, 4, 132));    // V3 TP 8 DOWN: K 256
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
+                            MoeShape{"v3-like-bf16", 7168, 2048, 32, 8, false, false, 8}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    for (int64_t T : {1, 3, 8}) {
+      Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
+      const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+      Step st = make_step(s, T, false, 900 + T);
+      std::vector<float> got[2];
+      for (int deep : {0, 1}) {
+        NUCLEUS_CUDA_CHECK(cudaMemset(st.out.raw(), 0x7f, st.out.nbytes()));
+        ASSERT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                     gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, ws,
+                                     st.out.data<__nv_bfloat16>(), nullptr,
+                                     MoeGroupedOptions{.force_bm = 16, .deep_ring = deep}),
+                  cudaSuccess);
+        NUCLEUS_CUDA_CHECK(cudaDeviceSynchronize());
+        got[deep] = from_bf16(host_copy<uint16_t>(st.out));
+      }
+      const auto rows = sample_rows(T, T);
+      const std::string what = std::string(s.name) + " T=" + std::to_string(T);
+      expect_close(got[1], reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what + " deep ring");
+      EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4)) << what << ": deep ring differs";
+    }
+  }
+}
+
 // PDL (the op's default under NUCLEUS_PDL=1): every launch a programmatic
 // dependent of the one before, DOWN streaming its first weights before it
 // waits for h. Eager and inside a CUDA graph, the output equals the plain

@@ -226,6 +226,10 @@ int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s) {
   return 128;
 }
 
+bool moe_grouped_deep_ring(int64_t ctas, int64_t k_tiles, int num_sms) {
+  return ctas <= 4 * static_cast<int64_t>(num_sms) && k_tiles >= 20;
+}
+
 int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms) {
   const int64_t pairs = num_tokens * s.top_k;
   if (bm != 16 || pairs <= 0) return 1;
@@ -278,6 +282,12 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
     up.partial = ws.up_partial;
     up.partial_rows = static_cast<int>(pairs);
   }
+  // The deep ring (16-row bf16 tiles), per GEMM: by the rule, or forced.
+  auto deep_ring = [&](int64_t ctas, int64_t k_tiles) {
+    if (bm != 16 || opt.deep_ring == 0) return false;
+    return opt.deep_ring > 0 || moe_grouped_deep_ring(ctas, k_tiles, current_device_sms());
+  };
+  up.deep_ring = !gate_up_fp8 && deep_ring(max_tiles * up.n_tiles * splits, s.hidden / 64 / splits);
   err = launch_gemm<true>(bm, gate_up_fp8, opt.fp8_register_dequant, up, max_tiles * splits, stream);
   if (err != cudaSuccess) return err;
   if (splits > 1) {
@@ -297,6 +307,7 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   down.k = static_cast<int>(s.inter);
   down.n = static_cast<int>(s.hidden);
   down.n_tiles = static_cast<int>(s.hidden / down_bn(bm));
+  down.deep_ring = !down_fp8 && deep_ring(max_tiles * down.n_tiles, s.inter / 64);
   err = launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
   if (err != cudaSuccess) return err;
 

@@ -71,6 +71,9 @@ struct MoeGroupedOptions {
                                      // 2..kMoeUpMaxSplits forced (within the workspace) (NUCLEUS_MOE_UP_SPLIT_K)
   bool pdl = false;                  // every launch a programmatic dependent of the one before (NUCLEUS_PDL):
                                      // DOWN streams its first weights while UP drains
+  int deep_ring = -1;                // 16-row bf16 tiles with an 8-stage cp.async ring instead of 4, per GEMM:
+                                     // -1 by the rule (moe_grouped_deep_ring), 0 never, 1 wherever it applies
+                                     // (NUCLEUS_MOE_DEEP_RING)
 };
 
 // Bytes of device memory a workspace for `max_pairs` pairs needs, and the
@@ -121,6 +124,17 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
 // The m-tile rows launch_moe_grouped picks for these sizes (16, 32, 64 or 128).
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
 
+// Whether one grouped GEMM of 16-row bf16 tiles (UP or DOWN) runs with the
+// deep ring (8 stages of 64 k, 7 in flight: 112 KB of weights a CTA, one CTA
+// an SM) instead of 4 stages (48 KB; up to three CTAs an SM), for a launch of
+// `ctas` CTAs (the work list's upper bound times the column tiles and splits)
+// that each stream `k_tiles` k-tiles of 64. A few CTAs an SM cannot keep
+// enough bytes in flight with the shallow ring; many CTAs can, and the deep
+// ring's single CTA an SM then loses. Rule (docs/perf.md "MoE decode: a deeper
+// cp.async ring for 16-row bf16 tiles (measured, not shipped)"): ctas <= 4 x
+// SMs and k_tiles >= 20.
+bool moe_grouped_deep_ring(int64_t ctas, int64_t k_tiles, int num_sms);
+
 namespace moe_grouped {
 
 constexpr int kMaxKBlocks = 128;  // FP8 scale blocks along K held in shared memory
@@ -147,6 +161,7 @@ struct GemmArgs {
   float* partial = nullptr;
   int partial_rows = 0;  // rows a split's block holds (>= the step's pairs)
   bool pdl = false;      // launched as a programmatic dependent (host side)
+  bool deep_ring = false;  // 16-row bf16 tiles: 8 ring stages instead of 4 (host side; moe_grouped_deep_ring)
 };
 
 // Explicitly instantiated in moe_grouped_{up,down}_{bf16,fp8}.cu for

@@ -421,6 +421,20 @@ cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cu
   // Register dequantization: 3 stages of 128 k (2 in flight, 16 KB of UP
   // weights each) keep 3 CTAs on an SM.
   constexpr int STAGES = BM >= 128 ? 3 : (kFp8 ? 3 : 4);
+  if constexpr (BM == 16 && !kFp8) {
+    if (args.deep_ring) {  // moe_grouped_deep_ring: 8 stages, one CTA an SM
+      constexpr int kDeep = 8;
+      constexpr int deep_bytes = smem_bytes<BM, BN, kDeep, kFp8, kRegs>();
+      auto deep = grouped_gemm_kernel<BM, BN, WARPS_M, WARPS_N, kDeep, kFp8, kUp, kRegs>;
+      const cudaError_t attr = cuda_common::once_per_device(
+          [&] { return cudaFuncSetAttribute(deep, cudaFuncAttributeMaxDynamicSharedMemorySize, deep_bytes); });
+      if (attr != cudaSuccess) return attr;
+      const int64_t blocks = max_tiles * args.n_tiles;
+      if (blocks == 0) return cudaSuccess;
+      if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+      return pdl::launch(deep, blocks, WARPS_M * WARPS_N * 32, deep_bytes, args.pdl, stream, args);
+    }
+  }
   constexpr int bytes = smem_bytes<BM, BN, STAGES, kFp8, kRegs>();
   auto kernel = grouped_gemm_kernel<BM, BN, WARPS_M, WARPS_N, STAGES, kFp8, kUp, kRegs>;
   const cudaError_t attr = cuda_common::once_per_device(
