@@ -131,7 +131,7 @@ int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
 // that each stream `k_tiles` k-tiles of 64. A few CTAs an SM cannot keep
 // enough bytes in flight with the shallow ring; many CTAs can, and the deep
 // ring's single CTA an SM then loses. Rule (docs/perf.md "MoE decode: a deeper
-// cp.async ring for 16-row bf16 tiles (measured, not shipped)"): ctas <= 4 x
+// cp.async ring for 16-row bf16 tiles"): ctas <= 4 x
 // SMs and k_tiles >= 20.
 bool moe_grouped_deep_ring(int64_t ctas, int64_t k_tiles, int num_sms);
 
