@@ -21,7 +21,11 @@
 // the 64-key one; at 16 heads, where auto picks 64), "nucleus_cpasync" /
 // "nucleus_bulk" = nucleus with NUCLEUS_MLA_DECODE_BULK_LOADS=0 / 1 (the
 // 64-key kernel's cp.async loader, the version before bulk row loads, or bulk
-// row copies; whichever auto does not pick for the cache). --shape B,CTX runs one
+// row copies; whichever auto does not pick for the cache), "nucleus_smemconv" /
+// "nucleus_regconv" = nucleus with NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT=0 /
+// 1 (fp8_e4m3 rows converted to bf16 through shared memory, the version
+// before, or MMA fragments converted in registers; the one auto does not
+// pick). --shape B,CTX runs one
 // shape (both head counts unless --heads N).
 // Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
 // (core/roofline.h: the measured read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
@@ -208,7 +212,8 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   // cuBLASLt absorption GEMMs / the own kernels at every row count they take);
   // nucleus_skN: NUCLEUS_MLA_DECODE_SPLIT_KEYS=N; nucleus_1cta / nucleus_2cta:
   // NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2; nucleus_t32: NUCLEUS_MLA_DECODE_KEY_TILE=32;
-  // nucleus_cpasync: NUCLEUS_MLA_DECODE_BULK_LOADS=0, nucleus_bulk: =1.
+  // nucleus_cpasync: NUCLEUS_MLA_DECODE_BULK_LOADS=0, nucleus_bulk: =1;
+  // nucleus_smemconv / nucleus_regconv: NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT=0 / 1.
   struct ScopedSwitch {
     ScopedSwitch(const char* var, std::string v) : var_(var), set_(!v.empty()) {
       if (set_) setenv(var_, v.c_str(), 1);
@@ -228,8 +233,11 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   const ScopedSwitch key_tile("NUCLEUS_MLA_DECODE_KEY_TILE", name == "nucleus_t32" ? "32" : "");
   const ScopedSwitch bulk_loads("NUCLEUS_MLA_DECODE_BULK_LOADS",
                                 name == "nucleus_cpasync" ? "0" : name == "nucleus_bulk" ? "1" : "");
+  const ScopedSwitch fp8_register_convert("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT",
+                                          name == "nucleus_smemconv" ? "0" : name == "nucleus_regconv" ? "1" : "");
   const std::string backend = name == "nucleus_blas" || name == "nucleus_small" || sk || ctas ||
-                                      name == "nucleus_t32" || name == "nucleus_cpasync" || name == "nucleus_bulk"
+                                      name == "nucleus_t32" || name == "nucleus_cpasync" || name == "nucleus_bulk" ||
+                                      name == "nucleus_smemconv" || name == "nucleus_regconv"
                                   ? "nucleus"
                                   : name;
   const Backend<MlaDecodeAttentionOp>* b = nullptr;
@@ -445,6 +453,9 @@ int main(int argc, char** argv) {
           backends.push_back("nucleus_t32");
           // The row whose loader auto does not take (the other is "nucleus").
           backends.push_back(mla_decode_bulk_loads_auto(sh.batch, heads, d) ? "nucleus_cpasync" : "nucleus_bulk");
+          // e4m3 rows: the fragment path auto does not take.
+          if (d == KvCacheDtype::kFp8E4M3)
+            backends.push_back(mla_decode_fp8_register_convert_auto(d) ? "nucleus_smemconv" : "nucleus_regconv");
         }
         if (ctas_rows && heads <= 16) {
           backends.push_back("nucleus_1cta");

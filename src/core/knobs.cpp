@@ -133,6 +133,13 @@ constexpr KnobInfo kKnobs[] = {
      "measured rule mla_decode_bulk_loads_auto, bulk for bf16 and fp8_ds_mla rows; 0: cp.async, the loader before "
      "the switch); a malformed value is refused at start-up",
      "src/ops/mla_decode.cpp"},
+    {KNOB(kMlaDecodeFp8RegisterConvert), "NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the 64-key decode attention kernel on an fp8_e4m3 cache builds its key and value MMA fragments from the raw "
+     "e4m3 rows in registers (f16 MMAs, q scaled by a power of two) instead of converting each tile to bf16 "
+     "through shared memory (auto: the measured rule mla_decode_fp8_register_convert_auto; 0: the shared-memory "
+     "conversion, the path before the switch); a malformed value is refused at start-up",
+     "src/ops/mla_decode.cpp"},
     {KNOB(kFuseKvANorm), "NUCLEUS_FUSE_KV_A_NORM", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)",
      "auto",
      "kv_a_layernorm runs inside the RoPE + latent-cache-write op (one kernel instead of two a layer; the same bytes "

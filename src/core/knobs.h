@@ -54,6 +54,7 @@ enum class Knob {
   kMlaDecodeCtasPerSm,
   kMlaDecodeKeyTile,
   kMlaDecodeBulkLoads,
+  kMlaDecodeFp8RegisterConvert,
   kFuseKvANorm,
   kWidthBuilds,
   kWidthCooperative,

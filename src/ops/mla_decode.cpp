@@ -103,6 +103,18 @@ bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cac
   return mla_decode_bulk_loads_auto(num_rows, num_heads, cache);
 }
 
+bool mla_decode_fp8_register_convert_auto(KvCacheDtype cache) { return cache == KvCacheDtype::kFp8E4M3; }
+
+bool mla_decode_fp8_register_convert(KvCacheDtype cache) {
+  if (cache != KvCacheDtype::kFp8E4M3) return false;
+  switch (env_auto_switch(Knob::kMlaDecodeFp8RegisterConvert).value_or(AutoSwitch::kAuto)) {
+    case AutoSwitch::kOff: return false;
+    case AutoSwitch::kOn: return true;
+    case AutoSwitch::kAuto: break;
+  }
+  return mla_decode_fp8_register_convert_auto(cache);
+}
+
 Status mla_decode_env_status() {
   if (!env_auto_switch(Knob::kMlaDecodeSmallGemms))
     return invalid_argument("NUCLEUS_MLA_DECODE_SMALL_GEMMS='" + *env_string(Knob::kMlaDecodeSmallGemms) +
@@ -118,6 +130,10 @@ Status mla_decode_env_status() {
                             "' is not auto, 32 or 64");
   if (!env_auto_switch(Knob::kMlaDecodeBulkLoads))
     return invalid_argument("NUCLEUS_MLA_DECODE_BULK_LOADS='" + *env_string(Knob::kMlaDecodeBulkLoads) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
+  if (!env_auto_switch(Knob::kMlaDecodeFp8RegisterConvert))
+    return invalid_argument("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT='" +
+                            *env_string(Knob::kMlaDecodeFp8RegisterConvert) +
                             "' is not auto, 0 (off, false) or 1 (on, true)");
   return ok_status();
 }

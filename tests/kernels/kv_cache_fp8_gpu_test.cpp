@@ -520,6 +520,45 @@ TEST_F(KvCacheFp8Gpu, DecodeBulkLoadsAgree) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT on an e4m3 cache (the 64-key
+// kernel, 16 heads and fewer): MMA fragments converted in registers with f16
+// MMAs (1) and the bf16 conversion tile in shared memory (0) both match the
+// reference. Also with q times 2^16 and times 2^-24 (the softmax scale
+// divided by the same factor: the same attention): without the register
+// path's power-of-two scaling of q, the first overflows f16 (q_full ~ 1e6)
+// and the second falls into f16 subnormals (q_full ~ 1e-7).
+TEST_F(KvCacheFp8Gpu, DecodeFp8RegisterConvertAgrees) {
+  uint64_t seed = 950;
+  for (const DecodeCase& c : std::vector<DecodeCase>{{1, 1, 16, 16},
+                                                     {1, 70, 16, 1, true},
+                                                     {3, 1000, 16, 16, true},
+                                                     {2, 4097, 4, 64},
+                                                     {64, 1000, 16, 64, true},
+                                                     {7, 300, 16, 16, true, 1, true, 3},
+                                                     {129, 64, 16, 1}}) {
+    for (float q_mul : {1.0f, 65536.0f, 0x1p-24f}) {
+      DecodeProblem p = make_decode(c, seed++);
+      if (q_mul != 1.0f) {
+        for (float& v : p.q) v *= q_mul;
+        p.q_dev = device_copy(to_bf16(p.q), DType::kBF16);
+        p.dims.scale /= q_mul;
+      }
+      const std::vector<float> want = decode_reference(p, decode_fp8(p.fp8, p.k_scale));
+      std::string why;
+      for (int reg : {0, 1}) {
+        setenv("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", reg ? "1" : "0", 1);
+        const std::vector<float> got = run_decode("nucleus", p, true, &why);
+        unsetenv("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT");
+        ASSERT_FALSE(got.empty()) << why;
+        auto r = decode_matches(got, want, c.heads * kVHead);
+        EXPECT_TRUE(r) << name(c) << " register convert " << reg << " q x " << q_mul;
+        std::printf("mla_decode fp8 register convert %d %-40s q x %g: %s\n", reg, name(c).c_str(), q_mul,
+                    r.message());
+      }
+    }
+  }
+}
+
 TEST_F(KvCacheFp8Gpu, FlashInferRefusesFp8AndTheDispatchPicksNucleus) {
   LinearWeight w;
   w.weight = Tensor::empty({16 * 256, kLora}, DType::kBF16, Device::kCuda);

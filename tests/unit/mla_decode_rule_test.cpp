@@ -147,5 +147,40 @@ TEST(MlaDecodeRule, BulkLoadsValues) {
   }
 }
 
+TEST(MlaDecodeRule, Fp8RegisterConvertValues) {
+  EXPECT_TRUE(mla_decode_fp8_register_convert_auto(KvCacheDtype::kFp8E4M3));
+  EXPECT_FALSE(mla_decode_fp8_register_convert_auto(KvCacheDtype::kBF16));
+  EXPECT_FALSE(mla_decode_fp8_register_convert_auto(KvCacheDtype::kFp8DsMla));
+  for (const char* v : {"0", "off", "FALSE"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_FALSE(mla_decode_fp8_register_convert(KvCacheDtype::kFp8E4M3)) << v;
+  }
+  for (const char* v : {"1", "on", "True"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_TRUE(mla_decode_fp8_register_convert(KvCacheDtype::kFp8E4M3)) << v;
+    EXPECT_FALSE(mla_decode_fp8_register_convert(KvCacheDtype::kBF16)) << v << ": e4m3 rows only";
+    EXPECT_FALSE(mla_decode_fp8_register_convert(KvCacheDtype::kFp8DsMla)) << v << ": e4m3 rows only";
+  }
+  for (const char* v : {"", "auto", "AUTO"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << "'" << v << "'";
+    for (KvCacheDtype d : {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3, KvCacheDtype::kFp8DsMla})
+      EXPECT_EQ(mla_decode_fp8_register_convert(d), mla_decode_fp8_register_convert_auto(d));
+  }
+  for (const char* bad : {"2", "yes", "reg", " 1"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", bad);
+    const Status s = mla_decode_env_status();
+    EXPECT_FALSE(s.ok()) << "'" << bad << "'";
+    EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT='") + bad + "'"),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(mla_decode_fp8_register_convert(KvCacheDtype::kFp8E4M3),
+              mla_decode_fp8_register_convert_auto(KvCacheDtype::kFp8E4M3))
+        << "a malformed value reads as auto";
+  }
+}
+
 }  // namespace
 }  // namespace nucleus

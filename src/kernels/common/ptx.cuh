@@ -97,4 +97,16 @@ __device__ __forceinline__ void mma_m16n8k16_bf16_unordered(float (&d)[4], const
 
 #undef NUCLEUS_PTX_MMA_M16N8K16_BF16
 
+// d (16 x 8, f32) += a (16 x 16, f16, row) * b (16 x 8, f16, col):
+// mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, the fragments laid out
+// as the bf16 MMA's (two f16 per register, the lower k in the low half).
+// Plain asm, as mma_m16n8k16_bf16_unordered.
+__device__ __forceinline__ void mma_m16n8k16_f16_unordered(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                           uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 }  // namespace nucleus::kernels::ptx

@@ -93,6 +93,20 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two_bytes) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// Two e4m3 bytes (low byte first) -> f16x2 (the low byte in the low half),
+// exactly: one conversion instruction.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_bytes & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+}
+
+// bf16x2 times mul (a power of two) -> f16x2, rounded to nearest.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v, float mul) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  const __half2 h = __floats2half2_rn(f.x * mul, f.y * mul);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // Group g (8 values) of one raw FP8 cache row `raw` -> bf16 at dst + 8 g:
 // e4m3 exactly; an fp8_ds_mla row's latent groups times their tile's f32
 // scale (one rounding), its 8 rope groups (bf16 already) copied.
@@ -443,31 +457,79 @@ constexpr int kWideTileElems = kWideKeys * kRowElems;
 constexpr int kWideThreadsPerRow = kThreads / kWideKeys;  // loader: 4 threads a key row, warp w: rows [8 w, +8)
 constexpr int kPStride = kWideKeys + 8;                    // bf16 per P row (144 bytes: conflict-free ldmatrix)
 
-// cp.async ring depth: as many tiles as fit beside the bf16 (conversion)
-// tile, P and the reductions.
-__host__ __device__ constexpr int wide_stages(bool fp8, bool ds) { return ds ? 3 : fp8 ? 4 : 3; }
-template <bool kFp8, bool kDs>
+// An e4m3 row in the ring of the register-conversion path (kReg): 576 bytes
+// padded to 608, so that the 8-byte fragment loads of 4 consecutive rows
+// (a half warp) meet 32 distinct banks.
+constexpr int kRegRowBytes = kMlaDecodeLatent + 32;
+
+// Ring depth: as many tiles as fit beside the bf16 (conversion) tile, P and
+// the reductions; the register-conversion path has no conversion tile.
+__host__ __device__ constexpr int wide_stages(bool fp8, bool ds, bool reg = false) {
+  return reg ? 5 : ds ? 3 : fp8 ? 4 : 3;
+}
+template <bool kFp8, bool kDs, bool kReg = false>
 constexpr size_t wide_smem_bytes() {
-  const size_t raw_tile = static_cast<size_t>(kWideKeys) * raw_row_bytes(kDs);
-  const size_t ring = kFp8 ? wide_stages(true, kDs) * raw_tile + static_cast<size_t>(kWideTileElems) * 2
-                           : static_cast<size_t>(wide_stages(false, false)) * kWideTileElems * 2;
-  return ring + 16 * kPStride * 2 + 2 * 16 * kWarps * 4 + wide_stages(kFp8, kDs) * 8;  // + the stage mbarriers
+  const size_t raw_tile = static_cast<size_t>(kWideKeys) * (kReg ? kRegRowBytes : raw_row_bytes(kDs));
+  const size_t ring = kReg   ? wide_stages(true, false, true) * raw_tile
+                      : kFp8 ? wide_stages(true, kDs) * raw_tile + static_cast<size_t>(kWideTileElems) * 2
+                             : static_cast<size_t>(wide_stages(false, false)) * kWideTileElems * 2;
+  return ring + 16 * kPStride * 2 + 2 * 16 * kWarps * 4 + wide_stages(kFp8, kDs, kReg) * 8;  // + the stage mbarriers
 }
 static_assert(wide_smem_bytes<false, false>() <= 227 * 1024 && wide_smem_bytes<true, false>() <= 227 * 1024 &&
-                  wide_smem_bytes<true, true>() <= 227 * 1024,
+                  wide_smem_bytes<true, true>() <= 227 * 1024 && wide_smem_bytes<true, false, true>() <= 227 * 1024,
               "64-key tiles fit one CTA a multiprocessor");
 
-template <bool kFp8, bool kDs, bool kBulk>
+// store_output for the register-conversion path's o fragments: o[j][0] and
+// o[j][1] are o_lat columns col0 + j and col0 + 8 + j of head h_lo (o[j][2],
+// o[j][3] of h_hi), so each head's 16 columns [col0, +16) leave whole.
+__device__ __forceinline__ void store_output16(const MlaDecodeAttnParams& p, const float (&o)[8][4], int64_t i,
+                                               int split, int h_lo, int h_hi, int col0, float inv_lo, float inv_hi,
+                                               bool write_lse, float lse_lo, float lse_hi) {
+  const int H = p.num_heads;
+  const int heads[2] = {h_lo, h_hi};
+  const float inv[2] = {inv_lo, inv_hi};
+  const bool whole = p.num_splits == 1;
+  const int64_t base = (i * p.num_splits + split) * H;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (heads[r] >= H) continue;
+    float v[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      v[j] = o[j][2 * r] * inv[r];
+      v[8 + j] = o[j][2 * r + 1] * inv[r];
+    }
+    if (whole) {
+      uint4* ob = reinterpret_cast<uint4*>(p.o_lat + (i * H + heads[r]) * kMlaDecodeLora + col0);
+      ob[0] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+      ob[1] = make_uint4(pack_bf16(v[8], v[9]), pack_bf16(v[10], v[11]), pack_bf16(v[12], v[13]),
+                         pack_bf16(v[14], v[15]));
+    } else {
+      float4* ob = reinterpret_cast<float4*>(p.part_o + (base + heads[r]) * kMlaDecodeLora + col0);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) ob[c] = make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    }
+  }
+  if (!whole && write_lse) {
+    if (h_lo < H) p.part_lse[base + h_lo] = lse_lo;
+    if (h_hi < H) p.part_lse[base + h_hi] = lse_hi;
+  }
+}
+
+template <bool kFp8, bool kDs, bool kBulk, bool kReg = false>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(const MlaDecodeAttnParams p) {
   static_assert(kFp8 || !kDs, "an fp8_ds_mla ring is a raw FP8 ring");
-  constexpr int kStages = wide_stages(kFp8, kDs);
-  constexpr int kRawRow = raw_row_bytes(kDs), kRawTile = kWideKeys * kRawRow, kRawChunks = kRawRow / 16;
+  static_assert(!kReg || (kFp8 && !kDs), "register conversion: e4m3 rows");
+  constexpr int kStages = wide_stages(kFp8, kDs, kReg);
+  constexpr int kRawRow = raw_row_bytes(kDs), kRawChunks = kRawRow / 16;
+  constexpr int kRawTile = kWideKeys * (kReg ? kRegRowBytes : kRawRow);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __nv_bfloat16* kv_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw);
   unsigned char* raw_smem = smem_raw;
   __nv_bfloat16* conv_tile = reinterpret_cast<__nv_bfloat16*>(smem_raw + static_cast<size_t>(kStages) * kRawTile);
-  const size_t ring = kFp8 ? static_cast<size_t>(kStages) * kRawTile + static_cast<size_t>(kWideTileElems) * 2
-                           : static_cast<size_t>(kStages) * kWideTileElems * 2;
+  const size_t ring = kReg   ? static_cast<size_t>(kStages) * kRawTile
+                      : kFp8 ? static_cast<size_t>(kStages) * kRawTile + static_cast<size_t>(kWideTileElems) * 2
+                             : static_cast<size_t>(kStages) * kWideTileElems * 2;
   __nv_bfloat16* p_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + ring);               // [16][kPStride]
   float* red_max = reinterpret_cast<float*>(smem_raw + ring + 16 * kPStride * 2);          // [16 heads][8 warps]
   float* red_sum = red_max + 16 * kWarps;                                                  // [16 heads][8 warps]
@@ -495,7 +557,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   const int ld_row = tid / kWideThreadsPerRow, ld_part = tid % kWideThreadsPerRow;
   const int src_row = kBulk ? warp * 8 + (lane & 7) : ld_row;
   constexpr int kRowBytes = kFp8 ? kRawRow : kMlaDecodeLatent * 2;
-  constexpr int kDstRowBytes = kFp8 ? kRawRow : kRowElems * 2;
+  constexpr int kDstRowBytes = kReg ? kRegRowBytes : kFp8 ? kRawRow : kRowElems * 2;
   constexpr int kChunks = kFp8 ? kRawChunks : kChunksPerRow;
   constexpr int kLoads = (kChunks + kWideThreadsPerRow - 1) / kWideThreadsPerRow;
   const auto* cache_bytes = static_cast<const unsigned char*>(p.cache);
@@ -552,7 +614,65 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   // 16 x 576 block staged in shared memory with 16-byte loads (in the ring
   // stage the prologue left empty, or the FP8 conversion tile), then ldmatrix.
   uint32_t qf[36][4];
-  {
+  float pow2_lo = 1.0f, pow2_hi = 1.0f;  // kReg: the scores' factors 2^e undoing q's 2^-e (heads h_lo, h_hi)
+  if constexpr (kReg) {
+    // f16 fragments, read from q_full directly: a k-step pair (2 c, 2 c + 1)
+    // takes dims [32 c, +32); lane (g, qd) holds dims 32 c + 8 qd + [0, 8)
+    // of heads g and g + 8, dims +0..3 in k-step 2 c and +4..7 in 2 c + 1
+    // (a permutation of each k-step's dims, the same one the key fragments
+    // use). Each head's row, held by the 4 lanes of a quad, is scaled by
+    // 2^-e, e from its largest |q|, so that it sits below 2^15: no f16
+    // overflow, full f16 precision for its large values.
+    const __nv_bfloat16* qb = p.q_full + (i * H + group * 16) * kMlaDecodeLatent;
+    const int heads_here = min(16, H - group * 16);
+    const int qd = lane & 3;
+    const bool lo_ok = r_lo < heads_here, hi_ok = r_lo + 8 < heads_here;
+    const __nv_bfloat16* q_lo = qb + r_lo * kMlaDecodeLatent + qd * 8;
+    const __nv_bfloat16* q_hi = q_lo + 8 * kMlaDecodeLatent;
+    __nv_bfloat162 amax_lo = __float2bfloat162_rn(0.0f), amax_hi = amax_lo;
+    auto abs2 = [](uint32_t w) {
+      const uint32_t a = w & 0x7fff7fffu;
+      return *reinterpret_cast<const __nv_bfloat162*>(&a);
+    };
+#pragma unroll
+    for (int c = 0; c < 18; ++c) {  // the bf16 bits first
+      const uint4 a = lo_ok ? *reinterpret_cast<const uint4*>(q_lo + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+      const uint4 b = hi_ok ? *reinterpret_cast<const uint4*>(q_hi + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+      qf[2 * c][0] = a.x;
+      qf[2 * c][1] = b.x;
+      qf[2 * c][2] = a.y;
+      qf[2 * c][3] = b.y;
+      qf[2 * c + 1][0] = a.z;
+      qf[2 * c + 1][1] = b.z;
+      qf[2 * c + 1][2] = a.w;
+      qf[2 * c + 1][3] = b.w;
+      amax_lo = __hmax2(__hmax2(amax_lo, abs2(a.x)), __hmax2(abs2(a.y), __hmax2(abs2(a.z), abs2(a.w))));
+      amax_hi = __hmax2(__hmax2(amax_hi, abs2(b.x)), __hmax2(abs2(b.y), __hmax2(abs2(b.z), abs2(b.w))));
+    }
+    float m_lo = fmaxf(__low2float(amax_lo), __high2float(amax_lo));
+    float m_hi = fmaxf(__low2float(amax_hi), __high2float(amax_hi));
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {  // the quad holds the head's whole row
+      m_lo = fmaxf(m_lo, __shfl_xor_sync(0xffffffffu, m_lo, off));
+      m_hi = fmaxf(m_hi, __shfl_xor_sync(0xffffffffu, m_hi, off));
+    }
+    auto exponent = [](float amax) {
+      int x = 0;
+      if (amax > 0.0f && isfinite(amax)) frexpf(amax, &x);  // amax < 2^x
+      return amax > 0.0f && isfinite(amax) ? max(-100, x - 15) : 0;
+    };
+    const int e_lo = exponent(m_lo), e_hi = exponent(m_hi);
+    const float mul_lo = ldexpf(1.0f, -e_lo), mul_hi = ldexpf(1.0f, -e_hi);
+    pow2_lo = ldexpf(1.0f, e_lo);
+    pow2_hi = ldexpf(1.0f, e_hi);
+#pragma unroll
+    for (int ks = 0; ks < 36; ++ks) {
+      qf[ks][0] = bf16x2_to_f16x2(qf[ks][0], mul_lo);
+      qf[ks][1] = bf16x2_to_f16x2(qf[ks][1], mul_hi);
+      qf[ks][2] = bf16x2_to_f16x2(qf[ks][2], mul_lo);
+      qf[ks][3] = bf16x2_to_f16x2(qf[ks][3], mul_hi);
+    }
+  } else {
     __nv_bfloat16* q_stage = kFp8 ? conv_tile : kv_smem + (kStages - 1) * kWideTileElems;  // [16][kRowElems]
     const __nv_bfloat16* qb = p.q_full + (i * H + group * 16) * kMlaDecodeLatent;
     const int heads_here = min(16, H - group * 16);
@@ -576,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
   const float k_scale = kFp8 && !kDs ? p.k_scale : 1.0f;
-  const float scale_log2 = p.scale * k_scale * kLog2e;
+  const float scale_lo = p.scale * k_scale * kLog2e * pow2_lo, scale_hi = p.scale * k_scale * kLog2e * pow2_hi;
 
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (kBulk)
@@ -592,17 +712,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
       }
       if constexpr (!kBulk) ptx::cp_async_commit();
     }
-    const __nv_bfloat16* kv;
-    if constexpr (kFp8) {
+    const __nv_bfloat16* kv = nullptr;
+    const unsigned char* raw_tile = raw_smem + (t % kStages) * kRawTile;  // kReg: the e4m3 rows, read as they are
+    if constexpr (kFp8 && !kReg) {
       // This warp's 8 raw rows -> the bf16 tile (read by every warp only after the next barrier).
-      const unsigned char* raw = raw_smem + (t % kStages) * kRawTile + ld_row * kRawRow;
+      const unsigned char* raw = raw_tile + ld_row * kRawRow;
       __nv_bfloat16* dst = conv_tile + ld_row * kRowElems;
 #pragma unroll
       for (int j = 0; j < kMlaDecodeLatent / 8 / kWideThreadsPerRow; ++j)
         convert_row_group<kDs>(raw, ld_part + j * kWideThreadsPerRow, dst);
       __syncwarp();  // the warp's own rows, converted, before its score MMAs read them
       kv = conv_tile;
-    } else {
+    } else if constexpr (!kFp8) {
       kv = kv_smem + (t % kStages) * kWideTileElems;
     }
 
@@ -610,20 +731,31 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
     float s[4];
     {
       float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
-      const uint32_t b_addr = ptx::smem_u32(kv + (warp * 8 + (lane & 7)) * kRowElems + (lane >> 3) * 8);
+      if constexpr (kReg) {
+        // Key warp 8 + g (the B fragment's column), dims 32 c + 8 qd + [0, 8): one 8-byte load a k-step pair.
+        const unsigned char* krow = raw_tile + (warp * 8 + r_lo) * kRegRowBytes + (lane & 3) * 8;
 #pragma unroll
-      for (int ks = 0; ks < 36; ks += 2) {
-        uint32_t b0, b1, b2, b3;
-        ptx::ldmatrix_x4(b_addr + ks * 16 * 2, b0, b1, b2, b3);
-        ptx::mma_m16n8k16_bf16_unordered(sa, qf[ks], b0, b1);
-        ptx::mma_m16n8k16_bf16_unordered(sb, qf[ks + 1], b2, b3);
+        for (int c = 0; c < 18; ++c) {
+          const uint2 v = *reinterpret_cast<const uint2*>(krow + 32 * c);
+          ptx::mma_m16n8k16_f16_unordered(sa, qf[2 * c], e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16));
+          ptx::mma_m16n8k16_f16_unordered(sb, qf[2 * c + 1], e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.y >> 16));
+        }
+      } else {
+        const uint32_t b_addr = ptx::smem_u32(kv + (warp * 8 + (lane & 7)) * kRowElems + (lane >> 3) * 8);
+#pragma unroll
+        for (int ks = 0; ks < 36; ks += 2) {
+          uint32_t b0, b1, b2, b3;
+          ptx::ldmatrix_x4(b_addr + ks * 16 * 2, b0, b1, b2, b3);
+          ptx::mma_m16n8k16_bf16_unordered(sa, qf[ks], b0, b1);
+          ptx::mma_m16n8k16_bf16_unordered(sb, qf[ks + 1], b2, b3);
+        }
       }
       const int key = k_begin + t * kWideKeys + warp * 8 + c0;
       const bool v0 = key < k_end, v1 = key + 1 < k_end;
-      s[0] = v0 ? (sa[0] + sb[0]) * scale_log2 : -INFINITY;
-      s[1] = v1 ? (sa[1] + sb[1]) * scale_log2 : -INFINITY;
-      s[2] = v0 ? (sa[2] + sb[2]) * scale_log2 : -INFINITY;
-      s[3] = v1 ? (sa[3] + sb[3]) * scale_log2 : -INFINITY;
+      s[0] = v0 ? (sa[0] + sb[0]) * scale_lo : -INFINITY;
+      s[1] = v1 ? (sa[1] + sb[1]) * scale_lo : -INFINITY;
+      s[2] = v0 ? (sa[2] + sb[2]) * scale_hi : -INFINITY;
+      s[3] = v1 ? (sa[3] + sb[3]) * scale_hi : -INFINITY;
     }
     // The tile's per-head maxima: the warp's 8 keys sit in 4 lanes a head.
     {
@@ -649,8 +781,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
     {
       const float p0 = exp2f(s[0] - mx_lo), p1 = exp2f(s[1] - mx_lo);
       const float p2 = exp2f(s[2] - mx_hi), p3 = exp2f(s[3] - mx_hi);
-      *reinterpret_cast<uint32_t*>(p_smem + r_lo * kPStride + warp * 8 + c0) = pack_bf16(p0, p1);
-      *reinterpret_cast<uint32_t*>(p_smem + (r_lo + 8) * kPStride + warp * 8 + c0) = pack_bf16(p2, p3);
+      if constexpr (kReg) {
+        // f16, each key at its place in the P . V k-step's key order: key
+        // 8 w + 2 qd + e is position 8 (w & 1) + 4 (qd & 1) + 2 e + qd / 2 of
+        // k-step w / 2 (the order of the value fragments below).
+        __half* ph = reinterpret_cast<__half*>(p_smem);
+        const int qd = lane & 3;
+        const int col = (warp >> 1) * 16 + 8 * (warp & 1) + 4 * (qd & 1) + (qd >> 1);
+        ph[r_lo * kPStride + col] = __float2half_rn(p0);
+        ph[r_lo * kPStride + col + 2] = __float2half_rn(p1);
+        ph[(r_lo + 8) * kPStride + col] = __float2half_rn(p2);
+        ph[(r_lo + 8) * kPStride + col + 2] = __float2half_rn(p3);
+      } else {
+        *reinterpret_cast<uint32_t*>(p_smem + r_lo * kPStride + warp * 8 + c0) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(p_smem + (r_lo + 8) * kPStride + warp * 8 + c0) = pack_bf16(p2, p3);
+      }
       float sum_lo = p0 + p1, sum_hi = p2 + p3;
       sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
       sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 2);
@@ -685,6 +830,29 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
       uint32_t a[4];
       ptx::ldmatrix_x4(ptx::smem_u32(p_smem + (lane & 15) * kPStride + kk * 16 + (lane >> 4) * 8), a[0], a[1], a[2],
                        a[3]);
+      if constexpr (kReg) {
+        // Value fragments from the e4m3 rows: k-step position 2 qd (+1, +8,
+        // +9) is key qd (+4, +8, +12) of the 16 (consecutive rows across a
+        // half warp: conflict-free), column g of n-tile j is dim
+        // 64 w + 8 g + j. Bytes paired across two keys with byte permutes,
+        // then converted: 4 loads, 8 permutes, 16 conversions for 8 MMAs.
+        const unsigned char* vb = raw_tile + (kk * 16 + (lane & 3)) * kRegRowBytes + warp * 64 + r_lo * 8;
+        const uint2 r0 = *reinterpret_cast<const uint2*>(vb);
+        const uint2 r1 = *reinterpret_cast<const uint2*>(vb + 4 * kRegRowBytes);
+        const uint2 r2 = *reinterpret_cast<const uint2*>(vb + 8 * kRegRowBytes);
+        const uint2 r3 = *reinterpret_cast<const uint2*>(vb + 12 * kRegRowBytes);
+        const uint32_t x01[4] = {__byte_perm(r0.x, r1.x, 0x5140), __byte_perm(r0.x, r1.x, 0x7362),
+                                 __byte_perm(r0.y, r1.y, 0x5140), __byte_perm(r0.y, r1.y, 0x7362)};
+        const uint32_t x23[4] = {__byte_perm(r2.x, r3.x, 0x5140), __byte_perm(r2.x, r3.x, 0x7362),
+                                 __byte_perm(r2.y, r3.y, 0x5140), __byte_perm(r2.y, r3.y, 0x7362)};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          ptx::mma_m16n8k16_f16_unordered(o[2 * m], a, e4m3x2_to_f16x2(x01[m]), e4m3x2_to_f16x2(x23[m]));
+          ptx::mma_m16n8k16_f16_unordered(o[2 * m + 1], a, e4m3x2_to_f16x2(x01[m] >> 16),
+                                          e4m3x2_to_f16x2(x23[m] >> 16));
+        }
+        continue;
+      }
       const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
@@ -699,6 +867,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   ptx::cp_async_wait<0>();
 
   // l_lo / l_hi are already the heads' full sums (the same in every lane of a head).
+  if constexpr (kReg) {
+    store_output16(p, o, i, split, h_lo, h_hi, warp * 64 + (lane & 3) * 16, k_scale / l_lo, k_scale / l_hi,
+                   warp == 0 && (lane & 3) == 0, m_lo + log2f(l_lo), m_hi + log2f(l_hi));
+    return;
+  }
   store_output(p, o, i, split, h_lo, h_hi, warp * 64 + c0, k_scale / l_lo, k_scale / l_hi, warp == 0 && (lane & 3) == 0,
                m_lo + log2f(l_lo), m_hi + log2f(l_hi));
 }
@@ -804,6 +977,14 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
 
 template <bool kFp8, bool kDs>
 cudaError_t launch_attention64(const MlaDecodeAttnParams& p, cudaStream_t stream) {
+  if constexpr (kFp8 && !kDs) {
+    if (p.fp8_register_convert) {
+      constexpr size_t smem = wide_smem_bytes<true, false, true>();
+      if (p.bulk_loads)
+        return launch_attention_grid<mla_decode_attention64_kernel<true, false, true, true>>(smem, 16, p, stream);
+      return launch_attention_grid<mla_decode_attention64_kernel<true, false, false, true>>(smem, 16, p, stream);
+    }
+  }
   if (p.bulk_loads)
     return launch_attention_grid<mla_decode_attention64_kernel<kFp8, kDs, true>>(wide_smem_bytes<kFp8, kDs>(), 16, p,
                                                                                  stream);

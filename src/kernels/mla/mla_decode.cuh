@@ -121,6 +121,14 @@ struct MlaDecodeAttnParams {
   // instructions and larger L2 requests. Same bytes in shared memory, so the
   // same results.
   bool bulk_loads = false;
+  // 64-key kernel, cache_fp8 rows only (ignored elsewhere): the MMAs read
+  // their key and value fragments straight from the raw e4m3 ring stage
+  // (rows padded to 608 bytes), converted in registers to f16 (exact), with
+  // q_full converted once to f16 times a power of two 2^-e chosen from each
+  // head's largest |q| (its scores multiplied back by 2^e, exact) and P
+  // rounded to f16; instead of the whole tile converted to bf16 through a
+  // shared-memory tile (the path before). Within the bf16 tolerance of it.
+  bool fp8_register_convert = false;
   float* part_o = nullptr;
   float* part_lse = nullptr;
   __nv_bfloat16* o_lat = nullptr;
