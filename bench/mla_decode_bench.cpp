@@ -454,8 +454,8 @@ int main(int argc, char** argv) {
           // The row whose loader auto does not take (the other is "nucleus").
           backends.push_back(mla_decode_bulk_loads_auto(sh.batch, heads, d) ? "nucleus_cpasync" : "nucleus_bulk");
           // e4m3 rows: the fragment path auto does not take.
-          if (d == KvCacheDtype::kFp8E4M3)
-            backends.push_back(mla_decode_fp8_register_convert_auto(d) ? "nucleus_smemconv" : "nucleus_regconv");
+          if (d == KvCacheDtype::kFp8E4M3 || d == KvCacheDtype::kFp8DsMla)
+            backends.push_back(mla_decode_fp8_register_convert_auto(sh.batch, d) ? "nucleus_smemconv" : "nucleus_regconv");
         }
         if (ctas_rows && heads <= 16) {
           backends.push_back("nucleus_1cta");

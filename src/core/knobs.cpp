@@ -135,10 +135,11 @@ constexpr KnobInfo kKnobs[] = {
      "src/ops/mla_decode.cpp"},
     {KNOB(kMlaDecodeFp8RegisterConvert), "NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
-     "the 64-key decode attention kernel on an fp8_e4m3 cache builds its key and value MMA fragments from the raw "
-     "e4m3 rows in registers (f16 MMAs, q scaled by a power of two) instead of converting each tile to bf16 "
-     "through shared memory (auto: the measured rule mla_decode_fp8_register_convert_auto; 0: the shared-memory "
-     "conversion, the path before the switch); a malformed value is refused at start-up",
+     "the 64-key decode attention kernel on an FP8 cache builds its key and value MMA fragments from the raw "
+     "rows in registers (f16 MMAs, q scaled by a power of two) instead of converting each tile to bf16 through "
+     "shared memory (auto: the measured rule mla_decode_fp8_register_convert_auto, fp8_e4m3 always, fp8_ds_mla "
+     "from 64 rows; 0: the shared-memory conversion, the path before the switch); a malformed value is refused "
+     "at start-up",
      "src/ops/mla_decode.cpp"},
     {KNOB(kFuseKvANorm), "NUCLEUS_FUSE_KV_A_NORM", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)",
      "auto",

@@ -103,16 +103,18 @@ bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cac
   return mla_decode_bulk_loads_auto(num_rows, num_heads, cache);
 }
 
-bool mla_decode_fp8_register_convert_auto(KvCacheDtype cache) { return cache == KvCacheDtype::kFp8E4M3; }
+bool mla_decode_fp8_register_convert_auto(int64_t num_rows, KvCacheDtype cache) {
+  return cache == KvCacheDtype::kFp8E4M3 || (cache == KvCacheDtype::kFp8DsMla && num_rows >= 64);
+}
 
-bool mla_decode_fp8_register_convert(KvCacheDtype cache) {
-  if (cache != KvCacheDtype::kFp8E4M3) return false;
+bool mla_decode_fp8_register_convert(int64_t num_rows, KvCacheDtype cache) {
+  if (cache != KvCacheDtype::kFp8E4M3 && cache != KvCacheDtype::kFp8DsMla) return false;
   switch (env_auto_switch(Knob::kMlaDecodeFp8RegisterConvert).value_or(AutoSwitch::kAuto)) {
     case AutoSwitch::kOff: return false;
     case AutoSwitch::kOn: return true;
     case AutoSwitch::kAuto: break;
   }
-  return mla_decode_fp8_register_convert_auto(cache);
+  return mla_decode_fp8_register_convert_auto(num_rows, cache);
 }
 
 Status mla_decode_env_status() {

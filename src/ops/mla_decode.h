@@ -84,18 +84,20 @@ bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cac
 bool mla_decode_bulk_loads_auto(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
 
 // Whether the 64-key decode attention kernel builds its MMA fragments from
-// the raw e4m3 rows of an fp8_e4m3 cache in registers
+// the raw rows of an FP8 cache (fp8_e4m3 or fp8_ds_mla) in registers
 // (kernels::MlaDecodeAttnParams::fp8_register_convert: f16 MMAs, exact e4m3
-// -> f16, q times a power of two) for a call on `cache`:
+// -> f16, q times a power of two; fp8_ds_mla: tile scales on the partial
+// scores and on P) for a call of `num_rows` rows on `cache`:
 // NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT, read at every call: auto
 // (default) = mla_decode_fp8_register_convert_auto, 0 (the bf16 conversion
-// tile in shared memory, the path before) or 1. Only fp8_e4m3 caches and the
-// 64-key kernel; no effect elsewhere.
-bool mla_decode_fp8_register_convert(KvCacheDtype cache);
+// tile in shared memory, the path before) or 1. FP8 caches and the 64-key
+// kernel only; no effect elsewhere.
+bool mla_decode_fp8_register_convert(int64_t num_rows, KvCacheDtype cache);
 
-// The rule behind auto: true for fp8_e4m3 (docs/perf.md "MLA decode: FP8
-// fragments converted in registers").
-bool mla_decode_fp8_register_convert_auto(KvCacheDtype cache);
+// The rule behind auto (docs/perf.md "MLA decode: FP8 fragments converted in
+// registers"): fp8_e4m3 at every row count; fp8_ds_mla from 64 rows (measured
+// 1.13-1.19x there, 0-15% slower at 1-32 rows); never for bf16.
+bool mla_decode_fp8_register_convert_auto(int64_t num_rows, KvCacheDtype cache);
 // OK, or invalid_argument naming a malformed NUCLEUS_MLA_DECODE_SMALL_GEMMS,
 // NUCLEUS_MLA_DECODE_SPLIT_KEYS, NUCLEUS_MLA_DECODE_CTAS_PER_SM,
 // NUCLEUS_MLA_DECODE_KEY_TILE or NUCLEUS_MLA_DECODE_BULK_LOADS (checked at

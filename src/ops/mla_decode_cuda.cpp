@@ -275,7 +275,7 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   p.min_split_keys = static_cast<int>(mla_decode_min_split_keys(r.num_rows, H));
   p.key_tile = mla_decode_key_tile(r.num_rows, H);
   p.bulk_loads = mla_decode_bulk_loads(r.num_rows, H, op.cache_dtype());
-  p.fp8_register_convert = mla_decode_fp8_register_convert(op.cache_dtype());
+  p.fp8_register_convert = mla_decode_fp8_register_convert(r.num_rows, op.cache_dtype());
   p.heads_per_cta = hpc;
   p.o_lat = s.o_lat;
   if (p.num_splits > 1) {

@@ -373,9 +373,14 @@ std::vector<float> decode_reference(const DecodeProblem& p, const std::vector<fl
 // The CPU reference (absorbed form) on the nucleus kernel's operands: the
 // absorbed query q_lat = q_nope W_UK (f32 sums) rounded to bf16, as the
 // absorption GEMM's bf16 output, and the latent part of `rows` ([slots, 576]
-// f32, the decoded rows) rounded to bf16, as the kernel's conversion; the
-// scores, the softmax and both products in double. [T, H * 128].
-std::vector<float> decode_reference_bf16_operands(const DecodeProblem& p, const std::vector<float>& rows) {
+// f32, the decoded rows) rounded to bf16, as the kernel's conversion (with
+// round_rows; without it, the rows as decoded: the register-conversion path,
+// whose f16 MMAs take the e4m3 values exactly and apply the tile scales in
+// f32); the scores, the softmax and both products in double, the softmax
+// scale p.dims.scale. [T, H * 128].
+std::vector<float> decode_reference_bf16_operands(const DecodeProblem& p, const std::vector<float>& rows,
+                                                  bool round_rows = true) {
+  auto lat = [round_rows](float v) { return round_rows ? round_to_bf16(v) : v; };
   const StepInputs& si = p.si;
   const int64_t H = p.dims.num_heads, T = si.num_tokens(), bs = p.kv_ds.block_size;
   std::vector<float> out(T * H * kVHead, std::nanf(""));
@@ -403,9 +408,9 @@ std::vector<float> decode_reference_bf16_operands(const DecodeProblem& p, const 
       for (int64_t j = 0; j < n; ++j) {
         const float* k = row(j);
         double d = 0;
-        for (int c = 0; c < kLora; ++c) d += static_cast<double>(q_lat[c]) * round_to_bf16(k[c]);
+        for (int c = 0; c < kLora; ++c) d += static_cast<double>(q_lat[c]) * lat(k[c]);
         for (int c = 0; c < kRope; ++c) d += static_cast<double>(q[kNope + c]) * k[kLora + c];
-        s[j] = d * kScale;
+        s[j] = d * p.dims.scale;
         mx = std::max(mx, s[j]);
       }
       double l = 0;
@@ -414,7 +419,7 @@ std::vector<float> decode_reference_bf16_operands(const DecodeProblem& p, const 
         const double e = std::exp(s[j] - mx);
         l += e;
         const float* k = row(j);
-        for (int c = 0; c < kLora; ++c) o_lat[c] += e * round_to_bf16(k[c]);
+        for (int c = 0; c < kLora; ++c) o_lat[c] += e * lat(k[c]);
       }
       for (int v = 0; v < kVHead; ++v) {
         double a = 0;
@@ -496,7 +501,11 @@ TEST_F(KvCacheDsMlaGpu, DecodeBackendsReadTileScaledRows) {
                                                      {1, 40000, 16, 64}}) {
     DecodeProblem p = make_decode(c, seed++);
     const std::vector<float> rows = decode_rows(p.ds);
-    const std::vector<float> exact = decode_reference(p, rows), bf16_ops = decode_reference_bf16_operands(p, rows);
+    // The nucleus kernel's operands: bf16 rows, or the rows as decoded where
+    // the 64-key kernel converts fragments in registers (the rules' choice).
+    const int64_t T = p.si.num_tokens();
+    const bool reg = mla_decode_key_tile(T, c.heads) == 64 && mla_decode_fp8_register_convert(T, KvCacheDtype::kFp8DsMla);
+    const std::vector<float> exact = decode_reference(p, rows), bf16_ops = decode_reference_bf16_operands(p, rows, !reg);
     std::string why;
     const std::vector<float> bf16 = run_decode("nucleus", p, false, &why);
     ASSERT_FALSE(bf16.empty()) << why;
@@ -536,6 +545,51 @@ TEST_F(KvCacheDsMlaGpu, BulkLoadsAgree) {
       ASSERT_FALSE(got[bulk].empty()) << why;
     }
     EXPECT_EQ(got[0], got[1]) << name(c);
+  }
+}
+
+// NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT on the tile-scaled layout (the
+// 64-key kernel): MMA fragments from the raw rows in registers (1: f16 MMAs on
+// the e4m3 latent, each tile's scale on its partial scores and, over a power
+// of two tracked per warp, on P; bf16 MMAs on the rope) and the bf16
+// conversion tile (0) each match the reference on its own operands. Also
+// with q times 2^16 and 2^-24 (the softmax scale divided by the same) and with
+// every latent value times 2^-30 (tile scales ~1e-12: P times a scale would
+// vanish in f16 without the power-of-two normalisation).
+TEST_F(KvCacheDsMlaGpu, RegisterConvertAgrees) {
+  uint64_t seed = 970;
+  for (const DecodeCase& c : std::vector<DecodeCase>{
+           {1, 1, 16, 16}, {1, 70, 16, 1}, {3, 1000, 16, 16}, {64, 1000, 16, 64}, {129, 64, 4, 1}, {2, 5000, 16, 64, 1, true}}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      DecodeProblem p = make_decode(c, seed++);
+      const float q_mul = variant == 1 ? 65536.0f : variant == 2 ? 0x1p-24f : 1.0f;
+      if (q_mul != 1.0f) {
+        for (float& v : p.q) v *= q_mul;
+        p.q_dev = device_copy(to_bf16(p.q), DType::kBF16);
+        p.dims.scale /= q_mul;
+      }
+      if (variant == 3) {
+        for (float& v : p.latent) v *= 0x1p-30f;
+        p.ds = encode_rows(p.latent);
+        p.kv_ds.data = device_copy(p.ds, DType::kU8);
+      }
+      std::string why;
+      for (int reg : {0, 1}) {
+        // Each path against the reference on its operands (the rows under a
+        // sharp softmax: see the file comment): bf16 rows (0), the rows as
+        // decoded (1).
+        const bool reg_runs = reg == 1 && mla_decode_key_tile(p.si.num_tokens(), c.heads) == 64;
+        const std::vector<float> want = decode_reference_bf16_operands(p, decode_rows(p.ds), !reg_runs);
+        setenv("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", reg ? "1" : "0", 1);
+        const std::vector<float> got = run_decode("nucleus", p, true, &why);
+        unsetenv("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT");
+        ASSERT_FALSE(got.empty()) << why;
+        auto r = decode_matches(got, want, c.heads * kVHead);
+        EXPECT_TRUE(r) << name(c) << " register convert " << reg << " variant " << variant;
+        std::printf("mla_decode fp8_ds_mla register convert %d %-30s variant %d: %s\n", reg, name(c).c_str(), variant,
+                    r.message());
+      }
+    }
   }
 }
 

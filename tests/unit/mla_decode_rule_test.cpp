@@ -148,26 +148,31 @@ TEST(MlaDecodeRule, BulkLoadsValues) {
 }
 
 TEST(MlaDecodeRule, Fp8RegisterConvertValues) {
-  EXPECT_TRUE(mla_decode_fp8_register_convert_auto(KvCacheDtype::kFp8E4M3));
-  EXPECT_FALSE(mla_decode_fp8_register_convert_auto(KvCacheDtype::kBF16));
-  EXPECT_FALSE(mla_decode_fp8_register_convert_auto(KvCacheDtype::kFp8DsMla));
+  for (int64_t rows : {1, 8, 32, 63, 64, 128, 512}) {
+    EXPECT_TRUE(mla_decode_fp8_register_convert_auto(rows, KvCacheDtype::kFp8E4M3)) << rows;
+    EXPECT_FALSE(mla_decode_fp8_register_convert_auto(rows, KvCacheDtype::kBF16)) << rows;
+    EXPECT_EQ(mla_decode_fp8_register_convert_auto(rows, KvCacheDtype::kFp8DsMla), rows >= 64)
+        << rows << ": fp8_ds_mla measured slower below 64 rows";
+  }
   for (const char* v : {"0", "off", "FALSE"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", v);
     EXPECT_TRUE(mla_decode_env_status().ok()) << v;
-    EXPECT_FALSE(mla_decode_fp8_register_convert(KvCacheDtype::kFp8E4M3)) << v;
+    EXPECT_FALSE(mla_decode_fp8_register_convert(128, KvCacheDtype::kFp8E4M3)) << v;
+    EXPECT_FALSE(mla_decode_fp8_register_convert(128, KvCacheDtype::kFp8DsMla)) << v;
   }
   for (const char* v : {"1", "on", "True"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", v);
     EXPECT_TRUE(mla_decode_env_status().ok()) << v;
-    EXPECT_TRUE(mla_decode_fp8_register_convert(KvCacheDtype::kFp8E4M3)) << v;
-    EXPECT_FALSE(mla_decode_fp8_register_convert(KvCacheDtype::kBF16)) << v << ": e4m3 rows only";
-    EXPECT_FALSE(mla_decode_fp8_register_convert(KvCacheDtype::kFp8DsMla)) << v << ": e4m3 rows only";
+    EXPECT_TRUE(mla_decode_fp8_register_convert(1, KvCacheDtype::kFp8E4M3)) << v;
+    EXPECT_TRUE(mla_decode_fp8_register_convert(1, KvCacheDtype::kFp8DsMla)) << v;
+    EXPECT_FALSE(mla_decode_fp8_register_convert(128, KvCacheDtype::kBF16)) << v << ": FP8 rows only";
   }
   for (const char* v : {"", "auto", "AUTO"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", v);
     EXPECT_TRUE(mla_decode_env_status().ok()) << "'" << v << "'";
-    for (KvCacheDtype d : {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3, KvCacheDtype::kFp8DsMla})
-      EXPECT_EQ(mla_decode_fp8_register_convert(d), mla_decode_fp8_register_convert_auto(d));
+    for (int64_t rows : {1, 64})
+      for (KvCacheDtype d : {KvCacheDtype::kBF16, KvCacheDtype::kFp8E4M3, KvCacheDtype::kFp8DsMla})
+        EXPECT_EQ(mla_decode_fp8_register_convert(rows, d), mla_decode_fp8_register_convert_auto(rows, d));
   }
   for (const char* bad : {"2", "yes", "reg", " 1"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT", bad);
@@ -176,8 +181,8 @@ TEST(MlaDecodeRule, Fp8RegisterConvertValues) {
     EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT='") + bad + "'"),
               std::string::npos)
         << s.message();
-    EXPECT_EQ(mla_decode_fp8_register_convert(KvCacheDtype::kFp8E4M3),
-              mla_decode_fp8_register_convert_auto(KvCacheDtype::kFp8E4M3))
+    EXPECT_EQ(mla_decode_fp8_register_convert(1, KvCacheDtype::kFp8DsMla),
+              mla_decode_fp8_register_convert_auto(1, KvCacheDtype::kFp8DsMla))
         << "a malformed value reads as auto";
   }
 }

@@ -457,10 +457,12 @@ constexpr int kWideTileElems = kWideKeys * kRowElems;
 constexpr int kWideThreadsPerRow = kThreads / kWideKeys;  // loader: 4 threads a key row, warp w: rows [8 w, +8)
 constexpr int kPStride = kWideKeys + 8;                    // bf16 per P row (144 bytes: conflict-free ldmatrix)
 
-// An e4m3 row in the ring of the register-conversion path (kReg): 576 bytes
-// padded to 608, so that the 8-byte fragment loads of 4 consecutive rows
-// (a half warp) meet 32 distinct banks.
-constexpr int kRegRowBytes = kMlaDecodeLatent + 32;
+// A row in the ring of the register-conversion path (kReg): e4m3 576 bytes
+// padded to 608, fp8_ds_mla 656 padded to 672 (both 8 words mod 32), so
+// that the 8-byte fragment loads of 4 consecutive rows (a half warp) meet 32
+// distinct banks.
+__host__ __device__ constexpr int reg_row_bytes(bool ds) { return ds ? kDsMlaRowBytes + 16 : kMlaDecodeLatent + 32; }
+static_assert(reg_row_bytes(false) / 4 % 32 == 24 && reg_row_bytes(true) / 4 % 32 == 8, "conflict-free rows");
 
 // Ring depth: as many tiles as fit beside the bf16 (conversion) tile, P and
 // the reductions; the register-conversion path has no conversion tile.
@@ -469,14 +471,15 @@ __host__ __device__ constexpr int wide_stages(bool fp8, bool ds, bool reg = fals
 }
 template <bool kFp8, bool kDs, bool kReg = false>
 constexpr size_t wide_smem_bytes() {
-  const size_t raw_tile = static_cast<size_t>(kWideKeys) * (kReg ? kRegRowBytes : raw_row_bytes(kDs));
-  const size_t ring = kReg   ? wide_stages(true, false, true) * raw_tile
+  const size_t raw_tile = static_cast<size_t>(kWideKeys) * (kReg ? reg_row_bytes(kDs) : raw_row_bytes(kDs));
+  const size_t ring = kReg   ? wide_stages(true, kDs, true) * raw_tile
                       : kFp8 ? wide_stages(true, kDs) * raw_tile + static_cast<size_t>(kWideTileElems) * 2
                              : static_cast<size_t>(wide_stages(false, false)) * kWideTileElems * 2;
   return ring + 16 * kPStride * 2 + 2 * 16 * kWarps * 4 + wide_stages(kFp8, kDs, kReg) * 8;  // + the stage mbarriers
 }
 static_assert(wide_smem_bytes<false, false>() <= 227 * 1024 && wide_smem_bytes<true, false>() <= 227 * 1024 &&
-                  wide_smem_bytes<true, true>() <= 227 * 1024 && wide_smem_bytes<true, false, true>() <= 227 * 1024,
+                  wide_smem_bytes<true, true>() <= 227 * 1024 && wide_smem_bytes<true, false, true>() <= 227 * 1024 &&
+                  wide_smem_bytes<true, true, true>() <= 227 * 1024,
               "64-key tiles fit one CTA a multiprocessor");
 
 // store_output for the register-conversion path's o fragments: o[j][0] and
@@ -519,7 +522,8 @@ __device__ __forceinline__ void store_output16(const MlaDecodeAttnParams& p, con
 template <bool kFp8, bool kDs, bool kBulk, bool kReg = false>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(const MlaDecodeAttnParams p) {
   static_assert(kFp8 || !kDs, "an fp8_ds_mla ring is a raw FP8 ring");
-  static_assert(!kReg || (kFp8 && !kDs), "register conversion: e4m3 rows");
+  static_assert(!kReg || kFp8, "register conversion: FP8 rows");
+  constexpr int kRegRowBytes = reg_row_bytes(kDs);
   constexpr int kStages = wide_stages(kFp8, kDs, kReg);
   constexpr int kRawRow = raw_row_bytes(kDs), kRawChunks = kRawRow / 16;
   constexpr int kRawTile = kWideKeys * (kReg ? kRegRowBytes : kRawRow);
@@ -646,8 +650,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
       qf[2 * c + 1][1] = b.z;
       qf[2 * c + 1][2] = a.w;
       qf[2 * c + 1][3] = b.w;
-      amax_lo = __hmax2(__hmax2(amax_lo, abs2(a.x)), __hmax2(abs2(a.y), __hmax2(abs2(a.z), abs2(a.w))));
-      amax_hi = __hmax2(__hmax2(amax_hi, abs2(b.x)), __hmax2(abs2(b.y), __hmax2(abs2(b.z), abs2(b.w))));
+      if (!kDs || c < 16) {  // fp8_ds_mla: the rope dims stay bf16 (bf16 MMAs on bf16 rows)
+        amax_lo = __hmax2(__hmax2(amax_lo, abs2(a.x)), __hmax2(abs2(a.y), __hmax2(abs2(a.z), abs2(a.w))));
+        amax_hi = __hmax2(__hmax2(amax_hi, abs2(b.x)), __hmax2(abs2(b.y), __hmax2(abs2(b.z), abs2(b.w))));
+      }
     }
     float m_lo = fmaxf(__low2float(amax_lo), __high2float(amax_lo));
     float m_hi = fmaxf(__low2float(amax_hi), __high2float(amax_hi));
@@ -666,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
     pow2_lo = ldexpf(1.0f, e_lo);
     pow2_hi = ldexpf(1.0f, e_hi);
 #pragma unroll
-    for (int ks = 0; ks < 36; ++ks) {
+    for (int ks = 0; ks < (kDs ? 32 : 36); ++ks) {
       qf[ks][0] = bf16x2_to_f16x2(qf[ks][0], mul_lo);
       qf[ks][1] = bf16x2_to_f16x2(qf[ks][1], mul_hi);
       qf[ks][2] = bf16x2_to_f16x2(qf[ks][2], mul_lo);
@@ -696,7 +702,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
   for (int n = 0; n < 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
   const float k_scale = kFp8 && !kDs ? p.k_scale : 1.0f;
-  const float scale_lo = p.scale * k_scale * kLog2e * pow2_lo, scale_hi = p.scale * k_scale * kLog2e * pow2_hi;
+  // (fp8_ds_mla: 2^e multiplies the latent part of a score only, inside the score loop.)
+  const float scale_lo = p.scale * k_scale * kLog2e * (kDs ? 1.0f : pow2_lo);
+  const float scale_hi = p.scale * k_scale * kLog2e * (kDs ? 1.0f : pow2_hi);
+  int ds_exp = -200;  // kReg && kDs: this warp's o is in units of 2^ds_exp (the largest tile scale seen, rounded up)
 
   for (int t = 0; t < num_tiles; ++t) {
     if constexpr (kBulk)
@@ -731,7 +740,43 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
     float s[4];
     {
       float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
-      if constexpr (kReg) {
+      if constexpr (kReg && kDs) {
+        // Key warp 8 + g; latent tile b (dims [128 b, +128)) in its own sums,
+        // times the key's tile scale after; the rope dims (bf16 rows) with
+        // bf16 MMAs on q's bf16 fragments.
+        const unsigned char* krow = raw_tile + (warp * 8 + r_lo) * kRegRowBytes;
+        float acc[kDsMlaScales][4] = {};
+#pragma unroll
+        for (int b = 0; b < kDsMlaScales; ++b)
+#pragma unroll
+          for (int c = 4 * b; c < 4 * b + 4; ++c) {
+            const uint2 v = *reinterpret_cast<const uint2*>(krow + 32 * c + (lane & 3) * 8);
+            ptx::mma_m16n8k16_f16_unordered(acc[b], qf[2 * c], e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16));
+            ptx::mma_m16n8k16_f16_unordered(acc[b], qf[2 * c + 1], e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.y >> 16));
+          }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const uint4 v = *reinterpret_cast<const uint4*>(krow + kDsMlaRopeOffset + 64 * c + (lane & 3) * 16);
+          ptx::mma_m16n8k16_bf16_unordered(sb, qf[32 + 2 * c], v.x, v.y);
+          ptx::mma_m16n8k16_bf16_unordered(sb, qf[33 + 2 * c], v.z, v.w);
+        }
+        // The tile scales of keys warp 8 + c0 (columns 0, 2 of the sums) and + 1 (1, 3).
+        const float4 s0 = *reinterpret_cast<const float4*>(raw_tile + (warp * 8 + c0) * kRegRowBytes + kDsMlaScaleOffset);
+        const float4 s1 =
+            *reinterpret_cast<const float4*>(raw_tile + (warp * 8 + c0 + 1) * kRegRowBytes + kDsMlaScaleOffset);
+        const float sc0[4] = {s0.x, s0.y, s0.z, s0.w}, sc1[4] = {s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+        for (int b = 0; b < kDsMlaScales; ++b) {
+          sa[0] += acc[b][0] * sc0[b];
+          sa[1] += acc[b][1] * sc1[b];
+          sa[2] += acc[b][2] * sc0[b];
+          sa[3] += acc[b][3] * sc1[b];
+        }
+        sa[0] *= pow2_lo;
+        sa[1] *= pow2_lo;
+        sa[2] *= pow2_hi;
+        sa[3] *= pow2_hi;
+      } else if constexpr (kReg) {
         // Key warp 8 + g (the B fragment's column), dims 32 c + 8 qd + [0, 8): one 8-byte load a k-step pair.
         const unsigned char* krow = raw_tile + (warp * 8 + r_lo) * kRegRowBytes + (lane & 3) * 8;
 #pragma unroll
@@ -807,15 +852,35 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
       }
     }
     __syncthreads();  // P, the sums and (FP8) every converted row are in shared memory
+    float ds_mul = 1.0f;  // kReg && kDs: 2^-ds_exp, the factor of this tile's scales in P
+    float o_corr = 1.0f;  // kReg && kDs: o's rescale when ds_exp grows
+    if constexpr (kReg && kDs) {
+      // The largest scale of this warp's latent tile (w / 2) over the tile's
+      // 64 keys: P . V runs on P * scale / 2^ds_exp, in (0, 1) for every key
+      // whatever the scales' magnitude (f16's range), o rescaled as ds_exp grows.
+      const float* sc = reinterpret_cast<const float*>(raw_tile + kDsMlaScaleOffset) + (warp >> 1);
+      float smax = fmaxf(sc[lane * (kRegRowBytes / 4)], sc[(lane + 32) * (kRegRowBytes / 4)]);
+      smax = cuda_common::warp_max(smax);
+      if (smax > 0.0f && isfinite(smax)) {
+        int x;
+        frexpf(smax, &x);  // smax < 2^x
+        if (x > ds_exp) {
+          o_corr = ldexpf(1.0f, ds_exp - x);
+          ds_exp = x;
+        }
+      }
+      ds_mul = ldexpf(1.0f, -ds_exp);
+    }
     {
-      const float corr_lo = exp2f(m_lo - mx_lo), corr_hi = exp2f(m_hi - mx_hi);
+      const float l_corr_lo = exp2f(m_lo - mx_lo), l_corr_hi = exp2f(m_hi - mx_hi);
+      const float corr_lo = l_corr_lo * o_corr, corr_hi = l_corr_hi * o_corr;
       m_lo = mx_lo;
       m_hi = mx_hi;
       const float4* a = reinterpret_cast<const float4*>(red_sum + r_lo * kWarps);
       const float4* b = reinterpret_cast<const float4*>(red_sum + (r_lo + 8) * kWarps);
       const float4 a0 = a[0], a1 = a[1], b0 = b[0], b1 = b[1];
-      l_lo = l_lo * corr_lo + (((a0.x + a0.y) + (a0.z + a0.w)) + ((a1.x + a1.y) + (a1.z + a1.w)));
-      l_hi = l_hi * corr_hi + (((b0.x + b0.y) + (b0.z + b0.w)) + ((b1.x + b1.y) + (b1.z + b1.w)));
+      l_lo = l_lo * l_corr_lo + (((a0.x + a0.y) + (a0.z + a0.w)) + ((a1.x + a1.y) + (a1.z + a1.w)));
+      l_hi = l_hi * l_corr_hi + (((b0.x + b0.y) + (b0.z + b0.w)) + ((b1.x + b1.y) + (b1.z + b1.w)));
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         o[n][0] *= corr_lo;
@@ -836,6 +901,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
         // half warp: conflict-free), column g of n-tile j is dim
         // 64 w + 8 g + j. Bytes paired across two keys with byte permutes,
         // then converted: 4 loads, 8 permutes, 16 conversions for 8 MMAs.
+        if constexpr (kDs) {
+          // P times each key's scale of this warp's latent tile, over 2^ds_exp
+          // (keys qd, qd + 4 in a[0], a[1]; qd + 8, qd + 12 in a[2], a[3]).
+          const unsigned char* sk = raw_tile + (kk * 16 + (lane & 3)) * kRegRowBytes + kDsMlaScaleOffset + (warp >> 1) * 4;
+          const float f0 = *reinterpret_cast<const float*>(sk) * ds_mul;
+          const float f1 = *reinterpret_cast<const float*>(sk + 4 * kRegRowBytes) * ds_mul;
+          const float f2 = *reinterpret_cast<const float*>(sk + 8 * kRegRowBytes) * ds_mul;
+          const float f3 = *reinterpret_cast<const float*>(sk + 12 * kRegRowBytes) * ds_mul;
+          const __half2 fa = __floats2half2_rn(f0, f1), fb = __floats2half2_rn(f2, f3);
+          auto scale2 = [](uint32_t& r, __half2 f) {
+            const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&r), f);
+            r = *reinterpret_cast<const uint32_t*>(&v);
+          };
+          scale2(a[0], fa);
+          scale2(a[1], fa);
+          scale2(a[2], fb);
+          scale2(a[3], fb);
+        }
         const unsigned char* vb = raw_tile + (kk * 16 + (lane & 3)) * kRegRowBytes + warp * 64 + r_lo * 8;
         const uint2 r0 = *reinterpret_cast<const uint2*>(vb);
         const uint2 r1 = *reinterpret_cast<const uint2*>(vb + 4 * kRegRowBytes);
@@ -868,7 +951,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
 
   // l_lo / l_hi are already the heads' full sums (the same in every lane of a head).
   if constexpr (kReg) {
-    store_output16(p, o, i, split, h_lo, h_hi, warp * 64 + (lane & 3) * 16, k_scale / l_lo, k_scale / l_hi,
+    const float out_mul = kDs ? ldexpf(k_scale, ds_exp) : k_scale;  // fp8_ds_mla: o is in units of 2^ds_exp
+    store_output16(p, o, i, split, h_lo, h_hi, warp * 64 + (lane & 3) * 16, out_mul / l_lo, out_mul / l_hi,
                    warp == 0 && (lane & 3) == 0, m_lo + log2f(l_lo), m_hi + log2f(l_hi));
     return;
   }
@@ -977,12 +1061,12 @@ cudaError_t launch_attention_m(const MlaDecodeAttnParams& p, cudaStream_t stream
 
 template <bool kFp8, bool kDs>
 cudaError_t launch_attention64(const MlaDecodeAttnParams& p, cudaStream_t stream) {
-  if constexpr (kFp8 && !kDs) {
+  if constexpr (kFp8) {
     if (p.fp8_register_convert) {
-      constexpr size_t smem = wide_smem_bytes<true, false, true>();
+      constexpr size_t smem = wide_smem_bytes<true, kDs, true>();
       if (p.bulk_loads)
-        return launch_attention_grid<mla_decode_attention64_kernel<true, false, true, true>>(smem, 16, p, stream);
-      return launch_attention_grid<mla_decode_attention64_kernel<true, false, false, true>>(smem, 16, p, stream);
+        return launch_attention_grid<mla_decode_attention64_kernel<true, kDs, true, true>>(smem, 16, p, stream);
+      return launch_attention_grid<mla_decode_attention64_kernel<true, kDs, false, true>>(smem, 16, p, stream);
     }
   }
   if (p.bulk_loads)

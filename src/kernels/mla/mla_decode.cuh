@@ -121,13 +121,18 @@ struct MlaDecodeAttnParams {
   // instructions and larger L2 requests. Same bytes in shared memory, so the
   // same results.
   bool bulk_loads = false;
-  // 64-key kernel, cache_fp8 rows only (ignored elsewhere): the MMAs read
-  // their key and value fragments straight from the raw e4m3 ring stage
-  // (rows padded to 608 bytes), converted in registers to f16 (exact), with
-  // q_full converted once to f16 times a power of two 2^-e chosen from each
-  // head's largest |q| (its scores multiplied back by 2^e, exact) and P
-  // rounded to f16; instead of the whole tile converted to bf16 through a
-  // shared-memory tile (the path before). Within the bf16 tolerance of it.
+  // 64-key kernel, FP8 rows only (cache_fp8 or cache_ds_mla; ignored
+  // elsewhere): the MMAs read their key and value fragments straight from the
+  // raw ring stage (rows padded to 608 / 672 bytes), e4m3 converted in
+  // registers to f16 (exact), with q_full converted once to f16 times a power
+  // of two 2^-e chosen from each head's largest |q| (its scores multiplied
+  // back by 2^e, exact) and P rounded to f16; instead of the whole tile
+  // converted to bf16 through a shared-memory tile (the path before).
+  // cache_ds_mla: each 128-dim tile's partial scores times the key's tile
+  // scale (f32), the rope dims with bf16 MMAs on the bf16 rows, and P . V on
+  // P * scale / 2^E in f16, E the largest tile scale's exponent a warp has
+  // seen (its o rescaled when E grows, 2^E applied at the end). Within the
+  // bf16 tolerance of the path before.
   bool fp8_register_convert = false;
   float* part_o = nullptr;
   float* part_lse = nullptr;
