@@ -492,19 +492,21 @@ TEST_F(KvCacheFp8Gpu, DecodeRowListAndForcedAbsorbedPrefillRows) {
   check_decode({{3, 200, 16, 16, true, 7}, {2, 1000, 128, 64, false, 33}}, 16);
 }
 
+// Cases the 64-key kernel serves (16 heads and fewer): one key, page size 1,
+// calibrated k_scale, 4 heads past a 4096-key boundary, 64 rows, varying
+// contexts with a 5-row prefill every third sequence (a row list), 129 rows.
+const std::vector<DecodeCase> kWideKernelCases = {{1, 1, 16, 16},           {1, 70, 16, 1, true},
+                                                  {3, 1000, 16, 16, true},  {2, 4097, 4, 64},
+                                                  {64, 1000, 16, 64, true}, {7, 300, 16, 16, true, 1, true, 3},
+                                                  {129, 64, 16, 1}};
+
 // NUCLEUS_MLA_DECODE_BULK_LOADS on an e4m3 cache (the 64-key kernel, 16
 // heads and fewer): bulk row copies (576-byte rows) and cp.async pieces put
 // the same bytes in shared memory, so the outputs are bit-identical, and both
 // match the reference.
 TEST_F(KvCacheFp8Gpu, DecodeBulkLoadsAgree) {
   uint64_t seed = 900;
-  for (const DecodeCase& c : std::vector<DecodeCase>{{1, 1, 16, 16},
-                                                     {1, 70, 16, 1, true},
-                                                     {3, 1000, 16, 16, true},
-                                                     {2, 4097, 4, 64},
-                                                     {64, 1000, 16, 64, true},
-                                                     {7, 300, 16, 16, true, 1, true, 3},
-                                                     {129, 64, 16, 1}}) {
+  for (const DecodeCase& c : kWideKernelCases) {
     DecodeProblem p = make_decode(c, seed++);
     const std::vector<float> want = decode_reference(p, decode_fp8(p.fp8, p.k_scale));
     std::string why;
@@ -529,13 +531,7 @@ TEST_F(KvCacheFp8Gpu, DecodeBulkLoadsAgree) {
 // and the second falls into f16 subnormals (q_full ~ 1e-7).
 TEST_F(KvCacheFp8Gpu, DecodeFp8RegisterConvertAgrees) {
   uint64_t seed = 950;
-  for (const DecodeCase& c : std::vector<DecodeCase>{{1, 1, 16, 16},
-                                                     {1, 70, 16, 1, true},
-                                                     {3, 1000, 16, 16, true},
-                                                     {2, 4097, 4, 64},
-                                                     {64, 1000, 16, 64, true},
-                                                     {7, 300, 16, 16, true, 1, true, 3},
-                                                     {129, 64, 16, 1}}) {
+  for (const DecodeCase& c : kWideKernelCases) {
     for (float q_mul : {1.0f, 65536.0f, 0x1p-24f}) {
       DecodeProblem p = make_decode(c, seed++);
       if (q_mul != 1.0f) {
