@@ -57,6 +57,13 @@ int main(int argc, char** argv) {
     std::fputs(nucleus::knobs_help_text().c_str(), stdout);
     return 0;
   }
+  // An unknown NUCLEUS_* variable is ignored: say so (a typo would otherwise
+  // silently leave a switch at its default).
+  for (const nucleus::UnknownEnvSwitch& u : nucleus::unknown_env_switches())
+    std::fprintf(stderr, "nucleus: warning: %s is not a nucleus environment switch and is ignored%s%s%s; "
+                 "'nucleus --help-env' lists them\n",
+                 u.name.c_str(), u.nearest.empty() ? "" : " (did you mean ", u.nearest.c_str(),
+                 u.nearest.empty() ? "" : "?)");
   // The subcommand sees argv without the command word.
   if (cmd == "generate") return nucleus::cli::run_generate(argc - 1, argv + 1);
   if (cmd == "serve") return nucleus::cli::run_serve(argc - 1, argv + 1);

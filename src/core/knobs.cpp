@@ -4,8 +4,11 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "core/check.h"
+
+extern char** environ;  // POSIX: the process environment
 
 namespace nucleus {
 
@@ -96,7 +99,8 @@ constexpr KnobInfo kKnobs[] = {
      "the grouped MoE path's UP GEMM at decode steps splits K over this many CTAs a column tile (auto: enough "
      "for two CTAs an SM, up to 8); a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
-    {KNOB(kMoeDeepRing), "NUCLEUS_MOE_DEEP_RING", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true)", "auto",
+    {KNOB(kMoeDeepRing), "NUCLEUS_MOE_DEEP_RING", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "the grouped MoE GEMMs with 16-row bf16 tiles stream weights through an 8-stage cp.async ring (one CTA an "
      "SM) instead of 4 stages (auto: the measured rule kernels::moe_grouped_deep_ring, where a launch has few "
      "CTAs an SM; 0: never, the setting before; 1: at every 16-row bf16 GEMM); a malformed value is refused at "
@@ -299,6 +303,55 @@ std::string knobs_help_text() {
     if (*k.values) out += std::string(": ") + k.values;
     out += std::string("  default: ") + k.default_value + "\n    " + k.doc + "\n";
   }
+  return out;
+}
+
+namespace {
+
+// Levenshtein distance (insertions, deletions, substitutions of one character).
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::vector<UnknownEnvSwitch> unknown_env_switches() {
+  // The test harness's variables (tests/CMakeLists.txt), after the prefix.
+  static constexpr std::string_view kHarness[] = {"BIN", "MODELS_DIR", "PY_VENV", "LM_EVAL_VENV"};
+  std::vector<UnknownEnvSwitch> out;
+  for (char** e = environ; e && *e; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    if (name.substr(0, 8) != "NUCLEUS_") continue;
+    if (std::find(std::begin(kHarness), std::end(kHarness), name.substr(8)) != std::end(kHarness)) continue;
+    bool known = false;
+    size_t best = 4;
+    std::string nearest;
+    for (const KnobInfo& k : kKnobs) {
+      if (name == k.name) {
+        known = true;
+        break;
+      }
+      const size_t d = edit_distance(name, k.name);
+      if (d < best) {
+        best = d;
+        nearest = k.name;
+      }
+    }
+    if (!known) out.push_back({std::string(name), nearest});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   return out;
 }
 

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/status.h"
 
@@ -128,5 +129,18 @@ std::optional<int64_t> parse_int(std::string_view text, int base = 10);
 
 // The registry as a text table (name, type, default, doc), for `nucleus --help-env`.
 std::string knobs_help_text();
+
+// NUCLEUS_* variables set in the environment that are no switch of the
+// registry and none of the test harness's (the prefix followed by BIN,
+// MODELS_DIR, PY_VENV or LM_EVAL_VENV: read by tests, not by the engine),
+// sorted by name, each with the registry name nearest to it when that is at
+// most 3 single-character edits away (a likely typo: ..._KV_A_NROM for the
+// switch ..._KV_A_NORM), else "". The engine ignores such a variable; the CLI
+// warns about each one at start-up (as vLLM does for unknown VLLM_* names).
+struct UnknownEnvSwitch {
+  std::string name;
+  std::string nearest;
+};
+std::vector<UnknownEnvSwitch> unknown_env_switches();
 
 }  // namespace nucleus

@@ -54,7 +54,8 @@ Status moe_up_splits_env_status() {
     return invalid_argument("NUCLEUS_MOE_UP_SPLIT_K='" + *env_string(Knob::kMoeUpSplitK) +
                             "' is not auto, 0 or a split count 2..8");
   if (!env_auto_switch(Knob::kMoeDeepRing))
-    return invalid_argument("NUCLEUS_MOE_DEEP_RING='" + *env_string(Knob::kMoeDeepRing) + "' is not auto, 0 or 1");
+    return invalid_argument("NUCLEUS_MOE_DEEP_RING='" + *env_string(Knob::kMoeDeepRing) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
   return ok_status();
 }
 

@@ -230,6 +230,24 @@ TEST(CliTest, HelpEnvListsEverySwitch) {
   }
 }
 
+// A misspelt switch is ignored, but not silently: the CLI names it and the
+// switch it is nearest to, and the run goes on (exit 0, the same tokens).
+TEST(CliTest, UnknownEnvSwitchIsNamedWithTheNearestOne) {
+  const std::string args = "generate --device cpu --model " + testing::model_path("tiny-dsv3") +
+                           " --prompt 'The capital of France' --max-tokens 4 --temperature 0";
+  const RunResult plain = run(args);
+  const RunResult typo = run(args, true, "NUCLEUS_FUSE_KV_A_NROM=0");
+  ASSERT_EQ(plain.status, 0) << plain.out;
+  EXPECT_EQ(typo.status, 0) << typo.out;
+  EXPECT_NE(typo.out.find("warning: NUCLEUS_FUSE_KV_A_NROM is not a nucleus environment switch and is ignored "
+                          "(did you mean NUCLEUS_FUSE_KV_A_NORM?)"),
+            std::string::npos)
+      << typo.out;
+  EXPECT_NE(typo.out.find(plain.out), std::string::npos) << "the same output:\n" << plain.out << "\n" << typo.out;
+  const RunResult clean = run(args, true);
+  EXPECT_EQ(clean.out.find("is not a nucleus environment switch"), std::string::npos) << clean.out;
+}
+
 // `nucleus prebuild-kernels` compiles width builds with NVRTC on a machine
 // without a GPU (this one): two small widths, fused and lean, land in the
 // cache; a second run finds them there. Skipped in a build without CUDA.

@@ -577,7 +577,7 @@ TEST_F(MoeGpu, ExpertsUpSplitK) {
 TEST_F(MoeGpu, ExpertsDeepRing) {
   EXPECT_TRUE(moe_grouped_deep_ring(132, 32, 132));    // V2-Lite T = 1, UP: 6 experts x 22 tiles, K 2048
   EXPECT_TRUE(moe_grouped_deep_ring(192, 22, 132));    // V2-Lite T = 1, DOWN: 6 x 32 tiles, K 1408
-  EXPECT_FALSE(moe_grouped_deep_ring(768, 22, 132));   // V2-Lite T = 4, DOWN: 24 tiles x 32
+  EXPECT_FALSE(moe_grouped_deep_ring(800, 22, 132));   // V2-Lite T = 4, DOWN: 25 tiles (the bound for 24 pairs) x 32
   EXPECT_FALSE(moe_grouped_deep_ring(1056, 32, 132));  // V2-Lite T = 8, UP
   EXPECT_FALSE(moe_grouped_deep_ring(256, 14, 132));   // V3 TP 8 T = 1, UP split 8 ways: 14 k-tiles a CTA
   EXPECT_FALSE(moe_grouped_deep_ring(100, 4, 132));    // V3 TP 8 DOWN: K 256

@@ -398,5 +398,25 @@ TEST(KnobsTest, FlagsDocMatchesRegistry) {
   EXPECT_NE(doc.find("nucleus --help-env"), std::string::npos);
 }
 
+// An unknown NUCLEUS_* variable is listed (the CLI warns about it), with the
+// registry name a typo of it is nearest to; registry names and the test
+// harness's variables are not listed.
+TEST(KnobsTest, UnknownEnvSwitchesNameTheNearestSwitch) {
+  ScopedEnv typo("NUCLEUS_FUSE_KV_A_NROM", "0");
+  ScopedEnv far("NUCLEUS_NO_SUCH_THING_AT_ALL", "1");
+  ScopedEnv known("NUCLEUS_MOE_DEEP_RING", "0");
+  ScopedEnv harness("NUCLEUS_MODELS_DIR", "/tmp");
+  const std::vector<UnknownEnvSwitch> u = unknown_env_switches();
+  std::map<std::string, std::string> got;
+  for (const UnknownEnvSwitch& s : u) got[s.name] = s.nearest;
+  ASSERT_EQ(got.count("NUCLEUS_FUSE_KV_A_NROM"), 1u);
+  EXPECT_EQ(got["NUCLEUS_FUSE_KV_A_NROM"], "NUCLEUS_FUSE_KV_A_NORM");
+  ASSERT_EQ(got.count("NUCLEUS_NO_SUCH_THING_AT_ALL"), 1u);
+  EXPECT_EQ(got["NUCLEUS_NO_SUCH_THING_AT_ALL"], "") << "nothing within 3 edits";
+  EXPECT_EQ(got.count("NUCLEUS_MOE_DEEP_RING"), 0u);
+  EXPECT_EQ(got.count("NUCLEUS_MODELS_DIR"), 0u);
+  EXPECT_TRUE(std::is_sorted(u.begin(), u.end(), [](const auto& a, const auto& b) { return a.name < b.name; }));
+}
+
 }  // namespace
 }  // namespace nucleus

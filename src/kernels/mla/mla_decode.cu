@@ -458,7 +458,7 @@ constexpr int kWideThreadsPerRow = kThreads / kWideKeys;  // loader: 4 threads a
 constexpr int kPStride = kWideKeys + 8;                    // bf16 per P row (144 bytes: conflict-free ldmatrix)
 
 // A row in the ring of the register-conversion path (kReg): e4m3 576 bytes
-// padded to 608, fp8_ds_mla 656 padded to 672 (both 8 words mod 32), so
+// padded to 608 (24 words mod 32), fp8_ds_mla 656 padded to 672 (8 mod 32), so
 // that the 8-byte fragment loads of 4 consecutive rows (a half warp) meet 32
 // distinct banks.
 __host__ __device__ constexpr int reg_row_bytes(bool ds) { return ds ? kDsMlaRowBytes + 16 : kMlaDecodeLatent + 32; }

@@ -125,8 +125,8 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
 
 // Whether one grouped GEMM of 16-row bf16 tiles (UP or DOWN) runs with the
-// deep ring (8 stages of 64 k, 7 in flight: 112 KB of weights a CTA, one CTA
-// an SM) instead of 4 stages (48 KB; up to three CTAs an SM), for a launch of
+// deep ring (8 stages of 64 k, 7 in flight: 112 KB of UP weights a CTA, 56 KB
+// of DOWN's; one CTA an SM) instead of 4 stages (up to three CTAs an SM), for a launch of
 // `ctas` CTAs (the work list's upper bound times the column tiles and splits)
 // that each stream `k_tiles` k-tiles of 64. A few CTAs an SM cannot keep
 // enough bytes in flight with the shallow ring; many CTAs can, and the deep
