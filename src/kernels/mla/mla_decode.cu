@@ -452,6 +452,13 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
 //   - accumulates o_lat columns [64 w, +64) over the tile's 64 keys (P . V).
 // Three barriers a 64-key tile (tile landed, maxima, P), against four a 64
 // keys and a softmax redone by every warp in the 32-key kernel.
+// FP8 rows, two ways (MlaDecodeAttnParams::fp8_register_convert): each warp
+// converts its 8 rows to bf16 into one shared tile that bf16 MMAs read (the
+// tile can be refilled only once every warp is done with it), or (kReg) the
+// MMAs build their fragments from the raw ring in registers (f16 MMAs; the
+// k-step dims and P . V keys permuted alike on both operands; q in f16 times
+// a per-head power of two; fp8_ds_mla tile scales on the partial scores and,
+// over a running per-warp power of two, on P).
 constexpr int kWideKeys = kMlaDecodeWideTileKeys;
 constexpr int kWideTileElems = kWideKeys * kRowElems;
 constexpr int kWideThreadsPerRow = kThreads / kWideKeys;  // loader: 4 threads a key row, warp w: rows [8 w, +8)
