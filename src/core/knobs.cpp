@@ -106,6 +106,13 @@ constexpr KnobInfo kKnobs[] = {
      "CTAs an SM; 0: never, the setting before; 1: at every 16-row bf16 GEMM); a malformed value is refused at "
      "start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeFuseShared), "NUCLEUS_MOE_FUSE_SHARED", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "decode steps run the shared experts as routed experts (extra expert ids with weight 1 in the routed "
+     "experts' op: one MoE op a layer instead of the shared MLP's three launches; 1: so; auto: off, measured "
+     "no faster in the decode graphs; 0: off, the shared MLP as its own ops); read when the weights are "
+     "loaded; a malformed value is refused at load",
+     "src/model/weights.cpp"},
     {KNOB(kMlaDecodeSmallGemms), "NUCLEUS_MLA_DECODE_SMALL_GEMMS", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "decode attention calls of a few rows run the q absorption and the output projection (W_UK, W_UV) as "

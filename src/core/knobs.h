@@ -50,6 +50,7 @@ enum class Knob {
   kMoeFp8RegisterDequant,
   kMoeUpSplitK,
   kMoeDeepRing,
+  kMoeFuseShared,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,
   kMlaDecodeCtasPerSm,

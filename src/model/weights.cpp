@@ -10,8 +10,10 @@
 #include <regex>
 #include <cstring>
 #include <set>
+#include <utility>
 
 #include "core/check.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "core/parallel.h"
 #include "model/weight_check.h"
@@ -270,9 +272,16 @@ class Loader {
 
   StatusOr<LinearWeight> linear(const std::string& prefix, int64_t out, int64_t in,
                                 ShardSplit split = ShardSplit::kReplicated) {
-    const std::string wname = prefix + ".weight";
     const int64_t split_size = split == ShardSplit::kCols ? in : out;
-    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec slice, slice_of(wname, split, split_size));
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec slice, slice_of(prefix + ".weight", split, split_size));
+    return linear_slice(prefix, out, in, slice);
+  }
+
+  // The `slice` of the [out, in] linear weight `prefix` (rows or columns
+  // [begin, end), or all of it), its FP8 scale sliced with it.
+  StatusOr<LinearWeight> linear_slice(const std::string& prefix, int64_t out, int64_t in, const SliceSpec& slice) {
+    const std::string wname = prefix + ".weight";
+    const int64_t split_size = slice.split == ShardSplit::kCols ? in : out;
     NUCLEUS_ASSIGN_OR_RETURN(Tensor w, src_.get(wname, {out, in}, /*linear=*/true, slice));
     const int64_t bn = c_.weight_block_n, bk = c_.weight_block_k;
     std::vector<int64_t> scale_shape;
@@ -323,6 +332,41 @@ class Loader {
     return m;
   }
 
+  // The shared experts (width n_shared_experts * moe_intermediate_size, this
+  // rank's slice of it) as n_shared_experts MLPs of the routed experts' width
+  // (MoeWeights::shared_experts): piece s holds intermediate units [s I_r,
+  // (s + 1) I_r) of the slice, I_r = moe_intermediate_size / tp; gate and up
+  // rows, down columns. The MLP's output is the sum of its pieces' (SwiGLU
+  // acts on each intermediate unit alone). Empty when FP8 scale blocks do not
+  // fall on the pieces' boundaries (the caller then loads the whole MLP).
+  StatusOr<std::vector<MlpWeights>> shared_pieces(const std::string& prefix) {
+    const int64_t ns = c_.n_shared_experts, full = ns * c_.moe_intermediate_size, H = c_.hidden_size;
+    std::vector<MlpWeights> pieces;
+    if (ns == 1) {  // the whole MLP is one routed-expert-shaped MLP
+      NUCLEUS_ASSIGN_OR_RETURN(MlpWeights m, mlp(prefix, full));
+      pieces.push_back(std::move(m));
+      return pieces;
+    }
+    const int64_t inter = c_.moe_intermediate_size / shard_.world_size;
+    if (c_.fp8 && (inter % c_.weight_block_n != 0 || inter % c_.weight_block_k != 0)) return pieces;
+    NUCLEUS_ASSIGN_OR_RETURN(SliceSpec rank, slice_of(prefix + ".gate_proj.weight", ShardSplit::kRows, full));
+    const int64_t first = rank.split == ShardSplit::kReplicated ? 0 : rank.begin;
+    for (int64_t piece = 0; piece < ns; ++piece) {
+      const int64_t b = first + piece * inter;
+      const SliceSpec rows{ShardSplit::kRows, b, b + inter}, cols{ShardSplit::kCols, b, b + inter};
+      MlpWeights m;
+      m.inter = inter;
+      NUCLEUS_ASSIGN_OR_RETURN(LinearWeight gate, linear_slice(prefix + ".gate_proj", full, H, rows));
+      NUCLEUS_ASSIGN_OR_RETURN(LinearWeight up, linear_slice(prefix + ".up_proj", full, H, rows));
+      NUCLEUS_ASSIGN_OR_RETURN(
+          m.gate_up, backend_.concat_rows(prefix + ".gate_up_proj[" + std::to_string(piece) + "]", gate, up));
+      NUCLEUS_ASSIGN_OR_RETURN(m.down, linear_slice(prefix + ".down_proj", H, full, cols));
+      m.down.name = prefix + ".down_proj[" + std::to_string(piece) + "]";
+      pieces.push_back(std::move(m));
+    }
+    return pieces;
+  }
+
   StatusOr<LayerWeights> layer(int64_t l) {
     const std::string p = layer_prefix(l);
     const int64_t H = c_.hidden_size, nh = c_.num_attention_heads;
@@ -364,7 +408,14 @@ class Loader {
         m.experts.push_back(std::move(ew));
         progress_->update();
       }
-      if (c_.n_shared_experts > 0) {
+      if (c_.n_shared_experts > 0 && fuse_shared_) {
+        NUCLEUS_ASSIGN_OR_RETURN(m.shared_experts, shared_pieces(p + "mlp.shared_experts"));
+        if (m.shared_experts.empty() && !std::exchange(logged_whole_shared_, true))
+          NUCLEUS_LOG_INFO("shared experts stay one MLP (NUCLEUS_MOE_FUSE_SHARED): their {}-wide pieces are not "
+                           "whole {}x{} FP8 scale blocks",
+                           c_.moe_intermediate_size / shard_.world_size, c_.weight_block_n, c_.weight_block_k);
+      }
+      if (c_.n_shared_experts > 0 && m.shared_experts.empty()) {
         NUCLEUS_ASSIGN_OR_RETURN(m.shared,
                                  mlp(p + "mlp.shared_experts", c_.moe_intermediate_size * c_.n_shared_experts));
       }
@@ -377,6 +428,12 @@ class Loader {
 
   StatusOr<ModelWeights> all(Progress* progress) {
     progress_ = progress;
+    const std::optional<AutoSwitch> fuse = env_auto_switch(Knob::kMoeFuseShared);
+    if (!fuse)
+      return invalid_argument("NUCLEUS_MOE_FUSE_SHARED='" + *env_string(Knob::kMoeFuseShared) +
+                              "' is not auto, 0 (off, false) or 1 (on, true)");
+    // auto: off, the measured rule (docs/perf.md "MoE decode: the shared experts as routed experts").
+    fuse_shared_ = *fuse == AutoSwitch::kOn;
     ModelWeights w;
     const int64_t V = c_.vocab_size, H = c_.hidden_size;
     NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}, ShardSplit::kRows));
@@ -481,6 +538,9 @@ class Loader {
   TpShard shard_;
   Progress* progress_ = nullptr;
   bool with_mtp_ = false, share_always_ = false;
+  // NUCLEUS_MOE_FUSE_SHARED: shared experts loaded as routed-expert-shaped
+  // pieces (MoeWeights::shared_experts); logged_whole_shared_: said once why not.
+  bool fuse_shared_ = false, logged_whole_shared_ = false;
   Tensor embed_host_, head_host_;  // the main model's checkpoint tensors (host views), for the MTP's dedup
 };
 

@@ -45,7 +45,17 @@ struct MoeWeights {
   LinearWeight router;             // [num_experts, hidden], weight f32 (router logits in f32)
   Tensor e_score_correction_bias;  // [num_experts] f32, undefined when absent
   std::vector<MlpWeights> experts;
-  std::optional<MlpWeights> shared;  // width moe_intermediate_size * n_shared_experts
+  // The shared experts, in one of two forms (at most one is set):
+  // `shared`, one MLP of width n_shared_experts * moe_intermediate_size (this
+  // rank's slice), unless NUCLEUS_MOE_FUSE_SHARED=1 (default off), and also
+  // then where the second form's pieces would split an FP8 scale block; else
+  // `shared_experts`,
+  // n_shared_experts MLPs of the routed experts' width, piece s holding
+  // intermediate units [s I_r, (s + 1) I_r) of the slice (I_r =
+  // moe_intermediate_size / tp), whose outputs sum to the MLP's. Decode steps
+  // run the pieces as routed experts (MoeRoutingParams::shared_slots).
+  std::optional<MlpWeights> shared;
+  std::vector<MlpWeights> shared_experts;
 };
 
 struct LayerWeights {

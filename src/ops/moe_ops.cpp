@@ -14,14 +14,17 @@ namespace nucleus {
 std::string MoeRouteOp::attrs() const {
   return std::string("experts=") + std::to_string(params_.num_experts) + " top_k=" + std::to_string(params_.top_k) +
          " scoring=" + scoring_func_name(params_.scoring) + " method=" + topk_method_name(params_.method) +
-         " groups=" + std::to_string(params_.topk_group) + "/" + std::to_string(params_.n_group);
+         " groups=" + std::to_string(params_.topk_group) + "/" + std::to_string(params_.n_group) +
+         (params_.shared_slots > 0 ? " shared_slots=" + std::to_string(params_.shared_slots) : std::string());
 }
 
 void MoeRouteOp::run(OpContext& ctx, const TensorList& in, const TensorList& out) {
   OpWithBackends<MoeRouteOp>::run(ctx, in, out);
   if (!ctx.stats) return;
   Tensor ids = to_host(out[0]);
-  std::set<int32_t> unique(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
+  std::set<int32_t> unique;
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    if (ids.data<int32_t>()[i] < params_.num_experts) unique.insert(ids.data<int32_t>()[i]);
   ++ctx.stats->moe_layers;
   ctx.stats->experts_activated += static_cast<int64_t>(unique.size());
 }
@@ -37,10 +40,10 @@ const std::vector<Backend<MoeRouteOp>>& MoeRouteOp::backends() {
       {"cuda", Device::kCuda,
        [](const MoeRouteOp& op) -> Status {
          const auto& p = op.params();
-         if (p.num_experts > 1024 || p.top_k > 16 || p.n_group > 64)
-           return unsupported("the CUDA router takes at most 1024 experts, top_k 16 and 64 groups (got " +
+         if (p.num_experts > 1024 || p.top_k > 16 || p.n_group > 64 || p.shared_slots > 16)
+           return unsupported("the CUDA router takes at most 1024 experts, top_k 16, 64 groups and 16 shared slots (got " +
                               std::to_string(p.num_experts) + ", " + std::to_string(p.top_k) + ", " +
-                              std::to_string(p.n_group) + ")");
+                              std::to_string(p.n_group) + ", " + std::to_string(p.shared_slots) + ")");
          return Status();
        },
        cuda_ops::moe_route},

@@ -11,7 +11,9 @@
 namespace nucleus {
 
 // Buffers: in = {router_logits [T, num_experts] f32};
-// out = {topk_ids [T, top_k] i32, topk_weights [T, top_k] f32}.
+// out = {topk_ids [T, slots] i32, topk_weights [T, slots] f32}, slots =
+// top_k + shared_slots (the shared experts' fixed slots last,
+// MoeRoutingParams::shared_slots).
 // Semantics: kernels/moe/moe_ref.h.
 class MoeRouteOp : public OpWithBackends<MoeRouteOp> {
  public:
@@ -19,7 +21,8 @@ class MoeRouteOp : public OpWithBackends<MoeRouteOp> {
   const char* kind() const override { return "moe_route"; }
   std::string attrs() const override;
   static const std::vector<Backend<MoeRouteOp>>& backends();
-  // Runs the backend; with ctx.stats, also counts the experts activated.
+  // Runs the backend; with ctx.stats, also counts the routed experts
+  // activated (not the shared slots).
   void run(OpContext& ctx, const TensorList& in, const TensorList& out) override;
   const kernels::MoeRoutingParams& params() const { return params_; }
   const Tensor& bias() const { return bias_; }  // [num_experts] f32, or undefined

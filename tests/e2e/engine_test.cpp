@@ -14,6 +14,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "io/hf_config.h"
+#include "model/weights.h"
 #include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
@@ -361,6 +363,113 @@ TEST(EngineTest, FusedKvANormEqualsItsOwnOp) {
     auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
     ASSERT_FALSE(m.ok());
     EXPECT_NE(m.status().message().find("NUCLEUS_FUSE_KV_A_NORM='fused'"), std::string::npos) << m.status().to_string();
+  }
+}
+
+// NUCLEUS_MOE_FUSE_SHARED: decode steps run the shared experts as routed
+// experts (ids E, E + 1, ... with weight 1 in the routed experts' op) instead
+// of their own MLP. Prefill steps are the same ops either way; decode logits
+// differ by float summation order only, and the greedy tokens are the same
+// (with two pieces the prefill steps run them as two MLPs: summation order too).
+// Checked on tiny-dsv3 (one shared expert: the whole MLP is one piece) and on
+// a dummy model of the same shapes with n_shared_experts = 2 (two pieces a
+// layer, each half of the shared MLP's intermediate units), at TP 1 and 2.
+// A malformed value refuses the load.
+struct FuseSharedEnv {
+  explicit FuseSharedEnv(const char* v) { setenv("NUCLEUS_MOE_FUSE_SHARED", v, 1); }
+  ~FuseSharedEnv() { unsetenv("NUCLEUS_MOE_FUSE_SHARED"); }
+};
+
+// Prefill the first n_prompt of `toks`, then decode `decode` more one at a
+// time on both models; returns the largest |logit difference| of all steps;
+// with exact_prefill also expects the prefill logits equal bit for bit.
+float compare_decode_steps(ModelExecutor& a, ModelExecutor& b, const std::vector<int32_t>& toks, int64_t n_prompt,
+                           int decode, bool exact_prefill) {
+  KvCache kv_a = a.make_kv_cache(16, 16), kv_b = b.make_kv_cache(16, 16);
+  float worst = 0;
+  int64_t done = 0;
+  std::vector<int64_t> lens = {n_prompt};
+  for (int i = 0; i < decode; ++i) lens.push_back(1);
+  for (int64_t len : lens) {
+    StepInputs in;
+    for (int64_t i = 0; i < len; ++i) {
+      in.token_ids.push_back(toks[done + i]);
+      in.positions.push_back(static_cast<int32_t>(done + i));
+      in.slot_mapping.push_back(done + i);
+      in.logit_indices.push_back(static_cast<int32_t>(i));
+    }
+    in.query_start = {0, static_cast<int32_t>(len)};
+    in.context_lens = {static_cast<int32_t>(done)};
+    in.max_blocks_per_seq = 16;
+    for (int blk = 0; blk < 16; ++blk) in.block_tables.push_back(blk);
+    auto la = a.forward(in, kv_a);
+    auto lb = b.forward(in, kv_b);
+    EXPECT_TRUE(la.ok() && lb.ok());
+    if (!la.ok() || !lb.ok()) return INFINITY;
+    EXPECT_EQ(la->numel(), lb->numel());
+    if (done == 0 && exact_prefill)
+      EXPECT_EQ(0, std::memcmp(la->raw(), lb->raw(), static_cast<size_t>(la->nbytes()))) << "prefill logits";
+    for (int64_t i = 0; i < la->numel(); ++i)
+      worst = std::max(worst, std::fabs(la->data<float>()[i] - lb->data<float>()[i]));
+    done += len;
+  }
+  return worst;
+}
+
+TEST(EngineTest, FusedSharedExpertsEqualTheirOwnMlp) {
+  auto cases = ref_cases("tiny-dsv3");
+  std::unique_ptr<ModelExecutor> fused, own;
+  {
+    FuseSharedEnv e("1");
+    fused = load();
+  }
+  {
+    FuseSharedEnv e("0");
+    own = load();
+  }
+  float worst = 0;
+  for (size_t ci = 0; ci < 2; ++ci) {
+    std::vector<int32_t> toks = cases[ci].prompt;
+    toks.insert(toks.end(), cases[ci].greedy.begin(), cases[ci].greedy.begin() + 4);
+    worst = std::max(worst, compare_decode_steps(*fused, *own, toks, static_cast<int64_t>(cases[ci].prompt.size()), 4, true));
+  }
+  EXPECT_LT(worst, 1e-4);
+  std::printf("tiny-dsv3 fused vs own shared MLP: max |logit difference| %.3g\n", worst);
+  // The engine's greedy tokens with the fused decode steps equal the reference.
+  auto e = LLMEngine::create(std::move(fused), small_config(8192));
+  ASSERT_TRUE(e.ok());
+  auto got = run_all(**e, cases, "f");
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(got["f" + std::to_string(i)], cases[i].greedy) << "case " << i;
+  {
+    FuseSharedEnv bad("shared");
+    ModelOptions o;
+    auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("NUCLEUS_MOE_FUSE_SHARED='shared'"), std::string::npos)
+        << m.status().to_string();
+  }
+}
+
+TEST(EngineTest, FusedSharedExpertsOfTwoPiecesEqualTheirOwnMlpAtTp1And2) {
+  auto config = load_model_config(testing::model_path("tiny-dsv3/config.json"), {"n_shared_experts=2"});
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  const std::vector<int32_t> toks = {5, 17, 300, 42, 7, 99, 1000, 3, 64, 2048, 11};
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    ModelOptions o;
+    o.tensor_parallel_size = tp;
+    auto make = [&](const char* v) {
+      FuseSharedEnv e(v);
+      auto m = build_deepseek_model(*config, o, [&](WeightBackend& backend, const TpShard& shard) {
+        return make_dummy_weights(*config, backend, 1, shard);
+      });
+      NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
+      return std::move(*m);
+    };
+    auto fused = make("1"), own = make("auto");  // auto: off (docs/flags.md)
+    const float worst = compare_decode_steps(*fused, *own, toks, 8, 3, false);
+    EXPECT_LT(worst, 1e-4);
+    std::printf("n_shared_experts 2, tp %d: max |logit difference| %.3g\n", tp, worst);
   }
 }
 

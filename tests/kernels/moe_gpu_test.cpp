@@ -1,6 +1,7 @@
 // MoE on the GPU against the CPU reference (moe_ref.h):
 //  - routing (launch_moe_route) vs moe_route_ref: V3 sigmoid + bias with
-//    grouped noaux_tc, V2 softmax greedy and group-limited greedy;
+//    grouped noaux_tc, V2 softmax greedy and group-limited greedy, the
+//    shared experts' slots (MoeRoutingParams::shared_slots);
 //  - the cuda_grouped experts backend (through MoeExpertsOp) vs
 //    moe_experts_ref on f32 copies of the same bf16 / FP8-dequantized
 //    weights: tiny, tiny with FP8 down, V2-Lite (bf16) and a reduced V3-like
@@ -95,24 +96,31 @@ void check_routing(const MoeRoutingParams& p, bool with_bias, int64_t T, uint64_
   }
   Tensor d_logits = device_copy(logits, DType::kF32);
   Tensor d_bias = with_bias ? device_copy(bias, DType::kF32) : Tensor();
-  Tensor d_ids = device_poisoned(T * p.top_k, DType::kI32), d_w = device_poisoned(T * p.top_k, DType::kF32);
+  const int64_t S = p.slots();  // the top_k chosen, then the shared slots
+  Tensor d_ids = device_poisoned(T * S, DType::kI32), d_w = device_poisoned(T * S, DType::kF32);
   ASSERT_EQ(launch_moe_route(p, d_logits.data<float>(), with_bias ? d_bias.data<float>() : nullptr, T,
                              d_ids.data<int32_t>(), d_w.data<float>(), nullptr),
             cudaSuccess);
-  std::vector<int32_t> want_ids(T * p.top_k);
-  std::vector<float> want_w(T * p.top_k);
+  std::vector<int32_t> want_ids(T * S);
+  std::vector<float> want_w(T * S);
   moe_route_ref(p, logits.data(), with_bias ? bias.data() : nullptr, T, want_ids.data(), want_w.data());
   const auto got_ids = host_copy<int32_t>(d_ids);
   const auto got_w = host_copy<float>(d_w);
   int near_ties = 0;
   for (int64_t t = 0; t < T; ++t) {
+    for (int64_t s = p.top_k; s < S; ++s) {  // shared slot s: expert E + s - top_k, weight 1
+      EXPECT_EQ(got_ids[t * S + s], E + s - p.top_k) << "token " << t << " slot " << s;
+      EXPECT_EQ(got_w[t * S + s], 1.0f) << "token " << t << " slot " << s;
+      EXPECT_EQ(want_ids[t * S + s], E + s - p.top_k) << "reference, token " << t << " slot " << s;
+      EXPECT_EQ(want_w[t * S + s], 1.0f) << "reference, token " << t << " slot " << s;
+    }
     bool same = true;
-    for (int64_t k = 0; k < p.top_k; ++k) same &= got_ids[t * p.top_k + k] == want_ids[t * p.top_k + k];
+    for (int64_t k = 0; k < p.top_k; ++k) same &= got_ids[t * S + k] == want_ids[t * S + k];
     if (!same) {
       // Allowed only where the swapped experts' choice scores tie to rounding.
       auto c = choice_scores(p, logits.data() + t * E, with_bias ? bias.data() : nullptr);
       for (int64_t k = 0; k < p.top_k; ++k) {
-        const int32_t a = got_ids[t * p.top_k + k], b = want_ids[t * p.top_k + k];
+        const int32_t a = got_ids[t * S + k], b = want_ids[t * S + k];
         ASSERT_TRUE(a >= 0 && a < E) << "token " << t << " k " << k << " id " << a;
         EXPECT_LE(std::fabs(c[a] - c[b]), 1e-5f) << "token " << t << " k " << k << ": " << a << " vs " << b;
       }
@@ -120,7 +128,7 @@ void check_routing(const MoeRoutingParams& p, bool with_bias, int64_t T, uint64_
       continue;
     }
     for (int64_t k = 0; k < p.top_k; ++k) {
-      const float g = got_w[t * p.top_k + k], w = want_w[t * p.top_k + k];
+      const float g = got_w[t * S + k], w = want_w[t * S + k];
       EXPECT_NEAR(g, w, 1e-5f + 1e-5f * std::fabs(w)) << "token " << t << " k " << k;
     }
   }
@@ -151,6 +159,27 @@ TEST_F(MoeGpu, RoutingV2SoftmaxGreedy) {
   for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 200 + T);
   p.norm_topk_prob = true;  // and the normalising variant
   check_routing(p, false, 33, 250);
+}
+
+// Shared experts run as routed ones (NUCLEUS_MOE_FUSE_SHARED): the slots
+// after the top_k hold ids E, E + 1, ... with weight 1 (V2-Lite: 2, V3: 1).
+TEST_F(MoeGpu, RoutingWritesTheSharedSlots) {
+  MoeRoutingParams p;  // V2-Lite
+  p.num_experts = 64;
+  p.top_k = 6;
+  p.shared_slots = 2;
+  for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 500 + T);
+  MoeRoutingParams q;  // V3
+  q.scoring = ScoringFunc::kSigmoid;
+  q.method = TopkMethod::kNoauxTc;
+  q.num_experts = 256;
+  q.top_k = 8;
+  q.n_group = 8;
+  q.topk_group = 4;
+  q.norm_topk_prob = true;
+  q.routed_scaling_factor = 2.5f;
+  q.shared_slots = 1;
+  for (int64_t T : {1, 33}) check_routing(q, true, T, 600 + T);
 }
 
 TEST_F(MoeGpu, RoutingV2SoftmaxGroupLimited) {

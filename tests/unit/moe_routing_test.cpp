@@ -31,8 +31,8 @@ struct Routed {
 
 Routed route(const MoeRoutingParams& p, const std::vector<float>& logits, const std::vector<float>* bias) {
   Routed r;
-  r.ids.resize(p.top_k);
-  r.weights.resize(p.top_k);
+  r.ids.resize(p.slots());
+  r.weights.resize(p.slots());
   moe_route_ref(p, logits.data(), bias ? bias->data() : nullptr, 1, r.ids.data(), r.weights.data());
   return r;
 }
@@ -68,6 +68,22 @@ TEST(MoeRoutingTest, AllChoiceScoresNegativeStillPickFromKeptGroups) {
   Routed r = route(v3_params(), logits_of(kScores), &bias);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
   EXPECT_NEAR(r.weights[0], 1.25f, 1e-5);
+}
+
+// Shared slots (the shared experts run as routed ones): after the top_k
+// chosen, ids num_experts, num_experts + 1 with weight 1, not normalised or
+// scaled with the routed weights.
+TEST(MoeRoutingTest, SharedSlotsFollowTheChosenExperts) {
+  std::vector<float> zero(8, 0.0f);
+  MoeRoutingParams p = v3_params();
+  p.shared_slots = 2;
+  EXPECT_EQ(p.slots(), 4);
+  Routed r = route(p, logits_of(kScores), &zero);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1, 8, 9}));
+  EXPECT_NEAR(r.weights[0], 1.25f, 1e-5);  // 0.6 / 1.2 * 2.5, as without the slots
+  EXPECT_NEAR(r.weights[1], 1.25f, 1e-5);
+  EXPECT_EQ(r.weights[2], 1.0f);
+  EXPECT_EQ(r.weights[3], 1.0f);
 }
 
 TEST(MoeRoutingTest, WeightsComeFromPlainSigmoidNotBiasedScore) {

@@ -6,6 +6,7 @@
 // does not divide, and an FP8 shard boundary inside a 128-block.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -111,7 +112,12 @@ void expect_shard(const ModelWeights& full, const ModelWeights& part, const Mode
       ASSERT_EQ(P.moe->experts.size(), F.moe->experts.size());
       for (size_t e = 0; e < F.moe->experts.size(); ++e)
         expect_mlp(F.moe->experts[e], P.moe->experts[e], s, p + "mlp.experts." + std::to_string(e));
+      ASSERT_EQ(P.moe->shared.has_value(), F.moe->shared.has_value());
       if (F.moe->shared) expect_mlp(*F.moe->shared, *P.moe->shared, s, p + "mlp.shared_experts");
+      // One shared expert loaded as a routed-expert-shaped piece is the whole MLP.
+      ASSERT_EQ(P.moe->shared_experts.size(), F.moe->shared_experts.size());
+      if (F.moe->shared_experts.size() == 1)
+        expect_mlp(F.moe->shared_experts[0], P.moe->shared_experts[0], s, p + "mlp.shared_experts");
     }
   }
 }
@@ -326,6 +332,52 @@ TEST(TpShardTest, DummyShardsAreSlicesOfTheWholeDummyModel) {
     auto part = make_dummy_weights(*config, *backend, 3, {r, 2});
     ASSERT_TRUE(part.ok()) << part.status().to_string();
     expect_shard(*full, *part, *config, {r, 2});
+  }
+}
+
+// NUCLEUS_MOE_FUSE_SHARED: two shared experts (width 2 x 192) load as two
+// routed-expert-shaped pieces; at TP t rank r's piece s holds intermediate
+// units [u, u + I_r) of the whole shared MLP, u = (2 r + s) I_r, I_r = 192 / t:
+// gate and up rows, down columns of the MLP loaded whole (=0).
+TEST(TpShardTest, SharedExpertPiecesAreSlicesOfTheWholeSharedMlp) {
+  auto config = load_model_config(testing::model_path("tiny-dsv3/config.json"), {"n_shared_experts=2"});
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  auto backend = make_cpu_weight_backend();
+  auto with = [&](const char* v, const TpShard& shard) {
+    setenv("NUCLEUS_MOE_FUSE_SHARED", v, 1);
+    auto w = make_dummy_weights(*config, *backend, 5, shard);
+    unsetenv("NUCLEUS_MOE_FUSE_SHARED");
+    return w;
+  };
+  auto whole = with("0", {});
+  ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+  const int64_t F = 2 * config->moe_intermediate_size;
+  for (int t : {1, 2}) {
+    for (int r = 0; r < t; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(t));
+      auto pieces = with("1", {r, t});
+      ASSERT_TRUE(pieces.ok()) << pieces.status().to_string();
+      const int64_t I_r = config->moe_intermediate_size / t;
+      for (size_t l = 0; l < whole->layers.size(); ++l) {
+        if (!whole->layers[l].moe) continue;
+        const MoeWeights& W = *whole->layers[l].moe;
+        const MoeWeights& P = *pieces->layers[l].moe;
+        ASSERT_TRUE(W.shared && W.shared_experts.empty());
+        ASSERT_FALSE(P.shared);
+        ASSERT_EQ(P.shared_experts.size(), 2u);
+        for (int64_t piece = 0; piece < 2; ++piece) {
+          const MlpWeights& m = P.shared_experts[piece];
+          const int64_t u = (2 * r + piece) * I_r;
+          EXPECT_EQ(m.inter, I_r);
+          expect_slice(W.shared->gate_up.weight, slice_host(m.gate_up.weight, ShardSplit::kRows, 0, I_r),
+                       ShardSplit::kRows, u, u + I_r, "gate rows of piece " + std::to_string(piece));
+          expect_slice(W.shared->gate_up.weight, slice_host(m.gate_up.weight, ShardSplit::kRows, I_r, 2 * I_r),
+                       ShardSplit::kRows, F + u, F + u + I_r, "up rows of piece " + std::to_string(piece));
+          expect_slice(W.shared->down.weight, m.down.weight, ShardSplit::kCols, u, u + I_r,
+                       "down columns of piece " + std::to_string(piece));
+        }
+      }
+    }
   }
 }
 

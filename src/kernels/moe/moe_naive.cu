@@ -96,8 +96,9 @@ __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ l
   }
   uint32_t taken = 0;  // bit j: expert lane + 32 j already selected
   float sum = 0.0f;
-  int32_t* ids = topk_ids + t * p.top_k;
-  float* w = topk_weights + t * p.top_k;
+  const int64_t slots = p.top_k + p.shared_slots;  // MoeRoutingParams::slots (host-only)
+  int32_t* ids = topk_ids + t * slots;
+  float* w = topk_weights + t * slots;
   float picked[16];
   const int K = static_cast<int>(p.top_k);
   for (int k = 0; k < K; ++k) {
@@ -119,6 +120,10 @@ __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ l
     if (normalise) v /= (sum + 1e-20f);
     if (scale) v *= p.routed_scaling_factor;
     w[k] = v;
+  }
+  for (int s = 0; s < static_cast<int>(p.shared_slots); ++s) {
+    ids[K + s] = E + s;
+    w[K + s] = 1.0f;
   }
 }
 
@@ -168,7 +173,8 @@ __global__ void expert_down_kernel(int64_t num_tokens, int64_t hidden, int64_t i
 cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
                              int32_t* topk_ids, float* topk_weights, cudaStream_t stream, bool dependent) {
   if (num_tokens == 0) return cudaSuccess;
-  if (p.num_experts > 1024 || p.n_group > 64 || p.top_k > 16 || p.n_group < 1 || p.num_experts % p.n_group != 0)
+  if (p.num_experts > 1024 || p.n_group > 64 || p.top_k > 16 || p.n_group < 1 || p.num_experts % p.n_group != 0 ||
+      p.shared_slots < 0 || p.shared_slots > 16)
     return cudaErrorInvalidValue;
   const size_t smem = kRouteWarps * 2 * p.num_experts * sizeof(float);
   const auto blocks = static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps);

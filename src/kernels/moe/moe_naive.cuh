@@ -14,7 +14,9 @@
 namespace nucleus::kernels {
 
 // logits: [num_tokens, num_experts] f32; bias: [num_experts] f32 or null;
-// topk_ids / topk_weights: [num_tokens, top_k]. num_experts <= 1024.
+// topk_ids / topk_weights: [num_tokens, p.slots()] (the shared slots after
+// the top_k, MoeRoutingParams::shared_slots). num_experts <= 1024, top_k and
+// shared_slots <= 16; else cudaErrorInvalidValue.
 // Stream-async, graph-safe. dependent: launched as a programmatic dependent
 // (PDL, kernels/common/pdl.cuh) of the kernel before it, which it waits for
 // before it reads anything.

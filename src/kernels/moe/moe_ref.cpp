@@ -63,8 +63,8 @@ void moe_route_ref(const MoeRoutingParams& p, const float* logits, const float* 
         if (!keep[e / group_size]) choice[e] = -std::numeric_limits<float>::infinity();
     }
     auto chosen = top_indices(choice, p.top_k);
-    int32_t* ids = topk_ids + t * p.top_k;
-    float* w = topk_weights + t * p.top_k;
+    int32_t* ids = topk_ids + t * p.slots();
+    float* w = topk_weights + t * p.slots();
     float sum = 0.0f;
     for (int64_t k = 0; k < p.top_k; ++k) {
       ids[k] = static_cast<int32_t>(chosen[k]);
@@ -79,6 +79,10 @@ void moe_route_ref(const MoeRoutingParams& p, const float* logits, const float* 
       for (int64_t k = 0; k < p.top_k; ++k) w[k] /= (sum + 1e-20f);
     } else {
       for (int64_t k = 0; k < p.top_k; ++k) w[k] *= p.routed_scaling_factor;
+    }
+    for (int64_t s = 0; s < p.shared_slots; ++s) {
+      ids[p.top_k + s] = static_cast<int32_t>(E + s);
+      w[p.top_k + s] = 1.0f;
     }
   }
 }

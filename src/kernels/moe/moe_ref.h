@@ -33,11 +33,19 @@ struct MoeRoutingParams {
   int64_t topk_group = 1;                       // groups kept per token
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f;
+  // Shared experts run as routed ones (NUCLEUS_MOE_FUSE_SHARED): slots
+  // appended after the top_k chosen ones, slot top_k + s holding expert id
+  // num_experts + s with weight 1 (a shared expert's output is added
+  // unweighted, DeepSeek-V2/V3 modeling code: y = moe(x) + shared_experts(x)).
+  // The rows of topk_ids / topk_weights are then top_k + shared_slots wide.
+  int64_t shared_slots = 0;
+  int64_t slots() const { return top_k + shared_slots; }  // row width of topk_ids / topk_weights
 };
 
 // logits: [num_tokens, num_experts] f32; bias: [num_experts] f32 or null.
-// topk_ids: [num_tokens, top_k] int32 (in order of decreasing choice score);
-// topk_weights: [num_tokens, top_k] f32.
+// topk_ids: [num_tokens, slots()] int32 (the top_k chosen in order of
+// decreasing choice score, then the shared slots); topk_weights:
+// [num_tokens, slots()] f32.
 void moe_route_ref(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
                    int32_t* topk_ids, float* topk_weights);
 

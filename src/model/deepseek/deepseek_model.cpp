@@ -329,20 +329,32 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     if (lw.moe) {
       const MoeWeights& m = *lw.moe;
       const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+      // Decode steps run the shared experts' pieces as routed experts E, E + 1, ...
+      // with weight 1 (NUCLEUS_MOE_FUSE_SHARED=1; MoeWeights::shared_experts):
+      // one op instead of their own GEMMs, SiLU·mul and accumulate.
+      const bool fuse_shared = kind == StepKind::kDecode && !m.shared_experts.empty();
+      kernels::MoeRoutingParams routing = moe_routing_params(c);
+      routing.shared_slots = fuse_shared ? static_cast<int64_t>(m.shared_experts.size()) : 0;
+      const int64_t slots = routing.slots();
       const int logits = g.buffer("router_logits", E, DType::kF32);
-      const int ids = g.buffer("topk_ids", k, DType::kI32);
-      const int weights = g.buffer("topk_weights", k, DType::kF32);
+      const int ids = g.buffer("topk_ids", slots, DType::kI32);
+      const int weights = g.buffer("topk_weights", slots, DType::kF32);
       g.add(p + "mlp.gate", std::make_unique<LinearOp>(&m.router, false), {x_norm}, {logits});
-      g.add(p + "mlp.route",
-            std::make_unique<MoeRouteOp>(moe_routing_params(c), m.e_score_correction_bias),
-            {logits}, {ids, weights});
+      g.add(p + "mlp.route", std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias), {logits},
+            {ids, weights});
       std::vector<ExpertWeights> experts;
       for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
+      if (fuse_shared)
+        for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
       const int64_t inter = c.moe_intermediate_size / tp;  // each expert's slice on this rank
-      const int moe_scratch = g.scratch("moe_scratch", W, k * inter, DType::kF32);
-      g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), inter, k), {x_norm, ids, weights},
-            {delta, moe_scratch});
+      const int moe_scratch = g.scratch("moe_scratch", W, slots * inter, DType::kF32);
+      g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), inter, slots),
+            {x_norm, ids, weights}, {delta, moe_scratch});
       if (m.shared) add_mlp(p + "mlp.shared_experts", *m.shared, x_norm, delta, /*accumulate=*/true);
+      if (!fuse_shared)
+        for (size_t i = 0; i < m.shared_experts.size(); ++i)
+          add_mlp(p + "mlp.shared_experts" + (m.shared_experts.size() > 1 ? "." + std::to_string(i) : ""),
+                  m.shared_experts[i], x_norm, delta, /*accumulate=*/true);
     } else {
       add_mlp(p + "mlp", *lw.mlp, x_norm, delta, /*accumulate=*/false);
     }
@@ -412,6 +424,7 @@ DeepseekModel::WeightBytes DeepseekModel::weight_bytes() const {
     if (l.moe) {
       b.dense += lin(l.moe->router);
       if (l.moe->shared) b.dense += mlp(*l.moe->shared);
+      for (const MlpWeights& piece : l.moe->shared_experts) b.dense += mlp(piece);
       if (!l.moe->experts.empty()) b.per_expert = mlp(l.moe->experts[0]);
     }
   }
