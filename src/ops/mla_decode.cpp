@@ -90,8 +90,8 @@ int mla_decode_key_tile(int64_t num_rows, int64_t num_heads) {
   return n > 0 ? n : mla_decode_key_tile_auto(num_rows, num_heads);
 }
 
-bool mla_decode_bulk_loads_auto(int64_t /*num_rows*/, int64_t /*num_heads*/, KvCacheDtype cache) {
-  return cache != KvCacheDtype::kFp8E4M3;
+bool mla_decode_bulk_loads_auto(int64_t num_rows, int64_t /*num_heads*/, KvCacheDtype cache) {
+  return cache != KvCacheDtype::kFp8E4M3 || num_rows >= kMlaDecodeBulkLoadsE4m3MinRows;
 }
 
 bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cache) {

@@ -79,8 +79,12 @@ int mla_decode_key_tile_auto(int64_t num_rows, int64_t num_heads);
 // malformed value reads as auto here and is refused by mla_decode_env_status().
 bool mla_decode_bulk_loads(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
 // The auto rule (docs/perf.md "MLA decode: bulk row loads"): bulk copies for
-// bf16 and fp8_ds_mla rows (faster at every measured shape, up to 1.2x), the
-// cp.async pieces for fp8_e4m3 rows (bulk copies 1-4% slower there).
+// bf16 and fp8_ds_mla rows (faster at every measured shape, up to 1.2x); for
+// fp8_e4m3 rows from kMlaDecodeBulkLoadsE4m3MinRows rows (with the register
+// conversion path, 1.3-3.5% faster there, 0.1-1.3% slower at 1-8 rows:
+// docs/perf.md "Four score chains and q staged once, measured together"),
+// the cp.async pieces below.
+constexpr int64_t kMlaDecodeBulkLoadsE4m3MinRows = 32;
 bool mla_decode_bulk_loads_auto(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
 
 // Whether the 64-key decode attention kernel builds its MMA fragments from

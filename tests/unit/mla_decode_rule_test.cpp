@@ -118,7 +118,10 @@ TEST(MlaDecodeRule, KeyTileValues) {
 TEST(MlaDecodeRule, BulkLoadsValues) {
   EXPECT_TRUE(mla_decode_bulk_loads_auto(1, 16, KvCacheDtype::kBF16));
   EXPECT_TRUE(mla_decode_bulk_loads_auto(1, 16, KvCacheDtype::kFp8DsMla));
-  EXPECT_FALSE(mla_decode_bulk_loads_auto(1, 16, KvCacheDtype::kFp8E4M3)) << "measured slower on e4m3 rows";
+  EXPECT_FALSE(mla_decode_bulk_loads_auto(1, 16, KvCacheDtype::kFp8E4M3)) << "measured slower on few e4m3 rows";
+  EXPECT_FALSE(mla_decode_bulk_loads_auto(31, 16, KvCacheDtype::kFp8E4M3));
+  EXPECT_TRUE(mla_decode_bulk_loads_auto(32, 16, KvCacheDtype::kFp8E4M3)) << "measured faster from 32 e4m3 rows";
+  EXPECT_TRUE(mla_decode_bulk_loads_auto(128, 16, KvCacheDtype::kFp8E4M3));
   for (const char* v : {"0", "off", "FALSE"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_BULK_LOADS", v);
     EXPECT_TRUE(mla_decode_env_status().ok()) << v;
