@@ -47,6 +47,23 @@ std::unique_ptr<ModelExecutor> load(AttentionMode mode = AttentionMode::kAuto) {
   return std::move(*m);
 }
 
+// One step of a single sequence in blocks 0..15 of a 16-token-block cache:
+// tokens [done, done + len) of `toks` at their positions, a logit row each.
+StepInputs one_sequence_step(const std::vector<int32_t>& toks, int64_t done, int64_t len) {
+  StepInputs in;
+  for (int64_t i = 0; i < len; ++i) {
+    in.token_ids.push_back(toks[done + i]);
+    in.positions.push_back(static_cast<int32_t>(done + i));
+    in.slot_mapping.push_back(done + i);
+    in.logit_indices.push_back(static_cast<int32_t>(i));
+  }
+  in.query_start = {0, static_cast<int32_t>(len)};
+  in.context_lens = {static_cast<int32_t>(done)};
+  in.max_blocks_per_seq = 16;
+  for (int b = 0; b < 16; ++b) in.block_tables.push_back(b);
+  return in;
+}
+
 SamplingParams greedy(int n) {
   SamplingParams p;
   p.temperature = 0;
@@ -289,17 +306,7 @@ TEST(EngineTest, ExpandedAndAbsorbedAttentionAgree) {
     const int64_t n = static_cast<int64_t>(cases[ci].prompt.size());
     int64_t done = 0;
     for (int64_t len : {n, int64_t{1}, int64_t{1}, int64_t{1}, int64_t{1}}) {
-      StepInputs in;
-      for (int64_t i = 0; i < len; ++i) {
-        in.token_ids.push_back(toks[done + i]);
-        in.positions.push_back(static_cast<int32_t>(done + i));
-        in.slot_mapping.push_back(done + i);
-        in.logit_indices.push_back(static_cast<int32_t>(i));
-      }
-      in.query_start = {0, static_cast<int32_t>(len)};
-      in.context_lens = {static_cast<int32_t>(done)};
-      in.max_blocks_per_seq = 16;
-      for (int b = 0; b < 16; ++b) in.block_tables.push_back(b);
+      const StepInputs in = one_sequence_step(toks, done, len);
       auto le = expanded->forward(in, kv_e);
       auto la = absorbed->forward(in, kv_a);
       ASSERT_TRUE(le.ok() && la.ok());
@@ -338,17 +345,7 @@ TEST(EngineTest, FusedKvANormEqualsItsOwnOp) {
     const int64_t n = static_cast<int64_t>(cases[ci].prompt.size());
     int64_t done = 0;
     for (int64_t len : {n, int64_t{1}, int64_t{1}, int64_t{1}}) {
-      StepInputs in;
-      for (int64_t i = 0; i < len; ++i) {
-        in.token_ids.push_back(toks[done + i]);
-        in.positions.push_back(static_cast<int32_t>(done + i));
-        in.slot_mapping.push_back(done + i);
-        in.logit_indices.push_back(static_cast<int32_t>(i));
-      }
-      in.query_start = {0, static_cast<int32_t>(len)};
-      in.context_lens = {static_cast<int32_t>(done)};
-      in.max_blocks_per_seq = 16;
-      for (int b = 0; b < 16; ++b) in.block_tables.push_back(b);
+      const StepInputs in = one_sequence_step(toks, done, len);
       auto lf = fused->forward(in, kv_f);
       auto lo = own->forward(in, kv_o);
       ASSERT_TRUE(lf.ok() && lo.ok());
@@ -391,17 +388,7 @@ float compare_decode_steps(ModelExecutor& a, ModelExecutor& b, const std::vector
   std::vector<int64_t> lens = {n_prompt};
   for (int i = 0; i < decode; ++i) lens.push_back(1);
   for (int64_t len : lens) {
-    StepInputs in;
-    for (int64_t i = 0; i < len; ++i) {
-      in.token_ids.push_back(toks[done + i]);
-      in.positions.push_back(static_cast<int32_t>(done + i));
-      in.slot_mapping.push_back(done + i);
-      in.logit_indices.push_back(static_cast<int32_t>(i));
-    }
-    in.query_start = {0, static_cast<int32_t>(len)};
-    in.context_lens = {static_cast<int32_t>(done)};
-    in.max_blocks_per_seq = 16;
-    for (int blk = 0; blk < 16; ++blk) in.block_tables.push_back(blk);
+    const StepInputs in = one_sequence_step(toks, done, len);
     auto la = a.forward(in, kv_a);
     auto lb = b.forward(in, kv_b);
     EXPECT_TRUE(la.ok() && lb.ok());
