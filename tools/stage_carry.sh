@@ -21,6 +21,11 @@ for f in "$B"/lib/*.so*; do
   [ -L "$f" ] && { cp -P "$f" "$D/lib/"; continue; }
   strip --strip-unneeded -o "$D/lib/$(basename "$f")" "$f"
 done
+# The kernel timeline's CUPTI, which the GPU machine may not have.
+if [ -f "$B/lib/libnucleus_kernel_timeline.so" ]; then
+  cupti=$(ldd "$B/lib/libnucleus_kernel_timeline.so" | awk '/libcupti/ {print $3}')
+  [ -n "$cupti" ] && cp -L "$cupti" "$D/lib/"
+fi
 # CTest files: the ones of BUILD, pointing at DEST's binaries.
 (cd "$B" && find . -name CTestTestfile.cmake -not -path "./bin/*") | while read -r f; do
   mkdir -p "$D/ctest/$(dirname "$f")"

@@ -106,6 +106,18 @@ constexpr KnobInfo kKnobs[] = {
      "CTAs an SM; 0: never, the setting before; 1: at every 16-row bf16 GEMM); a malformed value is refused at "
      "start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeAlignFree), "NUCLEUS_MOE_ALIGN_FREE", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "one-token steps of the grouped MoE path skip the align launch: pair k is m-tile k of expert topk_ids[k] "
+     "(auto and 1: so; 0: the align kernel at every step, the path before); the output is the same bit for "
+     "bit; a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeRouteRegs), "NUCLEUS_MOE_ROUTE_REGS", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the MoE router's top-k runs in registers with redux.sync argmaxes where the routing params allow "
+     "(kernels::moe_route_regs_supported; auto and 1: so; 0: the shared-memory kernel, the path before); the "
+     "same selection and weights; a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kMoeFuseShared), "NUCLEUS_MOE_FUSE_SHARED", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "decode steps run the shared experts as routed experts (extra expert ids with weight 1 in the routed "

@@ -50,6 +50,8 @@ enum class Knob {
   kMoeFp8RegisterDequant,
   kMoeUpSplitK,
   kMoeDeepRing,
+  kMoeAlignFree,
+  kMoeRouteRegs,
   kMoeFuseShared,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,

@@ -56,6 +56,12 @@ Status moe_up_splits_env_status() {
   if (!env_auto_switch(Knob::kMoeDeepRing))
     return invalid_argument("NUCLEUS_MOE_DEEP_RING='" + *env_string(Knob::kMoeDeepRing) +
                             "' is not auto, 0 (off, false) or 1 (on, true)");
+  if (!env_auto_switch(Knob::kMoeAlignFree))
+    return invalid_argument("NUCLEUS_MOE_ALIGN_FREE='" + *env_string(Knob::kMoeAlignFree) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
+  if (!env_auto_switch(Knob::kMoeRouteRegs))
+    return invalid_argument("NUCLEUS_MOE_ROUTE_REGS='" + *env_string(Knob::kMoeRouteRegs) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
   return ok_status();
 }
 
@@ -66,6 +72,14 @@ int moe_deep_ring_switch() {
     case AutoSwitch::kAuto: break;
   }
   return -1;
+}
+
+bool moe_align_free_switch() {
+  return env_auto_switch(Knob::kMoeAlignFree).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
+}
+
+bool moe_route_regs_switch() {
+  return env_auto_switch(Knob::kMoeRouteRegs).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
 }
 
 }  // namespace nucleus

@@ -41,13 +41,25 @@ Status moe_decode_env_status();
 // (no split), N for 2..8 (forced); -1 when malformed.
 int moe_up_splits_switch();
 
-// OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K or
-// NUCLEUS_MOE_DEEP_RING (checked when a model is built).
+// OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K,
+// NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE or NUCLEUS_MOE_ROUTE_REGS
+// (checked when a model is built).
 Status moe_up_splits_env_status();
 
 // NUCLEUS_MOE_DEEP_RING as kernels::MoeGroupedOptions::deep_ring, read at each
 // use: -1 auto (the rule kernels::moe_grouped_deep_ring; default, and a
 // malformed value until moe_up_splits_env_status refuses it), 0 off, 1 on.
 int moe_deep_ring_switch();
+
+// NUCLEUS_MOE_ALIGN_FREE as kernels::MoeGroupedOptions::align_free, read at
+// each use: true for auto (default; and a malformed value until
+// moe_up_splits_env_status refuses it) and 1, false for 0.
+bool moe_align_free_switch();
+
+// NUCLEUS_MOE_ROUTE_REGS, read at each routing call: true for auto (default;
+// and a malformed value until moe_up_splits_env_status refuses it) and 1 (the
+// register path of kernels::launch_moe_route where it serves the params),
+// false for 0 (the shared-memory kernel).
+bool moe_route_regs_switch();
 
 }  // namespace nucleus

@@ -7,6 +7,7 @@
 #include "kernels/moe/moe_naive.cuh"
 #include "ops/linear_cuda.h"
 #include "ops/moe_cuda.h"
+#include "ops/moe_decode.h"
 #include "ops/op_cuda_check.h"
 #include "ops/skinny.h"
 
@@ -16,7 +17,9 @@ void moe_route(MoeRouteOp& op, OpContext&, const TensorList& in, const TensorLis
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_route(op.params(), in[0].data<float>(),
                                                op.bias().defined() ? op.bias().data<float>() : nullptr, in[0].dim(0),
                                                out[0].data<int32_t>(), out[1].data<float>(),
-                                               cuda::context().stream, small_ops_pdl()));
+                                               cuda::context().stream, small_ops_pdl(),
+                                               moe_route_regs_switch() ? kernels::MoeRouteKernel::kAuto
+                                                                       : kernels::MoeRouteKernel::kSharedMemory));
 }
 
 void moe_experts_naive(MoeExpertsOp& op, OpContext&, const TensorList& in, const TensorList& out) {

@@ -6,7 +6,9 @@
 // with NUCLEUS_SKINNY_FP8 (FP8 decode GEMMs at m <= 16 on the FP8 skinny
 // kernel, or on cuBLASLt FP8 / the own FP8 kernels); and on both with
 // NUCLEUS_MOE_DECODE=0 (the routed experts on cuda_grouped, the default,
-// instead of the fused decode kernel, cuda_decode, which the other runs turn on):
+// instead of the fused decode kernel, cuda_decode, which the other runs turn on),
+// there also with NUCLEUS_MOE_ALIGN_FREE=0 (one-token steps through the align
+// kernel, not the default align-free path):
 //  - the decode graph reports cuda_skinny (cuda_skinny_fp8) exactly when it is
 //    on, and the graphs report cuda_decode exactly when the MoE decode kernel is
 //    (NUCLEUS_DUMP_GRAPH's backend column);
@@ -130,7 +132,9 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
                 Config{"on, no PDL", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"on, PDL gemms", "NUCLEUS_SKINNY=1 NUCLEUS_PDL=gemms NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"off", "NUCLEUS_SKINNY=0 NUCLEUS_MOE_DECODE=16", false, true},
-                Config{"moe decode off", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0", true, false}},
+                Config{"moe decode off", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0", true, false},
+                Config{"moe align at m = 1", "NUCLEUS_SKINNY=1 NUCLEUS_MOE_DECODE=0 NUCLEUS_MOE_ALIGN_FREE=0", true,
+                       false}},
                "cuda_skinny");
 }
 
@@ -143,7 +147,9 @@ TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
                 Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"on, PDL gemms", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=gemms NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"off", "NUCLEUS_SKINNY_FP8=0 NUCLEUS_MOE_DECODE=16", false, true},
-                Config{"moe decode off", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0", true, false}},
+                Config{"moe decode off", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0", true, false},
+                Config{"moe align at m = 1", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0 NUCLEUS_MOE_ALIGN_FREE=0", true,
+                       false}},
                "cuda_skinny_fp8");
 }
 

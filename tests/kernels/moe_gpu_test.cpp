@@ -1,7 +1,8 @@
 // MoE on the GPU against the CPU reference (moe_ref.h):
 //  - routing (launch_moe_route) vs moe_route_ref: V3 sigmoid + bias with
 //    grouped noaux_tc, V2 softmax greedy and group-limited greedy, the
-//    shared experts' slots (MoeRoutingParams::shared_slots);
+//    shared experts' slots (MoeRoutingParams::shared_slots); the register
+//    path bit-identical to the shared-memory kernel wherever it serves;
 //  - the cuda_grouped experts backend (through MoeExpertsOp) vs
 //    moe_experts_ref on f32 copies of the same bf16 / FP8-dequantized
 //    weights: tiny, tiny with FP8 down, V2-Lite (bf16) and a reduced V3-like
@@ -97,15 +98,28 @@ void check_routing(const MoeRoutingParams& p, bool with_bias, int64_t T, uint64_
   Tensor d_logits = device_copy(logits, DType::kF32);
   Tensor d_bias = with_bias ? device_copy(bias, DType::kF32) : Tensor();
   const int64_t S = p.slots();  // the top_k chosen, then the shared slots
-  Tensor d_ids = device_poisoned(T * S, DType::kI32), d_w = device_poisoned(T * S, DType::kF32);
-  ASSERT_EQ(launch_moe_route(p, d_logits.data<float>(), with_bias ? d_bias.data<float>() : nullptr, T,
-                             d_ids.data<int32_t>(), d_w.data<float>(), nullptr),
-            cudaSuccess);
+  // Both kernels (NUCLEUS_MOE_ROUTE_REGS): the register path where it serves
+  // p, bit-identical to the shared-memory kernel, which is checked against
+  // the reference below.
+  auto run = [&](MoeRouteKernel kernel, std::vector<int32_t>& ids, std::vector<float>& w) {
+    Tensor d_ids = device_poisoned(T * S, DType::kI32), d_w = device_poisoned(T * S, DType::kF32);
+    ASSERT_EQ(launch_moe_route(p, d_logits.data<float>(), with_bias ? d_bias.data<float>() : nullptr, T,
+                               d_ids.data<int32_t>(), d_w.data<float>(), nullptr, false, kernel),
+              cudaSuccess);
+    ids = host_copy<int32_t>(d_ids);
+    w = host_copy<float>(d_w);
+  };
+  std::vector<int32_t> got_ids, reg_ids;
+  std::vector<float> got_w, reg_w;
+  run(MoeRouteKernel::kSharedMemory, got_ids, got_w);
+  if (moe_route_regs_supported(p)) {
+    run(MoeRouteKernel::kRegisters, reg_ids, reg_w);
+    EXPECT_EQ(reg_ids, got_ids) << "register path: ids";
+    EXPECT_EQ(std::memcmp(reg_w.data(), got_w.data(), got_w.size() * sizeof(float)), 0) << "register path: weights";
+  }
   std::vector<int32_t> want_ids(T * S);
   std::vector<float> want_w(T * S);
   moe_route_ref(p, logits.data(), with_bias ? bias.data() : nullptr, T, want_ids.data(), want_w.data());
-  const auto got_ids = host_copy<int32_t>(d_ids);
-  const auto got_w = host_copy<float>(d_w);
   int near_ties = 0;
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t s = p.top_k; s < S; ++s) {  // shared slot s: expert E + s - top_k, weight 1
@@ -182,6 +196,41 @@ TEST_F(MoeGpu, RoutingWritesTheSharedSlots) {
   for (int64_t T : {1, 33}) check_routing(q, true, T, 600 + T);
 }
 
+// Which params the register path serves: the shipped shapes except
+// DeepSeek-V2's groups of 20 (those stay on the shared-memory kernel), and a
+// forced register launch where it does not serve is refused.
+TEST_F(MoeGpu, RoutingRegisterPathCoverage) {
+  MoeRoutingParams v2lite;
+  v2lite.num_experts = 64;
+  v2lite.top_k = 6;
+  EXPECT_TRUE(moe_route_regs_supported(v2lite));
+  MoeRoutingParams v3 = v2lite;
+  v3.method = TopkMethod::kNoauxTc;
+  v3.num_experts = 256;
+  v3.top_k = 8;
+  v3.n_group = 8;
+  v3.topk_group = 4;
+  EXPECT_TRUE(moe_route_regs_supported(v3));
+  MoeRoutingParams kimi = v3;
+  kimi.num_experts = 384;
+  kimi.n_group = 1;
+  EXPECT_TRUE(moe_route_regs_supported(kimi));
+  MoeRoutingParams v2 = v2lite;
+  v2.method = TopkMethod::kGroupLimitedGreedy;
+  v2.num_experts = 160;
+  v2.n_group = 8;
+  v2.topk_group = 3;
+  EXPECT_FALSE(moe_route_regs_supported(v2));
+  MoeRoutingParams big = v2lite;
+  big.num_experts = 512;
+  EXPECT_FALSE(moe_route_regs_supported(big));
+  Tensor logits = device_copy(std::vector<float>(160, 0.0f), DType::kF32);
+  Tensor ids = device_poisoned(6, DType::kI32), w = device_poisoned(6, DType::kF32);
+  EXPECT_EQ(launch_moe_route(v2, logits.data<float>(), nullptr, 1, ids.data<int32_t>(), w.data<float>(), nullptr,
+                             false, MoeRouteKernel::kRegisters),
+            cudaErrorInvalidValue);
+}
+
 TEST_F(MoeGpu, RoutingV2SoftmaxGroupLimited) {
   MoeRoutingParams p;  // DeepSeek-V2
   p.scoring = ScoringFunc::kSoftmax;
@@ -218,16 +267,19 @@ TEST_F(MoeGpu, RoutingKimiK2ShapeAndExactTies) {
     q.topk_group = m == TopkMethod::kGreedy ? 1 : 2;
     const int64_t T = 5;
     Tensor d_logits = device_copy(std::vector<float>(T * 64, 0.25f), DType::kF32);
-    Tensor d_ids = device_poisoned(T * 6, DType::kI32), d_w = device_poisoned(T * 6, DType::kF32);
-    ASSERT_EQ(launch_moe_route(q, d_logits.data<float>(), nullptr, T, d_ids.data<int32_t>(), d_w.data<float>(),
-                               nullptr),
-              cudaSuccess);
     std::vector<int32_t> want(T * 6);
     std::vector<float> want_w(T * 6);
     const std::vector<float> logits(T * 64, 0.25f);
     moe_route_ref(q, logits.data(), nullptr, T, want.data(), want_w.data());
-    EXPECT_EQ(host_copy<int32_t>(d_ids), want);
     for (int k = 0; k < 6; ++k) EXPECT_EQ(want[k], k);
+    for (MoeRouteKernel kernel : {MoeRouteKernel::kSharedMemory, MoeRouteKernel::kRegisters}) {
+      if (kernel == MoeRouteKernel::kRegisters && !moe_route_regs_supported(q)) continue;
+      Tensor d_ids = device_poisoned(T * 6, DType::kI32), d_w = device_poisoned(T * 6, DType::kF32);
+      ASSERT_EQ(launch_moe_route(q, d_logits.data<float>(), nullptr, T, d_ids.data<int32_t>(), d_w.data<float>(),
+                                 nullptr, false, kernel),
+                cudaSuccess);
+      EXPECT_EQ(host_copy<int32_t>(d_ids), want) << (kernel == MoeRouteKernel::kRegisters ? "registers" : "smem");
+    }
   }
 }
 
@@ -635,6 +687,75 @@ TEST_F(MoeGpu, ExpertsDeepRing) {
       expect_close(got[1], reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what + " deep ring");
       EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4)) << what << ": deep ring differs";
     }
+  }
+}
+
+// Align-free one-token steps (NUCLEUS_MOE_ALIGN_FREE, MoeGroupedOptions::
+// align_free, the default): pair k is m-tile k of expert topk_ids[k] and the
+// align launch is skipped. The same tiles are computed in another order and
+// the combine sums in k order either way, so the output equals the aligned
+// path's bit for bit: bf16 and FP8 weights, the UP split-K (V3 TP 8 at T = 1
+// splits 8 ways), PDL launches eager and in a CUDA graph, and ids out of range
+// (skipped by both). Close to the reference.
+TEST_F(MoeGpu, ExpertsAlignFreeOneTokenEqualsAligned) {
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12},
+                            MoeShape{"v3-like-bf16", 7168, 2048, 32, 8, false, false, 8}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    const int64_t T = 1;
+    Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
+    const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+    Step st = make_step(s, T, false, 1300);
+    cudaStream_t stream = cuda::context().stream;
+    auto run = [&](bool align_free, bool pdl, bool graph) {
+      MoeGroupedOptions opt;
+      opt.align_free = align_free;
+      opt.pdl = pdl;
+      auto launch = [&] {
+        return launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(), gs,
+                                  d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, ws,
+                                  st.out.data<__nv_bfloat16>(), stream, opt);
+      };
+      NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
+      if (!graph) {
+        EXPECT_EQ(launch(), cudaSuccess);
+      } else {
+        cudaGraph_t g;
+        cudaGraphExec_t exec;
+        EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        EXPECT_EQ(launch(), cudaSuccess);
+        EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+        EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+        for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(g);
+      }
+      NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return from_bf16(host_copy<uint16_t>(st.out));
+    };
+    const auto aligned = run(false, false, false);
+    const auto rows = sample_rows(T, T);
+    expect_close(aligned, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden,
+                 std::string(s.name) + " aligned");
+    for (bool pdl : {false, true})
+      for (bool graph : {false, true}) {
+        const auto got = run(true, pdl, graph);
+        EXPECT_EQ(0, std::memcmp(got.data(), aligned.data(), got.size() * 4))
+            << s.name << (pdl ? " pdl" : "") << (graph ? " graph" : " eager") << ": align-free differs from aligned";
+      }
+    // Two ids out of range (one negative, one past the experts): both paths skip those pairs.
+    std::vector<int32_t> ids = host_copy<int32_t>(st.ids);
+    ids[1] = -1;
+    ids[2] = static_cast<int32_t>(s.num_experts + 3);
+    NUCLEUS_CUDA_CHECK(cudaMemcpy(st.ids.raw(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    const auto skipped = run(false, true, false);
+    const auto skipped_free = run(true, true, true);
+    EXPECT_EQ(0, std::memcmp(skipped.data(), skipped_free.data(), skipped.size() * 4))
+        << s.name << ": with ids out of range, align-free differs from aligned";
+    EXPECT_NE(0, std::memcmp(skipped.data(), aligned.data(), skipped.size() * 4))
+        << s.name << ": skipping two pairs changed nothing (the test would not see a wrong skip)";
   }
 }
 

@@ -4,6 +4,9 @@
 // end: gpu_skinny_switch_test.)
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "ops/moe_decode.h"
 
 namespace nucleus {
@@ -14,6 +17,41 @@ TEST(MoeDecodeRule, DefaultIsAutoUpToSixteenTokens) {
   EXPECT_EQ(moe_decode_max_tokens(), 0) << "auto: off (measured slower than cuda_grouped, ops/moe_decode.h)";
   EXPECT_EQ(kMoeDecodeAutoMaxTokens, 0);
   EXPECT_LE(kMoeDecodeAutoMaxTokens, kMoeDecodeKernelMaxTokens) << "auto never asks for more than the kernel takes";
+}
+
+// NUCLEUS_MOE_ALIGN_FREE and NUCLEUS_MOE_ROUTE_REGS: on under auto (unset),
+// 1 and its spellings; off under 0; a malformed value reads as on and is
+// refused by the env check, which names the variable.
+TEST(MoeDecodeRule, AutoOnSwitchValues) {
+  struct Case {
+    const char* name;
+    bool (*read)();
+  };
+  for (const Case c : {Case{"NUCLEUS_MOE_ALIGN_FREE", moe_align_free_switch},
+                       Case{"NUCLEUS_MOE_ROUTE_REGS", moe_route_regs_switch}}) {
+    struct Env {
+      const char* name;
+      Env(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+      ~Env() { unsetenv(name); }
+    };
+    EXPECT_TRUE(c.read()) << c.name << " unset: auto, on";
+    for (const char* v : {"", "auto", "AUTO", "1", "on", "True"}) {
+      Env e(c.name, v);
+      EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "='" << v << "'";
+      EXPECT_TRUE(c.read()) << c.name << "='" << v << "'";
+    }
+    for (const char* v : {"0", "off", "FALSE"}) {
+      Env e(c.name, v);
+      EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "=" << v;
+      EXPECT_FALSE(c.read()) << c.name << "=" << v;
+    }
+    for (const char* bad : {"2", "yes", " 1"}) {
+      Env e(c.name, bad);
+      const Status s = moe_up_splits_env_status();
+      EXPECT_FALSE(s.ok()) << c.name << "='" << bad << "'";
+      EXPECT_NE(s.message().find(std::string(c.name) + "='" + bad + "'"), std::string::npos) << s.message();
+    }
+  }
 }
 
 }  // namespace

@@ -82,13 +82,14 @@ __global__ void __launch_bounds__(kAlignThreads)
 
 // UP split-K, the sum: h[r, j] = silu(g) * u with g = sum_s partial[s, r, j]
 // and u = sum_s partial[s, r, inter + j], splits in order (f32), for the
-// step's sorted rows r < expert_offsets[num_experts]. Two columns a thread.
+// step's sorted rows r < expert_offsets[num_experts] (align-free:
+// expert_offsets null, r < partial_rows, the step's pairs). Two columns a thread.
 __global__ void moe_up_finish_kernel(const float* __restrict__ partial, int k_splits, int partial_rows, int inter,
                                      const int32_t* __restrict__ expert_offsets, int num_experts,
                                      __nv_bfloat16* __restrict__ h) {
   pdl::wait_for_inputs();  // the partial sums come from UP
   pdl::launch_dependents();
-  const int rows = expert_offsets[num_experts];
+  const int rows = expert_offsets ? expert_offsets[num_experts] : partial_rows;
   const int pairs_per_row = inter / 2;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= static_cast<int64_t>(rows) * pairs_per_row) return;
@@ -107,7 +108,10 @@ __global__ void moe_up_finish_kernel(const float* __restrict__ partial, int k_sp
 }
 
 // out[t, c..c+8) = sum_k w[t, k] * y[pair_pos[t, k], c..c+8), k in order, f32.
+// Align-free (pair_pos null): pair p's row is p, and a pair whose id
+// (ids[p]) is outside [0, num_experts) adds nothing.
 __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
+                                   const int32_t* __restrict__ ids, int num_experts,
                                    const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
                                    __nv_bfloat16* __restrict__ out) {
   pdl::wait_for_inputs();  // y comes from DOWN
@@ -119,7 +123,8 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
   const int c = static_cast<int>(i % vecs) * 8;
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int k = 0; k < top_k; ++k) {
-    const int pos = pair_pos[t * top_k + k];
+    const int64_t p = t * top_k + k;
+    const int pos = pair_pos ? pair_pos[p] : (ids[p] >= 0 && ids[p] < num_experts ? static_cast<int>(p) : -1);
     if (pos < 0) continue;
     const float w = weights[t * top_k + k];
     const uint4 v = *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(pos) * hidden + c);
@@ -253,10 +258,16 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   const int bm = opt.force_bm ? opt.force_bm : moe_grouped_pick_bm(num_tokens, s);
   if (bm != 16 && bm != 32 && bm != 64 && bm != 128) return cudaErrorInvalidValue;
   const int64_t max_tiles = max_tiles_for(pairs, s.num_experts, bm);
+  // One token: its top_k ids are distinct experts, so pair k can be m-tile k
+  // (one row) without the align launch (GemmArgs::pair_experts).
+  const bool align_free = opt.align_free && num_tokens == 1 && bm == 16;
 
-  cudaError_t err = pdl::launch(moe_align_kernel, 1, kAlignThreads, 0, opt.pdl, stream, topk_ids,
-                                static_cast<int>(pairs), static_cast<int>(s.num_experts), bm, ws);
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
+  if (!align_free) {
+    err = pdl::launch(moe_align_kernel, 1, kAlignThreads, 0, opt.pdl, stream, topk_ids, static_cast<int>(pairs),
+                      static_cast<int>(s.num_experts), bm, ws);
+    if (err != cudaSuccess) return err;
+  }
 
   GemmArgs up;
   up.a = x;
@@ -273,6 +284,11 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   up.n_tiles = static_cast<int>(s.inter / 64);  // every UP tile holds 64 gate + 64 up rows
   up.num_experts = static_cast<int>(s.num_experts);
   up.pdl = opt.pdl;
+  if (align_free) {
+    up.pair_experts = topk_ids;
+    up.num_pairs = static_cast<int>(pairs);
+    up.sorted_pairs = up.expert_offsets = up.tile_expert = up.tile_row0 = up.num_tiles = nullptr;
+  }
   int splits = opt.up_splits > 0 ? opt.up_splits : moe_grouped_up_splits(num_tokens, s, bm, current_device_sms());
   // Forced counts stay within the workspace's partial rows and leave every split a k-tile.
   splits = static_cast<int>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(kMoeUpMaxSplits, s.hidden / 128)));
@@ -293,8 +309,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   if (splits > 1) {
     const int64_t threads = pairs * (s.inter / 2);
     err = pdl::launch(moe_up_finish_kernel, cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream,
-                      ws.up_partial, splits, static_cast<int>(pairs), static_cast<int>(s.inter), ws.expert_offsets,
-                      static_cast<int>(s.num_experts), ws.h);
+                      ws.up_partial, splits, static_cast<int>(pairs), static_cast<int>(s.inter),
+                      align_free ? nullptr : ws.expert_offsets, static_cast<int>(s.num_experts), ws.h);
     if (err != cudaSuccess) return err;
   }
 
@@ -313,7 +329,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
 
   const int64_t threads = num_tokens * (s.hidden / 8);
   return pdl::launch(moe_combine_kernel, cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream, ws.y,
-                     ws.pair_pos, topk_weights, num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
+                     align_free ? nullptr : ws.pair_pos, topk_ids, static_cast<int>(s.num_experts), topk_weights,
+                     num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
 }
 
 }  // namespace nucleus::kernels

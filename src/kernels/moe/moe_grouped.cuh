@@ -11,6 +11,9 @@
 //              sorted order, SwiGLU in the epilogue -> h (bf16);
 //  3. down:    grouped GEMM h . down_e^T -> y (bf16, one row per pair);
 //  4. combine: out[t] = sum_k w[t, k] * y[pos(t, k)] in k order, f32, -> bf16.
+// A one-token step skips the align launch (MoeGroupedOptions::align_free): its
+// top_k ids are distinct experts, so pair k is m-tile k (one row, row k) of
+// expert topk_ids[k], and UP, DOWN and the combine read the ids directly.
 // Each output element is one fixed-order dot product and one fixed-order sum,
 // so results are deterministic and do not depend on the other tokens (the
 // order of rows inside an expert's range, which is not fixed, changes nothing).
@@ -74,6 +77,8 @@ struct MoeGroupedOptions {
   int deep_ring = -1;                // 16-row bf16 tiles with an 8-stage cp.async ring instead of 4, per GEMM:
                                      // -1 by the rule (moe_grouped_deep_ring), 0 never, 1 wherever it applies
                                      // (NUCLEUS_MOE_DEEP_RING)
+  bool align_free = true;            // one-token steps of 16-row tiles without the align launch: pair k is
+                                     // m-tile k of expert topk_ids[k], one row (NUCLEUS_MOE_ALIGN_FREE)
 };
 
 // Bytes of device memory a workspace for `max_pairs` pairs needs, and the
@@ -95,8 +100,8 @@ const char* moe_grouped_unsupported(const MoeGroupedShape& s, const WeightView& 
 //   experts:      device array [num_experts]; gate_up [2 * inter, hidden], down [hidden, inter]
 //   gate_up_fp8 / down_fp8: whether those weights are FP8 (as the views say)
 //   out:          [num_tokens, hidden] bf16, overwritten
-//   opt:          the m-tile rows, the FP8 dequantization and the UP split-K
-//                 (MoeGroupedOptions). FP8 register dequantization: weights of
+//   opt:          the m-tile rows, the FP8 dequantization, the UP split-K
+//                 and the align-free one-token path (MoeGroupedOptions). FP8 register dequantization: weights of
 //                 16- and 32-row m-tiles are converted to bf16 in registers,
 //                 exactly, with the block scale applied to the f32 sums of
 //                 each k-tile; off: through a bf16 shared tile of q * scale
@@ -162,6 +167,14 @@ struct GemmArgs {
   int partial_rows = 0;  // rows a split's block holds (>= the step's pairs)
   bool pdl = false;      // launched as a programmatic dependent (host side)
   bool deep_ring = false;  // 16-row bf16 tiles: 8 ring stages instead of 4 (host side; moe_grouped_deep_ring)
+  // Align-free (a one-token step, MoeGroupedOptions::align_free): no work
+  // list; m-tile t is pair t, of expert pair_experts[t] (the step's topk_ids;
+  // a CTA of an id outside [0, num_experts) does nothing), one row, row t;
+  // num_tiles, tile_expert, tile_row0, expert_offsets and sorted_pairs are
+  // not read. The top-k ids of one token are distinct, so each activated
+  // expert's weights are still read once.
+  const int32_t* pair_experts = nullptr;
+  int num_pairs = 0;
 };
 
 // Explicitly instantiated in moe_grouped_{up,down}_{bf16,fp8}.cu for

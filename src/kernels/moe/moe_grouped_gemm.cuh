@@ -117,16 +117,21 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
   const int tile = tile_n / args.n_tiles, n_tile = tile_n % args.n_tiles;
   // The work list is read through L2 (ld.global.cg): DOWN reads it before its
   // wait, and an L1 line of an earlier layer's list must not answer.
-  if (tile >= __ldcg(args.num_tiles)) {  // past the device-side work list
+  // Align-free (GemmArgs::pair_experts): tile t is pair t, one row. Only
+  // 16-row tiles (the launch's one-token steps); the other variants compile
+  // without it.
+  const bool align_free = BM == 16 && args.pair_experts != nullptr;
+  const int expert = align_free ? (tile < args.num_pairs ? __ldcg(args.pair_experts + tile) : -1)
+                                : (tile < __ldcg(args.num_tiles) ? __ldcg(args.tile_expert + tile) : -1);
+  if (expert < 0 || (align_free && expert >= args.num_experts)) {  // past the work list, or an id out of range
     // DOWN still waits: with no tile at all (every id out of range) no CTA
     // would, and DOWN could complete before UP, breaking the chain that lets
     // the next chunk's align rewrite the workspace.
     if constexpr (!kUp) pdl::wait_for_inputs();
     return;
   }
-  const int expert = __ldcg(args.tile_expert + tile);
-  const int row0 = __ldcg(args.tile_row0 + tile);
-  const int row_end = __ldcg(args.expert_offsets + expert + 1);
+  const int row0 = align_free ? tile : __ldcg(args.tile_row0 + tile);
+  const int row_end = align_free ? tile + 1 : __ldcg(args.expert_offsets + expert + 1);
   const WeightView w = kUp ? args.experts[expert].gate_up : args.experts[expert].down;
   const int K = args.k;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -157,7 +162,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32, (WARPS_M * WARPS_N * 32
     const int i = tid + it * NT, row = i >> 3, c = i & 7;
     const int r = row0 + row;
     int src_row = r;
-    if constexpr (kUp) src_row = r < row_end ? args.sorted_pairs[r] / args.top_k : 0;
+    if constexpr (kUp) src_row = r < row_end ? (align_free ? r : args.sorted_pairs[r]) / args.top_k : 0;
     a_off[it] = r < row_end ? src_row * K + c * 8 : -1;
   }
   int b_off[B_ITERS];  // bytes

@@ -36,8 +36,12 @@ constexpr int kRouteWarps = 4;  // tokens per block
 __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ logits, const float* __restrict__ bias,
                                  int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights,
                                  int64_t num_tokens) {
-  pdl::launch_dependents();  // the grouped path's align kernel may launch
-  pdl::wait_for_inputs();    // launched as a dependent: the router GEMM has finished
+  // Wait, then let the dependent launch: the dependent may be the grouped
+  // path's UP GEMM (align-free one-token steps), whose CTAs, launched before
+  // the router GEMM has drained, measured 3-30 us slower (docs/perf.md "In
+  // the graph: the kernel timeline of a batch-1 step").
+  pdl::wait_for_inputs();  // launched as a dependent: the router GEMM has finished
+  pdl::launch_dependents();
   extern __shared__ float sm[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
@@ -127,6 +131,146 @@ __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ l
   }
 }
 
+// A float as an unsigned key whose order is the float order (-0 read as +0);
+// 0 is below every float's key (-inf's is 0x007fffff), so it marks "no candidate".
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t b = __float_as_uint(v + 0.0f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// The register path: the same selection as moe_route_kernel (one warp a
+// token, lane l owning experts l + 32 j, j < J), with every value in
+// registers and each warp-wide argmax two redux.sync instructions (the
+// largest key, then the lowest index holding it: the CPU reference's
+// first-maximum rule) instead of a five-step shuffle tree over shared
+// memory. Groups (noaux_tc, group-limited greedy) need group_size % 32 == 0,
+// so that group g is the slots j in [g q, (g + 1) q), q = group_size / 32;
+// launch_moe_route sends other shapes to moe_route_kernel.
+template <int J>
+__global__ void moe_route_regs_kernel(MoeRoutingParams p, const float* __restrict__ logits,
+                                      const float* __restrict__ bias, int32_t* __restrict__ topk_ids,
+                                      float* __restrict__ topk_weights, int64_t num_tokens) {
+  pdl::wait_for_inputs();  // the router GEMM has finished (see moe_route_kernel on the order)
+  pdl::launch_dependents();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (t >= num_tokens) return;
+  const int E = static_cast<int>(p.num_experts);
+  const float* l = logits + t * E;
+  float score[J], choice[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) score[j] = lane + 32 * j < E ? l[lane + 32 * j] : -INFINITY;
+  if (p.scoring == ScoringFunc::kSoftmax) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < J; ++j) mx = fmaxf(mx, score[j]);
+    mx = cuda_common::warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      score[j] = lane + 32 * j < E ? expf(score[j] - mx) : 0.0f;
+      sum += score[j];
+    }
+    sum = warp_sum(sum);
+#pragma unroll
+    for (int j = 0; j < J; ++j) score[j] /= sum;
+  } else {
+#pragma unroll
+    for (int j = 0; j < J; ++j) score[j] = 1.0f / (1.0f + expf(-score[j]));
+  }
+  uint32_t live = 0;  // bit j: expert lane + 32 j exists and is not yet taken
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int e = lane + 32 * j;
+    choice[j] = e < E && bias ? score[j] + bias[e] : score[j];
+    if (e < E) live |= 1u << j;
+  }
+  const int G = static_cast<int>(p.n_group);
+  if (p.method != TopkMethod::kGreedy && G > 1) {
+    const int q = E / G / 32;  // slots a group
+    float my_gscore = -INFINITY;  // lane g < G: group g's score
+#pragma unroll
+    for (int g = 0; g < J; ++g) {
+      if (g >= G) continue;  // uniform across the warp
+      float a = -INFINITY, b = -INFINITY;  // this lane's top-2 of group g
+#pragma unroll
+      for (int j = 0; j < J; ++j) {  // the group's slots, j in [g q, (g + 1) q), in order
+        if (j / q != g) continue;
+        const float c = choice[j];
+        if (c > a) { b = a; a = c; } else if (c > b) { b = c; }
+      }
+      const uint32_t k1 = __reduce_max_sync(0xffffffffu, order_key(a));
+      float gs = key_value(k1);
+      if (p.method == TopkMethod::kNoauxTc) {
+        // The second largest: every lane's best, except one holder of the
+        // largest, which offers its second.
+        const uint32_t holders = __ballot_sync(0xffffffffu, order_key(a) == k1);
+        const bool first = (holders & ((1u << lane) - 1u)) == 0 && (holders >> lane & 1u);
+        const uint32_t k2 = __reduce_max_sync(0xffffffffu, order_key(first ? b : a));
+        gs = key_value(k1) + key_value(k2);  // a + b, as moe_route_kernel's top-2 sum
+      }
+      if (lane == g) my_gscore = gs;
+    }
+    // topk_group groups, each the largest score left (ties: the lower group).
+    uint32_t kept = 0;
+    bool open = lane < G;
+    for (int pick = 0; pick < p.topk_group; ++pick) {
+      const uint32_t key = open ? order_key(my_gscore) : 0u;
+      const uint32_t top = __reduce_max_sync(0xffffffffu, key);
+      if (top == 0) break;
+      const unsigned g = __reduce_min_sync(0xffffffffu, key == top ? static_cast<unsigned>(lane) : 32u);
+      kept |= 1u << g;
+      if (static_cast<unsigned>(lane) == g) open = false;
+    }
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (!(kept >> (j / q) & 1u)) choice[j] = -INFINITY;  // still selectable, as in moe_route_kernel
+  }
+  const int K = static_cast<int>(p.top_k);
+  int32_t my_id = -1;
+  float my_w = 0.0f, sum = 0.0f;
+  for (int k = 0; k < K; ++k) {
+    uint32_t best = 0;
+    int best_idx = 0x7fffffff;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const uint32_t key = (live >> j & 1u) ? order_key(choice[j]) : 0u;
+      if (key > best) { best = key; best_idx = lane + 32 * j; }  // ties keep the lower j
+    }
+    const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+    const int idx = static_cast<int>(__reduce_min_sync(0xffffffffu, static_cast<unsigned>(best == top ? best_idx : 0x7fffffff)));
+    float w = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (lane + 32 * j == idx) {
+        w = score[j];
+        live &= ~(1u << j);
+      }
+    const float wk = __shfl_sync(0xffffffffu, w, idx & 31);
+    if (lane == k) {
+      my_id = idx;
+      my_w = wk;
+    }
+    sum += wk;
+  }
+  const int64_t slots = p.top_k + p.shared_slots;
+  if (lane < K) {
+    const bool normalise = p.method == TopkMethod::kNoauxTc ? p.norm_topk_prob : (p.top_k > 1 && p.norm_topk_prob);
+    const bool scale = p.method == TopkMethod::kNoauxTc || !normalise;
+    float v = my_w;
+    if (normalise) v /= (sum + 1e-20f);
+    if (scale) v *= p.routed_scaling_factor;
+    topk_ids[t * slots + lane] = my_id;
+    topk_weights[t * slots + lane] = v;
+  } else if (lane < K + p.shared_slots) {
+    topk_ids[t * slots + lane] = E + lane - K;
+    topk_weights[t * slots + lane] = 1.0f;
+  }
+}
+
 // scratch[t*top_k + k, i] = silu(gate_e[i] . x_t) * (up_e[i] . x_t); one warp per (pair, i).
 __global__ void expert_up_kernel(const __nv_bfloat16* __restrict__ x, int64_t hidden, int64_t inter,
                                  const int32_t* __restrict__ ids, int64_t top_k, const ExpertView* experts,
@@ -170,16 +314,38 @@ __global__ void expert_down_kernel(int64_t num_tokens, int64_t hidden, int64_t i
 }
 }  // namespace
 
+bool moe_route_regs_supported(const MoeRoutingParams& p) {
+  const bool grouped = p.method != TopkMethod::kGreedy && p.n_group > 1;
+  return p.num_experts >= 1 && p.num_experts <= 32 * kMoeRouteRegsMaxSlots && p.top_k >= 1 &&
+         p.top_k <= p.num_experts && (!grouped || (p.num_experts / p.n_group) % 32 == 0);
+}
+
 cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, const float* bias, int64_t num_tokens,
-                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream, bool dependent) {
+                             int32_t* topk_ids, float* topk_weights, cudaStream_t stream, bool dependent,
+                             MoeRouteKernel kernel) {
   if (num_tokens == 0) return cudaSuccess;
   if (p.num_experts > 1024 || p.n_group > 64 || p.top_k > 16 || p.n_group < 1 || p.num_experts % p.n_group != 0 ||
       p.shared_slots < 0 || p.shared_slots > 16)
     return cudaErrorInvalidValue;
-  const size_t smem = kRouteWarps * 2 * p.num_experts * sizeof(float);
   const auto blocks = static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps);
-  const cudaError_t e = pdl::launch(moe_route_kernel, blocks, kRouteWarps * 32, smem, dependent, stream, p, logits, bias,
-                                    topk_ids, topk_weights, num_tokens);
+  const bool regs = kernel != MoeRouteKernel::kSharedMemory && moe_route_regs_supported(p);
+  if (kernel == MoeRouteKernel::kRegisters && !regs) return cudaErrorInvalidValue;
+  cudaError_t e = cudaSuccess;
+  if (regs) {
+    const int slots = static_cast<int>((p.num_experts + 31) / 32);
+    auto go = [&](auto kern) {
+      return pdl::launch(kern, blocks, kRouteWarps * 32, 0, dependent, stream, p, logits, bias, topk_ids,
+                         topk_weights, num_tokens);
+    };
+    e = slots <= 2 ? go(moe_route_regs_kernel<2>)
+        : slots <= 4 ? go(moe_route_regs_kernel<4>)
+        : slots <= 8 ? go(moe_route_regs_kernel<8>)
+                     : go(moe_route_regs_kernel<kMoeRouteRegsMaxSlots>);
+  } else {
+    const size_t smem = kRouteWarps * 2 * p.num_experts * sizeof(float);
+    e = pdl::launch(moe_route_kernel, blocks, kRouteWarps * 32, smem, dependent, stream, p, logits, bias, topk_ids,
+                    topk_weights, num_tokens);
+  }
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Summarise a kernel_timeline CSV (tools/kernel_timeline/kernel_timeline.cpp).
+
+For one CUDA graph (default: the one replayed the most times), each kernel
+node in replay order with the medians over replays of:
+  dur   end - start (a PDL dependent's start is early: it waits inside)
+  incr  end - the previous node's end: what the node adds to the step
+  gap   start - the previous node's end (negative: started before it ended)
+then the same increments summed per kernel name, and the step (last end -
+first start). All in microseconds.
+
+  summarize.py timeline.csv [--graph ID] [--top N]
+"""
+import argparse
+import collections
+import csv
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+
+def short_names(mangled):
+    names = dict((m, m) for m in mangled)
+    if shutil.which("c++filt"):
+        out = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True).stdout.split("\n")
+        for m, d in zip(mangled, out):
+            names[m] = d
+    for m, d in names.items():
+        d = d.replace("(anonymous namespace)::", "")
+        d = re.sub(r"^void ", "", d)
+        d = re.sub(r"\([^()]*\)$", "", d)  # arguments
+        depth, s = 0, ""
+        for ch in d:  # template arguments, kept one level deep as <..>
+            if ch == "<":
+                depth += 1
+                s += "<" if depth == 1 else ""
+            elif ch == ">":
+                depth -= 1
+                s += ">" if depth == 0 else ""
+            elif depth <= 1:
+                s += ch
+        s = re.sub(r"^.*::(?=[^:<]*(<|$))", "", s)  # namespaces of the function
+        names[m] = s[:90]
+    return names
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv")
+    ap.add_argument("--graph", type=int, default=None)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    rows = []
+    with open(args.csv, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["graph_id"]), int(r["graph_node_id"]),
+                         int(r["grid"]), int(r["block"]), r["name"]))
+    by_graph = collections.defaultdict(list)
+    for r in rows:
+        if r[2]:
+            by_graph[r[2]].append(r)
+    if not by_graph:
+        sys.exit("summarize.py: no kernel ran inside a CUDA graph")
+    print("graphs: id nodes replays")
+    for g, rs in sorted(by_graph.items()):
+        n = len({r[3] for r in rs})
+        print(f"  {g} {n} {len(rs) / n:.1f}")
+    gid = args.graph
+    if gid is None:
+        gid = max(by_graph, key=lambda g: (len(by_graph[g]) / len({r[3] for r in by_graph[g]}), len(by_graph[g])))
+    if gid not in by_graph:
+        sys.exit(f"summarize.py: no graph {gid}")
+    rs = sorted(by_graph[gid])
+    nodes = len({r[3] for r in rs})
+    replays = [rs[i:i + nodes] for i in range(0, len(rs) - nodes + 1, nodes)]
+    replays = [p for p in replays if len({r[3] for r in p}) == nodes]
+    if not replays:
+        sys.exit(f"summarize.py: graph {gid}: no complete replay")
+    names = short_names(sorted({r[6] for r in rs}))
+    order = [r[3] for r in replays[0]]
+    stats = collections.defaultdict(lambda: {"dur": [], "incr": [], "gap": []})
+    steps = []
+    for p in replays:
+        steps.append((max(r[1] for r in p) - p[0][0]) / 1e3)
+        prev_end = p[0][0]
+        for r in p:
+            s = stats[r[3]]
+            s["dur"].append((r[1] - r[0]) / 1e3)
+            s["incr"].append((r[1] - prev_end) / 1e3)
+            s["gap"].append((r[0] - prev_end) / 1e3)
+            prev_end = max(prev_end, r[1])
+    info = {r[3]: r for r in replays[0]}
+    med = statistics.median
+    print(f"\ngraph {gid}: {nodes} kernels, {len(replays)} replays, step {med(steps):.1f} us (median)\n")
+    print("| # | kernel | grid | dur | incr | gap |\n|---:|---|---:|---:|---:|---:|")
+    for i, node in enumerate(order):
+        s, r = stats[node], info[node]
+        print(f"| {i} | {names[r[6]]} | {r[4]} | {med(s['dur']):.2f} | {med(s['incr']):.2f} | {med(s['gap']):.2f} |")
+    total = collections.defaultdict(lambda: [0, 0.0])
+    for node in order:
+        t = total[names[info[node][6]]]
+        t[0] += 1
+        t[1] += med(stats[node]["incr"])
+    print(f"\n| kernel | per step | incr us | share |\n|---|---:|---:|---:|")
+    step = med(steps)
+    for name, (n, us) in sorted(total.items(), key=lambda kv: -kv[1][1])[:args.top]:
+        print(f"| {name} | {n} | {us:.1f} | {100 * us / step:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
