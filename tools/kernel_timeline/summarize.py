@@ -41,7 +41,8 @@ def short_names(mangled):
                 s += ">" if depth == 0 else ""
             elif depth <= 1:
                 s += ch
-        s = re.sub(r"^.*::(?=[^:<]*(<|$))", "", s)  # namespaces of the function
+        head, lt, tail = s.partition("<")
+        s = re.sub(r"^.*::", "", head) + lt + tail  # namespaces of the function
         names[m] = s[:90]
     return names
 

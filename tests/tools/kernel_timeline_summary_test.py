@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""tools/kernel_timeline/summarize.py on a hand-made timeline.
+
+Graph 7 (three nodes, three replays) is the most replayed and is chosen over
+graph 9 (one replay) and the kernel outside any graph. Node times, ns from
+the replay's first start (replay r shifted by 100 us, node 102's end varied
+so its median is the middle replay's):
+  node 100 route  start 0      end 3000
+  node 101 up     start 1000   end 23000   (a PDL dependent: starts early)
+  node 102 down   start 23500  end 28500 / 29500 / 30500
+Hand-computed medians, us: route dur 3.0 incr 3.0 gap 0.0; up dur 22.0
+incr 20.0 gap -2.0; down dur 6.0 incr 6.5 gap 0.5; step 29.5. Per name:
+up 20.0 us = 67.8% of the step.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUMMARIZE = os.path.join(HERE, "..", "..", "tools", "kernel_timeline", "summarize.py")
+ROUTE = "_ZN7nucleus7kernels12_GLOBAL__N_116moe_route_kernelENS0_16MoeRoutingParamsEPKfS4_PiPfl"
+
+
+def main():
+    rows = ["start_ns,end_ns,graph_id,graph_node_id,stream,grid,block,name"]
+    for r, down_end in enumerate([28500, 29500, 30500]):
+        t0 = 1_000_000 + r * 100_000
+        rows.append(f"{t0},{t0 + 3000},7,100,13,1,128,{ROUTE}")
+        rows.append(f"{t0 + 1000},{t0 + 23000},7,101,13,132,256,_Z2upv")
+        rows.append(f"{t0 + 23500},{t0 + down_end},7,102,13,192,256,_Z4downv")
+    rows.append("5000000,5001000,9,1,13,1,32,_Z5otherv")
+    rows.append("10,20,0,0,13,1,32,_Z5eagerv")
+    with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
+        f.write("\n".join(rows) + "\n")
+        path = f.name
+    try:
+        out = subprocess.run([sys.executable, SUMMARIZE, path], capture_output=True, text=True, check=True).stdout
+        bad = subprocess.run([sys.executable, SUMMARIZE, path, "--graph", "42"], capture_output=True, text=True)
+    finally:
+        os.unlink(path)
+    want = [
+        "graph 7: 3 kernels, 3 replays, step 29.5 us (median)",
+        "| 0 | moe_route_kernel | 1 | 3.00 | 3.00 | 0.00 |",
+        "| 1 | up | 132 | 22.00 | 20.00 | -2.00 |",
+        "| 2 | down | 192 | 6.00 | 6.50 | 0.50 |",
+        "| up | 1 | 20.0 | 67.8% |",
+    ]
+    failed = [w for w in want if w not in out]
+    if bad.returncode == 0 or "no graph 42" not in bad.stderr:
+        failed.append("--graph 42 (absent) is refused naming it")
+    if failed:
+        print(out)
+        print("missing:\n  " + "\n  ".join(failed))
+        return 1
+    print("kernel_timeline_summary_test: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
