@@ -54,10 +54,21 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     rows = []
-    with open(args.csv, newline="") as f:
-        for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["graph_id"]), int(r["graph_node_id"]),
-                         int(r["grid"]), int(r["block"]), r["name"]))
+    columns = ["start_ns", "end_ns", "graph_id", "graph_node_id", "grid", "block", "name"]
+    try:
+        with open(args.csv, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in columns if c not in (reader.fieldnames or [])]
+            if missing:
+                sys.exit(f"summarize.py: {args.csv}: not a kernel_timeline CSV (no column {', '.join(missing)})")
+            for line, r in enumerate(reader, start=2):
+                try:
+                    rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["graph_id"]), int(r["graph_node_id"]),
+                                 int(r["grid"]), int(r["block"]), r["name"]))
+                except (TypeError, ValueError):
+                    sys.exit(f"summarize.py: {args.csv}:{line}: not a kernel row: {r}")
+    except OSError as e:
+        sys.exit(f"summarize.py: cannot read {args.csv}: {e.strerror}")
     by_graph = collections.defaultdict(list)
     for r in rows:
         if r[2]:
