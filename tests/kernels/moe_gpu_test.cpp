@@ -231,6 +231,50 @@ TEST_F(MoeGpu, RoutingRegisterPathCoverage) {
             cudaErrorInvalidValue);
 }
 
+// The register path's other instances and branches: 96 experts (4 slots a
+// lane), 72 (padding slots), group-limited greedy with groups of 32, noaux_tc
+// with groups of 64 (2 slots a group); each bit-identical to the
+// shared-memory kernel and within the reference (check_routing). Top-k above
+// the expert count is refused.
+TEST_F(MoeGpu, RoutingRegisterPathShapes) {
+  MoeRoutingParams a;  // greedy softmax, 96 experts
+  a.num_experts = 96;
+  a.top_k = 6;
+  a.norm_topk_prob = true;
+  ASSERT_TRUE(moe_route_regs_supported(a));
+  for (int64_t T : {1, 9}) check_routing(a, false, T, 700 + T);
+  a.num_experts = 72;  // not a multiple of 32
+  ASSERT_TRUE(moe_route_regs_supported(a));
+  for (int64_t T : {1, 9}) check_routing(a, false, T, 710 + T);
+  MoeRoutingParams b;  // group-limited greedy, 256 experts in 8 groups of 32
+  b.method = TopkMethod::kGroupLimitedGreedy;
+  b.num_experts = 256;
+  b.top_k = 8;
+  b.n_group = 8;
+  b.topk_group = 3;
+  b.routed_scaling_factor = 16.0f;
+  ASSERT_TRUE(moe_route_regs_supported(b));
+  for (int64_t T : {1, 9}) check_routing(b, false, T, 720 + T);
+  MoeRoutingParams c;  // noaux_tc, sigmoid + bias, 128 experts in 2 groups of 64
+  c.scoring = ScoringFunc::kSigmoid;
+  c.method = TopkMethod::kNoauxTc;
+  c.num_experts = 128;
+  c.top_k = 4;
+  c.n_group = 2;
+  c.topk_group = 1;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  ASSERT_TRUE(moe_route_regs_supported(c));
+  for (int64_t T : {1, 9}) check_routing(c, true, T, 730 + T);
+  MoeRoutingParams d = a;
+  d.num_experts = 4;
+  d.top_k = 6;
+  Tensor logits = device_copy(std::vector<float>(4, 0.0f), DType::kF32);
+  Tensor ids = device_poisoned(6, DType::kI32), w = device_poisoned(6, DType::kF32);
+  EXPECT_EQ(launch_moe_route(d, logits.data<float>(), nullptr, 1, ids.data<int32_t>(), w.data<float>(), nullptr),
+            cudaErrorInvalidValue);
+}
+
 TEST_F(MoeGpu, RoutingV2SoftmaxGroupLimited) {
   MoeRoutingParams p;  // DeepSeek-V2
   p.scoring = ScoringFunc::kSoftmax;
@@ -279,6 +323,9 @@ TEST_F(MoeGpu, RoutingKimiK2ShapeAndExactTies) {
                                  nullptr, false, kernel),
                 cudaSuccess);
       EXPECT_EQ(host_copy<int32_t>(d_ids), want) << (kernel == MoeRouteKernel::kRegisters ? "registers" : "smem");
+      const std::vector<float> got_w = host_copy<float>(d_w);
+      for (size_t i = 0; i < want_w.size(); ++i)
+        EXPECT_NEAR(got_w[i], want_w[i], 1e-6f) << (kernel == MoeRouteKernel::kRegisters ? "registers" : "smem") << " " << i;
     }
   }
 }

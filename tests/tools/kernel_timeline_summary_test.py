@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """tools/kernel_timeline/summarize.py on a hand-made timeline.
 
-Graph 7 (three nodes, three replays) is the most replayed and is chosen over
-graph 9 (one replay) and the kernel outside any graph. Node times, ns from
-the replay's first start (replay r shifted by 100 us, node 102's end varied
-so its median is the middle replay's):
+Graph 7 (three nodes, five replays, one missing its UP record and left out)
+is the most replayed and is chosen over graph 9 (one replay) and the kernel
+outside any graph. Node times, ns from the replay's first start (replay r
+shifted by 100 us, node 102's end 28.5, 29.5, 30.5, 29.5 us in the four
+complete replays):
   node 100 route  start 0      end 3000
   node 101 up     start 1000   end 23000   (a PDL dependent: starts early)
   node 102 down   start 23500  end 28500 / 29500 / 30500
@@ -24,9 +25,12 @@ ROUTE = "_ZN7nucleus7kernels12_GLOBAL__N_116moe_route_kernelENS0_16MoeRoutingPar
 
 def main():
     rows = ["start_ns,end_ns,graph_id,graph_node_id,stream,grid,block,name"]
-    for r, down_end in enumerate([28500, 29500, 30500]):
+    for r, down_end in enumerate([28500, 29500, 30500, 0, 29500]):
         t0 = 1_000_000 + r * 100_000
         rows.append(f"{t0},{t0 + 3000},7,100,13,1,128,{ROUTE}")
+        if down_end == 0:  # a replay whose UP record was dropped: left out
+            rows.append(f"{t0 + 23500},{t0 + 28000},7,102,13,192,256,_Z4downv")
+            continue
         rows.append(f"{t0 + 1000},{t0 + 23000},7,101,13,132,256,_Z2upv")
         rows.append(f"{t0 + 23500},{t0 + down_end},7,102,13,192,256,_Z4downv")
     rows.append("5000000,5001000,9,1,13,1,32,_Z5otherv")
@@ -40,7 +44,8 @@ def main():
     finally:
         os.unlink(path)
     want = [
-        "graph 7: 3 kernels, 3 replays, step 29.5 us (median)",
+        "(graph 7: 1 incomplete replays left out)",
+        "graph 7: 3 kernels, 4 replays, step 29.5 us (median)",
         "| 0 | moe_route_kernel | 1 | 3.00 | 3.00 | 0.00 |",
         "| 1 | up | 132 | 22.00 | 20.00 | -2.00 |",
         "| 2 | down | 192 | 6.00 | 6.50 | 0.50 |",

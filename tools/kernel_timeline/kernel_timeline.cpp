@@ -5,7 +5,7 @@
 // PDL, at the clocks the GPU chooses, with warm caches.
 //
 //   CUDA_INJECTION64_PATH=build/lib/libnucleus_kernel_timeline.so \
-//   NUCLEUS_TIMELINE_OUT=timeline.csv nucleus bench latency ...
+//   KERNEL_TIMELINE_OUT=timeline.csv nucleus bench latency ...
 //   python3 tools/kernel_timeline/summarize.py timeline.csv
 //
 // Columns: start_ns, end_ns (GPU timestamps, ns), graph_id, graph_node_id
@@ -66,7 +66,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 
 void write_out() {
   report(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
-  const char* path = std::getenv("NUCLEUS_TIMELINE_OUT");
+  const char* path = std::getenv("KERNEL_TIMELINE_OUT");
   const std::string out = path && *path ? path : "kernel_timeline.csv";
   std::FILE* f = std::fopen(out.c_str(), "w");
   if (!f) {

@@ -63,12 +63,16 @@ def main():
                 sys.exit(f"summarize.py: {args.csv}: not a kernel_timeline CSV (no column {', '.join(missing)})")
             for line, r in enumerate(reader, start=2):
                 try:
+                    if not r["name"]:
+                        raise ValueError("no name")
                     rows.append((int(r["start_ns"]), int(r["end_ns"]), int(r["graph_id"]), int(r["graph_node_id"]),
                                  int(r["grid"]), int(r["block"]), r["name"]))
                 except (TypeError, ValueError):
                     sys.exit(f"summarize.py: {args.csv}:{line}: not a kernel row: {r}")
     except OSError as e:
         sys.exit(f"summarize.py: cannot read {args.csv}: {e.strerror}")
+    except UnicodeDecodeError:
+        sys.exit(f"summarize.py: {args.csv}: not a text CSV")
     by_graph = collections.defaultdict(list)
     for r in rows:
         if r[2]:
@@ -86,10 +90,22 @@ def main():
         sys.exit(f"summarize.py: no graph {gid}")
     rs = sorted(by_graph[gid])
     nodes = len({r[3] for r in rs})
-    replays = [rs[i:i + nodes] for i in range(0, len(rs) - nodes + 1, nodes)]
-    replays = [p for p in replays if len({r[3] for r in p}) == nodes]
+    # Replays in start order: a new one begins where a node repeats. A replay
+    # missing a node (a record CUPTI dropped) is left out, and counted.
+    replays, cur, seen = [], [], set()
+    for r in rs:
+        if r[3] in seen:
+            replays.append(cur)
+            cur, seen = [], set()
+        cur.append(r)
+        seen.add(r[3])
+    replays.append(cur)
+    incomplete = sum(1 for p in replays if len(p) != nodes)
+    replays = [p for p in replays if len(p) == nodes]
     if not replays:
         sys.exit(f"summarize.py: graph {gid}: no complete replay")
+    if incomplete:
+        print(f"(graph {gid}: {incomplete} incomplete replays left out)")
     names = short_names(sorted({r[6] for r in rs}))
     order = [r[3] for r in replays[0]]
     stats = collections.defaultdict(lambda: {"dur": [], "incr": [], "gap": []})

@@ -324,8 +324,8 @@ cudaError_t launch_moe_route(const MoeRoutingParams& p, const float* logits, con
                              int32_t* topk_ids, float* topk_weights, cudaStream_t stream, bool dependent,
                              MoeRouteKernel kernel) {
   if (num_tokens == 0) return cudaSuccess;
-  if (p.num_experts > 1024 || p.n_group > 64 || p.top_k > 16 || p.n_group < 1 || p.num_experts % p.n_group != 0 ||
-      p.shared_slots < 0 || p.shared_slots > 16)
+  if (p.num_experts > 1024 || p.n_group > 64 || p.top_k < 1 || p.top_k > 16 || p.top_k > p.num_experts ||
+      p.n_group < 1 || p.num_experts % p.n_group != 0 || p.shared_slots < 0 || p.shared_slots > 16)
     return cudaErrorInvalidValue;
   const auto blocks = static_cast<unsigned>((num_tokens + kRouteWarps - 1) / kRouteWarps);
   const bool regs = kernel != MoeRouteKernel::kSharedMemory && moe_route_regs_supported(p);

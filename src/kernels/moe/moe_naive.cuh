@@ -33,9 +33,10 @@ bool moe_route_regs_supported(const MoeRoutingParams& p);
 
 // logits: [num_tokens, num_experts] f32; bias: [num_experts] f32 or null;
 // topk_ids / topk_weights: [num_tokens, p.slots()] (the shared slots after
-// the top_k, MoeRoutingParams::shared_slots). num_experts <= 1024, top_k and
-// shared_slots <= 16, and kernel == kRegisters only where
-// moe_route_regs_supported; else cudaErrorInvalidValue.
+// the top_k, MoeRoutingParams::shared_slots). num_experts <= 1024,
+// 1 <= top_k <= min(16, num_experts), shared_slots <= 16, n_group dividing
+// num_experts, and kernel == kRegisters only where moe_route_regs_supported;
+// else cudaErrorInvalidValue.
 // Stream-async, graph-safe. dependent: launched as a programmatic dependent
 // (PDL, kernels/common/pdl.cuh) of the kernel before it; it waits for that
 // kernel before it reads anything, and only then lets its own dependent launch.
