@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <numeric>
 #include <random>
 
@@ -149,27 +150,34 @@ void check_routing(const MoeRoutingParams& p, bool with_bias, int64_t T, uint64_
   EXPECT_LE(near_ties, 1) << "tokens decided by near-ties";
 }
 
-TEST_F(MoeGpu, RoutingV3SigmoidGroupedNoauxTc) {
+// Routing params field by field, in the order of the config keys
+// (scoring_func, topk_method, n_routed_experts, num_experts_per_tok, n_group,
+// topk_group, norm_topk_prob, routed_scaling_factor), and the shipped shapes.
+MoeRoutingParams routing(ScoringFunc scoring, TopkMethod method, int64_t experts, int64_t top_k, int64_t n_group = 1,
+                         int64_t topk_group = 1, bool norm = false, float scale = 1.0f) {
   MoeRoutingParams p;
-  p.scoring = ScoringFunc::kSigmoid;
-  p.method = TopkMethod::kNoauxTc;
-  p.num_experts = 256;
-  p.top_k = 8;
-  p.n_group = 8;
-  p.topk_group = 4;
-  p.norm_topk_prob = true;
-  p.routed_scaling_factor = 2.5f;
-  for (int64_t T : {1, 7, 300}) check_routing(p, true, T, 100 + T);
+  p.scoring = scoring;
+  p.method = method;
+  p.num_experts = experts;
+  p.top_k = top_k;
+  p.n_group = n_group;
+  p.topk_group = topk_group;
+  p.norm_topk_prob = norm;
+  p.routed_scaling_factor = scale;
+  return p;
+}
+constexpr ScoringFunc kSoftmax = ScoringFunc::kSoftmax, kSigmoid = ScoringFunc::kSigmoid;
+const MoeRoutingParams kV3Routing = routing(kSigmoid, TopkMethod::kNoauxTc, 256, 8, 8, 4, true, 2.5f);
+const MoeRoutingParams kV2LiteRouting = routing(kSoftmax, TopkMethod::kGreedy, 64, 6);
+const MoeRoutingParams kV2Routing = routing(kSoftmax, TopkMethod::kGroupLimitedGreedy, 160, 6, 8, 3, false, 16.0f);
+const MoeRoutingParams kKimiK2Routing = routing(kSigmoid, TopkMethod::kNoauxTc, 384, 8, 1, 1, true, 2.827f);
+
+TEST_F(MoeGpu, RoutingV3SigmoidGroupedNoauxTc) {
+  for (int64_t T : {1, 7, 300}) check_routing(kV3Routing, true, T, 100 + T);
 }
 
 TEST_F(MoeGpu, RoutingV2SoftmaxGreedy) {
-  MoeRoutingParams p;  // V2-Lite
-  p.scoring = ScoringFunc::kSoftmax;
-  p.method = TopkMethod::kGreedy;
-  p.num_experts = 64;
-  p.top_k = 6;
-  p.norm_topk_prob = false;
-  p.routed_scaling_factor = 1.0f;
+  MoeRoutingParams p = kV2LiteRouting;
   for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 200 + T);
   p.norm_topk_prob = true;  // and the normalising variant
   check_routing(p, false, 33, 250);
@@ -178,20 +186,10 @@ TEST_F(MoeGpu, RoutingV2SoftmaxGreedy) {
 // Shared experts run as routed ones (NUCLEUS_MOE_FUSE_SHARED): the slots
 // after the top_k hold ids E, E + 1, ... with weight 1 (V2-Lite: 2, V3: 1).
 TEST_F(MoeGpu, RoutingWritesTheSharedSlots) {
-  MoeRoutingParams p;  // V2-Lite
-  p.num_experts = 64;
-  p.top_k = 6;
+  MoeRoutingParams p = kV2LiteRouting;
   p.shared_slots = 2;
   for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 500 + T);
-  MoeRoutingParams q;  // V3
-  q.scoring = ScoringFunc::kSigmoid;
-  q.method = TopkMethod::kNoauxTc;
-  q.num_experts = 256;
-  q.top_k = 8;
-  q.n_group = 8;
-  q.topk_group = 4;
-  q.norm_topk_prob = true;
-  q.routed_scaling_factor = 2.5f;
+  MoeRoutingParams q = kV3Routing;
   q.shared_slots = 1;
   for (int64_t T : {1, 33}) check_routing(q, true, T, 600 + T);
 }
@@ -200,34 +198,15 @@ TEST_F(MoeGpu, RoutingWritesTheSharedSlots) {
 // DeepSeek-V2's groups of 20 (those stay on the shared-memory kernel), and a
 // forced register launch where it does not serve is refused.
 TEST_F(MoeGpu, RoutingRegisterPathCoverage) {
-  MoeRoutingParams v2lite;
-  v2lite.num_experts = 64;
-  v2lite.top_k = 6;
-  EXPECT_TRUE(moe_route_regs_supported(v2lite));
-  MoeRoutingParams v3 = v2lite;
-  v3.method = TopkMethod::kNoauxTc;
-  v3.num_experts = 256;
-  v3.top_k = 8;
-  v3.n_group = 8;
-  v3.topk_group = 4;
-  EXPECT_TRUE(moe_route_regs_supported(v3));
-  MoeRoutingParams kimi = v3;
-  kimi.num_experts = 384;
-  kimi.n_group = 1;
-  EXPECT_TRUE(moe_route_regs_supported(kimi));
-  MoeRoutingParams v2 = v2lite;
-  v2.method = TopkMethod::kGroupLimitedGreedy;
-  v2.num_experts = 160;
-  v2.n_group = 8;
-  v2.topk_group = 3;
-  EXPECT_FALSE(moe_route_regs_supported(v2));
-  MoeRoutingParams big = v2lite;
-  big.num_experts = 512;
-  EXPECT_FALSE(moe_route_regs_supported(big));
+  EXPECT_TRUE(moe_route_regs_supported(kV2LiteRouting));
+  EXPECT_TRUE(moe_route_regs_supported(kV3Routing));
+  EXPECT_TRUE(moe_route_regs_supported(kKimiK2Routing));
+  EXPECT_FALSE(moe_route_regs_supported(kV2Routing));
+  EXPECT_FALSE(moe_route_regs_supported(routing(kSoftmax, TopkMethod::kGreedy, 512, 6)));
   Tensor logits = device_copy(std::vector<float>(160, 0.0f), DType::kF32);
   Tensor ids = device_poisoned(6, DType::kI32), w = device_poisoned(6, DType::kF32);
-  EXPECT_EQ(launch_moe_route(v2, logits.data<float>(), nullptr, 1, ids.data<int32_t>(), w.data<float>(), nullptr,
-                             false, MoeRouteKernel::kRegisters),
+  EXPECT_EQ(launch_moe_route(kV2Routing, logits.data<float>(), nullptr, 1, ids.data<int32_t>(), w.data<float>(),
+                             nullptr, false, MoeRouteKernel::kRegisters),
             cudaErrorInvalidValue);
 }
 
@@ -237,78 +216,35 @@ TEST_F(MoeGpu, RoutingRegisterPathCoverage) {
 // shared-memory kernel and within the reference (check_routing). Top-k above
 // the expert count is refused.
 TEST_F(MoeGpu, RoutingRegisterPathShapes) {
-  MoeRoutingParams a;  // greedy softmax, 96 experts
-  a.num_experts = 96;
-  a.top_k = 6;
-  a.norm_topk_prob = true;
-  ASSERT_TRUE(moe_route_regs_supported(a));
-  for (int64_t T : {1, 9}) check_routing(a, false, T, 700 + T);
-  a.num_experts = 72;  // not a multiple of 32
-  ASSERT_TRUE(moe_route_regs_supported(a));
-  for (int64_t T : {1, 9}) check_routing(a, false, T, 710 + T);
-  MoeRoutingParams b;  // group-limited greedy, 256 experts in 8 groups of 32
-  b.method = TopkMethod::kGroupLimitedGreedy;
-  b.num_experts = 256;
-  b.top_k = 8;
-  b.n_group = 8;
-  b.topk_group = 3;
-  b.routed_scaling_factor = 16.0f;
-  ASSERT_TRUE(moe_route_regs_supported(b));
-  for (int64_t T : {1, 9}) check_routing(b, false, T, 720 + T);
-  MoeRoutingParams c;  // noaux_tc, sigmoid + bias, 128 experts in 2 groups of 64
-  c.scoring = ScoringFunc::kSigmoid;
-  c.method = TopkMethod::kNoauxTc;
-  c.num_experts = 128;
-  c.top_k = 4;
-  c.n_group = 2;
-  c.topk_group = 1;
-  c.norm_topk_prob = true;
-  c.routed_scaling_factor = 2.5f;
-  ASSERT_TRUE(moe_route_regs_supported(c));
-  for (int64_t T : {1, 9}) check_routing(c, true, T, 730 + T);
-  MoeRoutingParams d = a;
-  d.num_experts = 4;
-  d.top_k = 6;
+  const MoeRoutingParams shapes[] = {
+      routing(kSoftmax, TopkMethod::kGreedy, 96, 6, 1, 1, true),
+      routing(kSoftmax, TopkMethod::kGreedy, 72, 6, 1, 1, true),
+      routing(kSoftmax, TopkMethod::kGroupLimitedGreedy, 256, 8, 8, 3, false, 16.0f),
+      routing(kSigmoid, TopkMethod::kNoauxTc, 128, 4, 2, 1, true, 2.5f),
+  };
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    ASSERT_TRUE(moe_route_regs_supported(shapes[i])) << i;
+    const bool bias = shapes[i].scoring == kSigmoid;
+    for (int64_t T : {1, 9}) check_routing(shapes[i], bias, T, 700 + 10 * i + T);
+  }
   Tensor logits = device_copy(std::vector<float>(4, 0.0f), DType::kF32);
   Tensor ids = device_poisoned(6, DType::kI32), w = device_poisoned(6, DType::kF32);
-  EXPECT_EQ(launch_moe_route(d, logits.data<float>(), nullptr, 1, ids.data<int32_t>(), w.data<float>(), nullptr),
+  EXPECT_EQ(launch_moe_route(routing(kSoftmax, TopkMethod::kGreedy, 4, 6), logits.data<float>(), nullptr, 1,
+                             ids.data<int32_t>(), w.data<float>(), nullptr),
             cudaErrorInvalidValue);
 }
 
 TEST_F(MoeGpu, RoutingV2SoftmaxGroupLimited) {
-  MoeRoutingParams p;  // DeepSeek-V2
-  p.scoring = ScoringFunc::kSoftmax;
-  p.method = TopkMethod::kGroupLimitedGreedy;
-  p.num_experts = 160;
-  p.top_k = 6;
-  p.n_group = 8;
-  p.topk_group = 3;
-  p.norm_topk_prob = false;
-  p.routed_scaling_factor = 16.0f;
-  for (int64_t T : {1, 7, 300}) check_routing(p, false, T, 300 + T);
+  for (int64_t T : {1, 7, 300}) check_routing(kV2Routing, false, T, 300 + T);
 }
 
 TEST_F(MoeGpu, RoutingKimiK2ShapeAndExactTies) {
-  MoeRoutingParams p;  // Kimi-K2: 384 experts, one group
-  p.scoring = ScoringFunc::kSigmoid;
-  p.method = TopkMethod::kNoauxTc;
-  p.num_experts = 384;
-  p.top_k = 8;
-  p.n_group = 1;
-  p.topk_group = 1;
-  p.norm_topk_prob = true;
-  p.routed_scaling_factor = 2.827f;
-  for (int64_t T : {1, 7, 300}) check_routing(p, true, T, 400 + T);
+  for (int64_t T : {1, 7, 300}) check_routing(kKimiK2Routing, true, T, 400 + T);
   // Exact ties (constant logits) go to the lowest expert ids, in order, as in
   // the reference; groups tie too and the lowest groups are kept.
   for (TopkMethod m : {TopkMethod::kGreedy, TopkMethod::kGroupLimitedGreedy}) {
-    MoeRoutingParams q;
-    q.scoring = ScoringFunc::kSoftmax;
-    q.method = m;
-    q.num_experts = 64;
-    q.top_k = 6;
-    q.n_group = m == TopkMethod::kGreedy ? 1 : 8;
-    q.topk_group = m == TopkMethod::kGreedy ? 1 : 2;
+    const MoeRoutingParams q =
+        routing(kSoftmax, m, 64, 6, m == TopkMethod::kGreedy ? 1 : 8, m == TopkMethod::kGreedy ? 1 : 2);
     const int64_t T = 5;
     Tensor d_logits = device_copy(std::vector<float>(T * 64, 0.25f), DType::kF32);
     std::vector<int32_t> want(T * 6);
@@ -457,6 +393,19 @@ Tensor device_views(const ExpertSet& set) {
   std::vector<ExpertView> views;
   for (const auto& e : set.op_experts) views.push_back({cuda_ops::weight_view(*e.gate_up), cuda_ops::weight_view(*e.down)});
   return device_copy(views, DType::kU8);
+}
+
+// A grouped-path workspace for `pairs` (token, expert) pairs, poisoned; ws
+// points into mem.
+struct GroupedWorkspace {
+  Tensor mem;
+  MoeGroupedWorkspace ws;
+};
+GroupedWorkspace grouped_workspace(const MoeGroupedShape& gs, int64_t pairs) {
+  GroupedWorkspace w;
+  w.mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, pairs)), DType::kU8);
+  w.ws = moe_grouped_workspace_carve(w.mem.raw(), gs, pairs);
+  return w;
 }
 
 // Output rows of the reference for tokens `rows` of the step.
@@ -611,8 +560,8 @@ TEST_F(MoeGpu, ExpertsEveryVariant) {
     Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     const int64_t T = 100;
-    Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
-    const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+    const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+    const MoeGroupedWorkspace& ws = workspace.ws;
     Step st = make_step(s, T, false, 4242);
     const auto rows = sample_rows(T, s.max_ref_tokens);
     const auto want = reference_rows(set, st.x_host, st.routing, rows);
@@ -663,8 +612,8 @@ TEST_F(MoeGpu, ExpertsUpSplitK) {
     Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     for (int64_t T : {1, 3, 8}) {
-      Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
-      const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      const MoeGroupedWorkspace& ws = workspace.ws;
       Step st = make_step(s, T, false, 77 + T);
       if (T == 3) {  // one pair with an id out of range: its row is not sorted, contributes nothing
         st.routing.ids[1] = -1;
@@ -715,8 +664,8 @@ TEST_F(MoeGpu, ExpertsDeepRing) {
     Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     for (int64_t T : {1, 3, 8}) {
-      Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
-      const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      const MoeGroupedWorkspace& ws = workspace.ws;
       Step st = make_step(s, T, false, 900 + T);
       std::vector<float> got[2];
       for (int deep : {0, 1}) {
@@ -752,8 +701,8 @@ TEST_F(MoeGpu, ExpertsAlignFreeOneTokenEqualsAligned) {
     Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     const int64_t T = 1;
-    Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
-    const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+    const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+    const MoeGroupedWorkspace& ws = workspace.ws;
     Step st = make_step(s, T, false, 1300);
     cudaStream_t stream = cuda::context().stream;
     auto run = [&](bool align_free, bool pdl, bool graph) {
@@ -818,8 +767,8 @@ TEST_F(MoeGpu, ExpertsPdlEqualsPlainLaunches) {
     Tensor d_views = device_views(set);
     const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
     for (int64_t T : {1, 8, 300}) {
-      Tensor ws_mem = device_poisoned(static_cast<int64_t>(moe_grouped_workspace_bytes(gs, T * s.top_k)), DType::kU8);
-      const MoeGroupedWorkspace ws = moe_grouped_workspace_carve(ws_mem.raw(), gs, T * s.top_k);
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      const MoeGroupedWorkspace& ws = workspace.ws;
       Step st = make_step(s, T, false, 500 + T);
       cudaStream_t stream = cuda::context().stream;
       auto launch = [&](bool pdl) {
