@@ -71,8 +71,12 @@ TEST(PrezeroTest, DecodeGraphRewritten) {
         EXPECT_EQ(out.col_offset, 1472);
         EXPECT_EQ(lin->prezero_gate_n(), 1728);  // the tail: zeroed only when everything is
       }
-      if (n.name.find("q_a_proj") != std::string::npos) EXPECT_EQ(out.col_offset, 0);
-      if (n.name.find("kv_a_proj") != std::string::npos) EXPECT_EQ(out.col_offset, 128);
+      if (n.name.find("q_a_proj") != std::string::npos) {
+        EXPECT_EQ(out.col_offset, 0);
+      }
+      if (n.name.find("kv_a_proj") != std::string::npos) {
+        EXPECT_EQ(out.col_offset, 128);
+      }
       if (n.name.find("q_b_proj") != std::string::npos) {
         EXPECT_EQ(out.col_offset, 128 + 576);
         EXPECT_EQ(lin->prezero_gate_n(), 1472);
@@ -82,9 +86,11 @@ TEST(PrezeroTest, DecodeGraphRewritten) {
   EXPECT_EQ(donors, 8);              // 4 layers x (input, post-attention)
   EXPECT_EQ(consumers, 4 * 4 + 1 + 3 * 2);  // attention 4 per layer; dense gate_up; router + shared gate_up
   // The slices' readers were rewired: q_a_layernorm works on the q_a slice.
-  for (const Node& n : g.nodes())
-    if (n.name == "layers.1.self_attn.q_a_layernorm")
+  for (const Node& n : g.nodes()) {
+    if (n.name == "layers.1.self_attn.q_a_layernorm") {
       EXPECT_EQ(g.buffers()[n.inputs[0]].name, "prezero.1.attn.q_a_proj");
+    }
+  }
   EXPECT_NE(g.dump("decode").find("prezero donor"), std::string::npos);
 }
 

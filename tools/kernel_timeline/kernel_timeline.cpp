@@ -4,8 +4,8 @@
 // what ncu cannot: kernels as they run inside a graph replay, overlapped by
 // PDL, at the clocks the GPU chooses, with warm caches.
 //
-//   CUDA_INJECTION64_PATH=build/lib/libnucleus_kernel_timeline.so \
-//   KERNEL_TIMELINE_OUT=timeline.csv nucleus bench latency ...
+//   CUDA_INJECTION64_PATH=build/lib/libnucleus_kernel_timeline.so
+//     KERNEL_TIMELINE_OUT=timeline.csv nucleus bench latency ...   (one command line)
 //   python3 tools/kernel_timeline/summarize.py timeline.csv
 //
 // Columns: start_ns, end_ns (GPU timestamps, ns), graph_id, graph_node_id

@@ -328,7 +328,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           {residual, x_norm});
     if (lw.moe) {
       const MoeWeights& m = *lw.moe;
-      const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+      const int64_t E = c.n_routed_experts;
       // Decode steps run the shared experts' pieces as routed experts E, E + 1, ...
       // with weight 1 (NUCLEUS_MOE_FUSE_SHARED=1; MoeWeights::shared_experts):
       // one op instead of their own GEMMs, SiLU·mul and accumulate.
