@@ -394,8 +394,9 @@ float compare_decode_steps(ModelExecutor& a, ModelExecutor& b, const std::vector
     EXPECT_TRUE(la.ok() && lb.ok());
     if (!la.ok() || !lb.ok()) return INFINITY;
     EXPECT_EQ(la->numel(), lb->numel());
-    if (done == 0 && exact_prefill)
+    if (done == 0 && exact_prefill) {
       EXPECT_EQ(0, std::memcmp(la->raw(), lb->raw(), static_cast<size_t>(la->nbytes()))) << "prefill logits";
+    }
     for (int64_t i = 0; i < la->numel(); ++i)
       worst = std::max(worst, std::fabs(la->data<float>()[i] - lb->data<float>()[i]));
     done += len;

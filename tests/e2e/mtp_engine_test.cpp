@@ -156,7 +156,9 @@ TEST(MtpEngine, GreedyEqualsMtpOffAtK123) {
     // The trained tiny MTP layer (tools/train_tiny_mtp.py) drafts the first
     // token right 59% of the time on these prompts: a drafter fed the wrong
     // hidden state, position or token would fall to ~0.
-    if (k == 1) EXPECT_GT(st.acceptance_rate(), 0.4);
+    if (k == 1) {
+      EXPECT_GT(st.acceptance_rate(), 0.4);
+    }
   }
 }
 

@@ -625,7 +625,9 @@ TEST_F(ServerTest, EchoLogprobsReportThePrompt) {
   EXPECT_TRUE(lp["top_logprobs"][0].is_null());
   std::string joined;
   for (size_t i = 0; i < ids.size() + 3; ++i) {
-    if (i < ids.size()) EXPECT_EQ(lp["tokens"][i], tokenizer_->token_bytes(ids[i])) << i;
+    if (i < ids.size()) {
+      EXPECT_EQ(lp["tokens"][i], tokenizer_->token_bytes(ids[i])) << i;
+    }
     EXPECT_EQ(lp["text_offset"][i], joined.size()) << i;  // ASCII: characters are bytes
     const bool skipped = i < ids.size() && tokenizer_->is_special(ids[i]);  // the BOS
     if (!skipped) joined += lp["tokens"][i].get<std::string>();

@@ -194,7 +194,9 @@ TEST_F(GpuMtpTest, GreedyMtpOnAgreesWithReference) {
       r.oracle = oracle;
       expect_agrees(run(cases, r, &st, 2), cases, 2);  // second pass from the prefix cache
       EXPECT_GT(st.prefix_hit_tokens, 0);
-      if (oracle) EXPECT_GT(st.spec.num_accepted_tokens, 0);
+      if (oracle) {
+        EXPECT_GT(st.spec.num_accepted_tokens, 0);
+      }
       if (k > 0)
         std::printf("k=%lld %s: %s\n", static_cast<long long>(k), oracle ? "oracle" : "mtp",
                     spec_decode_summary(st.spec).c_str());

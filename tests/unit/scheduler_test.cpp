@@ -150,8 +150,9 @@ class Timeline {
         EXPECT_EQ(s.finish_reason, FinishReason::kLength) << "seq " << s.seq_id;
         EXPECT_EQ(s.num_output_tokens(), requests_[i].max_tokens) << "seq " << s.seq_id;
       }
-      if (requests_[i].prompt_logprobs && !requests_[i].abort_step)
+      if (requests_[i].prompt_logprobs && !requests_[i].abort_step) {
         EXPECT_EQ(static_cast<int64_t>(s.prompt_logprobs.size()), requests_[i].prompt_len - 1) << "seq " << s.seq_id;
+      }
     }
     return steps;
   }
