@@ -29,6 +29,19 @@ __device__ __forceinline__ Candidate warp_best(Candidate c) {
 
 constexpr int kRouteWarps = 4;  // tokens per block
 
+// A chosen expert's routing weight from its score w and the sum of the
+// top_k chosen scores, as moe_route_ref: normalised (noaux_tc: when
+// norm_topk_prob; the others: when norm_topk_prob and top_k > 1), then
+// scaled by routed_scaling_factor (noaux_tc always; the others only when not
+// normalised). Both router kernels use it.
+__device__ __forceinline__ float routed_weight(const MoeRoutingParams& p, float w, float sum) {
+  const bool normalise = p.method == TopkMethod::kNoauxTc ? p.norm_topk_prob : (p.top_k > 1 && p.norm_topk_prob);
+  const bool scale = p.method == TopkMethod::kNoauxTc || !normalise;
+  if (normalise) w /= (sum + 1e-20f);
+  if (scale) w *= p.routed_scaling_factor;
+  return w;
+}
+
 // One warp per token: scores, the group limit and the top-k selection as
 // warp-wide argmaxes (lane l owns experts l, l + 32, ...; and groups l, l + 32).
 // Same selection rule as moe_route_ref; the softmax sum is a warp reduction,
@@ -117,14 +130,7 @@ __global__ void moe_route_kernel(MoeRoutingParams p, const float* __restrict__ l
     sum += wk;
   }
   if (lane != 0) return;
-  const bool normalise = p.method == TopkMethod::kNoauxTc ? p.norm_topk_prob : (p.top_k > 1 && p.norm_topk_prob);
-  const bool scale = p.method == TopkMethod::kNoauxTc || !normalise;
-  for (int k = 0; k < K; ++k) {
-    float v = picked[k];
-    if (normalise) v /= (sum + 1e-20f);
-    if (scale) v *= p.routed_scaling_factor;
-    w[k] = v;
-  }
+  for (int k = 0; k < K; ++k) w[k] = routed_weight(p, picked[k], sum);
   for (int s = 0; s < static_cast<int>(p.shared_slots); ++s) {
     ids[K + s] = E + s;
     w[K + s] = 1.0f;
@@ -258,13 +264,8 @@ __global__ void moe_route_regs_kernel(MoeRoutingParams p, const float* __restric
   }
   const int64_t slots = p.top_k + p.shared_slots;
   if (lane < K) {
-    const bool normalise = p.method == TopkMethod::kNoauxTc ? p.norm_topk_prob : (p.top_k > 1 && p.norm_topk_prob);
-    const bool scale = p.method == TopkMethod::kNoauxTc || !normalise;
-    float v = my_w;
-    if (normalise) v /= (sum + 1e-20f);
-    if (scale) v *= p.routed_scaling_factor;
     topk_ids[t * slots + lane] = my_id;
-    topk_weights[t * slots + lane] = v;
+    topk_weights[t * slots + lane] = routed_weight(p, my_w, sum);
   } else if (lane < K + p.shared_slots) {
     topk_ids[t * slots + lane] = E + lane - K;
     topk_weights[t * slots + lane] = 1.0f;
