@@ -82,6 +82,12 @@ constexpr KnobInfo kKnobs[] = {
      "steps of 2..4 tokens a sequence (MTP verify, MTP passes, short prompts) run as decode rows through the "
      "decode graphs (0: the prefill path)",
      "src/cli/engine_args.cpp"},
+    {KNOB(kMtpDeviceHidden), "NUCLEUS_MTP_DEVICE_HIDDEN", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the MTP module's input rows (the target's hidden states, its own for chained drafts) are gathered on "
+     "the device (auto and 1: so, without a tensor-parallel group; 0: copied to the host and uploaded, the path "
+     "before); the same rows; a malformed value is refused at start-up",
+     "src/runtime/model_executor.cpp"},
     {KNOB(kMlaPrefillWgmma), "NUCLEUS_MLA_PREFILL_WGMMA", KnobType::kFlag, "", "1",
      "the prefill attention kernel uses wgmma (0: mma.sync)", "src/ops/mla_prefill_cuda.cpp"},
     {KNOB(kMoeChunkTokens), "NUCLEUS_MOE_CHUNK_TOKENS", KnobType::kInt, ">= 1 (smaller values count as 1)",

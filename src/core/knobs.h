@@ -44,6 +44,7 @@ enum class Knob {
   kTokenGraphSizes,
   kTokenGraphEagerPad,
   kMultiTokenDecode,
+  kMtpDeviceHidden,
   kMlaPrefillWgmma,
   kMoeChunkTokens,
   kMoeDecode,

@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/device.h"
+#include "core/knobs.h"
 #include "core/logging.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -11,6 +12,11 @@
 #include "model/weights.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_check.h"
+#include "kernels/gather/gather_rows.cuh"
 #include "ops/collective_ops_cuda.h"
 #endif
 
@@ -39,6 +45,12 @@ StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& confi
   mo.load_mtp = false;
   mo.tensor_parallel_size = 1;  // a rank is one model
   return DeepseekModel::create(mc, std::move(weights), mo, std::move(rank));
+}
+
+// NUCLEUS_MTP_DEVICE_HIDDEN: the MTP module's input rows gathered on the
+// device (auto, 1) or through the host (0). make_rank refuses a malformed value.
+bool mtp_device_hidden() {
+  return env_auto_switch(Knob::kMtpDeviceHidden).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
 }
 
 ExecutorOptions executor_options(const ModelOptions& o, int rank) {
@@ -74,6 +86,9 @@ ModelExecutor::~ModelExecutor() {
 }
 
 StatusOr<ModelExecutor::Rank> ModelExecutor::make_rank(std::unique_ptr<DeepseekModel> model, bool mtp) {
+  if (mtp && !env_auto_switch(Knob::kMtpDeviceHidden))
+    return invalid_argument("NUCLEUS_MTP_DEVICE_HIDDEN='" + env_string(Knob::kMtpDeviceHidden).value_or("") +
+                            "' is not auto, 0 or 1");
   NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph prefill, model->build_graph(StepKind::kPrefill));
   NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph decode, model->build_graph(StepKind::kDecode));
   Rank r;
@@ -135,6 +150,44 @@ StatusOr<Tensor> ModelExecutor::mtp_forward_logits(const StepInputs& inputs, KvC
 StatusOr<Tensor> ModelExecutor::mtp_hidden_states() {
   if (!has_mtp()) return failed_precondition("the model was loaded without its MTP module");
   return mtp_[0].executor->last_step_buffer("residual");
+}
+
+StatusOr<Tensor> ModelExecutor::gather_hidden_rows(const Tensor& source, const std::vector<int32_t>& rows) {
+  if (source.rank() != 2 || (source.dtype() != DType::kBF16 && source.dtype() != DType::kF32))
+    return invalid_argument("gather_hidden_rows: the source is " + std::string(dtype_name(source.dtype())) + " " +
+                            source.shape_string() + ", not [rows, hidden] bf16 or f32");
+  const int64_t R = source.dim(0), H = source.dim(1), n = static_cast<int64_t>(rows.size());
+  for (int32_t r : rows)
+    if (r < 0 || r >= R)
+      return invalid_argument("gather_hidden_rows: row " + std::to_string(r) + " outside the source's " +
+                              std::to_string(R) + " rows");
+#ifdef NUCLEUS_HAVE_CUDA
+  if (source.device() == Device::kCuda && !group_ && mtp_device_hidden()) {
+    if (n == 0) return Tensor::empty({0, H}, DType::kF32, Device::kCuda);
+    if (!gather_rows_.defined() || gather_rows_.dim(0) < n || gather_rows_.dim(1) != H) {
+      synchronize_device();  // no step still reads the old buffer
+      const int64_t capacity = std::max<int64_t>(n, 256);
+      gather_rows_ = Tensor::empty({capacity, H}, DType::kF32, Device::kCuda);
+      gather_index_ = Tensor::empty({capacity}, DType::kI32, Device::kCuda);
+    }
+    cudaStream_t stream = cuda::context().stream;
+    // Pageable source: staged before the call returns, ordered on the stream
+    // after every earlier reader of the index buffer.
+    NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(gather_index_.raw(), rows.data(), rows.size() * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream));
+    const cudaError_t e =
+        kernels::launch_gather_rows_f32(source.raw(), source.dtype() == DType::kBF16, gather_index_.data<int32_t>(),
+                                        n, H, gather_rows_.data<float>(), stream);
+    if (e != cudaSuccess) return internal_error(std::string("gather_hidden_rows: ") + cudaGetErrorString(e));
+    return gather_rows_.rows(0, n);
+  }
+#endif
+  Tensor host = source.device() == Device::kCuda ? to_host(source) : source;
+  Tensor out = Tensor::empty({n, H}, DType::kF32);
+  for (int64_t i = 0; i < n; ++i)
+    convert_to_f32(static_cast<const char*>(host.raw()) + rows[static_cast<size_t>(i)] * H * dtype_size(host.dtype()),
+                   host.dtype(), out.data<float>() + i * H, static_cast<size_t>(H));
+  return out;
 }
 
 KvCache ModelExecutor::make_mtp_kv_cache(int64_t num_blocks, int64_t block_size) {

@@ -99,6 +99,17 @@ class ModelExecutor {
   // CPU a host tensor.
   StatusOr<Tensor> mtp_forward_logits(const StepInputs& inputs, KvCache& mtp_cache);
   StatusOr<Tensor> mtp_hidden_states();
+  // Rows `rows` of `source` ([R, hidden] bf16 or f32: hidden_states() or
+  // mtp_hidden_states(), valid until the next forward) as [rows.size(),
+  // hidden] f32: the MTP module's StepInputs::mtp_hidden. On CUDA without a
+  // tensor-parallel group (NUCLEUS_MTP_DEVICE_HIDDEN, auto = on) one gather
+  // kernel on the engine stream into a device buffer of this executor's
+  // (kernels::launch_gather_rows_f32; no host round trip, no sync; valid
+  // until the next call); otherwise, and with the switch at 0, the rows
+  // copied to the host and widened there (a group's ranks each upload
+  // them). Errors: a row outside [0, R), a source that is not bf16 or f32
+  // (kInvalidArgument).
+  StatusOr<Tensor> gather_hidden_rows(const Tensor& source, const std::vector<int32_t>& rows);
   KvCache make_mtp_kv_cache(int64_t num_blocks, int64_t block_size);
   int64_t mtp_kv_bytes_per_token() const { return has_mtp() ? mtp_[0].model->kv_bytes_per_token() : 0; }
 
@@ -154,6 +165,10 @@ class ModelExecutor {
   std::vector<Rank> ranks_;
   std::vector<Rank> mtp_;  // the MTP module, one shard a rank (empty: none)
   Status broken_;  // why the group cannot run more steps (a step failed on some rank)
+  // gather_hidden_rows on CUDA: the row indices and the gathered rows
+  // ([capacity, hidden] f32), grown on demand.
+  Tensor gather_index_;
+  Tensor gather_rows_;
 };
 
 // The executor for `config` and `options`: at tensor_parallel_size 1 a

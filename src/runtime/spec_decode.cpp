@@ -59,16 +59,6 @@ std::string spec_decode_summary(const SpecDecodeStats& s) {
 
 namespace {
 
-// `t` ([rows, width], any float dtype, any device) as an f32 host tensor.
-Tensor host_f32(const Tensor& t) {
-  Tensor h = t.device() == Device::kCuda ? to_host(t) : t;
-  if (h.dtype() == DType::kF32) return h;
-  Tensor f = Tensor::empty(h.shape(), DType::kF32);
-  convert_to_f32(h.raw(), h.dtype(), f.data<float>(), static_cast<size_t>(h.numel()));
-  return f;
-}
-
-
 // Appends one sequence's rows to `in` (tokens, positions, slots, its block
 // table widened to in.max_blocks_per_seq).
 void add_seq(StepInputs& in, const Sequence& seq, int64_t block_size, int64_t first_position,
@@ -112,7 +102,7 @@ StatusOr<std::vector<int32_t>> MtpProposer::argmax_rows(const Tensor& logits, in
 }
 
 Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& blocks) {
-  const int64_t H = model_->config().hidden_size, bs = cache_.block_size;
+  const int64_t bs = cache_.block_size;
   // Drafts each sequence may take; chained drafts need the MTP cache's slots
   // of positions N - 1 .. N + m - 3 (N = num_tokens).
   std::vector<int64_t> num_drafts(rows.size(), 0);
@@ -131,7 +121,6 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
 
   // Pass 1: every newly computed position i, token t_{i+1}, hidden h_i.
   NUCLEUS_ASSIGN_OR_RETURN(Tensor target_hidden, model_->hidden_states());
-  const Tensor th = host_f32(target_hidden);
   StepInputs in;
   in.query_start.push_back(0);
   for (const MtpRows& it : rows)
@@ -139,7 +128,7 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
   int64_t total = 0;
   for (const MtpRows& it : rows) total += it.num_rows;
   if (total == 0) return ok_status();
-  Tensor hidden = Tensor::empty({total, H}, DType::kF32);
+  std::vector<int32_t> source_rows;  // the target step's row of each MTP row
   std::vector<size_t> drafting;  // indices into rows, in logit-row order
   int64_t at = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
@@ -148,15 +137,14 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
     std::vector<int32_t> next;
     for (int64_t i = 0; i < it.num_rows; ++i) next.push_back(it.seq->token_at(it.first_position + i + 1));
     add_seq(in, *it.seq, bs, it.first_position, next);
-    std::memcpy(hidden.data<float>() + at * H, th.data<float>() + it.target_row * H,
-                static_cast<size_t>(it.num_rows * H) * sizeof(float));
+    for (int64_t i = 0; i < it.num_rows; ++i) source_rows.push_back(static_cast<int32_t>(it.target_row + i));
     at += it.num_rows;
     if (num_drafts[r] > 0) {
       in.logit_indices.push_back(static_cast<int32_t>(at - 1));
       drafting.push_back(r);
     }
   }
-  in.mtp_hidden = hidden;  // host rows: each rank's MTP executor moves them to its device
+  NUCLEUS_ASSIGN_OR_RETURN(in.mtp_hidden, model_->gather_hidden_rows(target_hidden, source_rows));
   NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->mtp_forward_logits(in, cache_));
   NUCLEUS_ASSIGN_OR_RETURN(std::vector<int32_t> first, argmax_rows(logits, static_cast<int64_t>(drafting.size())));
   std::vector<int64_t> prev_row;  // each drafting sequence's row in the last MTP step
@@ -173,21 +161,19 @@ Status MtpProposer::propose(const std::vector<MtpRows>& rows, BlockManager& bloc
       if (num_drafts[drafting[d]] > j) live.push_back(d);
     if (live.empty()) break;
     NUCLEUS_ASSIGN_OR_RETURN(Tensor y, model_->mtp_hidden_states());
-    const Tensor yh = host_f32(y);
     StepInputs ci;
     ci.query_start.push_back(0);
     for (size_t d : live)
       ci.max_blocks_per_seq =
           std::max<int32_t>(ci.max_blocks_per_seq, static_cast<int32_t>(rows[drafting[d]].seq->block_table.size()));
-    Tensor ch = Tensor::empty({static_cast<int64_t>(live.size()), H}, DType::kF32);
+    std::vector<int32_t> source;  // the last MTP step's row of each live draft
     for (size_t i = 0; i < live.size(); ++i) {
       Sequence& seq = *rows[drafting[live[i]]].seq;
       add_seq(ci, seq, bs, seq.num_tokens() - 2 + j, {seq.draft_token_ids.back()});
-      std::memcpy(ch.data<float>() + static_cast<int64_t>(i) * H, yh.data<float>() + prev_row[live[i]] * H,
-                  static_cast<size_t>(H) * sizeof(float));
+      source.push_back(static_cast<int32_t>(prev_row[live[i]]));
       ci.logit_indices.push_back(static_cast<int32_t>(i));
     }
-    ci.mtp_hidden = ch;
+    NUCLEUS_ASSIGN_OR_RETURN(ci.mtp_hidden, model_->gather_hidden_rows(y, source));
     NUCLEUS_ASSIGN_OR_RETURN(Tensor cl, model_->mtp_forward_logits(ci, cache_));
     NUCLEUS_ASSIGN_OR_RETURN(std::vector<int32_t> next, argmax_rows(cl, static_cast<int64_t>(live.size())));
     for (size_t i = 0; i < live.size(); ++i) {

@@ -8,7 +8,8 @@
 // chunked, from the prefix cache, under preemption, with decode graphs and
 // eager. At tensor-parallel size 2 (when two GPUs are visible): the same
 // contract for the draft logits, and greedy outputs with MTP on (k = 1, 2)
-// agreeing with the reference as at TP = 1.
+// agreeing with the reference as at TP = 1. The MTP input rows gathered on
+// the device equal those through the host (NUCLEUS_MTP_DEVICE_HIDDEN).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -200,6 +201,31 @@ TEST_F(GpuMtpTest, GreedyMtpOnAgreesWithReference) {
       if (k > 0)
         std::printf("k=%lld %s: %s\n", static_cast<long long>(k), oracle ? "oracle" : "mtp",
                     spec_decode_summary(st.spec).c_str());
+    }
+}
+
+// NUCLEUS_MTP_DEVICE_HIDDEN: the MTP module's input rows gathered on the
+// device (auto) or through the host (0) are the same f32 rows, so the
+// drafts, the acceptance and the outputs are identical (k = 1 and 3, with
+// decode graphs and eager).
+TEST_F(GpuMtpTest, DeviceHiddenRowsEqualHostRows) {
+  auto cases = load_cases();
+  for (int64_t k : {1, 3})
+    for (bool graphs : {true, false}) {
+      SCOPED_TRACE("k " + std::to_string(k) + (graphs ? " graphs" : " eager"));
+      RunOptions r;
+      r.k = k;
+      if (!graphs) r.graphs = {};
+      EngineStats on, off;
+      ASSERT_EQ(::setenv("NUCLEUS_MTP_DEVICE_HIDDEN", "0", 1), 0);
+      const auto host = run(cases, r, &off);
+      ASSERT_EQ(::unsetenv("NUCLEUS_MTP_DEVICE_HIDDEN"), 0);
+      const auto device = run(cases, r, &on);
+      EXPECT_EQ(device, host);
+      EXPECT_EQ(on.spec.num_draft_tokens, off.spec.num_draft_tokens);
+      EXPECT_EQ(on.spec.num_accepted_tokens, off.spec.num_accepted_tokens);
+      EXPECT_GT(on.spec.num_accepted_tokens, 0);
+      expect_agrees(device, cases);
     }
 }
 

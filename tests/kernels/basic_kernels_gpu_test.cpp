@@ -122,6 +122,29 @@ TEST_F(GpuKernels, SiluMulAndGather) {
   EXPECT_TRUE(all_close(host_copy<float>(d_out), want, 0, 0));
 }
 
+// The MTP module's input rows: bf16 or f32 rows gathered and widened to f32,
+// exactly (every bf16 is an f32), against the host gather.
+TEST_F(GpuKernels, GatherRowsToF32) {
+  const int64_t width = 7168 + 3;  // DeepSeek-V3's hidden size and a ragged tail
+  std::vector<float> src = random_bf16_values(5 * width, 4.0f, 11);  // bf16-representable values
+  std::vector<int32_t> idx = {4, 0, 4, 2};
+  Tensor d_idx = device_copy(idx, DType::kI32);
+  std::vector<float> want;
+  for (int32_t i : idx) want.insert(want.end(), src.begin() + i * width, src.begin() + (i + 1) * width);
+  for (bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "bf16 rows" : "f32 rows");
+    Tensor d_src = bf16 ? device_copy(to_bf16(src), DType::kBF16) : device_copy(src, DType::kF32);
+    Tensor d_out = device_poisoned(4 * width, DType::kF32);
+    ASSERT_EQ(launch_gather_rows_f32(d_src.raw(), bf16, d_idx.data<int32_t>(), 4, width, d_out.data<float>(),
+                                     stream()),
+              cudaSuccess);
+    EXPECT_TRUE(all_close(host_copy<float>(d_out), want, 0, 0));
+  }
+  EXPECT_EQ(launch_gather_rows_f32(nullptr, true, nullptr, 1, 0, nullptr, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_gather_rows_f32(nullptr, true, nullptr, -1, 8, nullptr, stream()), cudaErrorInvalidValue);
+  EXPECT_EQ(launch_gather_rows_f32(nullptr, true, nullptr, 0, 8, nullptr, stream()), cudaSuccess);
+}
+
 TEST_F(GpuKernels, RopeAndKvCacheWrite) {
   auto config = load_model_config(testing::model_path("configs/deepseek-v2-lite.config.json"));
   ASSERT_TRUE(config.ok());
