@@ -124,6 +124,12 @@ constexpr KnobInfo kKnobs[] = {
      "(kernels::moe_route_regs_supported; auto and 1: so; 0: the shared-memory kernel, the path before); the "
      "same selection and weights; a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeCombinePrefetch), "NUCLEUS_MOE_COMBINE_PREFETCH", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the grouped MoE path's combine loads the positions and weights of 8 pairs, then their rows, then sums "
+     "in k order (auto and 1: so; 0: one pair after another, the path before); the output is the same bit "
+     "for bit; a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kMoeFuseShared), "NUCLEUS_MOE_FUSE_SHARED", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "decode steps run the shared experts as routed experts (extra expert ids with weight 1 in the routed "

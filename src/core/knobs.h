@@ -53,6 +53,7 @@ enum class Knob {
   kMoeDeepRing,
   kMoeAlignFree,
   kMoeRouteRegs,
+  kMoeCombinePrefetch,
   kMoeFuseShared,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,

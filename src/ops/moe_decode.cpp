@@ -59,6 +59,9 @@ Status moe_up_splits_env_status() {
   if (!env_auto_switch(Knob::kMoeAlignFree))
     return invalid_argument("NUCLEUS_MOE_ALIGN_FREE='" + *env_string(Knob::kMoeAlignFree) +
                             "' is not auto, 0 (off, false) or 1 (on, true)");
+  if (!env_auto_switch(Knob::kMoeCombinePrefetch))
+    return invalid_argument("NUCLEUS_MOE_COMBINE_PREFETCH='" + *env_string(Knob::kMoeCombinePrefetch) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
   if (!env_auto_switch(Knob::kMoeRouteRegs))
     return invalid_argument("NUCLEUS_MOE_ROUTE_REGS='" + *env_string(Knob::kMoeRouteRegs) +
                             "' is not auto, 0 (off, false) or 1 (on, true)");
@@ -76,6 +79,10 @@ int moe_deep_ring_switch() {
 
 bool moe_align_free_switch() {
   return env_auto_switch(Knob::kMoeAlignFree).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
+}
+
+bool moe_combine_prefetch_switch() {
+  return env_auto_switch(Knob::kMoeCombinePrefetch).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
 }
 
 bool moe_route_regs_switch() {

@@ -42,8 +42,8 @@ Status moe_decode_env_status();
 int moe_up_splits_switch();
 
 // OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K,
-// NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE or NUCLEUS_MOE_ROUTE_REGS
-// (checked when a model is built).
+// NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE, NUCLEUS_MOE_COMBINE_PREFETCH
+// or NUCLEUS_MOE_ROUTE_REGS (checked when a model is built).
 Status moe_up_splits_env_status();
 
 // NUCLEUS_MOE_DEEP_RING as kernels::MoeGroupedOptions::deep_ring, read at each
@@ -55,6 +55,11 @@ int moe_deep_ring_switch();
 // each use: true for auto (default; and a malformed value until
 // moe_up_splits_env_status refuses it) and 1, false for 0.
 bool moe_align_free_switch();
+
+// NUCLEUS_MOE_COMBINE_PREFETCH as kernels::MoeGroupedOptions::combine_prefetch,
+// read at each use: true for auto (default; and a malformed value until
+// moe_up_splits_env_status refuses it) and 1, false for 0.
+bool moe_combine_prefetch_switch();
 
 // NUCLEUS_MOE_ROUTE_REGS, read at each routing call: true for auto (default;
 // and a malformed value until moe_up_splits_env_status refuses it) and 1 (the

@@ -132,6 +132,7 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
   opt.up_splits = std::max(0, moe_up_splits_switch());
   opt.deep_ring = moe_deep_ring_switch();
   opt.align_free = moe_align_free_switch();
+  opt.combine_prefetch = moe_combine_prefetch_switch();
   opt.pdl = skinny_pdl();
   for (int64_t t0 = 0; t0 < T; t0 += st.chunk_tokens) {
     const int64_t n = std::min(st.chunk_tokens, T - t0);

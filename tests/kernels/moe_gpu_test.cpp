@@ -755,6 +755,43 @@ TEST_F(MoeGpu, ExpertsAlignFreeOneTokenEqualsAligned) {
   }
 }
 
+// The combine with its loads batched (NUCLEUS_MOE_COMBINE_PREFETCH,
+// MoeGroupedOptions::combine_prefetch, the default) equals the pair-by-pair
+// loop bit for bit: one chunk of 8 pairs (V2-Lite, top-6) and two (top-10),
+// one token (align-free: ids) and several (aligned: pair positions), and
+// ids out of range (skipped by both).
+TEST_F(MoeGpu, ExpertsCombinePrefetchEqualsPlain) {
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
+                            MoeShape{"top-10", 512, 256, 32, 10, false, false, 8}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    for (int64_t T : {1, 3, 64}) {
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      Step st = make_step(s, T, false, 1400 + T);
+      auto run = [&](bool prefetch) {
+        MoeGroupedOptions opt;
+        opt.combine_prefetch = prefetch;
+        EXPECT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                     gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, workspace.ws,
+                                     st.out.data<__nv_bfloat16>(), cuda::context().stream, opt),
+                  cudaSuccess);
+        NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(cuda::context().stream));
+        return host_copy<uint16_t>(st.out);
+      };
+      const auto plain = run(false);
+      EXPECT_EQ(run(true), plain) << s.name << " T " << T;
+      std::vector<int32_t> ids = host_copy<int32_t>(st.ids);  // two pairs out of range
+      ids[1] = -1;
+      ids[ids.size() - 1] = static_cast<int32_t>(s.num_experts + 3);
+      NUCLEUS_CUDA_CHECK(cudaMemcpy(st.ids.raw(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+      const auto skipped = run(false);
+      EXPECT_EQ(run(true), skipped) << s.name << " T " << T << ", ids out of range";
+      EXPECT_NE(skipped, plain) << s.name << " T " << T << ": skipping two pairs changed nothing";
+    }
+  }
+}
+
 // PDL (the op's default under NUCLEUS_PDL=1): every launch a programmatic
 // dependent of the one before, DOWN streaming its first weights before it
 // waits for h. Eager and inside a CUDA graph, the output equals the plain

@@ -19,7 +19,7 @@ TEST(MoeDecodeRule, DefaultIsAutoUpToSixteenTokens) {
   EXPECT_LE(kMoeDecodeAutoMaxTokens, kMoeDecodeKernelMaxTokens) << "auto never asks for more than the kernel takes";
 }
 
-// NUCLEUS_MOE_ALIGN_FREE and NUCLEUS_MOE_ROUTE_REGS: on under auto (unset),
+// NUCLEUS_MOE_ALIGN_FREE, NUCLEUS_MOE_COMBINE_PREFETCH and NUCLEUS_MOE_ROUTE_REGS: on under auto (unset),
 // 1 and its spellings; off under 0; a malformed value reads as on and is
 // refused by the env check, which names the variable.
 TEST(MoeDecodeRule, AutoOnSwitchValues) {
@@ -28,6 +28,7 @@ TEST(MoeDecodeRule, AutoOnSwitchValues) {
     bool (*read)();
   };
   for (const Case c : {Case{"NUCLEUS_MOE_ALIGN_FREE", moe_align_free_switch},
+                       Case{"NUCLEUS_MOE_COMBINE_PREFETCH", moe_combine_prefetch_switch},
                        Case{"NUCLEUS_MOE_ROUTE_REGS", moe_route_regs_switch}}) {
     struct Env {
       const char* name;

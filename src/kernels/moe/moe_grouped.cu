@@ -110,6 +110,25 @@ __global__ void moe_up_finish_kernel(const float* __restrict__ partial, int k_sp
 // out[t, c..c+8) = sum_k w[t, k] * y[pair_pos[t, k], c..c+8), k in order, f32.
 // Align-free (pair_pos null): pair p's row is p, and a pair whose id
 // (ids[p]) is outside [0, num_experts) adds nothing.
+// kPrefetch (MoeGroupedOptions::combine_prefetch): the positions and weights
+// of up to kCombineChunk pairs are loaded first, then their rows (a row of a
+// pair that adds nothing is read from row 0 and not used), then summed in k
+// order: two rounds of loads a chunk instead of two a pair (the loop without
+// it waits for pair k's row before it reads pair k + 1's position). The same
+// sums in the same order, so the same bits.
+constexpr int kCombineChunk = 8;
+
+__device__ __forceinline__ void combine_add(float (&acc)[8], float w, const uint4& v) {
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(b[j]);
+    acc[2 * j] += w * f.x;
+    acc[2 * j + 1] += w * f.y;
+  }
+}
+
+template <bool kPrefetch>
 __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
                                    const int32_t* __restrict__ ids, int num_experts,
                                    const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
@@ -121,19 +140,34 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
   if (i >= num_tokens * vecs) return;
   const int64_t t = i / vecs;
   const int c = static_cast<int>(i % vecs) * 8;
+  auto position = [&](int64_t p) {
+    return pair_pos ? pair_pos[p] : (ids[p] >= 0 && ids[p] < num_experts ? static_cast<int>(p) : -1);
+  };
+  auto row = [&](int pos) { return *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(pos) * hidden + c); };
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int k = 0; k < top_k; ++k) {
-    const int64_t p = t * top_k + k;
-    const int pos = pair_pos ? pair_pos[p] : (ids[p] >= 0 && ids[p] < num_experts ? static_cast<int>(p) : -1);
-    if (pos < 0) continue;
-    const float w = weights[t * top_k + k];
-    const uint4 v = *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(pos) * hidden + c);
-    const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v);
+  if constexpr (kPrefetch) {
+    for (int k0 = 0; k0 < top_k; k0 += kCombineChunk) {
+      int pos[kCombineChunk];
+      float w[kCombineChunk];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(b[j]);
-      acc[2 * j] += w * f.x;
-      acc[2 * j + 1] += w * f.y;
+      for (int j = 0; j < kCombineChunk; ++j) {
+        const int64_t p = t * top_k + k0 + j;
+        pos[j] = k0 + j < top_k ? position(p) : -1;
+        w[j] = k0 + j < top_k ? weights[p] : 0.0f;
+      }
+      uint4 v[kCombineChunk];
+#pragma unroll
+      for (int j = 0; j < kCombineChunk; ++j) v[j] = row(pos[j] < 0 ? 0 : pos[j]);
+#pragma unroll
+      for (int j = 0; j < kCombineChunk; ++j)
+        if (pos[j] >= 0) combine_add(acc, w[j], v[j]);
+    }
+  } else {
+    for (int k = 0; k < top_k; ++k) {
+      const int64_t p = t * top_k + k;
+      const int pos = position(p);
+      if (pos < 0) continue;
+      combine_add(acc, weights[p], row(pos));
     }
   }
   uint4 o;
@@ -328,7 +362,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   if (err != cudaSuccess) return err;
 
   const int64_t threads = num_tokens * (s.hidden / 8);
-  return pdl::launch(moe_combine_kernel, cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream, ws.y,
+  return pdl::launch(opt.combine_prefetch ? moe_combine_kernel<true> : moe_combine_kernel<false>,
+                     cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream, ws.y,
                      align_free ? nullptr : ws.pair_pos, topk_ids, static_cast<int>(s.num_experts), topk_weights,
                      num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
 }

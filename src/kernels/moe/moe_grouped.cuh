@@ -79,6 +79,8 @@ struct MoeGroupedOptions {
                                      // (NUCLEUS_MOE_DEEP_RING)
   bool align_free = true;            // one-token steps of 16-row tiles without the align launch: pair k is
                                      // m-tile k of expert topk_ids[k], one row (NUCLEUS_MOE_ALIGN_FREE)
+  bool combine_prefetch = true;      // the combine loads 8 pairs' positions and weights, then their rows,
+                                     // then sums in k order; the same bits (NUCLEUS_MOE_COMBINE_PREFETCH)
 };
 
 // Bytes of device memory a workspace for `max_pairs` pairs needs, and the
