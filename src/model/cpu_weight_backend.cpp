@@ -19,6 +19,7 @@ Tensor to_f32(const Tensor& host) {
 
 class CpuWeightBackend : public WeightBackend {
  public:
+  Device device() const override { return Device::kCpu; }
   StatusOr<Tensor> embedding(const std::string&, const Tensor& host) override { return to_f32(host); }
   StatusOr<Tensor> vector(const std::string&, const Tensor& host) override { return to_f32(host); }
   StatusOr<Tensor> router(const std::string&, const Tensor& host) override { return to_f32(host); }

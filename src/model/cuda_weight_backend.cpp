@@ -28,6 +28,7 @@ Tensor host_as(const Tensor& host, DType dtype) {
 
 class CudaWeightBackend : public WeightBackend {
  public:
+  Device device() const override { return Device::kCuda; }
   StatusOr<Tensor> embedding(const std::string&, const Tensor& host) override {
     return to_device(host_as(host, DType::kBF16));
   }

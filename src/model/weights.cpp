@@ -432,8 +432,10 @@ class Loader {
     if (!fuse)
       return invalid_argument("NUCLEUS_MOE_FUSE_SHARED='" + *env_string(Knob::kMoeFuseShared) +
                               "' is not auto, 0 (off, false) or 1 (on, true)");
-    // auto: off, the measured rule (docs/perf.md "MoE decode: the shared experts as routed experts").
-    fuse_shared_ = *fuse == AutoSwitch::kOn;
+    // auto: on for CUDA, the measured rule (docs/perf.md "MoE decode: the
+    // shared experts as routed experts", session 13); off for the CPU
+    // reference, which keeps the checkpoint's MLP.
+    fuse_shared_ = *fuse == AutoSwitch::kOn || (*fuse == AutoSwitch::kAuto && backend_.device() == Device::kCuda);
     ModelWeights w;
     const int64_t V = c_.vocab_size, H = c_.hidden_size;
     NUCLEUS_ASSIGN_OR_RETURN(w.embed_tokens, dense("model.embed_tokens.weight", {V, H}, ShardSplit::kRows));

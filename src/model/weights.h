@@ -47,8 +47,9 @@ struct MoeWeights {
   std::vector<MlpWeights> experts;
   // The shared experts, in one of two forms (at most one is set):
   // `shared`, one MLP of width n_shared_experts * moe_intermediate_size (this
-  // rank's slice), unless NUCLEUS_MOE_FUSE_SHARED=1 (default off), and also
-  // then where the second form's pieces would split an FP8 scale block; else
+  // rank's slice), unless the shared experts run as routed ones
+  // (NUCLEUS_MOE_FUSE_SHARED: 1, or auto on CUDA), and also then where the
+  // second form's pieces would split an FP8 scale block; else
   // `shared_experts`,
   // n_shared_experts MLPs of the routed experts' width, piece s holding
   // intermediate units [s I_r, (s + 1) I_r) of the slice (I_r =
@@ -95,6 +96,8 @@ struct ModelWeights {
 class WeightBackend {
  public:
   virtual ~WeightBackend() = default;
+  // The device the converted weights live on.
+  virtual Device device() const = 0;
   // The embedding table [vocab, hidden]: any float dtype in.
   virtual StatusOr<Tensor> embedding(const std::string& name, const Tensor& host) = 0;
   // A norm weight or a bias (a vector): f32 on every device.

@@ -47,11 +47,19 @@ StatusOr<std::unique_ptr<DeepseekModel>> make_mtp_model(const ModelConfig& confi
   return DeepseekModel::create(mc, std::move(weights), mo, std::move(rank));
 }
 
+#ifdef NUCLEUS_HAVE_CUDA
 // NUCLEUS_MTP_DEVICE_HIDDEN: the MTP module's input rows gathered on the
-// device (auto, 1) or through the host (0). make_rank refuses a malformed value.
+// device (auto, 1) or through the host (0). DeepseekModel::env_status
+// refuses a malformed value before any weight is read.
 bool mtp_device_hidden() {
   return env_auto_switch(Knob::kMtpDeviceHidden).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
 }
+
+// Rows gather_hidden_rows keeps a buffer for (a decode step's MTP pass at
+// k + 1 rows a sequence fits); a wider gather (a prefill chunk's rows) takes
+// a buffer of its own, freed with the step's inputs.
+constexpr int64_t kGatherBufferRows = 512;
+#endif
 
 ExecutorOptions executor_options(const ModelOptions& o, int rank) {
   ExecutorOptions e;
@@ -86,9 +94,6 @@ ModelExecutor::~ModelExecutor() {
 }
 
 StatusOr<ModelExecutor::Rank> ModelExecutor::make_rank(std::unique_ptr<DeepseekModel> model, bool mtp) {
-  if (mtp && !env_auto_switch(Knob::kMtpDeviceHidden))
-    return invalid_argument("NUCLEUS_MTP_DEVICE_HIDDEN='" + env_string(Knob::kMtpDeviceHidden).value_or("") +
-                            "' is not auto, 0 or 1");
   NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph prefill, model->build_graph(StepKind::kPrefill));
   NUCLEUS_ASSIGN_OR_RETURN(BuiltGraph decode, model->build_graph(StepKind::kDecode));
   Rank r;
@@ -152,6 +157,26 @@ StatusOr<Tensor> ModelExecutor::mtp_hidden_states() {
   return mtp_[0].executor->last_step_buffer("residual");
 }
 
+#ifdef NUCLEUS_HAVE_CUDA
+namespace {
+// out[i] = f32(source[rows[i]]) on the engine stream: the indices uploaded
+// into `index` (a pageable copy, staged before the call returns and ordered
+// after every earlier reader of `index`), then one gather kernel.
+Status gather_rows_f32_on_device(const Tensor& source, const std::vector<int32_t>& rows, const Tensor& index,
+                                 const Tensor& out) {
+  cudaStream_t stream = cuda::context().stream;
+  cudaError_t e = cudaMemcpyAsync(index.raw(), rows.data(), rows.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  stream);
+  if (e == cudaSuccess)
+    e = kernels::launch_gather_rows_f32(source.raw(), source.dtype() == DType::kBF16, index.data<int32_t>(),
+                                        static_cast<int64_t>(rows.size()), source.dim(1),
+                                        static_cast<float*>(out.raw()), stream);
+  if (e != cudaSuccess) return internal_error(std::string("gather_hidden_rows: ") + cudaGetErrorString(e));
+  return ok_status();
+}
+}  // namespace
+#endif
+
 StatusOr<Tensor> ModelExecutor::gather_hidden_rows(const Tensor& source, const std::vector<int32_t>& rows) {
   if (source.rank() != 2 || (source.dtype() != DType::kBF16 && source.dtype() != DType::kF32))
     return invalid_argument("gather_hidden_rows: the source is " + std::string(dtype_name(source.dtype())) + " " +
@@ -164,21 +189,19 @@ StatusOr<Tensor> ModelExecutor::gather_hidden_rows(const Tensor& source, const s
 #ifdef NUCLEUS_HAVE_CUDA
   if (source.device() == Device::kCuda && !group_ && mtp_device_hidden()) {
     if (n == 0) return Tensor::empty({0, H}, DType::kF32, Device::kCuda);
-    if (!gather_rows_.defined() || gather_rows_.dim(0) < n || gather_rows_.dim(1) != H) {
-      synchronize_device();  // no step still reads the old buffer
-      const int64_t capacity = std::max<int64_t>(n, 256);
-      gather_rows_ = Tensor::empty({capacity, H}, DType::kF32, Device::kCuda);
-      gather_index_ = Tensor::empty({capacity}, DType::kI32, Device::kCuda);
+    if (!gather_index_.defined()) {  // once: the index and row buffers
+      gather_index_ = Tensor::empty({kGatherBufferRows}, DType::kI32, Device::kCuda);
+      gather_rows_ = Tensor::empty({kGatherBufferRows, H}, DType::kF32, Device::kCuda);
     }
-    cudaStream_t stream = cuda::context().stream;
-    // Pageable source: staged before the call returns, ordered on the stream
-    // after every earlier reader of the index buffer.
-    NUCLEUS_CUDA_CHECK(cudaMemcpyAsync(gather_index_.raw(), rows.data(), rows.size() * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, stream));
-    const cudaError_t e =
-        kernels::launch_gather_rows_f32(source.raw(), source.dtype() == DType::kBF16, gather_index_.data<int32_t>(),
-                                        n, H, gather_rows_.data<float>(), stream);
-    if (e != cudaSuccess) return internal_error(std::string("gather_hidden_rows: ") + cudaGetErrorString(e));
+    if (n > kGatherBufferRows || gather_rows_.dim(1) != H) {
+      // Rare (a long prefill chunk): buffers of this call's own; their
+      // release waits for the device (cudaFree).
+      Tensor index = Tensor::empty({n}, DType::kI32, Device::kCuda);
+      Tensor out = Tensor::empty({n, H}, DType::kF32, Device::kCuda);
+      NUCLEUS_RETURN_IF_ERROR(gather_rows_f32_on_device(source, rows, index, out));
+      return out;
+    }
+    NUCLEUS_RETURN_IF_ERROR(gather_rows_f32_on_device(source, rows, gather_index_, gather_rows_));
     return gather_rows_.rows(0, n);
   }
 #endif

@@ -102,13 +102,15 @@ class ModelExecutor {
   // Rows `rows` of `source` ([R, hidden] bf16 or f32: hidden_states() or
   // mtp_hidden_states(), valid until the next forward) as [rows.size(),
   // hidden] f32: the MTP module's StepInputs::mtp_hidden. On CUDA without a
-  // tensor-parallel group (NUCLEUS_MTP_DEVICE_HIDDEN, auto = on) one gather
-  // kernel on the engine stream into a device buffer of this executor's
-  // (kernels::launch_gather_rows_f32; no host round trip, no sync; valid
-  // until the next call); otherwise, and with the switch at 0, the rows
-  // copied to the host and widened there (a group's ranks each upload
-  // them). Errors: a row outside [0, R), a source that is not bf16 or f32
-  // (kInvalidArgument).
+  // tensor-parallel group (NUCLEUS_MTP_DEVICE_HIDDEN, auto = on) an index
+  // upload and one gather kernel on the engine stream
+  // (kernels::launch_gather_rows_f32): nothing comes back to the host and
+  // the host does not wait for the device. Up to 512 rows land in a buffer
+  // of this executor's (valid until the next call); more in a tensor of
+  // their own. Otherwise, and with the switch at 0, the source is copied to
+  // the host and the rows widened there (a group's ranks each upload them).
+  // Errors: a row outside [0, R), a source that is not [R, hidden] bf16 or
+  // f32 (kInvalidArgument); a CUDA error (kInternal).
   StatusOr<Tensor> gather_hidden_rows(const Tensor& source, const std::vector<int32_t>& rows);
   KvCache make_mtp_kv_cache(int64_t num_blocks, int64_t block_size);
   int64_t mtp_kv_bytes_per_token() const { return has_mtp() ? mtp_[0].model->kv_bytes_per_token() : 0; }

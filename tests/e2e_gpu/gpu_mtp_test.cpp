@@ -14,9 +14,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "core/cuda/context.h"
@@ -59,25 +62,29 @@ std::unique_ptr<ModelExecutor> load(Device device, bool mtp, std::vector<int64_t
   return std::move(*m);
 }
 
+// One sequence's first `rows` tokens of `t` as a prefill step from position
+// 0 (blocks 0..nb-1 of 16 slots), every row's logits returned.
+StepInputs one_sequence(const std::vector<int32_t>& t, int64_t rows, int64_t nb) {
+  StepInputs in;
+  in.query_start = {0, static_cast<int32_t>(rows)};
+  in.context_lens = {0};
+  in.max_blocks_per_seq = static_cast<int32_t>(nb);
+  for (int32_t b = 0; b < nb; ++b) in.block_tables.push_back(b);
+  for (int64_t i = 0; i < rows; ++i) {
+    in.token_ids.push_back(t[i]);
+    in.positions.push_back(static_cast<int32_t>(i));
+    in.slot_mapping.push_back(i);
+    in.logit_indices.push_back(static_cast<int32_t>(i));
+  }
+  return in;
+}
+
 // Draft logits of rows 0..n-1 (prompt + greedy tokens of the reference's prompt 0).
 std::vector<float> draft_logits(ModelExecutor& m, const std::vector<int32_t>& tokens, int64_t n) {
   const int64_t L = static_cast<int64_t>(tokens.size()), H = m.config().hidden_size;
   const int64_t nb = (L + 15) / 16;
   KvCache kv = m.make_kv_cache(nb, 16), mkv = m.make_mtp_kv_cache(nb, 16);
-  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) {
-    StepInputs in;
-    in.query_start = {0, static_cast<int32_t>(rows)};
-    in.context_lens = {0};
-    in.max_blocks_per_seq = static_cast<int32_t>(nb);
-    for (int32_t b = 0; b < nb; ++b) in.block_tables.push_back(b);
-    for (int64_t i = 0; i < rows; ++i) {
-      in.token_ids.push_back(t[i]);
-      in.positions.push_back(static_cast<int32_t>(i));
-      in.slot_mapping.push_back(i);
-      in.logit_indices.push_back(static_cast<int32_t>(i));
-    }
-    return in;
-  };
+  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) { return one_sequence(t, rows, nb); };
   NUCLEUS_CHECK_OK(m.forward(seq(tokens, L), kv).status());
   auto h = m.hidden_states();
   NUCLEUS_CHECK(h.ok(), "{}", h.status().to_string());
@@ -204,10 +211,91 @@ TEST_F(GpuMtpTest, GreedyMtpOnAgreesWithReference) {
     }
 }
 
+// Restores a NUCLEUS_* variable's value (or absence) when it goes.
+class ScopedEnvValue {
+ public:
+  ScopedEnvValue(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnvValue() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// ModelExecutor::gather_hidden_rows: on the device (auto) the rows of the
+// target's hidden states (bf16) and of the MTP layer's output (f32) as f32
+// on the GPU, equal bit for bit to the host path (0), repeated and
+// out-of-order rows included, the buffer's 512 rows exceeded; a row outside
+// the source refused.
+TEST_F(GpuMtpTest, GatherHiddenRowsOnTheDeviceEqualsTheHostPath) {
+  auto m = load(Device::kCuda, true);
+  const std::vector<int32_t> tokens = {5, 17, 99, 3, 250, 4000, 12, 7};
+  const int64_t L = static_cast<int64_t>(tokens.size());
+  KvCache kv = m->make_kv_cache(1, 16), mkv = m->make_mtp_kv_cache(1, 16);
+  const StepInputs in = one_sequence(tokens, L, 1);
+  ASSERT_TRUE(m->forward(in, kv).ok());
+  auto target = m->hidden_states();
+  ASSERT_TRUE(target.ok()) << target.status().to_string();
+  const std::vector<int32_t> rows = {7, 0, 3, 3, 1};
+  std::vector<int32_t> many(600);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = static_cast<int32_t>((i * 5) % L);
+  auto both = [&](const Tensor& source, const std::vector<int32_t>& r) {
+    std::vector<float> got[2];
+    for (int device = 0; device < 2; ++device) {
+      ScopedEnvValue env("NUCLEUS_MTP_DEVICE_HIDDEN", device ? nullptr : "0");
+      auto g = m->gather_hidden_rows(source, r);
+      EXPECT_TRUE(g.ok()) << g.status().to_string();
+      if (!g.ok()) return;
+      EXPECT_EQ(g->device(), device ? Device::kCuda : Device::kCpu);
+      EXPECT_EQ(g->dtype(), DType::kF32);
+      EXPECT_EQ(g->dim(0), static_cast<int64_t>(r.size()));
+      Tensor h = g->device() == Device::kCuda ? to_host(*g) : *g;
+      got[device].assign(h.data<float>(), h.data<float>() + h.numel());
+    }
+    EXPECT_EQ(got[0], got[1]);
+    EXPECT_GT(got[0].size(), 0u);
+  };
+  EXPECT_EQ(target->dtype(), DType::kBF16);
+  both(*target, rows);
+  both(*target, many);
+  // The MTP layer's own output (f32): one MTP step over the same rows.
+  StepInputs mi = in;
+  mi.token_ids.erase(mi.token_ids.begin());
+  mi.token_ids.push_back(1);
+  std::vector<int32_t> all(L);
+  for (int64_t i = 0; i < L; ++i) all[i] = static_cast<int32_t>(i);
+  auto h = m->gather_hidden_rows(*target, all);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  mi.mtp_hidden = *h;
+  ASSERT_TRUE(m->mtp_forward_logits(mi, mkv).ok());
+  auto own = m->mtp_hidden_states();
+  ASSERT_TRUE(own.ok()) << own.status().to_string();
+  EXPECT_EQ(own->dtype(), DType::kF32);
+  both(*own, rows);
+  for (int32_t bad : {-1, static_cast<int32_t>(L)}) {
+    auto r = m->gather_hidden_rows(*target, {0, bad});
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("outside the source's"), std::string::npos) << r.status().to_string();
+  }
+}
+
 // NUCLEUS_MTP_DEVICE_HIDDEN: the MTP module's input rows gathered on the
 // device (auto) or through the host (0) are the same f32 rows, so the
 // drafts, the acceptance and the outputs are identical (k = 1 and 3, with
-// decode graphs and eager).
+// decode graphs and eager). Greedy outputs do not depend on the drafts;
+// the acceptance counts do, and GatherHiddenRowsOnTheDeviceEqualsTheHostPath
+// compares the rows themselves.
 TEST_F(GpuMtpTest, DeviceHiddenRowsEqualHostRows) {
   auto cases = load_cases();
   for (int64_t k : {1, 3})
@@ -217,10 +305,15 @@ TEST_F(GpuMtpTest, DeviceHiddenRowsEqualHostRows) {
       r.k = k;
       if (!graphs) r.graphs = {};
       EngineStats on, off;
-      ASSERT_EQ(::setenv("NUCLEUS_MTP_DEVICE_HIDDEN", "0", 1), 0);
-      const auto host = run(cases, r, &off);
-      ASSERT_EQ(::unsetenv("NUCLEUS_MTP_DEVICE_HIDDEN"), 0);
-      const auto device = run(cases, r, &on);
+      std::map<std::string, std::vector<int32_t>> host, device;
+      {
+        ScopedEnvValue env("NUCLEUS_MTP_DEVICE_HIDDEN", "0");
+        host = run(cases, r, &off);
+      }
+      {
+        ScopedEnvValue env("NUCLEUS_MTP_DEVICE_HIDDEN", nullptr);
+        device = run(cases, r, &on);
+      }
       EXPECT_EQ(device, host);
       EXPECT_EQ(on.spec.num_draft_tokens, off.spec.num_draft_tokens);
       EXPECT_EQ(on.spec.num_accepted_tokens, off.spec.num_accepted_tokens);

@@ -67,6 +67,9 @@ Status DeepseekModel::env_status() {
   if (!env_auto_switch(Knob::kFuseKvANorm))
     return invalid_argument("NUCLEUS_FUSE_KV_A_NORM='" + *env_string(Knob::kFuseKvANorm) +
                             "' is not auto, 0 (off, false) or 1 (on, true)");
+  if (!env_auto_switch(Knob::kMtpDeviceHidden))
+    return invalid_argument("NUCLEUS_MTP_DEVICE_HIDDEN='" + *env_string(Knob::kMtpDeviceHidden) +
+                            "' is not auto, 0 (off, false) or 1 (on, true)");
   return prezero_env_status();
 }
 
@@ -330,7 +333,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       const MoeWeights& m = *lw.moe;
       const int64_t E = c.n_routed_experts;
       // Decode steps run the shared experts' pieces as routed experts E, E + 1, ...
-      // with weight 1 (NUCLEUS_MOE_FUSE_SHARED=1; MoeWeights::shared_experts):
+      // with weight 1 (NUCLEUS_MOE_FUSE_SHARED, auto on CUDA; MoeWeights::shared_experts):
       // one op instead of their own GEMMs, SiLU·mul and accumulate.
       const bool fuse_shared = kind == StepKind::kDecode && !m.shared_experts.empty();
       kernels::MoeRoutingParams routing = moe_routing_params(c);
