@@ -84,6 +84,9 @@ void shapes_of(const ModelConfig& c, const std::string& model, std::vector<Shape
   }
   shapes->push_back({model, "o_proj", H, nh * c.v_head_dim});
   donors->push_back({model, "input_layernorm", H, base + H, base});
+  // The shared MLP's gate_up as its own GEMM: the decode graph with
+  // NUCLEUS_MOE_FUSE_SHARED=0 (by default on CUDA the shared experts run in
+  // the routed experts' op, and this shape is not a decode GEMM).
   const int64_t shared = 2 * c.moe_intermediate_size * c.n_shared_experts;
   shapes->push_back({model, "gate", c.n_routed_experts, H});
   if (shared > 0) shapes->push_back({model, "shared_gate_up", shared, H});

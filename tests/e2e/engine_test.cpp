@@ -454,7 +454,7 @@ TEST(EngineTest, FusedSharedExpertsOfTwoPiecesEqualTheirOwnMlpAtTp1And2) {
       NUCLEUS_CHECK(m.ok(), "{}", m.status().to_string());
       return std::move(*m);
     };
-    auto fused = make("1"), own = make("auto");  // auto: off (docs/flags.md)
+    auto fused = make("1"), own = make("auto");  // auto: off on the CPU (docs/flags.md)
     const float worst = compare_decode_steps(*fused, *own, toks, 8, 3, false);
     EXPECT_LT(worst, 1e-4);
     std::printf("n_shared_experts 2, tp %d: max |logit difference| %.3g\n", tp, worst);

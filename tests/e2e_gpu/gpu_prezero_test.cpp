@@ -142,6 +142,7 @@ TEST_F(GpuPrezeroTest, DecodeGraphRewritten) {
   bool shared_mlp_ops = false;
   for (const Node& n : g.nodes()) shared_mlp_ops |= n.name.find("mlp.shared_experts") != std::string::npos;
   EXPECT_EQ(consumers, 4 * 3 + 1 + 3 * (shared_mlp_ops ? 2 : 1)) << (shared_mlp_ops ? "shared MLP ops" : "fused");
+  if (!std::getenv("NUCLEUS_MOE_FUSE_SHARED")) EXPECT_FALSE(shared_mlp_ops) << "auto fuses the shared experts on CUDA";
   const std::string off_dump = off->graph(StepKind::kDecode).dump("off");
   EXPECT_EQ(off_dump.find("prezero"), std::string::npos);
   EXPECT_NE(off_dump.find("q_a.f32"), std::string::npos) << "split-K outputs are f32 with prezero off too";

@@ -139,8 +139,9 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
 }
 
 // The FP8 skinny GEMM on the FP8 tiny model: every FP8 decode linear whose k
-// is a multiple of 128 (all but the shared expert's down_proj, k = 192) on
-// cuda_skinny_fp8 when on.
+// is a multiple of 128 (all but the shared expert's down_proj, k = 192, a
+// decode linear only with NUCLEUS_MOE_FUSE_SHARED=0: by default on CUDA the
+// shared experts run in the routed experts' op) on cuda_skinny_fp8 when on.
 TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3-fp8",
                {Config{"on", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=16", true, true},
