@@ -53,4 +53,19 @@ std::string make_temp_dir(const std::string& prefix) {
   return d;
 }
 
+StepInputs one_sequence_prefill(const std::vector<int32_t>& tokens, int64_t rows, int64_t num_blocks) {
+  StepInputs in;
+  in.query_start = {0, static_cast<int32_t>(rows)};
+  in.context_lens = {0};
+  in.max_blocks_per_seq = static_cast<int32_t>(num_blocks);
+  for (int32_t b = 0; b < num_blocks; ++b) in.block_tables.push_back(b);
+  for (int64_t i = 0; i < rows; ++i) {
+    in.token_ids.push_back(tokens[i]);
+    in.positions.push_back(static_cast<int32_t>(i));
+    in.slot_mapping.push_back(i);
+    in.logit_indices.push_back(static_cast<int32_t>(i));
+  }
+  return in;
+}
+
 }  // namespace nucleus::testing

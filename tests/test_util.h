@@ -1,7 +1,11 @@
 // Helpers shared by the tests: where the shipped models and references are.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
+
+#include "ops/step_inputs.h"
 
 namespace nucleus::testing {
 // Directory holding tiny-dsv3/, tiny-dsv3-fp8/, ref/, configs/ (the project's models/).
@@ -15,6 +19,10 @@ std::string mtp_dir();
 // The MTP reference of tools/train_tiny_mtp.py: $NUCLEUS_MTP_DIR/mtp.safetensors,
 // else models_dir()/ref/mtp/mtp.safetensors.
 std::string mtp_reference_path();
+// One sequence's first `rows` tokens of `tokens` as a prefill step from
+// position 0 over blocks 0..num_blocks-1 (row i in slot i: the cache's
+// blocks in order), every row's logits returned.
+StepInputs one_sequence_prefill(const std::vector<int32_t>& tokens, int64_t rows, int64_t num_blocks);
 // A fresh empty temporary directory, removed at exit.
 std::string make_temp_dir(const std::string& prefix);
 }  // namespace nucleus::testing

@@ -296,6 +296,12 @@ std::optional<AutoSwitch> env_auto_switch(Knob k) {
   return std::nullopt;
 }
 
+Status auto_switch_env_status(Knob k) {
+  if (env_auto_switch(k)) return ok_status();
+  return invalid_argument(std::string(knob_info(k).name) + "='" + env_string(k).value_or("") +
+                          "' is not auto, 0 (off, false) or 1 (on, true)");
+}
+
 Status flag_env_status() {
   for (const KnobInfo& k : all_knobs()) {
     if (k.type != KnobType::kFlag) continue;

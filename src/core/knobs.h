@@ -121,6 +121,10 @@ bool parse_flag(std::string_view text);
 // any other value (the reader refuses it at start-up).
 enum class AutoSwitch { kAuto, kOff, kOn };
 std::optional<AutoSwitch> env_auto_switch(Knob k);
+// OK when env_auto_switch(k) reads the value; otherwise invalid_argument
+// naming it ("NUCLEUS_MOE_DEEP_RING='2' is not auto, 0 (off, false) or 1 (on, true)"),
+// for the start-up checks that refuse a malformed three-way switch.
+Status auto_switch_env_status(Knob k);
 
 // OK when every kFlag switch that is set holds a flag spelling: "1", "true",
 // "yes", "on", "0", "false", "no", "off" (any case) or "" (off). Otherwise

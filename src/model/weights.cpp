@@ -428,10 +428,8 @@ class Loader {
 
   StatusOr<ModelWeights> all(Progress* progress) {
     progress_ = progress;
+    NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeFuseShared));
     const std::optional<AutoSwitch> fuse = env_auto_switch(Knob::kMoeFuseShared);
-    if (!fuse)
-      return invalid_argument("NUCLEUS_MOE_FUSE_SHARED='" + *env_string(Knob::kMoeFuseShared) +
-                              "' is not auto, 0 (off, false) or 1 (on, true)");
     // auto: on for CUDA, the measured rule (docs/perf.md "MoE decode: the
     // shared experts as routed experts", session 13); off for the CPU
     // reference, which keeps the checkpoint's MLP.

@@ -130,13 +130,8 @@ Status mla_decode_env_status() {
   if (key_tile_switch() < 0)
     return invalid_argument("NUCLEUS_MLA_DECODE_KEY_TILE='" + *env_string(Knob::kMlaDecodeKeyTile) +
                             "' is not auto, 32 or 64");
-  if (!env_auto_switch(Knob::kMlaDecodeBulkLoads))
-    return invalid_argument("NUCLEUS_MLA_DECODE_BULK_LOADS='" + *env_string(Knob::kMlaDecodeBulkLoads) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
-  if (!env_auto_switch(Knob::kMlaDecodeFp8RegisterConvert))
-    return invalid_argument("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT='" +
-                            *env_string(Knob::kMlaDecodeFp8RegisterConvert) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMlaDecodeBulkLoads));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMlaDecodeFp8RegisterConvert));
   return ok_status();
 }
 

@@ -53,18 +53,10 @@ Status moe_up_splits_env_status() {
   if (moe_up_splits_switch() < 0)
     return invalid_argument("NUCLEUS_MOE_UP_SPLIT_K='" + *env_string(Knob::kMoeUpSplitK) +
                             "' is not auto, 0 or a split count 2..8");
-  if (!env_auto_switch(Knob::kMoeDeepRing))
-    return invalid_argument("NUCLEUS_MOE_DEEP_RING='" + *env_string(Knob::kMoeDeepRing) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
-  if (!env_auto_switch(Knob::kMoeAlignFree))
-    return invalid_argument("NUCLEUS_MOE_ALIGN_FREE='" + *env_string(Knob::kMoeAlignFree) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
-  if (!env_auto_switch(Knob::kMoeCombinePrefetch))
-    return invalid_argument("NUCLEUS_MOE_COMBINE_PREFETCH='" + *env_string(Knob::kMoeCombinePrefetch) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
-  if (!env_auto_switch(Knob::kMoeRouteRegs))
-    return invalid_argument("NUCLEUS_MOE_ROUTE_REGS='" + *env_string(Knob::kMoeRouteRegs) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeDeepRing));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeAlignFree));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombinePrefetch));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeRouteRegs));
   return ok_status();
 }
 

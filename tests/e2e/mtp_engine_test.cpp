@@ -452,20 +452,7 @@ std::pair<Tensor, Tensor> draft_logits(ModelExecutor& m, const std::vector<int32
   const int64_t L = static_cast<int64_t>(tokens.size()), H = m.config().hidden_size;
   const int64_t nb = (L + 15) / 16;
   KvCache kv = m.make_kv_cache(nb, 16), mkv = m.make_mtp_kv_cache(nb, 16);
-  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) {
-    StepInputs in;
-    in.query_start = {0, static_cast<int32_t>(rows)};
-    in.context_lens = {0};
-    in.max_blocks_per_seq = static_cast<int32_t>(nb);
-    for (int32_t b = 0; b < nb; ++b) in.block_tables.push_back(b);
-    for (int64_t i = 0; i < rows; ++i) {
-      in.token_ids.push_back(t[i]);
-      in.positions.push_back(static_cast<int32_t>(i));
-      in.slot_mapping.push_back(i);
-      in.logit_indices.push_back(static_cast<int32_t>(i));
-    }
-    return in;
-  };
+  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) { return testing::one_sequence_prefill(t, rows, nb); };
   NUCLEUS_CHECK_OK(m.forward(seq(tokens, L), kv).status());
   auto h = m.hidden_states();
   NUCLEUS_CHECK(h.ok(), "{}", h.status().to_string());

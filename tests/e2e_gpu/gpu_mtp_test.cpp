@@ -62,29 +62,12 @@ std::unique_ptr<ModelExecutor> load(Device device, bool mtp, std::vector<int64_t
   return std::move(*m);
 }
 
-// One sequence's first `rows` tokens of `t` as a prefill step from position
-// 0 (blocks 0..nb-1 of 16 slots), every row's logits returned.
-StepInputs one_sequence(const std::vector<int32_t>& t, int64_t rows, int64_t nb) {
-  StepInputs in;
-  in.query_start = {0, static_cast<int32_t>(rows)};
-  in.context_lens = {0};
-  in.max_blocks_per_seq = static_cast<int32_t>(nb);
-  for (int32_t b = 0; b < nb; ++b) in.block_tables.push_back(b);
-  for (int64_t i = 0; i < rows; ++i) {
-    in.token_ids.push_back(t[i]);
-    in.positions.push_back(static_cast<int32_t>(i));
-    in.slot_mapping.push_back(i);
-    in.logit_indices.push_back(static_cast<int32_t>(i));
-  }
-  return in;
-}
-
 // Draft logits of rows 0..n-1 (prompt + greedy tokens of the reference's prompt 0).
 std::vector<float> draft_logits(ModelExecutor& m, const std::vector<int32_t>& tokens, int64_t n) {
   const int64_t L = static_cast<int64_t>(tokens.size()), H = m.config().hidden_size;
   const int64_t nb = (L + 15) / 16;
   KvCache kv = m.make_kv_cache(nb, 16), mkv = m.make_mtp_kv_cache(nb, 16);
-  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) { return one_sequence(t, rows, nb); };
+  auto seq = [&](const std::vector<int32_t>& t, int64_t rows) { return testing::one_sequence_prefill(t, rows, nb); };
   NUCLEUS_CHECK_OK(m.forward(seq(tokens, L), kv).status());
   auto h = m.hidden_states();
   NUCLEUS_CHECK(h.ok(), "{}", h.status().to_string());
@@ -243,7 +226,7 @@ TEST_F(GpuMtpTest, GatherHiddenRowsOnTheDeviceEqualsTheHostPath) {
   const std::vector<int32_t> tokens = {5, 17, 99, 3, 250, 4000, 12, 7};
   const int64_t L = static_cast<int64_t>(tokens.size());
   KvCache kv = m->make_kv_cache(1, 16), mkv = m->make_mtp_kv_cache(1, 16);
-  const StepInputs in = one_sequence(tokens, L, 1);
+  const StepInputs in = testing::one_sequence_prefill(tokens, L, 1);
   ASSERT_TRUE(m->forward(in, kv).ok());
   auto target = m->hidden_states();
   ASSERT_TRUE(target.ok()) << target.status().to_string();

@@ -64,12 +64,8 @@ Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_up_splits_env_status());
   NUCLEUS_RETURN_IF_ERROR(mla_decode_env_status());
-  if (!env_auto_switch(Knob::kFuseKvANorm))
-    return invalid_argument("NUCLEUS_FUSE_KV_A_NORM='" + *env_string(Knob::kFuseKvANorm) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
-  if (!env_auto_switch(Knob::kMtpDeviceHidden))
-    return invalid_argument("NUCLEUS_MTP_DEVICE_HIDDEN='" + *env_string(Knob::kMtpDeviceHidden) +
-                            "' is not auto, 0 (off, false) or 1 (on, true)");
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kFuseKvANorm));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMtpDeviceHidden));
   return prezero_env_status();
 }
 
