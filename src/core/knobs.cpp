@@ -137,6 +137,13 @@ constexpr KnobInfo kKnobs[] = {
      "(measured 3.5-4.7% faster on V2-Lite at batch 8-32, neutral on V3), off for the CPU reference; 0: off, the shared MLP "
      "as its own ops); read when the weights are loaded; a malformed value is refused at load",
      "src/model/weights.cpp"},
+    {KNOB(kMoeCombineNorm), "NUCLEUS_MOE_COMBINE_NORM", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "decode graphs fold the residual add + RMSNorm after a MoE layer into the MoE op where that op is the "
+     "last writer of the delta (shared experts fused or absent, one rank, no bf16 emulation): on CUDA the "
+     "combine kernel runs the norm, one launch a layer fewer (auto and 1: so; 0: the norm as its own op, the "
+     "graph before); the same bits; read when a graph is built; a malformed value is refused at start-up",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kMlaDecodeSmallGemms), "NUCLEUS_MLA_DECODE_SMALL_GEMMS", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "decode attention calls of a few rows run the q absorption and the output projection (W_UK, W_UV) as "

@@ -55,6 +55,7 @@ enum class Knob {
   kMoeRouteRegs,
   kMoeCombinePrefetch,
   kMoeFuseShared,
+  kMoeCombineNorm,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,
   kMlaDecodeCtasPerSm,

@@ -165,14 +165,15 @@ void op_profile_report() {
     std::fprintf(stderr, "%-*s %10.3f %8lld %10.2f %5.1f%%\n", width, label.c_str(), e.ms,
                  static_cast<long long>(e.calls), 1000.0 * e.ms / e.calls, 100.0 * e.ms / total);
   if (op_profiling_per_node()) {
-    // Per layer: every layers.* node's time over the layers run (input_layernorm calls).
+    // Per layer: every layers.* node's time over the layers run (post_attention_layernorm calls: decode
+    // graphs may fold a layer's input_layernorm into the MoE op before it).
     std::map<std::string, std::pair<double, int64_t>> layers;  // phase -> (ms, layers run)
     for (const auto& [label, e] : rows) {
       const size_t at = label.find("layers.*.");
       if (at == std::string::npos) continue;
       auto& l = layers[label.substr(0, at)];
       l.first += e.ms;
-      if (label.find("layers.*.input_layernorm ") != std::string::npos) l.second += e.calls;
+      if (label.find("layers.*.post_attention_layernorm ") != std::string::npos) l.second += e.calls;
     }
     for (const auto& [phase, l] : layers)
       if (l.second > 0)

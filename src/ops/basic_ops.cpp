@@ -73,10 +73,7 @@ std::string AddRmsNormOp::attrs() const {
   if (all_reduce_.comm)
     a += std::string(" allreduce=") + all_reduce_.comm->backend() + "x" + std::to_string(all_reduce_.comm->world_size()) +
          (all_reduce_.fuse && !all_reduce_.peer_signals.empty() ? " fusable=1" : " fusable=0");
-  if (prezero_.n_total > 0)
-    a += " prezero_n_total=" + std::to_string(prezero_.n_total) + " prezero_n_base=" + std::to_string(prezero_.n_base) +
-         (prezero_.max_rows == kPrezeroAnyRows ? "" : " prezero_max_rows=" + std::to_string(prezero_.max_rows));
-  return a;
+  return a + prezero_attrs(prezero_);
 }
 
 const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
@@ -92,14 +89,8 @@ const std::vector<Backend<AddRmsNormOp>>& AddRmsNormOp::backends() {
          const float* delta = op.has_delta() ? in[1].data<float>() : nullptr;
          kernels::add_rmsnorm_ref(residual.data<float>(), delta, op.weight().data<float>(), residual.dim(0),
                                   residual.dim(1), op.eps(), out[1].data<float>());
-         if (op.prezero().n_total > 0) {  // the donor's fill
-           const Tensor& buf = out[2];
-           const int64_t m = buf.dim(0);
-           const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
-           const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
-                                : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
-           std::fill(buf.data<float>(), buf.data<float>() + m * cols, 0.0f);  // slices are column blocks of m rows
-         }
+         const Tensor* fill = op.prezero().n_total > 0 ? &out[2] : nullptr;  // the donor's fill
+         if (fill) std::fill_n(fill->data<float>(), prezero_fill_count(op.prezero(), fill->dim(0)), 0.0f);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       // Tensor parallelism: the fused all-reduce + add + RMSNorm kernel when

@@ -66,6 +66,14 @@ void mtp_input(MtpInputOp& op, OpContext& ctx, const TensorList& in, const Tenso
   NUCLEUS_OP_CUDA_CHECK(cudaMemsetAsync(out[1].raw(), 0, T * H * sizeof(float), stream()));
 }
 
+void set_prezero_fill(const PrezeroDonor& donor, const Tensor& buffer, kernels::AddRmsNormParams& p) {
+  p.zero_fill_count = prezero_fill_count(donor, buffer.dim(0));
+  p.zero_fill = p.zero_fill_count > 0 ? buffer.data<float>() : nullptr;
+  p.fill_blocks = p.zero_fill_count > 0
+                      ? prezero_fill_blocks(p.rows, p.zero_fill_count * static_cast<int64_t>(sizeof(float)))
+                      : 0;
+}
+
 void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   if (op.all_reduce().comm) {  // sum the ranks' partial deltas in place
     // bf16, or f32 when a split-K GEMM wrote the delta (graph/passes/splitk_pass.h).
@@ -83,18 +91,7 @@ void add_rmsnorm(AddRmsNormOp& op, OpContext& ctx, const TensorList& in, const T
   p.eps = op.eps();
   p.out = bf16(out[1]);
   p.pdl = small_ops_pdl();
-  if (op.prezero().n_total > 0) {  // the donor's fill, decided for this step's rows
-    const Tensor& buf = out[2];
-    const int64_t m = buf.dim(0);
-    const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
-    const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
-                         : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
-    if (cols > 0) {
-      p.zero_fill = buf.data<float>();  // slices are column blocks of m rows: a prefix of columns is a prefix of memory
-      p.zero_fill_count = m * cols;
-      p.fill_blocks = prezero_fill_blocks(m, p.zero_fill_count * static_cast<int64_t>(sizeof(float)));
-    }
-  }
+  if (op.prezero().n_total > 0) set_prezero_fill(op.prezero(), out[2], p);  // the donor's fill for this step's rows
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_add_rmsnorm(p, stream()));
 }
 

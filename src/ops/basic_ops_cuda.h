@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/rmsnorm/rmsnorm.cuh"
 #include "ops/basic_ops.h"
 
 namespace nucleus::cuda_ops {
@@ -14,6 +15,11 @@ namespace nucleus::cuda_ops {
 // most the SMs the norm leaves idle.
 constexpr int64_t kPrezeroFillBytesPerBlock = 32 * 1024;
 int prezero_fill_blocks(int64_t rows, int64_t bytes);
+
+// A prezero donor's fill of `buffer` ([m, n_total] f32; prezero_fill_count)
+// for p's rows: p.zero_fill, zero_fill_count and fill_blocks (none when the
+// gate fills nothing). p.rows must be set.
+void set_prezero_fill(const PrezeroDonor& donor, const Tensor& buffer, kernels::AddRmsNormParams& p);
 
 void embedding(EmbeddingOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);
 void rmsnorm(RmsNormOp& op, OpContext& ctx, const TensorList& in, const TensorList& out);

@@ -69,13 +69,9 @@ void add_rmsnorm_allreduce_fused(AddRmsNormOp& op, OpContext& ctx, const TensorL
   p.eps = op.eps();
   if (op.prezero().n_total > 0) {  // a prezero donor (set by the pass): the fill on extra CTAs of the same launch
     const Tensor& buf = out[2];
-    const int64_t m = buf.dim(0);
-    const PrezeroFill fill = prezero_fill(m, op.prezero().n_total, op.prezero().n_base, op.prezero().max_rows);
-    const int64_t cols = fill == PrezeroFill::kAll ? op.prezero().n_total
-                         : fill == PrezeroFill::kBase ? op.prezero().n_base : 0;
-    if (cols > 0) {
-      p.zero_fill = buf.data<float>();  // slices are column blocks of m rows: a prefix of columns is a prefix of memory
-      p.zero_fill_count = m * cols;
+    p.zero_fill_count = prezero_fill_count(op.prezero(), buf.dim(0));
+    if (p.zero_fill_count > 0) {
+      p.zero_fill = buf.data<float>();
       const int64_t row_blocks = std::min<int64_t>(rows, p.max_blocks);
       p.fill_blocks = prezero_fill_blocks(row_blocks, p.zero_fill_count * static_cast<int64_t>(sizeof(float)));
     }

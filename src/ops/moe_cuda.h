@@ -31,6 +31,12 @@ Status moe_experts_grouped_reserve(MoeExpertsOp& op, const StepLimits& limits, D
 // keeps in the op's device_state(), built on first use.
 const kernels::ExpertView* moe_experts_grouped_views(MoeExpertsOp& op);
 
+// The add + RMSNorm of an op that folds it in (MoeExpertsOp::fuse_add_rmsnorm)
+// as its own launch on out[0], for the backends whose kernels do not run it
+// (cuda_naive, and cuda_decode's decode kernels); nothing when the op does
+// not fold it in. cuda_grouped runs it inside its combine instead.
+void moe_experts_add_rmsnorm(MoeExpertsOp& op, const TensorList& out);
+
 // cuda_decode (ops/moe_decode_cuda.cpp): steps of at most
 // moe_decode_max_tokens() tokens (ops/moe_decode.h) on the fused decode
 // kernels (kernels/moe/moe_decode.cuh: bf16 or FP8 block-scaled weights, each

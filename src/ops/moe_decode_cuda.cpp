@@ -79,6 +79,7 @@ void moe_experts_decode(MoeExpertsOp& op, OpContext& ctx, const TensorList& in, 
   a.pdl = skinny_pdl();
   NUCLEUS_CHECK(a.hidden == hidden_of(op), "moe_experts x width {} vs hidden {}", a.hidden, hidden_of(op));
   NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_decode(a, cuda::context().stream));
+  moe_experts_add_rmsnorm(op, out);
 }
 
 }  // namespace nucleus::cuda_ops

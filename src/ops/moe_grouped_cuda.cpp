@@ -21,6 +21,8 @@
 #include "core/device.h"
 #include "core/knobs.h"
 #include "kernels/moe/moe_grouped.cuh"
+#include "kernels/rmsnorm/rmsnorm.cuh"
+#include "ops/basic_ops_cuda.h"
 #include "ops/linear_cuda.h"
 #include "ops/moe_cuda.h"
 #include "ops/moe_decode.h"
@@ -134,13 +136,47 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
   opt.align_free = moe_align_free_switch();
   opt.combine_prefetch = moe_combine_prefetch_switch();
   opt.pdl = skinny_pdl();
+  // The add + norm after the op (MoeExpertsOp::fuse_add_rmsnorm) in each
+  // chunk's combine; the prezero fill in the first chunk's.
+  kernels::AddRmsNormParams fill;
+  if (op.fuses_add_rmsnorm() && op.prezero().n_total > 0) {
+    fill.rows = std::min(st.chunk_tokens, T);
+    set_prezero_fill(op.prezero(), out[4], fill);
+  }
   for (int64_t t0 = 0; t0 < T; t0 += st.chunk_tokens) {
     const int64_t n = std::min(st.chunk_tokens, T - t0);
+    kernels::MoeCombineNorm norm;
+    if (op.fuses_add_rmsnorm()) {
+      norm.residual = out[2].data<float>() + t0 * hidden;
+      norm.w = op.norm_weight().data<float>();
+      norm.eps = op.norm_eps();
+      norm.normed = out[3].data<__nv_bfloat16>() + t0 * hidden;
+      if (t0 == 0) {
+        norm.zero_fill = fill.zero_fill;
+        norm.zero_fill_count = fill.zero_fill_count;
+        norm.fill_blocks = fill.fill_blocks;
+      }
+    }
     NUCLEUS_OP_CUDA_CHECK(kernels::launch_moe_grouped(
         x.data<__nv_bfloat16>() + t0 * hidden, n, in[1].data<int32_t>() + t0 * top_k,
         in[2].data<float>() + t0 * top_k, st.shape, st.views.data<kernels::ExpertView>(), st.gate_up_fp8,
-        st.down_fp8, ws, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream, opt));
+        st.down_fp8, ws, out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream, opt, norm));
   }
+}
+
+void moe_experts_add_rmsnorm(MoeExpertsOp& op, const TensorList& out) {
+  if (!op.fuses_add_rmsnorm()) return;
+  kernels::AddRmsNormParams p;
+  p.residual = out[2].data<float>();
+  p.delta = out[0].raw();
+  p.w = op.norm_weight().data<float>();
+  p.rows = out[2].dim(0);
+  p.width = out[2].dim(1);
+  p.eps = op.norm_eps();
+  p.out = out[3].data<__nv_bfloat16>();
+  p.pdl = small_ops_pdl();
+  if (op.prezero().n_total > 0) set_prezero_fill(op.prezero(), out[4], p);
+  NUCLEUS_OP_CUDA_CHECK(kernels::launch_add_rmsnorm(p, cuda::context().stream));
 }
 
 }  // namespace nucleus::cuda_ops

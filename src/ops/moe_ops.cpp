@@ -1,9 +1,11 @@
 #include "ops/moe_ops.h"
 
+#include <algorithm>
 #include <set>
 
 #include "core/device.h"
 #include "io/hf_config.h"
+#include "kernels/rmsnorm/rmsnorm_ref.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/moe_cuda.h"
@@ -53,8 +55,10 @@ const std::vector<Backend<MoeRouteOp>>& MoeRouteOp::backends() {
 }
 
 std::string MoeExpertsOp::attrs() const {
-  return "experts=" + std::to_string(experts_.size()) + " inter=" + std::to_string(inter_) +
-         " top_k=" + std::to_string(top_k_);
+  std::string a = "experts=" + std::to_string(experts_.size()) + " inter=" + std::to_string(inter_) +
+                  " top_k=" + std::to_string(top_k_);
+  if (fuses_add_rmsnorm()) a += " add_rmsnorm=1";
+  return a + prezero_attrs(prezero_);
 }
 
 const std::vector<Backend<MoeExpertsOp>>& MoeExpertsOp::backends() {
@@ -73,6 +77,13 @@ const std::vector<Backend<MoeExpertsOp>>& MoeExpertsOp::backends() {
          const int64_t hidden = in[0].dim(1);
          kernels::moe_experts_ref(in[0].data<float>(), in[0].dim(0), hidden, op.inter(), in[1].data<int32_t>(),
                                   in[2].data<float>(), op.top_k(), refs.data(), out[0].data<float>(), false);
+         if (!op.fuses_add_rmsnorm()) return;
+         // The add + norm after it: AddRmsNormOp's cpu_ref on out[0].
+         const Tensor& residual = out[2];
+         kernels::add_rmsnorm_ref(residual.data<float>(), out[0].data<float>(), op.norm_weight().data<float>(),
+                                  residual.dim(0), residual.dim(1), op.norm_eps(), out[3].data<float>());
+         if (op.prezero().n_total > 0)  // the donor's fill
+           std::fill_n(out[4].data<float>(), prezero_fill_count(op.prezero(), out[4].dim(0)), 0.0f);
        }},
 #ifdef NUCLEUS_HAVE_CUDA
       {"cuda_decode", Device::kCuda, cuda_ops::moe_experts_decode_supports, cuda_ops::moe_experts_decode,

@@ -40,6 +40,7 @@ void moe_experts_naive(MoeExpertsOp& op, OpContext&, const TensorList& in, const
         in[2].data<float>() + t0 * op.top_k(), op.top_k(), views.data<kernels::ExpertView>(), out[1].data<float>(),
         out[0].data<__nv_bfloat16>() + t0 * hidden, cuda::context().stream));
   }
+  moe_experts_add_rmsnorm(op, out);
 }
 
 }  // namespace nucleus::cuda_ops

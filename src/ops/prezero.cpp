@@ -67,6 +67,22 @@ PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base, int64_t max
   return PrezeroFill::kNone;
 }
 
+int64_t prezero_fill_count(const PrezeroDonor& d, int64_t m) {
+  if (d.n_total <= 0) return 0;
+  switch (prezero_fill(m, d.n_total, d.n_base, d.max_rows)) {
+    case PrezeroFill::kAll: return m * d.n_total;
+    case PrezeroFill::kBase: return m * d.n_base;
+    case PrezeroFill::kNone: break;
+  }
+  return 0;
+}
+
+std::string prezero_attrs(const PrezeroDonor& d) {
+  if (d.n_total <= 0) return {};
+  return " prezero_n_total=" + std::to_string(d.n_total) + " prezero_n_base=" + std::to_string(d.n_base) +
+         (d.max_rows == kPrezeroAnyRows ? "" : " prezero_max_rows=" + std::to_string(d.max_rows));
+}
+
 const char* prezero_fill_name(PrezeroFill f) {
   switch (f) {
     case PrezeroFill::kNone: return "none";

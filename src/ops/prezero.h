@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/status.h"
 
@@ -56,11 +57,22 @@ enum class PrezeroFill { kNone, kBase, kAll };
 PrezeroFill prezero_fill(int64_t m, int64_t n_total, int64_t n_base, int64_t max_rows = kPrezeroAnyRows);
 const char* prezero_fill_name(PrezeroFill f);
 
-// What the pass sets on a donor (AddRmsNormOp).
+// What the pass sets on a donor (AddRmsNormOp, or a MoeExpertsOp that runs
+// the add + norm after it).
 struct PrezeroDonor {
   int64_t n_total = 0;  // 0: not a donor
   int64_t n_base = 0;
   int64_t max_rows = kPrezeroAnyRows;  // no fill for steps of more rows
 };
+
+// The f32 elements a donor zeroes at the start of its fill buffer ([m,
+// n_total], whose slices are column blocks of m rows, so a prefix of columns
+// is a prefix of memory) for a step of m rows: m * n_total, m * n_base or 0 by
+// prezero_fill; 0 when `d` is not a donor.
+int64_t prezero_fill_count(const PrezeroDonor& d, int64_t m);
+
+// A donor's attributes for graph dumps (" prezero_n_total=... prezero_n_base=...
+// [prezero_max_rows=...]"), empty when `d` is not a donor.
+std::string prezero_attrs(const PrezeroDonor& d);
 
 }  // namespace nucleus

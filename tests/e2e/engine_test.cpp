@@ -14,8 +14,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "graph/step_graph.h"
 #include "io/hf_config.h"
 #include "model/weights.h"
+#include "ops/basic_ops.h"
+#include "ops/moe_ops.h"
 #include "runtime/model_executor.h"
 #include "runtime/llm_engine.h"
 #include "test_util.h"
@@ -404,6 +407,18 @@ float compare_decode_steps(ModelExecutor& a, ModelExecutor& b, const std::vector
   return worst;
 }
 
+// compare_decode_steps over the first two reference cases of tiny-dsv3: each
+// prompt prefilled, then 4 of its greedy tokens decoded one at a time.
+float compare_first_cases(ModelExecutor& a, ModelExecutor& b, const std::vector<RefCase>& cases) {
+  float worst = 0;
+  for (size_t ci = 0; ci < 2; ++ci) {
+    std::vector<int32_t> toks = cases[ci].prompt;
+    toks.insert(toks.end(), cases[ci].greedy.begin(), cases[ci].greedy.begin() + 4);
+    worst = std::max(worst, compare_decode_steps(a, b, toks, static_cast<int64_t>(cases[ci].prompt.size()), 4, true));
+  }
+  return worst;
+}
+
 TEST(EngineTest, FusedSharedExpertsEqualTheirOwnMlp) {
   auto cases = ref_cases("tiny-dsv3");
   std::unique_ptr<ModelExecutor> fused, own;
@@ -415,12 +430,7 @@ TEST(EngineTest, FusedSharedExpertsEqualTheirOwnMlp) {
     FuseSharedEnv e("0");
     own = load();
   }
-  float worst = 0;
-  for (size_t ci = 0; ci < 2; ++ci) {
-    std::vector<int32_t> toks = cases[ci].prompt;
-    toks.insert(toks.end(), cases[ci].greedy.begin(), cases[ci].greedy.begin() + 4);
-    worst = std::max(worst, compare_decode_steps(*fused, *own, toks, static_cast<int64_t>(cases[ci].prompt.size()), 4, true));
-  }
+  const float worst = compare_first_cases(*fused, *own, cases);
   EXPECT_LT(worst, 1e-4);
   std::printf("tiny-dsv3 fused vs own shared MLP: max |logit difference| %.3g\n", worst);
   // The engine's greedy tokens with the fused decode steps equal the reference.
@@ -436,6 +446,90 @@ TEST(EngineTest, FusedSharedExpertsEqualTheirOwnMlp) {
     EXPECT_NE(m.status().message().find("NUCLEUS_MOE_FUSE_SHARED='shared'"), std::string::npos)
         << m.status().to_string();
   }
+}
+
+// NUCLEUS_MOE_COMBINE_NORM: where the MoE op is the last writer of the delta
+// (here: the shared experts inside it, NUCLEUS_MOE_FUSE_SHARED=1), decode
+// graphs fold the next add + RMSNorm (the next layer's input norm, or the
+// final norm) into the MoE op. The same ops in the same order, so the same
+// logits bit for bit on the CPU; prefill graphs, two ranks and the CPU's bf16
+// emulation keep the norm as its own op; a malformed value refuses the load.
+struct CombineNormEnv {
+  explicit CombineNormEnv(const char* v) {
+    setenv("NUCLEUS_MOE_FUSE_SHARED", "1", 1);
+    setenv("NUCLEUS_MOE_COMBINE_NORM", v, 1);
+  }
+  ~CombineNormEnv() {
+    unsetenv("NUCLEUS_MOE_FUSE_SHARED");
+    unsetenv("NUCLEUS_MOE_COMBINE_NORM");
+  }
+};
+
+// The nodes of `g` whose op is a MoE op running the add + norm after it, and
+// the add + norm nodes.
+std::pair<int, int> folded_and_own_norms(const StepGraph& g) {
+  int folded = 0, own = 0;
+  for (const Node& n : g.nodes()) {
+    if (auto* m = dynamic_cast<const MoeExpertsOp*>(n.op.get()); m && m->fuses_add_rmsnorm()) ++folded;
+    if (dynamic_cast<const AddRmsNormOp*>(n.op.get())) ++own;
+  }
+  return {folded, own};
+}
+
+TEST(EngineTest, CombineNormFoldEqualsTheNormAsItsOwnOp) {
+  auto cases = ref_cases("tiny-dsv3");
+  std::unique_ptr<ModelExecutor> folded, own;
+  {
+    CombineNormEnv e("auto");
+    folded = load();
+  }
+  {
+    CombineNormEnv e("0");
+    own = load();
+  }
+  // tiny-dsv3: layer 0 dense, layers 1..3 MoE: the input norms of layers 2
+  // and 3 and the final norm run in the MoE ops of layers 1, 2 and 3.
+  const int layers = static_cast<int>(folded->config().num_hidden_layers);
+  const auto [f_folded, f_own] = folded_and_own_norms(folded->graph(StepKind::kDecode));
+  const auto [o_folded, o_own] = folded_and_own_norms(own->graph(StepKind::kDecode));
+  EXPECT_EQ(o_folded, 0);
+  EXPECT_EQ(o_own, 2 * layers + 1);
+  EXPECT_EQ(f_folded, 3);
+  EXPECT_EQ(f_own, 2 * layers + 1 - 3);
+  EXPECT_EQ(folded_and_own_norms(folded->graph(StepKind::kPrefill)).first, 0) << "prefill keeps the norm";
+  bool has_final_norm = false;
+  for (const Node& n : folded->graph(StepKind::kDecode).nodes()) has_final_norm |= n.name == "norm";
+  EXPECT_FALSE(has_final_norm) << "the last MoE op runs the final norm";
+  EXPECT_EQ(compare_first_cases(*folded, *own, cases), 0.0f) << "the fold changed the decode logits";
+  {  // the CPU's bf16 emulation rounds the delta between the ops: no fold
+    CombineNormEnv e("1");
+    ModelOptions o;
+    o.cpu_bf16_emulation = true;
+    auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    EXPECT_EQ(folded_and_own_norms((*m)->graph(StepKind::kDecode)).first, 0);
+  }
+  {
+    CombineNormEnv bad("fold");
+    ModelOptions o;
+    auto m = load_deepseek_model(testing::model_path("tiny-dsv3"), o, {}, false);
+    ASSERT_FALSE(m.ok());
+    EXPECT_NE(m.status().message().find("NUCLEUS_MOE_COMBINE_NORM='fold'"), std::string::npos)
+        << m.status().to_string();
+  }
+}
+
+TEST(EngineTest, CombineNormFoldIsOffAtTp2) {
+  auto config = load_model_config(testing::model_path("tiny-dsv3/config.json"), {});
+  ASSERT_TRUE(config.ok()) << config.status().to_string();
+  CombineNormEnv e("1");
+  ModelOptions o;
+  o.tensor_parallel_size = 2;
+  auto m = build_deepseek_model(*config, o, [&](WeightBackend& backend, const TpShard& shard) {
+    return make_dummy_weights(*config, backend, 1, shard);
+  });
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(folded_and_own_norms((*m)->graph(StepKind::kDecode)).first, 0) << "the norm all-reduces the delta first";
 }
 
 TEST(EngineTest, FusedSharedExpertsOfTwoPiecesEqualTheirOwnMlpAtTp1And2) {

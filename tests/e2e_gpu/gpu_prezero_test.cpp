@@ -1,6 +1,7 @@
 // Prezero on the CUDA backend with tiny-dsv3 (every GEMM of its decode graph
 // runs split-K under NUCLEUS_SPLITK=auto):
-//  - the decode graph after the passes: 8 donors, 16 consumers (19 with
+//  - the decode graph after the passes: 8 donors (2 of them the MoE ops that
+//    run the next layer's input add + norm, NUCLEUS_MOE_COMBINE_NORM), 16 consumers (19 with
 //    the shared MLP as its own ops, NUCLEUS_MOE_FUSE_SHARED=0) on
 //    cuda_splitk writing f32 slices, their readers converting back to bf16
 //    (kv_a_proj is no consumer: its reader, the RoPE + latent-cache write
@@ -32,6 +33,7 @@
 #include "gpu_test_util.h"
 #include "runtime/model_executor.h"
 #include "ops/basic_ops.h"
+#include "ops/moe_ops.h"
 #include "ops/linear_op.h"
 #include "ops/prezero.h"
 #include "ops/splitk.h"
@@ -110,7 +112,7 @@ StepInputs decode_step(int64_t n, int64_t blocks) {
 TEST_F(GpuPrezeroTest, DecodeGraphRewritten) {
   auto on = load(true, {});
   auto off = load(false, {});
-  int donors = 0, consumers = 0;
+  int donors = 0, moe_donors = 0, consumers = 0;
   const StepGraph& g = on->graph(StepKind::kDecode);
   for (const Node& n : g.nodes()) {
     if (auto* norm = dynamic_cast<const AddRmsNormOp*>(n.op.get()); norm && norm->prezero().n_total > 0) {
@@ -120,6 +122,14 @@ TEST_F(GpuPrezeroTest, DecodeGraphRewritten) {
         EXPECT_EQ(norm->prezero().n_total, kNTotal);
         EXPECT_EQ(norm->prezero().n_base, kNBase);
       }
+    }
+    // A MoE op running the next layer's input add + norm (NUCLEUS_MOE_COMBINE_NORM) is its donor.
+    if (auto* moe = dynamic_cast<const MoeExpertsOp*>(n.op.get()); moe && moe->prezero().n_total > 0) {
+      ++donors;
+      ++moe_donors;
+      EXPECT_TRUE(moe->fuses_add_rmsnorm()) << n.name;
+      EXPECT_EQ(moe->prezero().n_total, kNTotal) << n.name;
+      EXPECT_EQ(moe->prezero().n_base, kNBase) << n.name;
     }
     if (auto* lin = dynamic_cast<const LinearOp*>(n.op.get()); lin && lin->prezero_gate_n() > 0) {
       ++consumers;
@@ -135,6 +145,11 @@ TEST_F(GpuPrezeroTest, DecodeGraphRewritten) {
     }
   }
   EXPECT_EQ(donors, 8);
+  // With the shared experts inside the MoE op, the MoE ops of layers 1 and 2
+  // run the input norms of layers 2 and 3 (and layer 3's the final norm, no
+  // donor) unless NUCLEUS_MOE_COMBINE_NORM=0.
+  auto set_to_0 = [](const char* name) { const char* v = std::getenv(name); return v && std::string(v) == "0"; };
+  if (!set_to_0("NUCLEUS_MOE_FUSE_SHARED") && !set_to_0("NUCLEUS_MOE_COMBINE_NORM")) EXPECT_EQ(moe_donors, 2);
   // The three MoE layers count two consumers each with the shared MLP as
   // its own ops (NUCLEUS_MOE_FUSE_SHARED=0: 19 in all), one each with the
   // shared experts inside the routed experts' op (auto on CUDA, or 1: 16),

@@ -38,6 +38,8 @@
 #include "kernels/moe/moe_decode.cuh"
 #include "kernels/moe/moe_grouped.cuh"
 #include "kernels/moe/moe_naive.cuh"
+#include "kernels/rmsnorm/rmsnorm.cuh"
+#include "ops/prezero.h"
 #include "kernels/moe/moe_ref.h"
 #include "ops/linear_cuda.h"
 #include "ops/moe_cuda.h"
@@ -792,6 +794,130 @@ TEST_F(MoeGpu, ExpertsCombinePrefetchEqualsPlain) {
   }
 }
 
+// The add + RMSNorm in the combine's launch (MoeCombineNorm,
+// NUCLEUS_MOE_COMBINE_NORM): out, residual and normed equal the combine
+// followed by launch_add_rmsnorm bit for bit, with and without the prefetch,
+// at one token (align-free) and several (pair positions), V2-Lite's and V3's
+// widths, normed written over x (as the decode graph does), eagerly and in a
+// CUDA graph with PDL; a prezero fill in the same launch zeroes its buffer;
+// a width past 8192 and a fill without blocks are refused.
+TEST_F(MoeGpu, ExpertsCombineNormEqualsCombineThenNorm) {
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 8, false, false, 8},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 9, true, true, 8, 12}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    const std::vector<float> norm_w = random_bf16_values(s.hidden, 2.0f, 77);
+    Tensor d_norm_w = device_copy(norm_w, DType::kF32);
+    for (int64_t T : {1, 5, 64}) {
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      Step st = make_step(s, T, false, 2600 + T);
+      const std::vector<float> residual0 = random_bf16_values(T * s.hidden, 3.0f, 2700 + T);
+      Tensor residual = device_copy(residual0, DType::kF32);
+      Tensor normed = Tensor::empty({T, s.hidden}, DType::kBF16, Device::kCuda);
+      const std::vector<uint16_t> x0 = host_copy<uint16_t>(st.x);
+      cudaStream_t stream = cuda::context().stream;
+      struct Result {
+        std::vector<uint16_t> out, normed;
+        std::vector<float> residual;
+        bool operator==(const Result& o) const {
+          return out == o.out && normed == o.normed &&
+                 0 == std::memcmp(residual.data(), o.residual.data(), residual.size() * 4);
+        }
+      };
+      // fused: the norm in the combine; else the combine, then the norm
+      // kernel. in_place: normed written over x.
+      auto run = [&](bool fused, bool prefetch, bool in_place, bool graph, Tensor* fill) {
+        copy_to_device(residual.raw(), residual0.data(), residual0.size() * 4);
+        copy_to_device(st.x.raw(), x0.data(), x0.size() * 2);
+        __nv_bfloat16* normed_ptr = in_place ? st.x.data<__nv_bfloat16>() : normed.data<__nv_bfloat16>();
+        MoeGroupedOptions opt;
+        opt.combine_prefetch = prefetch;
+        opt.pdl = graph;
+        MoeCombineNorm norm;
+        if (fused) {
+          norm.residual = residual.data<float>();
+          norm.w = d_norm_w.data<float>();
+          norm.eps = 1e-6f;
+          norm.normed = normed_ptr;
+          if (fill) {
+            norm.zero_fill = fill->data<float>();
+            norm.zero_fill_count = fill->numel();
+            norm.fill_blocks = 3;
+          }
+        }
+        auto launch = [&] {
+          EXPECT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                       gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, workspace.ws,
+                                       st.out.data<__nv_bfloat16>(), stream, opt, norm),
+                    cudaSuccess);
+          if (!fused)
+            EXPECT_EQ(launch_add_rmsnorm(residual.data<float>(), st.out.data<__nv_bfloat16>(), d_norm_w.data<float>(),
+                                         T, s.hidden, 1e-6f, normed_ptr, stream),
+                      cudaSuccess);
+        };
+        if (!graph) {
+          launch();
+        } else {  // one replay: the residual is read-modify-write
+          cudaGraph_t g;
+          cudaGraphExec_t exec;
+          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+          launch();
+          EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+          EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+          EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+          cudaGraphExecDestroy(exec);
+          cudaGraphDestroy(g);
+        }
+        NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+        return Result{host_copy<uint16_t>(st.out), host_copy<uint16_t>(in_place ? st.x : normed),
+                      host_copy<float>(residual)};
+      };
+      const Result want = run(false, true, false, false, nullptr);
+      EXPECT_NE(0, std::memcmp(want.residual.data(), residual0.data(), residual0.size() * 4)) << "the add did nothing";
+      for (bool prefetch : {true, false}) {
+        SCOPED_TRACE(std::string(s.name) + " T " + std::to_string(T) + (prefetch ? " prefetch" : " plain"));
+        EXPECT_TRUE(run(true, prefetch, false, false, nullptr) == want);
+        EXPECT_TRUE(run(true, prefetch, true, false, nullptr) == want) << "normed over x";
+        EXPECT_TRUE(run(true, prefetch, true, true, nullptr) == want) << "graph, PDL";
+      }
+      Tensor fill = device_poisoned(T * 1000 + 3, DType::kF32);
+      EXPECT_TRUE(run(true, true, true, true, &fill) == want) << s.name << " T " << T << " with a fill";
+      for (float v : host_copy<float>(fill)) ASSERT_EQ(v, 0.0f) << s.name << " T " << T << ": the fill left a value";
+    }
+  }
+  // Refusals: a row past add_norm_row's 8192 columns, a fill without blocks.
+  const MoeShape wide{"wide", 8320, 256, 16, 2, false, false, 8, 1};
+  ExpertSet set(wide);
+  Tensor d_views = device_views(set);
+  const MoeGroupedShape gs{wide.hidden, wide.inter, wide.num_experts, wide.top_k};
+  const GroupedWorkspace workspace = grouped_workspace(gs, 2);
+  Step st = make_step(wide, 1, false, 2900);
+  Tensor residual = Tensor::empty({1, wide.hidden}, DType::kF32, Device::kCuda);
+  Tensor w = Tensor::empty({wide.hidden}, DType::kF32, Device::kCuda);
+  MoeCombineNorm norm;
+  norm.residual = residual.data<float>();
+  norm.w = w.data<float>();
+  norm.normed = st.x.data<__nv_bfloat16>();
+  EXPECT_EQ(launch_moe_grouped(st.x.data<__nv_bfloat16>(), 1, st.ids.data<int32_t>(), st.weights.data<float>(), gs,
+                               d_views.data<ExpertView>(), false, false, workspace.ws, st.out.data<__nv_bfloat16>(),
+                               cuda::context().stream, {}, norm),
+            cudaErrorInvalidValue);
+  const MoeShape v2{"v2-lite", 2048, 1408, 64, 6, false, false, 8, 1};
+  ExpertSet set2(v2);
+  Tensor views2 = device_views(set2);
+  const MoeGroupedShape gs2{v2.hidden, v2.inter, v2.num_experts, v2.top_k};
+  const GroupedWorkspace ws2 = grouped_workspace(gs2, 6);
+  Step st2 = make_step(v2, 1, false, 2901);
+  norm.zero_fill = residual.data<float>();
+  norm.zero_fill_count = 4;
+  norm.fill_blocks = 0;
+  EXPECT_EQ(launch_moe_grouped(st2.x.data<__nv_bfloat16>(), 1, st2.ids.data<int32_t>(), st2.weights.data<float>(),
+                               gs2, views2.data<ExpertView>(), false, false, ws2.ws, st2.out.data<__nv_bfloat16>(),
+                               cuda::context().stream, {}, norm),
+            cudaErrorInvalidValue);
+}
+
 // PDL (the op's default under NUCLEUS_PDL=1): every launch a programmatic
 // dependent of the one before, DOWN streaming its first weights before it
 // waits for h. Eager and inside a CUDA graph, the output equals the plain
@@ -872,6 +998,78 @@ TEST_F(MoeGpu, ExpertsChunked) {
   const auto rows = sample_rows(333, 4096);
   expect_close(from_bf16(host_copy<uint16_t>(big.out)), reference_rows(set, big.x_host, big.routing, rows), rows,
                s.hidden, "chunked T=333");
+}
+
+// The op with the add + norm after it folded in (MoeExpertsOp::fuse_add_rmsnorm,
+// NUCLEUS_MOE_COMBINE_NORM) equals the op followed by the add + norm kernel,
+// bit for bit, on each CUDA backend: cuda_grouped in chunks of 100 tokens
+// (333 tokens: the norm in each chunk's combine) and at one token,
+// cuda_decode (the decode kernel, then the norm kernel; NUCLEUS_MOE_DECODE=16
+// as ctest sets it) and cuda_naive. As a prezero donor it zeroes its fill
+// buffer's first m * n_total values where the gate fills (m = 1, 5) and
+// leaves it alone where it does not (m = 333).
+TEST_F(MoeGpu, ExpertsOpFoldedNormEqualsTheNormAfterIt) {
+  struct Case {
+    const char* backend;
+    MoeShape shape;
+    std::vector<int64_t> tokens;
+  };
+  const std::vector<Case> cases = {
+      {"cuda_grouped", MoeShape{"tiny-chunked", 256, 192, 8, 2, false, false, 4096}, {333, 1}},
+      {"cuda_decode", MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8, 4}, {5, 1}},
+      {"cuda_naive", MoeShape{"tiny", 256, 192, 8, 2, false, false, 4096}, {5}},
+  };
+  constexpr int64_t kFillCols = 64;
+  for (const Case& c : cases) {
+    const MoeShape& s = c.shape;
+    ExpertSet set(s);
+    const std::vector<float> norm_w_host = random_bf16_values(s.hidden, 2.0f, 31);
+    Tensor norm_w = device_copy(norm_w_host, DType::kF32);
+    setenv("NUCLEUS_MOE_CHUNK_TOKENS", "100", 1);
+    MoeExpertsOp plain(set.op_experts, s.inter, s.top_k), folded(set.op_experts, s.inter, s.top_k);
+    folded.fuse_add_rmsnorm(norm_w, 1e-6f);
+    folded.set_prezero({kFillCols, kFillCols, kPrezeroAnyRows});
+    StepResources res;
+    for (MoeExpertsOp* op : {&plain, &folded}) {
+      const Status used = op->use_backend(experts_backend(c.backend));
+      ASSERT_TRUE(used.ok()) << c.backend << ": " << used.to_string();
+    }
+    ASSERT_TRUE(res.reserve_ops({&plain, &folded}, StepLimits{.max_tokens = 50}, Device::kCuda).ok());
+    unsetenv("NUCLEUS_MOE_CHUNK_TOKENS");
+    for (int64_t T : c.tokens) {
+      SCOPED_TRACE(std::string(c.backend) + " T " + std::to_string(T));
+      Step st = make_step(s, T, false, 3100 + T);
+      const std::vector<float> residual0 = random_bf16_values(T * s.hidden, 3.0f, 3200 + T);
+      Tensor residual = device_copy(residual0, DType::kF32).view({T, s.hidden});
+      Tensor normed = device_poisoned(T * s.hidden, DType::kBF16).view({T, s.hidden});
+      Tensor fill = device_poisoned(T * kFillCols, DType::kF32).view({T, kFillCols});
+      OpContext ctx;
+      ctx.device = Device::kCuda;
+      ctx.stream = cuda::context().stream;
+      ASSERT_TRUE(res.begin_step(ctx).ok());
+      plain.run(ctx, {st.x, st.ids, st.weights}, {st.out, st.scratch});
+      ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
+      ASSERT_EQ(launch_add_rmsnorm(residual.data<float>(), st.out.data<__nv_bfloat16>(), norm_w.data<float>(), T,
+                                   s.hidden, 1e-6f, normed.data<__nv_bfloat16>(), cuda::context().stream),
+                cudaSuccess);
+      const auto want_out = host_copy<uint16_t>(st.out), want_normed = host_copy<uint16_t>(normed);
+      const auto want_res = host_copy<float>(residual);
+      copy_to_device(residual.raw(), residual0.data(), residual0.size() * 4);
+      NUCLEUS_CUDA_CHECK(cudaMemset(st.out.raw(), 0x7f, st.out.nbytes()));
+      NUCLEUS_CUDA_CHECK(cudaMemset(normed.raw(), 0x7f, normed.nbytes()));
+      folded.run(ctx, {st.x, st.ids, st.weights, residual}, {st.out, st.scratch, residual, normed, fill});
+      ASSERT_TRUE(ctx.error.ok()) << ctx.error.to_string();
+      EXPECT_EQ(host_copy<uint16_t>(st.out), want_out);
+      EXPECT_EQ(host_copy<uint16_t>(normed), want_normed);
+      const auto got_res = host_copy<float>(residual);
+      EXPECT_EQ(0, std::memcmp(got_res.data(), want_res.data(), got_res.size() * 4));
+      const int64_t zeroed = prezero_fill_count(folded.prezero(), T);
+      EXPECT_EQ(zeroed == 0, T == 333) << "the gate at " << T << " rows";
+      const auto f = host_copy<uint32_t>(fill);
+      for (int64_t i = 0; i < T * kFillCols; ++i)
+        ASSERT_EQ(f[i], i < zeroed ? 0u : 0x7f7f7f7fu) << "fill element " << i << " of " << zeroed << " zeroed";
+    }
+  }
 }
 
 // Shapes the kernels cannot take fall back to cuda_naive, with the reason.

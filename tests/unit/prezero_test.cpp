@@ -5,12 +5,16 @@
 // that take each outcome.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "graph/passes/prezero_pass.h"
 #include "runtime/model_executor.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
+#include "ops/moe_ops.h"
 #include "ops/prezero.h"
 #include "test_util.h"
 
@@ -178,6 +182,43 @@ TEST(PrezeroTest, OnEqualsOffBitForBitForEachGateOutcome) {
     ASSERT_EQ(a->nbytes(), b->nbytes());
     EXPECT_EQ(std::memcmp(a->raw(), b->raw(), a->nbytes()), 0) << "batch " << n;
     EXPECT_EQ(std::memcmp(kv_on.data.raw(), kv_off.data.raw(), kv_on.data.nbytes()), 0) << "batch " << n;
+  }
+}
+
+// With the shared experts inside the MoE op (NUCLEUS_MOE_FUSE_SHARED=1) the
+// decode graph folds the next add + norm into the MoE ops of layers 1-3
+// (NUCLEUS_MOE_COMBINE_NORM, auto): those of layers 1 and 2 run the input
+// norms of layers 2 and 3, so they are those layers' attention donors (their
+// fill buffer a fifth output), and prezero on equals off bit for bit.
+TEST(PrezeroTest, MoeOpsRunningTheNextNormAreDonors) {
+  setenv("NUCLEUS_MOE_FUSE_SHARED", "1", 1);
+  auto on = load(true);
+  auto off = load(false);
+  unsetenv("NUCLEUS_MOE_FUSE_SHARED");
+  const StepGraph& g = on->graph(StepKind::kDecode);
+  int norm_donors = 0;
+  std::vector<std::string> moe_donors;
+  for (const Node& n : g.nodes()) {
+    if (auto* norm = dynamic_cast<const AddRmsNormOp*>(n.op.get()); norm && norm->prezero().n_total > 0) ++norm_donors;
+    if (auto* moe = dynamic_cast<const MoeExpertsOp*>(n.op.get()); moe && moe->prezero().n_total > 0) {
+      moe_donors.push_back(n.name);
+      EXPECT_TRUE(moe->fuses_add_rmsnorm());
+      EXPECT_EQ(moe->prezero().n_total, 1728);
+      EXPECT_EQ(moe->prezero().n_base, 1472);
+      ASSERT_EQ(n.outputs.size(), 5u);
+      EXPECT_EQ(g.buffers()[n.outputs[4]].width, 1728);
+    }
+  }
+  EXPECT_EQ(norm_donors, 6);  // layers 0 and 1's input norms, the four post-attention norms
+  EXPECT_EQ(moe_donors, (std::vector<std::string>{"layers.1.mlp.experts", "layers.2.mlp.experts"}));
+  const int64_t bs = 16, context = 5;
+  for (int64_t n : {130, 121, 7, 1}) {  // none, base, all, all
+    KvCache kv_on = on->make_kv_cache(n, bs), kv_off = off->make_kv_cache(n, bs);
+    StepInputs d = decode_step(n, context, bs);
+    auto a = on->forward(d, kv_on);
+    auto b = off->forward(d, kv_off);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(std::memcmp(a->raw(), b->raw(), a->nbytes()), 0) << "batch " << n;
   }
 }
 

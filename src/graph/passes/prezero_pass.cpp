@@ -9,6 +9,7 @@
 #include "graph/passes/redirect.h"
 #include "ops/basic_ops.h"
 #include "ops/linear_op.h"
+#include "ops/moe_ops.h"
 
 namespace nucleus {
 
@@ -56,8 +57,12 @@ Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, cons
     n_total += c.width;
     max_rows = std::max(max_rows, c.op->zero_init_max_rows());
   }
-  auto* norm = dynamic_cast<AddRmsNormOp*>(g.nodes()[donor].op.get());
-  if (!norm) return internal_error("prezero donor " + g.nodes()[donor].name + " is not an add_rmsnorm op");
+  Op* op = g.nodes()[donor].op.get();
+  auto* norm = dynamic_cast<AddRmsNormOp*>(op);
+  auto* moe = dynamic_cast<MoeExpertsOp*>(op);
+  if (!norm && !(moe && moe->fuses_add_rmsnorm()))
+    return internal_error("prezero donor " + g.nodes()[donor].name +
+                          " is not an add_rmsnorm op or a moe_experts op that runs one");
   const int buffer = g.buffer(buffer_name, n_total, DType::kF32);
   int64_t col = 0;
   for (const Consumer& c : consumers) {
@@ -73,7 +78,11 @@ Status rewrite_donor(StepGraph& g, int donor, const std::vector<int>& base, cons
     col += c.width;
     ++report->consumers;
   }
-  norm->set_prezero({n_total, n_base, max_rows});
+  const PrezeroDonor d{n_total, n_base, max_rows};
+  if (norm)
+    norm->set_prezero(d);
+  else
+    moe->set_prezero(d);
   g.nodes()[donor].outputs.push_back(buffer);
   g.nodes()[donor].notes.push_back(fmt::format(
       "prezero donor: fills {} [T, {}] (all, or the first {} columns, by the gate)", buffer_name, n_total, n_base));
@@ -87,8 +96,12 @@ StatusOr<PrezeroPassReport> apply_prezero_pass(StepGraph& g) {
   PrezeroPassReport report;
   for (int64_t l = 0;; ++l) {
     const std::string p = "layers." + std::to_string(l) + ".";
-    const int input_norm = find_node(g, p + "input_layernorm");
-    if (input_norm < 0) break;
+    // The layer's input add + norm: its own node, or run by the MoE op of the
+    // layer before (NUCLEUS_MOE_COMBINE_NORM, MoeExpertsOp::fuse_add_rmsnorm).
+    int input_norm = find_node(g, p + "input_layernorm");
+    if (input_norm < 0 && l > 0) input_norm = find_node(g, "layers." + std::to_string(l - 1) + ".mlp.experts");
+    if (find_node(g, p + "post_attention_layernorm") < 0) break;
+    if (input_norm < 0) return internal_error("prezero: layer " + std::to_string(l) + " has no input add + norm");
     int q_first = find_node(g, p + "self_attn.q_a_proj");
     if (q_first < 0) q_first = find_node(g, p + "self_attn.q_proj");
     NUCLEUS_RETURN_IF_ERROR(rewrite_donor(g, input_norm,

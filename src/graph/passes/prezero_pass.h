@@ -7,7 +7,9 @@
 // Donors and consumers (it keys on the DeepSeek-V2/V3 layout, by node name,
 // like ATOM's deepseek_v2_prezero pass):
 //   layers.L.input_layernorm -> [q_a_proj or q_proj | kv_a_proj_with_mqa |
-//       q_b_proj] (the base, n_base) | o_proj (the tail)
+//       q_b_proj] (the base, n_base) | o_proj (the tail); where the decode
+//       graph folded that add + norm into layers.L-1.mlp.experts
+//       (MoeExpertsOp::fuse_add_rmsnorm), that op is the donor
 //   layers.L.post_attention_layernorm -> [mlp.gate (router) | the first GEMM
 //       of the shared experts, or the dense MLP's gate_up_proj]
 // Consumers are the GEMMs whose chosen backend honours zero_init
@@ -31,7 +33,8 @@ struct PrezeroPassReport {
 
 // Rewrites `graph` in place (after backend selection and the split-K pass).
 // Errors: a consumer that honours zero_init but writes a non-f32 buffer (the
-// split-K pass did not run), or a donor that is not a residual add + RMSNorm.
+// split-K pass did not run), or a donor that is not a residual add + RMSNorm
+// (nor a MoE op that runs one).
 StatusOr<PrezeroPassReport> apply_prezero_pass(StepGraph& graph);
 
 }  // namespace nucleus

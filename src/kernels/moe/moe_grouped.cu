@@ -9,6 +9,8 @@
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/moe/moe_grouped.cuh"
+#include "kernels/rmsnorm/add_rmsnorm_row.cuh"
+#include "kernels/rmsnorm/rmsnorm.cuh"
 
 namespace nucleus::kernels {
 
@@ -117,6 +119,7 @@ __global__ void moe_up_finish_kernel(const float* __restrict__ partial, int k_sp
 // it waits for pair k's row before it reads pair k + 1's position). The same
 // sums in the same order, so the same bits.
 constexpr int kCombineChunk = 8;
+constexpr int kCombineNormMaxPairs = 64;  // top_k of moe_combine_add_rmsnorm_kernel (larger: two launches)
 
 __device__ __forceinline__ void combine_add(float (&acc)[8], float w, const uint4& v) {
   const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -128,23 +131,19 @@ __device__ __forceinline__ void combine_add(float (&acc)[8], float w, const uint
   }
 }
 
+// acc = sum_k w[t, k] * y[row of pair (t, k), c..c+8), k in order (the
+// combine of one token's 8 columns, moe_combine_kernel's body).
 template <bool kPrefetch>
-__global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
-                                   const int32_t* __restrict__ ids, int num_experts,
-                                   const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
-                                   __nv_bfloat16* __restrict__ out) {
-  pdl::wait_for_inputs();  // y comes from DOWN
-  pdl::launch_dependents();
-  const int vecs = hidden / 8;
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= num_tokens * vecs) return;
-  const int64_t t = i / vecs;
-  const int c = static_cast<int>(i % vecs) * 8;
+__device__ __forceinline__ void combine_columns(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
+                                                const int32_t* __restrict__ ids, int num_experts,
+                                                const float* __restrict__ weights, int64_t t, int c, int hidden,
+                                                int top_k, float (&acc)[8]) {
   auto position = [&](int64_t p) {
     return pair_pos ? pair_pos[p] : (ids[p] >= 0 && ids[p] < num_experts ? static_cast<int>(p) : -1);
   };
   auto row = [&](int pos) { return *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(pos) * hidden + c); };
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
   if constexpr (kPrefetch) {
     for (int k0 = 0; k0 < top_k; k0 += kCombineChunk) {
       int pos[kCombineChunk];
@@ -170,11 +169,113 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const in
       combine_add(acc, weights[p], row(pos));
     }
   }
+}
+
+__device__ __forceinline__ uint4 to_bf16x8(const float (&acc)[8]) {
   uint4 o;
   __nv_bfloat162* ob = reinterpret_cast<__nv_bfloat162*>(&o);
 #pragma unroll
   for (int j = 0; j < 4; ++j) ob[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-  *reinterpret_cast<uint4*>(out + t * hidden + c) = o;
+  return o;
+}
+
+template <bool kPrefetch>
+__global__ void moe_combine_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
+                                   const int32_t* __restrict__ ids, int num_experts,
+                                   const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
+                                   __nv_bfloat16* __restrict__ out) {
+  pdl::wait_for_inputs();  // y comes from DOWN
+  pdl::launch_dependents();
+  const int vecs = hidden / 8;
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= num_tokens * vecs) return;
+  const int64_t t = i / vecs;
+  const int c = static_cast<int>(i % vecs) * 8;
+  float acc[8];
+  combine_columns<kPrefetch>(y, pair_pos, ids, num_experts, weights, t, c, hidden, top_k, acc);
+  *reinterpret_cast<uint4*>(out + t * hidden + c) = to_bf16x8(acc);
+}
+
+// The combine and the residual add + RMSNorm after it (MoeCombineNorm), one
+// block of add_norm_row::kThreads a token, the same bits as
+// moe_combine_kernel followed by the add + norm kernel: the block sums its
+// token's row as the combine does (k order, rounded to bf16 once, written to
+// out), keeps it in shared memory and runs the norm kernel's arithmetic on it
+// (add_norm_row::normalize_row, columns strided over the threads).
+//
+// What it reads besides y is final before it launches, so it loads that
+// before its PDL wait, through L2: its launch means every CTA of DOWN passed
+// its wait, so UP (or UP's split-K sum) had completed, so had the align and
+// router kernels and the add + norm before the router (each waits before it
+// triggers its dependent, or is waited for by one that does). That leaves
+// one round of loads (y's rows) after the wait. The pairs' positions and
+// weights are kept in shared memory (top_k <= kCombineNormMaxPairs).
+// Blocks [num_tokens, gridDim.x) are a prezero donor's fill.
+__global__ void __launch_bounds__(add_norm_row::kThreads)
+    moe_combine_add_rmsnorm_kernel(const __nv_bfloat16* __restrict__ y, const int32_t* __restrict__ pair_pos,
+                                   const int32_t* __restrict__ ids, int num_experts,
+                                   const float* __restrict__ weights, int64_t num_tokens, int hidden, int top_k,
+                                   __nv_bfloat16* __restrict__ out, MoeCombineNorm norm) {
+  using add_norm_row::kMaxPerThread;
+  using add_norm_row::kThreads;
+  if (blockIdx.x >= num_tokens) {  // the fill's buffer was last read by GEMMs long finished, but keep the order
+    pdl::wait_for_inputs();
+    pdl::launch_dependents();
+    add_norm_row::zero_fill_blocks(norm.zero_fill, norm.zero_fill_count, num_tokens);
+    return;
+  }
+  __shared__ __align__(16) __nv_bfloat16 row[add_norm_row::kMaxWidth];
+  __shared__ int s_pos[kCombineNormMaxPairs];
+  __shared__ float s_w[kCombineNormMaxPairs];
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  // Before the wait: positions and weights, the residual row, the norm weights.
+  if (threadIdx.x < top_k) {
+    const int64_t p = t * top_k + threadIdx.x;
+    const int32_t id = __ldcg(ids + p);
+    s_pos[threadIdx.x] = pair_pos ? __ldcg(pair_pos + p) : (id >= 0 && id < num_experts ? static_cast<int>(p) : -1);
+    s_w[threadIdx.x] = __ldcg(weights + p);
+  }
+  const float* res_row = norm.residual + t * hidden;
+  float v[kMaxPerThread], w[kMaxPerThread];
+#pragma unroll
+  for (int j = 0; j < kMaxPerThread; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    v[j] = i < hidden ? __ldcg(res_row + i) : 0.0f;
+    w[j] = i < hidden ? norm.w[i] : 0.0f;
+  }
+  pdl::wait_for_inputs();  // y comes from DOWN
+  pdl::launch_dependents();
+  __syncthreads();  // s_pos, s_w
+  for (int c = threadIdx.x * 8; c < hidden; c += kThreads * 8) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < top_k; k0 += kCombineChunk) {  // the rows of 8 pairs in flight, summed in k order
+      uint4 r[kCombineChunk];
+#pragma unroll
+      for (int j = 0; j < kCombineChunk; ++j) {
+        const int pos = k0 + j < top_k ? s_pos[k0 + j] : -1;
+        r[j] = *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(pos < 0 ? 0 : pos) * hidden + c);
+      }
+#pragma unroll
+      for (int j = 0; j < kCombineChunk; ++j)
+        if (k0 + j < top_k && s_pos[k0 + j] >= 0) combine_add(acc, s_w[k0 + j], r[j]);
+    }
+    const uint4 o = to_bf16x8(acc);
+    *reinterpret_cast<uint4*>(out + t * hidden + c) = o;
+    *reinterpret_cast<uint4*>(row + c) = o;
+  }
+  __syncthreads();  // row
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxPerThread; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < hidden) {
+      v[j] += __bfloat162float(row[i]);
+      ss += v[j] * v[j];
+    }
+  }
+  add_norm_row::normalize_row(v, ss, [&](int j, int64_t) { return w[j]; }, hidden, norm.eps, norm.residual + t * hidden,
+                              norm.normed + t * hidden, scratch);
 }
 
 using moe_grouped::GemmArgs;
@@ -284,8 +385,10 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
 cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const int32_t* topk_ids,
                                const float* topk_weights, const MoeGroupedShape& s, const ExpertView* experts,
                                bool gate_up_fp8, bool down_fp8, const MoeGroupedWorkspace& ws, __nv_bfloat16* out,
-                               cudaStream_t stream, const MoeGroupedOptions& opt) {
+                               cudaStream_t stream, const MoeGroupedOptions& opt, const MoeCombineNorm& norm) {
   if (num_tokens == 0) return cudaSuccess;
+  if (norm.residual && (s.hidden > add_norm_row::kMaxWidth || (norm.zero_fill_count > 0 && norm.fill_blocks < 1)))
+    return cudaErrorInvalidValue;
   const int64_t pairs = num_tokens * s.top_k;
   if (num_tokens < 0 || pairs > ws.max_pairs) return cudaErrorInvalidValue;
   if (pairs * std::max(s.hidden, s.inter) >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // 32-bit offsets
@@ -361,11 +464,34 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   err = launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
   if (err != cudaSuccess) return err;
 
+  const int32_t* pair_pos = align_free ? nullptr : ws.pair_pos;
+  if (norm.residual && s.top_k <= kCombineNormMaxPairs) {
+    const bool fill = norm.zero_fill != nullptr && norm.zero_fill_count > 0;
+    const unsigned grid = static_cast<unsigned>(num_tokens + (fill ? norm.fill_blocks : 0));
+    return pdl::launch(moe_combine_add_rmsnorm_kernel, grid, add_norm_row::kThreads, 0, opt.pdl, stream, ws.y,
+                       pair_pos, topk_ids, static_cast<int>(s.num_experts), topk_weights, num_tokens,
+                       static_cast<int>(s.hidden), static_cast<int>(s.top_k), out, norm);
+  }
   const int64_t threads = num_tokens * (s.hidden / 8);
-  return pdl::launch(opt.combine_prefetch ? moe_combine_kernel<true> : moe_combine_kernel<false>,
-                     cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream, ws.y,
-                     align_free ? nullptr : ws.pair_pos, topk_ids, static_cast<int>(s.num_experts), topk_weights,
-                     num_tokens, static_cast<int>(s.hidden), static_cast<int>(s.top_k), out);
+  err = pdl::launch(opt.combine_prefetch ? moe_combine_kernel<true> : moe_combine_kernel<false>,
+                     cuda_common::ceil_div(threads, 256), 256, 0, opt.pdl, stream, ws.y, pair_pos, topk_ids,
+                     static_cast<int>(s.num_experts), topk_weights, num_tokens, static_cast<int>(s.hidden),
+                     static_cast<int>(s.top_k), out);
+  if (err != cudaSuccess || !norm.residual) return err;
+  // More pairs than the fused kernel keeps: the add + norm kernel after the combine.
+  AddRmsNormParams p;
+  p.residual = norm.residual;
+  p.delta = out;
+  p.w = norm.w;
+  p.rows = num_tokens;
+  p.width = s.hidden;
+  p.eps = norm.eps;
+  p.out = norm.normed;
+  p.zero_fill = norm.zero_fill;
+  p.zero_fill_count = norm.zero_fill_count;
+  p.fill_blocks = norm.fill_blocks;
+  p.pdl = opt.pdl;
+  return launch_add_rmsnorm(p, stream);
 }
 
 }  // namespace nucleus::kernels

@@ -83,6 +83,25 @@ struct MoeGroupedOptions {
                                      // then sums in k order; the same bits (NUCLEUS_MOE_COMBINE_PREFETCH)
 };
 
+// The residual add + RMSNorm that the combine runs on the rows it has just
+// summed (the decoder's next add + norm folded into the MoE op,
+// NUCLEUS_MOE_COMBINE_NORM; ops/moe_ops.h): for each token t,
+//   out[t]       = bf16(sum_k topk_weights[t, k] * expert_k(x[t]))   (as without it)
+//   residual[t] += out[t]                                            (f32)
+//   normed[t]    = bf16(residual[t] * rsqrt(mean(residual[t]^2) + eps) * w)
+// with launch_add_rmsnorm's arithmetic (kernels/rmsnorm/add_rmsnorm_row.cuh),
+// so the same bits as the combine followed by that kernel, one launch
+// instead of two. hidden <= 8192.
+struct MoeCombineNorm {
+  float* residual = nullptr;         // [num_tokens, hidden] f32, in/out; null: the plain combine
+  const float* w = nullptr;          // [hidden] f32
+  float eps = 1e-6f;
+  __nv_bfloat16* normed = nullptr;   // [num_tokens, hidden] bf16; may be x (written after UP read it)
+  float* zero_fill = nullptr;        // a prezero donor's fill (ops/prezero.h): [zero_fill_count] f32 zeroed
+  int64_t zero_fill_count = 0;       //   by fill_blocks blocks beside the token blocks, or null
+  int fill_blocks = 0;
+};
+
 // Bytes of device memory a workspace for `max_pairs` pairs needs, and the
 // workspace carved out of `base` (256-byte aligned, at least that many bytes).
 size_t moe_grouped_workspace_bytes(const MoeGroupedShape& s, int64_t max_pairs);
@@ -102,6 +121,8 @@ const char* moe_grouped_unsupported(const MoeGroupedShape& s, const WeightView& 
 //   experts:      device array [num_experts]; gate_up [2 * inter, hidden], down [hidden, inter]
 //   gate_up_fp8 / down_fp8: whether those weights are FP8 (as the views say)
 //   out:          [num_tokens, hidden] bf16, overwritten
+//   norm:         with norm.residual set, the add + RMSNorm after the combine
+//                 (MoeCombineNorm), in the combine's launch
 //   opt:          the m-tile rows, the FP8 dequantization, the UP split-K
 //                 and the align-free one-token path (MoeGroupedOptions). FP8 register dequantization: weights of
 //                 16- and 32-row m-tiles are converted to bf16 in registers,
@@ -113,11 +134,13 @@ const char* moe_grouped_unsupported(const MoeGroupedShape& s, const WeightView& 
 //                 and applies SiLU * up (deterministic).
 // Stream-async; safe under graph capture (no allocation, no host sync).
 // Returns cudaErrorInvalidValue for sizes beyond the workspace or with
-// num_tokens * top_k * max(hidden, inter) >= 2^31 (kernels use 32-bit offsets).
+// num_tokens * top_k * max(hidden, inter) >= 2^31 (kernels use 32-bit offsets),
+// and for a norm with hidden > 8192 or a fill without fill blocks.
 cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const int32_t* topk_ids,
                                const float* topk_weights, const MoeGroupedShape& s, const ExpertView* experts,
                                bool gate_up_fp8, bool down_fp8, const MoeGroupedWorkspace& ws, __nv_bfloat16* out,
-                               cudaStream_t stream, const MoeGroupedOptions& opt = {});
+                               cudaStream_t stream, const MoeGroupedOptions& opt = {},
+                               const MoeCombineNorm& norm = {});
 
 // UP split-K count for a step of num_tokens tokens (1: no split): while the
 // step's expert column tiles (active experts x inter / 64) times S leave SMs

@@ -8,7 +8,9 @@
 // Thread t of the 256-thread block handles columns t, t + 256, ... and the
 // sum of squares is reduced over the block in one fixed order, so both
 // kernels run the same arithmetic: a one-rank fused all-reduce gives the
-// plain kernel's bits (gpu_tp_test checks it on the whole model).
+// plain kernel's bits (gpu_tp_test checks it on the whole model). The MoE
+// combine that runs the add + norm after it (kernels/moe/moe_grouped.cu)
+// runs normalize_row, the second half, on values it loaded itself.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,6 +24,26 @@ namespace nucleus::kernels::add_norm_row {
 constexpr int kThreads = 256;                             // the block size of both kernels
 constexpr int64_t kMaxWidth = 8192;
 constexpr int kMaxPerThread = kMaxWidth / kThreads;       // 32
+
+// The second half of a row: v[j] holds residual + delta of column
+// threadIdx.x + j * kThreads and ss this thread's sum of their squares (in j
+// order); reduces ss over the block, then writes res[i] = v (unless res is
+// null) and out[i] = bf16(v * rsqrt(mean + eps) * w_at(j, i)). Every thread of
+// the block must call this.
+template <typename WAt>
+__device__ __forceinline__ void normalize_row(const float (&v)[kMaxPerThread], float ss, WAt w_at, int64_t width,
+                                              float eps, float* res, __nv_bfloat16* out, float* scratch) {
+  ss = cuda_common::block_sum(ss, scratch);
+  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
+#pragma unroll
+  for (int j = 0; j < kMaxPerThread; ++j) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
+    if (i < width) {
+      if (res) res[i] = v[j];
+      out[i] = __float2bfloat16(v[j] * inv * w_at(j, i));
+    }
+  }
+}
 
 // Row `res` [width] f32 (in/out), w [width] f32, out [width] bf16; width <=
 // kMaxWidth. delta_at(i) gives the f32 delta of column i when has_delta;
@@ -43,16 +65,7 @@ __device__ __forceinline__ void add_rmsnorm_row(float* res, bool has_delta, Delt
       ss += x * x;
     }
   }
-  ss = cuda_common::block_sum(ss, scratch);
-  const float inv = rsqrtf(ss / static_cast<float>(width) + eps);
-#pragma unroll
-  for (int j = 0; j < kMaxPerThread; ++j) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(j) * kThreads;
-    if (i < width) {
-      if (has_delta) res[i] = v[j];
-      out[i] = __float2bfloat16(v[j] * inv * w[i]);
-    }
-  }
+  normalize_row(v, ss, [&](int, int64_t i) { return w[i]; }, width, eps, has_delta ? res : nullptr, out, scratch);
 }
 
 // The prezero fill both kernels run on their spare blocks: blocks

@@ -66,6 +66,7 @@ Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(mla_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kFuseKvANorm));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMtpDeviceHidden));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombineNorm));
   return prezero_env_status();
 }
 
@@ -266,15 +267,32 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     g.add(prefix + ".down_proj", std::make_unique<LinearOp>(&w.down, accumulate), {h}, {out});
   };
 
+  // Decode graphs fold the add + norm after a MoE layer into its MoE op
+  // where that op is the delta's last writer (NUCLEUS_MOE_COMBINE_NORM; the
+  // shared experts inside it or absent, one rank, and not under the CPU's
+  // bf16 emulation, which rounds the delta between the two ops).
+  const bool combine_norm = kind == StepKind::kDecode && !rank_.comm && !options_.cpu_bf16_emulation &&
+                            env_auto_switch(Knob::kMoeCombineNorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
+  MoeExpertsOp* norm_in_moe = nullptr;  // the MoE op that runs the next add + norm, if any
+  // The add + norm of the delta (as add_norm), or its fold into that op.
+  auto add_delta_norm = [&](const std::string& name, const Tensor& weight, bool partial_delta) {
+    if (norm_in_moe) {
+      norm_in_moe->fuse_add_rmsnorm(weight, eps);
+      norm_in_moe = nullptr;
+      return;
+    }
+    g.add(name, add_norm(weight, true, partial_delta), {residual, delta}, {residual, x_norm});
+  };
+
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
     const std::string p = "layers." + std::to_string(l) + ".";
     // Attention block.
-    std::vector<int> norm_in = {residual};
-    if (l > 0 || mtp) norm_in.push_back(delta);
-    g.add(p + "input_layernorm", add_norm(lw.input_layernorm, l > 0 || mtp, /*partial_delta=*/l > 0),
-          norm_in, {residual, x_norm});
+    if (l > 0 || mtp)
+      add_delta_norm(p + "input_layernorm", lw.input_layernorm, /*partial_delta=*/l > 0);
+    else
+      g.add(p + "input_layernorm", add_norm(lw.input_layernorm, false), {residual}, {residual, x_norm});
     if (kind == StepKind::kDecode && width_builds_) {
       // The whole front end as one op (width builds); attention reads its q_full.
       const int q_a = g.buffer("q_a", std::max<int64_t>(c.q_lora_rank, 8), act);
@@ -347,8 +365,16 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
       const int64_t inter = c.moe_intermediate_size / tp;  // each expert's slice on this rank
       const int moe_scratch = g.scratch("moe_scratch", W, slots * inter, DType::kF32);
-      g.add(p + "mlp.experts", std::make_unique<MoeExpertsOp>(std::move(experts), inter, slots),
-            {x_norm, ids, weights}, {delta, moe_scratch});
+      auto experts_op = std::make_unique<MoeExpertsOp>(std::move(experts), inter, slots);
+      // The last writer of the delta: the next add + norm can run inside it.
+      const bool last_writer = !m.shared && (fuse_shared || m.shared_experts.empty());
+      if (combine_norm && last_writer) {
+        norm_in_moe = experts_op.get();
+        g.add(p + "mlp.experts", std::move(experts_op), {x_norm, ids, weights, residual},
+              {delta, moe_scratch, residual, x_norm});
+      } else {
+        g.add(p + "mlp.experts", std::move(experts_op), {x_norm, ids, weights}, {delta, moe_scratch});
+      }
       if (m.shared) add_mlp(p + "mlp.shared_experts", *m.shared, x_norm, delta, /*accumulate=*/true);
       if (!fuse_shared)
         for (size_t i = 0; i < m.shared_experts.size(); ++i)
@@ -358,7 +384,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       add_mlp(p + "mlp", *lw.mlp, x_norm, delta, /*accumulate=*/false);
     }
   }
-  g.add("norm", add_norm(weights_.norm, true), {residual, delta}, {residual, x_norm});
+  add_delta_norm("norm", weights_.norm, /*partial_delta=*/true);
   const int lm_in = g.buffer("lm_head_in", H, act, RowSpace::kLogits);
   const int logits = g.buffer("logits", c.vocab_size, DType::kF32, RowSpace::kLogits);
   g.add("gather_logit_rows", std::make_unique<GatherLogitRowsOp>(), {x_norm}, {lm_in});
