@@ -103,7 +103,8 @@ constexpr KnobInfo kKnobs[] = {
      "src/ops/moe_grouped_cuda.cpp"},
     {KNOB(kMoeUpSplitK), "NUCLEUS_MOE_UP_SPLIT_K", KnobType::kEnum, "auto, 0 (also off/false/1), 2..8", "auto",
      "the grouped MoE path's UP GEMM at decode steps splits K over this many CTAs a column tile (auto: enough "
-     "for two CTAs an SM, up to 8); a malformed value is refused at start-up",
+     "for two CTAs an SM, up to 8; and 2 for a bf16 grid the deep ring would run over a second wave when the "
+     "halves fit at once on the 4-stage ring); a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
     {KNOB(kMoeDeepRing), "NUCLEUS_MOE_DEEP_RING", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",

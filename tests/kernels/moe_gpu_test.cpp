@@ -593,7 +593,8 @@ TEST_F(MoeGpu, ExpertsEveryVariant) {
 // the tolerance of the reference, bit-identical repeats (the splits are added
 // in order), rows of out-of-range expert ids contributing nothing; and the
 // rule's counts on the DeepSeek shapes, by hand: splits double while the
-// step's expert column tiles times the splits leave SMs idle (132 SMs).
+// step's expert column tiles times the splits leave SMs idle (132 SMs), and
+// bf16 grids of the deep ring's one to one and a half waves split in two.
 TEST_F(MoeGpu, ExpertsUpSplitK) {
   const int sms = 132;
   EXPECT_EQ(moe_grouped_up_splits(1, {7168, 256, 256, 8}, 16, sms), 8);   // V3 TP 8: 8 x 4 tiles = 32
@@ -606,6 +607,16 @@ TEST_F(MoeGpu, ExpertsUpSplitK) {
   EXPECT_EQ(moe_grouped_up_splits(1, {256, 192, 8, 2}, 16, sms), 1);      // K of 2 k-tiles: no split
   EXPECT_EQ(moe_grouped_up_splits(1, {7168, 256, 256, 8}, 32, sms), 1);   // 32-row tiles: none
   EXPECT_EQ(moe_grouped_up_splits(40, {7168, 256, 256, 8}, 16, sms), 1);  // 320 pairs: 2 x 320 > 512 rows
+  // bf16: the deep ring's second wave. V2-Lite with its 2 shared slots, 8 x
+  // 22 = 176 CTAs at one an SM: 2 splits (352 CTAs of 16 k-tiles on the
+  // 4-stage ring); not for FP8 weights (no deep ring), not for 6 slots (132:
+  // one wave), not for V3's bf16 9 x 32 = 288 (the halves would keep the deep
+  // ring, and 576 > 3 x 132), not at two tokens (16 x 22 = 352 > 1.5 waves).
+  EXPECT_EQ(moe_grouped_up_splits(1, {2048, 1408, 66, 8}, 16, sms, true), 2);
+  EXPECT_EQ(moe_grouped_up_splits(1, {2048, 1408, 66, 8}, 16, sms, false), 1);
+  EXPECT_EQ(moe_grouped_up_splits(1, {2048, 1408, 64, 6}, 16, sms, true), 1);
+  EXPECT_EQ(moe_grouped_up_splits(1, {7168, 2048, 257, 9}, 16, sms, true), 1);
+  EXPECT_EQ(moe_grouped_up_splits(2, {2048, 1408, 66, 8}, 16, sms, true), 1);
 
   for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 8},
                             MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12},

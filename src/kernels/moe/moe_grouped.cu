@@ -86,11 +86,14 @@ __global__ void __launch_bounds__(kAlignThreads)
 // and u = sum_s partial[s, r, inter + j], splits in order (f32), for the
 // step's sorted rows r < expert_offsets[num_experts] (align-free:
 // expert_offsets null, r < partial_rows, the step's pairs). Two columns a thread.
+// DOWN may start first (PDL): it reads nothing before its own wait but the
+// work list, final once UP's wait returned (UP triggers after it), and
+// streams its first weights while UP drains and this kernel sums.
 __global__ void moe_up_finish_kernel(const float* __restrict__ partial, int k_splits, int partial_rows, int inter,
                                      const int32_t* __restrict__ expert_offsets, int num_experts,
                                      __nv_bfloat16* __restrict__ h) {
-  pdl::wait_for_inputs();  // the partial sums come from UP
   pdl::launch_dependents();
+  pdl::wait_for_inputs();  // the partial sums come from UP
   const int rows = expert_offsets ? expert_offsets[num_experts] : partial_rows;
   const int pairs_per_row = inter / 2;
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -370,7 +373,7 @@ bool moe_grouped_deep_ring(int64_t ctas, int64_t k_tiles, int num_sms) {
   return ctas <= 4 * static_cast<int64_t>(num_sms) && k_tiles >= 20;
 }
 
-int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms) {
+int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms, bool bf16_weights) {
   const int64_t pairs = num_tokens * s.top_k;
   if (bm != 16 || pairs <= 0) return 1;
   const int64_t ctas = std::min(pairs, s.num_experts) * (s.inter / 64);  // expert column tiles at most
@@ -379,6 +382,12 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
   while (splits < kMoeUpMaxSplits && ctas * splits < static_cast<int64_t>(num_sms) &&
          pairs * 2 * splits <= kMoeUpSplitRows && k_tiles >= 4 * 2 * splits)
     splits *= 2;
+  // The deep ring's second wave (bf16): two splits on the 4-stage ring, all resident.
+  const int64_t k_tiles64 = s.hidden / 64;
+  if (splits == 1 && bf16_weights && ctas > num_sms && moe_grouped_deep_ring(ctas, k_tiles64, num_sms) &&
+      !moe_grouped_deep_ring(2 * ctas, k_tiles64 / 2, num_sms) && 2 * ctas <= 3 * static_cast<int64_t>(num_sms) &&
+      pairs * 2 * 2 <= kMoeUpSplitRows && k_tiles >= 4 * 2)
+    splits = 2;
   return splits;
 }
 
@@ -426,7 +435,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
     up.num_pairs = static_cast<int>(pairs);
     up.sorted_pairs = up.expert_offsets = up.tile_expert = up.tile_row0 = up.num_tiles = nullptr;
   }
-  int splits = opt.up_splits > 0 ? opt.up_splits : moe_grouped_up_splits(num_tokens, s, bm, current_device_sms());
+  int splits = opt.up_splits > 0 ? opt.up_splits
+                                 : moe_grouped_up_splits(num_tokens, s, bm, current_device_sms(), !gate_up_fp8);
   // Forced counts stay within the workspace's partial rows and leave every split a k-tile.
   splits = static_cast<int>(std::clamp<int64_t>(splits, 1, std::min<int64_t>(kMoeUpMaxSplits, s.hidden / 128)));
   while (splits > 1 && pairs * splits > kMoeUpSplitRows) --splits;

@@ -149,7 +149,15 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
 // (decode steps). Measured (docs/perf.md "MoE experts at decode"): splitting
 // a grid that already fills the SMs once costs 2-6% (V3 T = 1, V3 TP 8 T = 8),
 // filling an idle machine gains up to 1.8x (V3 TP 8 FP8 T = 1).
-int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms);
+// With bf16 gate_up weights (bf16_weights) there is a second case: a grid the
+// deep ring (moe_grouped_deep_ring) would run at one CTA an SM over more than
+// one wave (SMs < CTAs) takes 2 splits when the halves then leave the deep
+// ring and all fit at once on the 4-stage ring (three CTAs an SM: 2 x CTAs <=
+// 3 x SMs). Measured (docs/perf.md "MoE decode: UP split in two where the deep
+// ring needs a second wave"): V2-Lite at batch 1 with the two shared slots,
+// 8 x 22 = 176 CTAs: UP 30.9 -> 24.4 us a layer.
+int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms,
+                          bool bf16_weights = false);
 
 // The m-tile rows launch_moe_grouped picks for these sizes (16, 32, 64 or 128).
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);

@@ -1,6 +1,7 @@
 #include "model/deepseek/deepseek_model.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -271,14 +272,17 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   // where that op is the delta's last writer (NUCLEUS_MOE_COMBINE_NORM; the
   // shared experts inside it or absent, one rank, and not under the CPU's
   // bf16 emulation, which rounds the delta between the two ops).
+  const AutoSwitch combine_norm_switch = env_auto_switch(Knob::kMoeCombineNorm).value_or(AutoSwitch::kAuto);
   const bool combine_norm = kind == StepKind::kDecode && !rank_.comm && !options_.cpu_bf16_emulation &&
-                            env_auto_switch(Knob::kMoeCombineNorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
+                            combine_norm_switch != AutoSwitch::kOff;
   MoeExpertsOp* norm_in_moe = nullptr;  // the MoE op that runs the next add + norm, if any
+  int moe_layers = 0, folded_norms = 0;
   // The add + norm of the delta (as add_norm), or its fold into that op.
   auto add_delta_norm = [&](const std::string& name, const Tensor& weight, bool partial_delta) {
     if (norm_in_moe) {
       norm_in_moe->fuse_add_rmsnorm(weight, eps);
       norm_in_moe = nullptr;
+      ++folded_norms;
       return;
     }
     g.add(name, add_norm(weight, true, partial_delta), {residual, delta}, {residual, x_norm});
@@ -366,6 +370,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       const int64_t inter = c.moe_intermediate_size / tp;  // each expert's slice on this rank
       const int moe_scratch = g.scratch("moe_scratch", W, slots * inter, DType::kF32);
       auto experts_op = std::make_unique<MoeExpertsOp>(std::move(experts), inter, slots);
+      ++moe_layers;
       // The last writer of the delta: the next add + norm can run inside it.
       const bool last_writer = !m.shared && (fuse_shared || m.shared_experts.empty());
       if (combine_norm && last_writer) {
@@ -385,6 +390,15 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     }
   }
   add_delta_norm("norm", weights_.norm, /*partial_delta=*/true);
+  // Asked for by name (=1) but nowhere possible: say why, once.
+  static std::atomic<bool> said_why_not_folded{false};
+  if (kind == StepKind::kDecode && combine_norm_switch == AutoSwitch::kOn && moe_layers > 0 && folded_norms == 0 &&
+      !said_why_not_folded.exchange(true))
+    NUCLEUS_LOG_INFO("NUCLEUS_MOE_COMBINE_NORM=1: no MoE op runs the add + norm after it: {}",
+                     rank_.comm                    ? "with tensor parallelism the norm all-reduces the delta first"
+                     : options_.cpu_bf16_emulation ? "the CPU's bf16 emulation rounds the delta between the ops"
+                                                   : "the shared experts run as their own MLP after the MoE op "
+                                                     "(NUCLEUS_MOE_FUSE_SHARED)");
   const int lm_in = g.buffer("lm_head_in", H, act, RowSpace::kLogits);
   const int logits = g.buffer("logits", c.vocab_size, DType::kF32, RowSpace::kLogits);
   g.add("gather_logit_rows", std::make_unique<GatherLogitRowsOp>(), {x_norm}, {lm_in});
