@@ -63,7 +63,20 @@ struct Result {
   double target_step_s = 0, mtp_pass_s = 0;
   int64_t spec_steps = 0;
   SpecDecodeStats spec;
+  StepHostProfile host;  // the timed decode steps' host phases (--host-profile), all runs together
 };
+
+// `now - before`, phase by phase.
+StepHostProfile host_delta(const StepHostProfile& now, const StepHostProfile& before) {
+  StepHostProfile d;
+  d.steps = now.steps - before.steps;
+  d.schedule_s = now.schedule_s - before.schedule_s;
+  d.inputs_s = now.inputs_s - before.inputs_s;
+  d.forward_s = now.forward_s - before.forward_s;
+  d.sample_s = now.sample_s - before.sample_s;
+  d.finish_s = now.finish_s - before.finish_s;
+  return d;
+}
 
 }  // namespace
 
@@ -86,6 +99,10 @@ int run_bench_latency(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{2}, int64_t{1} << 20));
   app.add_option("--seed", seed, "Seed of the random prompts")->capture_default_str();
+  bool host_profile = false;
+  app.add_flag("--host-profile", host_profile,
+               "Also print the timed decode steps' host time by phase (schedule, inputs, forward, sample, finish; "
+               "EngineStats::host), not with --speculative-config");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -188,6 +205,7 @@ int run_bench_latency(int argc, char** argv) {
       int64_t spec_steps = 0;
       int64_t decode_total_steps = 0, decode_tokens = 0;
       SpecDecodeStats spec_timed;
+      StepHostProfile host_timed;
       StepStats stats;
       // Run 0 warms up (allocations, cuBLASLt plans); runs 1..num_iters are timed.
       for (int64_t run = 0; run <= num_iters; ++run) {
@@ -232,6 +250,7 @@ int run_bench_latency(int argc, char** argv) {
         // Decode: output_len - 1 steps, every one a pure decode step of `batch`
         // sequences; then one more step with its routing recorded.
         const SpecDecodeStats spec_before = e.stats().spec;
+        const StepHostProfile host_before = e.stats().host;
         while (decode_steps < output_len - 1) {
           const double ts = now();
           auto outs = step();
@@ -260,7 +279,16 @@ int run_bench_latency(int argc, char** argv) {
                          static_cast<long long>(input_len), static_cast<long long>(batch), static_cast<long long>(run),
                          static_cast<long long>(decode_steps), static_cast<long long>(output_len - 1));
         }
-        if (timed) decode_total_steps += decode_steps;
+        if (timed) {
+          decode_total_steps += decode_steps;
+          const StepHostProfile d = host_delta(e.stats().host, host_before);
+          host_timed.steps += d.steps;
+          host_timed.schedule_s += d.schedule_s;
+          host_timed.inputs_s += d.inputs_s;
+          host_timed.forward_s += d.forward_s;
+          host_timed.sample_s += d.sample_s;
+          host_timed.finish_s += d.finish_s;
+        }
         if (timed && ec.speculative.enabled()) {
           const SpecDecodeStats st = e.stats().spec;
           spec_target_s += st.target_seconds - spec_before.target_seconds;
@@ -287,6 +315,7 @@ int run_bench_latency(int argc, char** argv) {
       r.experts_per_step = stats.experts_activated;
       r.spec_steps = spec_steps;
       r.spec = spec_timed;
+      r.host = host_timed;
       r.decode_tokens = decode_tokens;
       r.decode_total_s = decode_total_s;
       r.target_step_s = spec_steps ? spec_target_s / spec_steps : 0;
@@ -327,6 +356,22 @@ int run_bench_latency(int argc, char** argv) {
   }
   if (!h200) std::printf("(the %% columns are the H200's HBM roofline: not shown for the %s backend)\n",
                          device_name(e.model().options().device));
+  if (host_profile && !ec.speculative.enabled()) {
+    // Where a decode step's wall time goes on the host (EngineStats::host):
+    // on CUDA, forward_us is the time to issue the step (uploads, graph
+    // replay) and sample_us includes the wait for the GPU.
+    std::printf("host profile of the timed decode steps (us a step):\n");
+    std::printf("%6s %6s %11s %11s %11s %11s %11s %11s\n", "input", "batch", "schedule_us", "inputs_us", "forward_us",
+                "sample_us", "finish_us", "step_us");
+    for (const auto& r : results) {
+      const StepHostProfile& h = r.host;
+      const double n = static_cast<double>(std::max<int64_t>(h.steps, 1)) / 1e6;
+      std::printf("%6lld %6lld %11.1f %11.1f %11.1f %11.1f %11.1f %11.1f\n", static_cast<long long>(r.input_len),
+                  static_cast<long long>(r.batch), h.schedule_s / n, h.inputs_s / n, h.forward_s / n,
+                  h.sample_s / n, h.finish_s / n,
+                  (h.schedule_s + h.inputs_s + h.forward_s + h.sample_s + h.finish_s) / n);
+    }
+  }
   if (ec.speculative.enabled()) {
     // decode_ms is a verify step (k + 1 rows a sequence, plus the MTP passes);
     // decode_tok/s counts the tokens those steps produced.

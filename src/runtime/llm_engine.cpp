@@ -163,17 +163,27 @@ RequestOutput LLMEngine::make_output(const Sequence& seq) const {
 
 std::vector<RequestOutput> LLMEngine::step() {
   std::vector<RequestOutput> outputs;
+  const double t0 = now_seconds();
   SchedulerOutput plan = scheduler_->schedule();
   preemptions_ += static_cast<int64_t>(plan.preempted.size());
   if (plan.empty()) return outputs;
   ++steps_;
   if (proposer_) return step_speculative(plan);
+  const double t1 = now_seconds();
   StatusOr<std::vector<SampleResult>> samples = internal_error("no step ran");
   try {
     samples = runner_->execute_and_sample(plan);
   } catch (const OpCudaError& e) {  // a failed CUDA call around the ops (uploads, graph replay, sampling)
     samples = internal_error(e.what());
   }
+  const double t2 = now_seconds();
+  ++host_profile_.steps;
+  host_profile_.schedule_s += t1 - t0;
+  struct FinishTimer {  // the rest of the step, on every return path
+    double start;
+    double* sum;
+    ~FinishTimer() { *sum += now_seconds() - start; }
+  } finish_timer{t2, &host_profile_.finish_s};
   if (!samples.ok()) return fail_step(plan, samples.status());
   scheduler_->on_step_done(plan);
   size_t row = 0;
@@ -369,6 +379,11 @@ EngineStats LLMEngine::stats() const {
   s.prefix_hit_tokens = blocks_->prefix_hit_tokens();
   s.steps = steps_;
   s.spec = spec_stats_;
+  s.host = host_profile_;
+  const ModelRunner::HostTimes& r = runner_->host_times();
+  s.host.inputs_s = r.inputs_s;
+  s.host.forward_s = r.forward_s;
+  s.host.sample_s = r.sample_s;
   return s;
 }
 

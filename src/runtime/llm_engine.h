@@ -61,6 +61,19 @@ struct RequestOutput {
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
+// Host wall time of the engine's steps without speculative decoding, by
+// phase, summed since the engine started (seconds; always measured: a few
+// clock reads a step). `bench latency --host-profile` prints it per decode
+// step. schedule + inputs + forward + sample + finish is the step's wall time.
+struct StepHostProfile {
+  int64_t steps = 0;
+  double schedule_s = 0;  // Scheduler::schedule
+  double inputs_s = 0;    // ModelRunner::HostTimes (inputs, forward, sample)
+  double forward_s = 0;
+  double sample_s = 0;
+  double finish_s = 0;    // tokens appended, stop checks, outputs built
+};
+
 struct EngineStats {
   int64_t num_waiting = 0;
   int64_t num_running = 0;
@@ -71,6 +84,7 @@ struct EngineStats {
   int64_t prefix_hit_tokens = 0;
   int64_t steps = 0;
   SpecDecodeStats spec;  // speculative decoding's counters (zero when off)
+  StepHostProfile host;  // host time of the non-speculative steps by phase
 };
 
 class LLMEngine {
@@ -136,6 +150,7 @@ class LLMEngine {
   std::unique_ptr<ModelRunner> runner_;
   std::unique_ptr<MtpProposer> proposer_;  // speculative decoding; null when off
   SpecDecodeStats spec_stats_;
+  StepHostProfile host_profile_;  // schedule and finish time of step() (EngineStats::host)
   DraftHook draft_hook_;
   std::map<std::string, std::unique_ptr<Sequence>> requests_;
   int64_t next_seq_id_ = 0;

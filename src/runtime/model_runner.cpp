@@ -245,8 +245,20 @@ StatusOr<std::vector<std::vector<SampleResult>>> ModelRunner::execute_and_verify
 }
 
 StatusOr<std::vector<SampleResult>> ModelRunner::execute_and_sample(const SchedulerOutput& out) {
+  const double t0 = now_seconds();
   StepInputs in = pack_step_inputs(out, kv_cache_.block_size);
+  const double t1 = now_seconds();
   NUCLEUS_ASSIGN_OR_RETURN(Tensor logits, model_->forward_logits(in, kv_cache_, stats_));
+  const double t2 = now_seconds();
+  ++host_times_.calls;
+  host_times_.inputs_s += t1 - t0;
+  host_times_.forward_s += t2 - t1;
+  // The rest (sampling) is timed on every return path.
+  struct SampleTimer {
+    double start;
+    double* sum;
+    ~SampleTimer() { *sum += now_seconds() - start; }
+  } sample_timer{t2, &host_times_.sample_s};
   const int64_t vocab = model_->config().vocab_size;
   std::vector<const Sequence*> rows;
   for (const auto& s : out.scheduled)

@@ -93,6 +93,17 @@ class ModelRunner {
   // The model's EOS ids, masked under min_tokens (with each request's stop_token_ids).
   void set_eos_token_ids(std::vector<int32_t> ids) { eos_token_ids_ = std::move(ids); }
 
+  // Host wall time of execute_and_sample's phases, summed over its calls.
+  struct HostTimes {
+    int64_t calls = 0;
+    double inputs_s = 0;   // the step's inputs packed on the host (pack_step_inputs)
+    double forward_s = 0;  // forward_logits: inputs uploaded, the step's ops or graph launched (on
+                           // CUDA the call returns once the work is queued, before it has run)
+    double sample_s = 0;   // prompt logprobs, logit processors and sampling; on CUDA it includes
+                           // the wait for the step's kernels (the sampler's result copy syncs)
+  };
+  const HostTimes& host_times() const { return host_times_; }
+
   KvCache& kv_cache() { return kv_cache_; }
   // While set, every step records what it touched into *stats (slower: syncs).
   void set_stats(StepStats* stats) { stats_ = stats; }
@@ -107,6 +118,7 @@ class ModelRunner {
   std::unique_ptr<TokenAdjustmentBuilder> adjust_builder_;  // created on the first row that needs it
   std::vector<TokenAdjustment> adjustments_;                // this step's lists, rows back to back
   GrammarMasker grammar_masker_;  // structured output: masks rows before sampling
+  HostTimes host_times_;
 };
 
 }  // namespace nucleus

@@ -302,6 +302,51 @@ TEST(CliTest, BenchLatencyOnTheCpuShowsNoGpuRoofline) {
   EXPECT_NE(r.out.find("the KV cache holds 8 blocks"), std::string::npos) << r.out;
 }
 
+// bench latency --host-profile: a row a (input, batch) whose phases are
+// non-negative and add up to the step, which is the decode_ms the main table
+// reports (the bench's clock around the same steps; 10% and 0.2 ms slack for
+// the clock reads outside the phases).
+TEST(CliTest, BenchLatencyHostProfileAddsUpToTheDecodeStep) {
+  RunResult r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
+                        " --batch-sizes 1,3 --input-len 8 --output-len 6 --host-profile",
+                    true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const size_t table = r.out.find("step_us");
+  ASSERT_NE(table, std::string::npos) << r.out;
+  std::istringstream main_rows(r.out.substr(r.out.find("%4.58TB/s")));
+  std::istringstream host_rows(r.out.substr(table));
+  std::string line;
+  std::getline(main_rows, line);
+  std::getline(host_rows, line);
+  for (int batch : {1, 3}) {
+    long long input, b, experts;
+    double prefill_ms, prefill_tps, decode_ms, decode_tps, gb;
+    ASSERT_TRUE(main_rows >> input >> b >> prefill_ms >> prefill_tps >> decode_ms >> decode_tps >> experts >> gb)
+        << r.out;
+    std::getline(main_rows, line);
+    double phase[5], step_us;
+    ASSERT_TRUE(host_rows >> input >> b >> phase[0] >> phase[1] >> phase[2] >> phase[3] >> phase[4] >> step_us)
+        << r.out;
+    EXPECT_EQ(b, batch);
+    double sum = 0;
+    for (double p : phase) {
+      EXPECT_GE(p, 0.0) << r.out;
+      sum += p;
+    }
+    EXPECT_NEAR(sum, step_us, 0.5) << r.out;  // printed to 0.1 us
+    EXPECT_GT(phase[2], 0.0) << "the forward pass takes time: " << r.out;
+    EXPECT_LE(step_us, decode_ms * 1e3 * 1.001 + 1.0) << r.out;
+    EXPECT_GE(step_us, decode_ms * 1e3 * 0.9 - 200.0) << r.out;
+  }
+  // Speculative steps are not profiled: no table.
+  r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
+              " --batch-sizes 1 --input-len 8 --output-len 4 --host-profile --speculative-config "
+              "'{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 1}'",
+          true);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("step_us"), std::string::npos) << r.out;
+}
+
 // bench latency with MTP drafts: decode_tok/s counts the tokens the verify
 // steps produced (between 1 and k + 1 a sequence a step, above 1 once drafts
 // are accepted), and the acceptance is given per row.
