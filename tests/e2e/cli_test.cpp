@@ -302,6 +302,33 @@ TEST(CliTest, BenchLatencyOnTheCpuShowsNoGpuRoofline) {
   EXPECT_NE(r.out.find("the KV cache holds 8 blocks"), std::string::npos) << r.out;
 }
 
+// bench latency's output on the CPU: its main table's rows and those of the
+// table whose header ends with `extra_header_end`, each stream past its header.
+struct BenchTables {
+  std::istringstream main, extra;
+};
+BenchTables bench_tables(const std::string& out, const std::string& extra_header_end) {
+  BenchTables t{std::istringstream(out.substr(out.find("%4.58TB/s"))),
+                std::istringstream(out.substr(out.find(extra_header_end)))};
+  std::string line;
+  std::getline(t.main, line);  // the headers' ends
+  std::getline(t.extra, line);
+  return t;
+}
+
+// One row of the main table (the CPU's: "-" in the roofline columns).
+struct MainRow {
+  long long input = 0, batch = 0, experts = 0;
+  double prefill_ms = 0, prefill_tps = 0, decode_ms = 0, decode_tps = 0, gb = 0;
+};
+bool read_main_row(std::istream& in, MainRow* r) {
+  const bool ok = static_cast<bool>(in >> r->input >> r->batch >> r->prefill_ms >> r->prefill_tps >> r->decode_ms >>
+                                    r->decode_tps >> r->experts >> r->gb);
+  std::string rest;
+  std::getline(in, rest);  // the roofline dashes
+  return ok;
+}
+
 // bench latency --host-profile: a row a (input, batch) whose phases are
 // non-negative and add up to the step, which is the decode_ms the main table
 // reports (the bench's clock around the same steps; 10% and 0.2 ms slack for
@@ -311,23 +338,18 @@ TEST(CliTest, BenchLatencyHostProfileAddsUpToTheDecodeStep) {
                         " --batch-sizes 1,3 --input-len 8 --output-len 6 --host-profile",
                     true);
   ASSERT_EQ(r.status, 0) << r.out;
-  const size_t table = r.out.find("step_us");
-  ASSERT_NE(table, std::string::npos) << r.out;
-  std::istringstream main_rows(r.out.substr(r.out.find("%4.58TB/s")));
-  std::istringstream host_rows(r.out.substr(table));
-  std::string line;
-  std::getline(main_rows, line);
-  std::getline(host_rows, line);
+  ASSERT_NE(r.out.find("step_us"), std::string::npos) << r.out;
+  BenchTables t = bench_tables(r.out, "step_us");
   for (int batch : {1, 3}) {
-    long long input, b, experts;
-    double prefill_ms, prefill_tps, decode_ms, decode_tps, gb;
-    ASSERT_TRUE(main_rows >> input >> b >> prefill_ms >> prefill_tps >> decode_ms >> decode_tps >> experts >> gb)
-        << r.out;
-    std::getline(main_rows, line);
+    MainRow m;
+    ASSERT_TRUE(read_main_row(t.main, &m)) << r.out;
+    const double decode_ms = m.decode_ms;
+    long long input, b;
     double phase[5], step_us;
-    ASSERT_TRUE(host_rows >> input >> b >> phase[0] >> phase[1] >> phase[2] >> phase[3] >> phase[4] >> step_us)
+    ASSERT_TRUE(t.extra >> input >> b >> phase[0] >> phase[1] >> phase[2] >> phase[3] >> phase[4] >> step_us)
         << r.out;
     EXPECT_EQ(b, batch);
+    EXPECT_EQ(m.batch, batch);
     double sum = 0;
     for (double p : phase) {
       EXPECT_GE(p, 0.0) << r.out;
@@ -356,20 +378,15 @@ TEST(CliTest, BenchLatencyWithDraftsCountsTokens) {
                         "'{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 2}'",
                     true);
   ASSERT_EQ(r.status, 0) << r.out;
-  const size_t table = r.out.find("tok/s_per_user");
-  ASSERT_NE(table, std::string::npos) << r.out;
-  std::istringstream main_rows(r.out.substr(r.out.find("%4.58TB/s")));
-  std::istringstream spec_rows(r.out.substr(table));
-  std::string line;
-  std::getline(main_rows, line);  // the header's end
-  std::getline(spec_rows, line);
+  ASSERT_NE(r.out.find("tok/s_per_user"), std::string::npos) << r.out;
+  BenchTables t = bench_tables(r.out, "tok/s_per_user");
+  std::istringstream& spec_rows = t.extra;
   for (int batch : {1, 2}) {
-    long long input, b, experts;
-    double prefill_ms, prefill_tps, decode_ms, decode_tps, gb;
-    ASSERT_TRUE(main_rows >> input >> b >> prefill_ms >> prefill_tps >> decode_ms >> decode_tps >> experts >> gb)
-        << r.out;
-    std::getline(main_rows, line);  // the roofline dashes
-    EXPECT_EQ(b, batch);
+    MainRow m;
+    ASSERT_TRUE(read_main_row(t.main, &m)) << r.out;
+    const double decode_ms = m.decode_ms, decode_tps = m.decode_tps;
+    long long input, b;
+    EXPECT_EQ(m.batch, batch);
     double d_ms, verify_ms, mtp_ms, per_user;
     std::string acceptance;
     ASSERT_TRUE(spec_rows >> input >> b >> d_ms >> verify_ms >> mtp_ms >> acceptance >> per_user) << r.out;
