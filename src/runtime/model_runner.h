@@ -95,7 +95,6 @@ class ModelRunner {
 
   // Host wall time of execute_and_sample's phases, summed over its calls.
   struct HostTimes {
-    int64_t calls = 0;
     double inputs_s = 0;   // the step's inputs packed on the host (pack_step_inputs)
     double forward_s = 0;  // forward_logits: inputs uploaded, the step's ops or graph launched (on
                            // CUDA the call returns once the work is queued, before it has run)
