@@ -14,7 +14,11 @@
 //                 start at once), as the engine launches them after a norm
 //   skinny_fp8_pipe_pdl  the same, pipelined (SkinnyFp8GemmArgs::pipelined:
 //                 the next step's weight loads issued before this step's math)
-//   skinny_fp8_sN, skinny_fp8_pipe_sN with N slices (--sweep 1), for the slice rule
+//   skinny_fp8_stream_pdl  the stream scheme (SkinnyFp8GemmArgs::stream: the
+//                 bf16 skinny kernel's 4-row warps and 512-contiguous-byte
+//                 loads, f32 FMAs), PDL, its own slice rule; "refused" at m > 2
+//   skinny_fp8_sN, skinny_fp8_pipe_sN with N slices (--sweep 1), and
+//   skinny_fp8_stream_sN (N <= 8, PDL), for the slice rules
 // Method (bench/bench_util.h): CUDA graphs of 20 GEMMs on distinct weight
 // copies, enough that a pass reads at least twice the L2; the median per GEMM.
 // Bytes = FP8 weights + f32 scales + x + out, each once; % of the one
@@ -192,7 +196,7 @@ int main(int argc, char** argv) {
       row("cuda_fp8", 0, fp8_path(cuda_ops::Fp8Path::kOwn));
       row("before", 0, before);
       before_us = before;
-      auto skinny = [&](int slices, bool pdl = false, bool pipe = false) {
+      auto skinny = [&](int slices, bool pdl = false, bool pipe = false, bool stream_scheme = false) {
         return bench::median_us_per_launch(copies, [&](int i) {
           kernels::SkinnyFp8GemmArgs a;
           a.x = x.data<__nv_bfloat16>();
@@ -207,6 +211,7 @@ int main(int argc, char** argv) {
           a.slices = slices;
           a.pdl = pdl;
           a.pipelined = pipe;
+          a.stream = stream_scheme;
           return kernels::launch_skinny_fp8_gemm(a, stream) == cudaSuccess;
         });
       };
@@ -214,10 +219,13 @@ int main(int argc, char** argv) {
       row("skinny_fp8", slices, skinny(0));
       row("skinny_fp8_pdl", slices, skinny(0, true));
       row("skinny_fp8_pipe_pdl", slices, skinny(0, true, true));
+      row("skinny_fp8_stream_pdl", kernels::skinny_fp8_stream_slices(S.n, S.k, c.num_sms),
+          skinny(0, true, false, true));
       if (sweep)
         for (int s : {1, 2, 4, 8, 16}) {
           row("skinny_fp8_s" + std::to_string(s), s, skinny(s));
           row("skinny_fp8_pipe_s" + std::to_string(s), s, skinny(s, false, true));
+          if (s <= 8) row("skinny_fp8_stream_s" + std::to_string(s), s, skinny(s, true, false, true));
         }
     }
   }

@@ -2,12 +2,40 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "ops/step_inputs.h"
 
 namespace nucleus::testing {
+
+// Sets (value non-null) or unsets an environment variable for one scope and
+// restores its value, or its absence, when it goes: for tests of NUCLEUS_*
+// switches read when a model or engine is created.
+class ScopedEnvValue {
+ public:
+  ScopedEnvValue(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnvValue() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnvValue(const ScopedEnvValue&) = delete;
+  ScopedEnvValue& operator=(const ScopedEnvValue&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 // Directory holding tiny-dsv3/, tiny-dsv3-fp8/, ref/, configs/ (the project's models/).
 std::string models_dir();
 std::string model_path(const std::string& name);  // models_dir()/name

@@ -56,6 +56,13 @@ constexpr KnobInfo kKnobs[] = {
      "step's math): where its grid fits one wave (auto), always, or never; a malformed value is refused at "
      "start-up",
      "src/ops/skinny.cpp"},
+    {KNOB(kSkinnyFp8Stream), "NUCLEUS_SKINNY_FP8_STREAM", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the FP8 skinny kernel's stream scheme (the bf16 skinny kernel's 4-row warps and 512-byte row loads, f32 "
+     "FMAs): auto at m = 1 on every FP8 decode GEMM of a weight of 2 MiB or more, those above 48 MB included "
+     "(cuBLASLt's FP8 GEMM there otherwise), 1 at every m <= 2 the skinny kernel takes, 0 never; a malformed "
+     "value is refused at start-up",
+     "src/ops/skinny.cpp"},
     {KNOB(kPdl), "NUCLEUS_PDL", KnobType::kEnum, "0, 1, gemms", "1",
      "skinny decode GEMMs (bf16 and FP8), the MoE decode kernels, the grouped MoE path's five kernels and decode "
      "attention's small-row kernels launch "
@@ -145,6 +152,12 @@ constexpr KnobInfo kKnobs[] = {
      "combine kernel runs the norm, one launch a layer fewer (auto and 1: so; 0: the norm as its own op, the "
      "graph before); the same bits; read when a graph is built; a malformed value is refused at start-up",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kPackedUpload), "NUCLEUS_PACKED_UPLOAD", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "a step on the decode-graph route uploads its metadata packed by its own lengths in one host-to-device copy "
+     "instead of up to nine at capacity offsets (auto and 1: so; 0: the nine copies); the same bits; read when the "
+     "step executor is created; a malformed value is refused at start-up",
+     "src/graph/step_executor.cpp, src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kMlaDecodeSmallGemms), "NUCLEUS_MLA_DECODE_SMALL_GEMMS", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "decode attention calls of a few rows run the q absorption and the output projection (W_UK, W_UV) as "

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_check.h"
 #include "ops/op_cuda_check.h"
@@ -70,7 +71,7 @@ void DeviceInputUploader::reserve(const Capacity& cap) {
   layout();
 }
 
-DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in) {
+DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in, bool packed) {
   std::vector<int32_t> token_seq(in.num_tokens()), single_rows;
   for (int64_t s = 0; s < in.num_seqs(); ++s) {
     for (int32_t r = in.query_start[s]; r < in.query_start[s + 1]; ++r) token_seq[r] = static_cast<int32_t>(s);
@@ -91,21 +92,41 @@ DeviceStepInputs DeviceInputUploader::upload(const StepInputs& in) {
   const size_t len[9] = {in.token_ids.size() * 4,    in.positions.size() * 4,    in.slot_mapping.size() * 8,
                          in.query_start.size() * 4,  in.context_lens.size() * 4, in.block_tables.size() * 4,
                          in.logit_indices.size() * 4, token_seq.size() * 4,      single_rows.size() * 4};
+  // Packed: the regions by this step's lengths, 256-byte aligned, each no
+  // longer than its capacity region (so within the capacity layout).
+  size_t packed_offsets[10] = {};
+  const size_t* offsets = offsets_;
+  if (packed) {
+    size_t total = 0;
+    for (int i = 0; i < 9; ++i) {
+      packed_offsets[i] = total;
+      total += (len[i] + 255) / 256 * 256;
+    }
+    packed_offsets[9] = total;
+    NUCLEUS_CHECK(total <= offsets_[9], "packed upload of {} bytes exceeds the capacity layout's {}", total,
+                  offsets_[9]);
+    offsets = packed_offsets;
+  }
   // The half about to be rewritten was last read by copies two uploads ago;
   // wait until they have run (usually long since).
   cudaStream_t stream = cuda::context().stream;
   char* host = static_cast<char*>(host_[next_]);
   cudaEvent_t copied = static_cast<cudaEvent_t>(copied_[next_]);
   NUCLEUS_OP_CUDA_CHECK(cudaEventSynchronize(copied));  // the step's uploads: a failure is the step's error
+  size_t end = 0;  // packed: the end of the last non-empty region
   for (int i = 0; i < 9; ++i) {
     if (!len[i]) continue;
-    std::memcpy(host + offsets_[i], src[i], len[i]);
-    NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets_[i], host + offsets_[i], len[i],
-                                          cudaMemcpyHostToDevice, stream));
+    std::memcpy(host + offsets[i], src[i], len[i]);
+    end = offsets[i] + len[i];
+    if (!packed)
+      NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dev_) + offsets[i], host + offsets[i], len[i],
+                                            cudaMemcpyHostToDevice, stream));
   }
+  if (packed && end > 0)  // one copy, the gaps between regions included
+    NUCLEUS_OP_CUDA_CHECK(cudaMemcpyAsync(dev_, host, end, cudaMemcpyHostToDevice, stream));
   NUCLEUS_OP_CUDA_CHECK(cudaEventRecord(copied, stream));
   next_ ^= 1;
-  auto at = [&](int i) { return static_cast<char*>(dev_) + offsets_[i]; };
+  auto at = [&](int i) { return static_cast<char*>(dev_) + offsets[i]; };
   DeviceStepInputs d;
   d.token_ids = reinterpret_cast<const int32_t*>(at(0));
   d.positions = reinterpret_cast<const int32_t*>(at(1));
@@ -126,6 +147,6 @@ namespace nucleus {
 DeviceInputUploader::~DeviceInputUploader() = default;
 void DeviceInputUploader::layout() {}
 void DeviceInputUploader::reserve(const Capacity&) {}
-DeviceStepInputs DeviceInputUploader::upload(const StepInputs&) { return {}; }
+DeviceStepInputs DeviceInputUploader::upload(const StepInputs&, bool) { return {}; }
 }  // namespace nucleus
 #endif

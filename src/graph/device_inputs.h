@@ -3,6 +3,8 @@
 // stream. Regions sit at offsets fixed by the reserved capacity, so the
 // device addresses are the same every step (CUDA graphs bake them in); a
 // step larger than the capacity grows the buffer and bumps generation().
+// A packed upload (the decode-graph route) instead places the regions by
+// the step's own lengths and copies them in one transfer (upload).
 //
 // The pinned staging memory is double-buffered, each half guarded by an
 // event recorded after its copies: a step that returns nothing to the host
@@ -34,7 +36,17 @@ class DeviceInputUploader {
   // Allocates the regions for steps up to `cap`.
   void reserve(const Capacity& cap);
   // Stream-async; the returned pointers stay valid until the next upload.
-  DeviceStepInputs upload(const StepInputs& in);
+  // The buffer first grows to hold `in` (as reserve) wherever its regions go.
+  // Unpacked (the default): each region at its capacity offset, one copy a
+  // non-empty region (up to nine). Packed (NUCLEUS_PACKED_UPLOAD; the
+  // decode-graph route, at capture and at replay): the same regions in the
+  // same order, each at a 256-byte aligned offset that depends only on the
+  // lengths of `in`'s arrays, copied in one transfer; steps of equal lengths
+  // (a decode step padded to a captured size) in one generation() get equal
+  // addresses, which a captured graph keeps. A packed step never needs more than the capacity
+  // layout (a NUCLEUS_CHECK). Errors: a failed copy throws OpCudaError (the
+  // step's error, ops/op_cuda_check.h); a failed reallocation stops the process.
+  DeviceStepInputs upload(const StepInputs& in, bool packed = false);
   // Changes whenever the buffer is reallocated (device addresses changed).
   int64_t generation() const { return generation_; }
 

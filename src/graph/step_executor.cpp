@@ -47,6 +47,13 @@ StatusOr<std::unique_ptr<FaultInjector>> make_fault_injector(const std::vector<c
   return std::make_unique<FaultInjector>(**plan);
 }
 
+// Whether two uploads put every array of the step at the same device address.
+bool same_addresses(const DeviceStepInputs& a, const DeviceStepInputs& b) {
+  return a.token_ids == b.token_ids && a.positions == b.positions && a.slot_mapping == b.slot_mapping &&
+         a.query_start == b.query_start && a.context_lens == b.context_lens && a.block_tables == b.block_tables &&
+         a.logit_indices == b.logit_indices && a.token_seq == b.token_seq && a.single_token_rows == b.single_token_rows;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::create(BuiltGraph prefill, BuiltGraph decode,
@@ -64,6 +71,7 @@ StatusOr<std::unique_ptr<StepExecutor>> StepExecutor::create(BuiltGraph prefill,
   e->whole_prefill_ = {{0, pn.size(), false}};
   e->whole_decode_ = {{0, e->decode_.graph.nodes().size(), true}};
   if (options.device == Device::kCuda) e->uploader_ = std::make_unique<DeviceInputUploader>();
+  e->packed_upload_ = env_auto_switch(Knob::kPackedUpload).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
   NUCLEUS_ASSIGN_OR_RETURN(e->faults_, make_fault_injector({&e->prefill_.graph, &e->decode_.graph}, options.rank));
   return e;
 }
@@ -157,7 +165,9 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
   // 1. Padded inputs for the route.
   StepInputs padded;
   if (route == Route::kDecodeGraph) {
-    padded = pad_decode_step(inputs, rows, static_cast<int32_t>(options_.max_blocks_per_seq));
+    // The width the graphs were captured with (capture), so a packed upload
+    // has the capture's lengths.
+    padded = pad_decode_step(inputs, rows, static_cast<int32_t>(std::max<int64_t>(options_.max_blocks_per_seq, 1)));
     if (graph_mtp_hidden_.defined()) {  // the MTP layer's graphs read their own copy
       copy_rows_async(graph_mtp_hidden_, inputs.mtp_hidden);
       padded.mtp_hidden = graph_mtp_hidden_.rows(0, rows);
@@ -172,7 +182,7 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
   // moved it: the token graphs hold the old addresses, so it runs eagerly.
   DeviceStepInputs dev;
   if (uploader_) {
-    dev = uploader_->upload(run_in);
+    dev = uploader_->upload(run_in, packed_upload(route));
     if (route == Route::kTokenGraph && uploader_->generation() != graphs_generation_) {
       NUCLEUS_LOG_DEBUG("prefill step of {} tokens runs eagerly (the padded metadata outgrew the reserved buffer)", T);
       route = Route::kEager;
@@ -220,6 +230,9 @@ StatusOr<Tensor> StepExecutor::forward_logits(const StepInputs& step, KvCache& k
         ctx.dev = uploader_ ? &dev : nullptr;
         NUCLEUS_RETURN_IF_ERROR(run_range(kind, ctx, full, seg.begin, seg.end));
       } else if (route == Route::kDecodeGraph) {
+        NUCLEUS_CHECK(same_addresses(dev, decode_graph_inputs_.at(rows)),
+                      "decode graph of batch {}: the step's metadata is not where the graph was captured reading it",
+                      rows);
         decode_graphs_.at(rows).replay();
       } else {
         token_graphs_.at(rows)[graph_index].replay();
@@ -275,6 +288,7 @@ void StepExecutor::reserve(int64_t max_tokens, int64_t max_logits, int64_t max_p
 
 void StepExecutor::drop_graphs() {
   decode_graphs_.clear();
+  decode_graph_inputs_.clear();
   token_graphs_.clear();
 }
 
@@ -318,7 +332,10 @@ StatusOr<size_t> StepExecutor::capture(KvCache& kv_cache) {
     StepGraph& g = graph(kind);
     StepBuffers& sb = kind == StepKind::kDecode ? decode_buffers_ : prefill_buffers_;
     const std::vector<Tensor> buffers = sb.for_step(g, rows, logit_rows, options_.device);
-    DeviceStepInputs dev = uploader_->upload(dummy);
+    // A decode graph's route uploads as its replays will (packed_upload).
+    const Route route = kind == StepKind::kDecode ? Route::kDecodeGraph : Route::kTokenGraph;
+    DeviceStepInputs dev = uploader_->upload(dummy, packed_upload(route));
+    if (route == Route::kDecodeGraph) decode_graph_inputs_[rows] = dev;
     OpContext ctx;
     ctx.device = options_.device;
     ctx.kv_cache = &kv_cache;

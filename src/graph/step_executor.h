@@ -187,6 +187,11 @@ class StepExecutor {
   Status run_range(StepKind kind, OpContext& ctx, const std::vector<Tensor>& buffers, size_t begin, size_t end);
   // The segments of `kind`'s graph on `route`.
   const std::vector<Segment>& segments(StepKind kind, Route route) const;
+  // Whether `route` uploads its metadata packed (DeviceInputUploader::upload):
+  // the decode-graph route under NUCLEUS_PACKED_UPLOAD, at capture and at
+  // replay alike (a function of the route only), so a replay's addresses are
+  // the ones its graph captured.
+  bool packed_upload(Route route) const { return packed_upload_ && route == Route::kDecodeGraph; }
 
   ExecutorOptions options_;
   BuiltGraph prefill_, decode_;
@@ -201,6 +206,10 @@ class StepExecutor {
   std::map<int64_t, CudaGraph> decode_graphs_;               // by padded batch size
   std::map<int64_t, std::vector<CudaGraph>> token_graphs_;  // by bucket: one per graph segment
   std::unique_ptr<DeviceInputUploader> uploader_;  // CUDA
+  bool packed_upload_ = true;  // NUCLEUS_PACKED_UPLOAD (auto, 1: on; 0: off), read once in create
+  // By padded batch size: the metadata addresses each decode graph was
+  // captured with; a replay's upload must give the same (a NUCLEUS_CHECK).
+  std::map<int64_t, DeviceStepInputs> decode_graph_inputs_;
   int64_t graphs_generation_ = -1;  // uploader generation the graphs were captured with
   int64_t graph_replays_ = 0, token_graph_replays_ = 0;
   int64_t multi_token_decode_steps_ = 0;

@@ -1,7 +1,8 @@
 // The "cuda_skinny_fp8" linear backend: decode GEMMs of FP8 block-scaled
 // weights at the row counts skinny_fp8_max_rows() takes (ops/skinny.h)
-// through the FP8 skinny kernel (kernels/gemm/skinny_fp8_gemm.cuh), bf16 or
-// f32 output, overwriting or adding (accumulate). Rows above that count, and
+// through the FP8 skinny kernel (kernels/gemm/skinny_fp8_gemm.cuh; its stream
+// variant where skinny_fp8_stream() says), bf16 or f32 output, overwriting or
+// adding (accumulate). Rows above that count, and
 // outputs of another dtype, run the FP8 linear's other paths
 // (fp8_linear_forward, Fp8Path::kAuto: cuBLASLt's FP8 GEMM or the own
 // kernels) in the same call (the rule is per row count; a decode graph's
@@ -57,6 +58,11 @@ void linear_skinny_fp8(LinearOp& op, OpContext& ctx, const TensorList& in, const
     case SkinnySwitch::kAuto:
       a.pipelined = kernels::skinny_fp8_pipelined_fits(a.n, a.k, 0, cuda::context().num_sms);
       break;
+  }
+  // The stream variant where the rule says so.
+  if (skinny_fp8_stream(m, a.n, a.k)) {
+    a.stream = true;
+    a.pipelined = false;
   }
   if ((out_dtype == DType::kBF16 || out_dtype == DType::kF32) && m <= skinny_fp8_max_rows(a.n, a.k) &&
       kernels::skinny_fp8_gemm_check(a) == cudaSuccess) {

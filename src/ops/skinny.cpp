@@ -46,10 +46,20 @@ int parse_fp8_pipeline() {
   return v;
 }
 
+int parse_fp8_stream() {
+  static const int v = parse_switch_value(Knob::kSkinnyFp8Stream);
+  return v;
+}
+
 }  // namespace
 
 SkinnySwitch skinny_fp8_pipeline_switch() {
   const int v = parse_fp8_pipeline();
+  return v < 0 ? SkinnySwitch::kOff : static_cast<SkinnySwitch>(v);
+}
+
+SkinnySwitch skinny_fp8_stream_switch() {
+  const int v = parse_fp8_stream();
   return v < 0 ? SkinnySwitch::kOff : static_cast<SkinnySwitch>(v);
 }
 
@@ -66,6 +76,9 @@ Status skinny_env_status() {
   if (parse_pdl() < 0) return invalid_argument("NUCLEUS_PDL='" + *env_string(Knob::kPdl) + "' is not 0, 1 or gemms");
   if (parse_fp8_pipeline() < 0)
     return invalid_argument("NUCLEUS_SKINNY_FP8_PIPELINE='" + *env_string(Knob::kSkinnyFp8Pipeline) +
+                            "' is not auto, 0 or 1");
+  if (parse_fp8_stream() < 0)
+    return invalid_argument("NUCLEUS_SKINNY_FP8_STREAM='" + *env_string(Knob::kSkinnyFp8Stream) +
                             "' is not auto, 0 or 1");
   return ok_status();
 }
@@ -89,7 +102,16 @@ int64_t skinny_fp8_max_rows(int64_t n, int64_t k) {
   const int64_t bytes = n * k;  // e4m3: one byte an element (the measurements are in ops/skinny.h)
   if (bytes <= kSkinnyFp8SmallWeightBytes) return kSkinnyFp8MaxRows;
   if (bytes <= kSkinnyFp8MediumWeightBytes) return 8;
-  return 0;
+  return skinny_fp8_stream_switch() == SkinnySwitch::kOff ? 0 : kSkinnyFp8StreamRows;
+}
+
+bool skinny_fp8_stream(int64_t m, int64_t n, int64_t k) {
+  switch (skinny_fp8_stream_switch()) {
+    case SkinnySwitch::kOff: return false;
+    case SkinnySwitch::kOn: return m <= 2;  // kernels::kSkinnyFp8StreamMaxRows
+    case SkinnySwitch::kAuto: break;
+  }
+  return m == 1 && n * k >= kSkinnyFp8StreamMinBytes && skinny_fp8_max_rows(n, k) >= 1;
 }
 
 int64_t skinny_max_rows(int64_t n, int64_t k) {

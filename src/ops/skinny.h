@@ -39,6 +39,14 @@ bool small_ops_pdl();
 // fits one wave (kernels::skinny_fp8_pipelined_fits), 1 always, 0 never.
 // Read once; a malformed value reads as off (refused by skinny_env_status).
 SkinnySwitch skinny_fp8_pipeline_switch();
+// NUCLEUS_SKINNY_FP8_STREAM: whether the FP8 decode GEMMs the skinny kernel
+// takes run its stream scheme (kernels::SkinnyFp8GemmArgs::stream: the bf16
+// skinny kernel's 4-row warps and 512-contiguous-byte loads, f32 FMAs):
+// auto (default) as skinny_fp8_stream() says, 1 at every m <= 2, 0 never
+// (the weights above kSkinnyFp8MediumWeightBytes then go back to cuBLASLt's
+// FP8 GEMM, as before). Read once; a malformed value reads as off (refused by
+// skinny_env_status).
+SkinnySwitch skinny_fp8_stream_switch();
 
 // The largest row count m (0..8) at which a bf16 decode GEMM with weight
 // [n, k] runs the skinny kernel; rows above it run cuBLASLt. Under kAuto the
@@ -72,12 +80,27 @@ SkinnySwitch skinny_fp8_switch();
 // the H200 (docs/perf.md "Skinny FP8 decode GEMMs", 2026-12-02), against the
 // FP8 path it replaces at each m: up to 16 MB (V3 q_a, kv_a) it wins at every
 // m <= 16 (1.5-3.6x); up to 48 MB (V3 q_b, 37.8 MB) it wins at m <= 8
-// (1.05-1.3x) and loses at 16 (0.66x); above (V3 o_proj, 117 MB) it loses at
-// every m (0.57-0.78x: cuBLASLt streams large weights at 60-65%), so 0.
-// Shapes between the measured ones follow their byte class.
+// (1.05-1.3x) and loses at 16 (0.66x); above (V3 o_proj, 117 MB) the W8A16
+// kernel loses at every m (0.57-0.78x: cuBLASLt streams large weights at
+// 60-65%); the stream scheme beats both at m = 1 (68-75%, docs/perf.md "FP8
+// decode GEMMs: the bf16 skinny kernel's load scheme") and loses at m = 2, so
+// m <= 1 there (skinny_fp8_stream), or 0 with NUCLEUS_SKINNY_FP8_STREAM=0. Shapes between the measured ones
+// follow their byte class.
 constexpr int64_t kSkinnyFp8MaxRows = 16;  // kernels::kSkinnyFp8MaxRows (the kernel header is CUDA-only)
 constexpr int64_t kSkinnyFp8SmallWeightBytes = int64_t{16} << 20;   // every m <= 16
 constexpr int64_t kSkinnyFp8MediumWeightBytes = int64_t{48} << 20;  // m <= 8
+// Above kSkinnyFp8MediumWeightBytes (V3's o_proj, dense MLP): the stream
+// scheme at m <= kSkinnyFp8StreamRows unless NUCLEUS_SKINNY_FP8_STREAM=0 (then 0).
+constexpr int64_t kSkinnyFp8StreamRows = 1;
 int64_t skinny_fp8_max_rows(int64_t n, int64_t k);
+// Whether an m-row FP8 decode GEMM on an [n, k] weight that the skinny kernel
+// takes runs its stream scheme: NUCLEUS_SKINNY_FP8_STREAM auto: m = 1 on
+// weights of at least kSkinnyFp8StreamMinBytes (measured on every V3 and
+// Kimi-K2 decode linear at TP 1 and 8: 0.99-1.26x the default scheme, 1.08-
+// 1.27x cuBLASLt's FP8 GEMM on the weights above 48 MB; 0.92x on the 1.8 MB
+// TP-8 shared down_proj, the one smaller weight; at m = 2 it loses, 0.8x on
+// the large ones); 1: every m <= 2 (kernels::kSkinnyFp8StreamMaxRows); 0: never.
+constexpr int64_t kSkinnyFp8StreamMinBytes = int64_t{2} << 20;
+bool skinny_fp8_stream(int64_t m, int64_t n, int64_t k);
 
 }  // namespace nucleus

@@ -33,6 +33,7 @@ namespace nucleus {
 namespace {
 
 using nlohmann::json;
+using testing::ScopedEnvValue;
 
 struct Case {
   std::vector<int32_t> prompt, greedy;
@@ -193,28 +194,6 @@ TEST_F(GpuMtpTest, GreedyMtpOnAgreesWithReference) {
                     spec_decode_summary(st.spec).c_str());
     }
 }
-
-// Restores a NUCLEUS_* variable's value (or absence) when it goes.
-class ScopedEnvValue {
- public:
-  ScopedEnvValue(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~ScopedEnvValue() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 // ModelExecutor::gather_hidden_rows: on the device (auto) the rows of the
 // target's hidden states (bf16) and of the MTP layer's output (f32) as f32

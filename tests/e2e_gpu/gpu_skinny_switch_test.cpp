@@ -141,12 +141,18 @@ TEST(GpuSkinnySwitch, OnAndOffAgreeWithEachOtherAndTheReference) {
 // The FP8 skinny GEMM on the FP8 tiny model: every FP8 decode linear whose k
 // is a multiple of 128 (all but the shared expert's down_proj, k = 192, a
 // decode linear only with NUCLEUS_MOE_FUSE_SHARED=0: by default on CUDA the
-// shared experts run in the routed experts' op) on cuda_skinny_fp8 when on.
+// shared experts run in the routed experts' op) on cuda_skinny_fp8 when on;
+// the stream scheme runs at m = 1 by default (NUCLEUS_SKINNY_FP8_STREAM=auto),
+// at m <= 2 with =1 and never with =0.
 TEST(GpuSkinnySwitch, Fp8OnAndOffAgreeWithEachOtherAndTheReference) {
   check_switch("tiny-dsv3-fp8",
                {Config{"on", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"on, no PDL", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=0 NUCLEUS_MOE_DECODE=16", true, true},
                 Config{"on, PDL gemms", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_PDL=gemms NUCLEUS_MOE_DECODE=16", true, true},
+                Config{"on, stream to m = 2", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_SKINNY_FP8_STREAM=1 NUCLEUS_MOE_DECODE=16",
+                       true, true},
+                Config{"on, no stream", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_SKINNY_FP8_STREAM=0 NUCLEUS_MOE_DECODE=16", true,
+                       true},
                 Config{"off", "NUCLEUS_SKINNY_FP8=0 NUCLEUS_MOE_DECODE=16", false, true},
                 Config{"moe decode off", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0", true, false},
                 Config{"moe align at m = 1", "NUCLEUS_SKINNY_FP8=1 NUCLEUS_MOE_DECODE=0 NUCLEUS_MOE_ALIGN_FREE=0", true,

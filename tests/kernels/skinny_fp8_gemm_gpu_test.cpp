@@ -172,7 +172,7 @@ constexpr float kSentinel = 1232.0f;
 
 // Runs m = 1..16 (or `ms`) against the reference of the first 16 rows (a
 // row's sums do not depend on the other rows).
-void check_shape(const Shape& s, int slices, std::vector<int64_t> ms = {}, bool pipelined = false) {
+void check_shape(const Shape& s, int slices, std::vector<int64_t> ms = {}, bool pipelined = false, bool stream = false) {
   SCOPED_TRACE(s.what + " n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " slices=" +
                std::to_string(slices));
   if (ms.empty())
@@ -207,7 +207,8 @@ void check_shape(const Shape& s, int slices, std::vector<int64_t> ms = {}, bool 
       a.k = s.k;
       a.slices = slices;
       a.pipelined = pipelined;
-      ASSERT_EQ(launch_skinny_fp8_gemm(a, nullptr), cudaSuccess);
+      a.stream = stream;
+      ASSERT_EQ(launch_skinny_fp8_gemm(a, nullptr), cudaSuccess) << skinny_fp8_gemm_refusal(a);
       const std::vector<float> got_all =
           f32_accumulate ? host_copy<float>(out) : from_bf16(host_copy<uint16_t>(out));
       std::vector<float> got(m * s.n), expect(m * s.n);
@@ -289,6 +290,47 @@ TEST_F(SkinnyFp8GemmGpu, PipelinedMatchesReferenceAndUnpipelinedBitForBit) {
       }
       EXPECT_EQ(got[0], got[1]) << "m " << m << " slices " << slices;
     }
+}
+
+// The stream scheme (4-row warps, f32 FMAs on weights converted as value
+// times 2^-120, x times 2^60) against the reference at m = 1, 2: the large V3
+// shapes, shapes off the tiles (n % 4 != 0, one k block), every slice count,
+// subnormal and extreme e4m3 codes (make_weight draws every byte but NaN);
+// refusals (m > 2, slices 16, with pipelined).
+TEST_F(SkinnyFp8GemmGpu, StreamMatchesReference) {
+  check_shape(Shape{7168, 16384, "V3 o_proj"}, 0, {1, 2}, false, true);
+  for (const Shape& s : {Shape{576, 7168, "V3 kv_a"}, Shape{101, 384, "n % 8 = 5, 3 blocks"},
+                         Shape{6, 128, "one block, n < 8"}, Shape{130, 1152, "n = 130, 9 blocks"},
+                         Shape{3072, 1536, "V3 TP8 q_b"}})
+    for (int slices : {0, 1, 2, 4, 8}) check_shape(s, slices, {1, 2}, false, true);
+  Tensor x = Tensor::empty({4 * 256}, DType::kBF16, Device::kCuda);
+  Tensor w = Tensor::empty({64 * 256}, DType::kF8E4M3, Device::kCuda);
+  Tensor sc = Tensor::empty({2}, DType::kF32, Device::kCuda);
+  Tensor out = Tensor::empty({4 * 64}, DType::kF32, Device::kCuda);
+  SkinnyFp8GemmArgs a;
+  a.x = x.data<__nv_bfloat16>();
+  a.x_stride = 256;
+  a.w = w.data<uint8_t>();
+  a.scale_inv = sc.data<float>();
+  a.out = out.raw();
+  a.out_f32 = true;
+  a.out_stride = 64;
+  a.m = 2;
+  a.n = 64;
+  a.k = 256;
+  a.stream = true;
+  EXPECT_EQ(skinny_fp8_gemm_refusal(a), nullptr);
+  a.m = 3;
+  ASSERT_NE(skinny_fp8_gemm_refusal(a), nullptr);
+  EXPECT_NE(std::strstr(skinny_fp8_gemm_refusal(a), "m above 2"), nullptr);
+  a.m = 1;
+  a.slices = 16;
+  ASSERT_NE(skinny_fp8_gemm_refusal(a), nullptr);
+  EXPECT_NE(std::strstr(skinny_fp8_gemm_refusal(a), "slices 16"), nullptr);
+  a.slices = 0;
+  a.pipelined = true;
+  ASSERT_NE(skinny_fp8_gemm_refusal(a), nullptr);
+  EXPECT_NE(std::strstr(skinny_fp8_gemm_refusal(a), "stream with pipelined"), nullptr);
 }
 
 TEST_F(SkinnyFp8GemmGpu, RepeatedLaunchesAreBitIdentical) {

@@ -71,7 +71,22 @@ struct SkinnyFp8GemmArgs {
   // issued before this step's math (more bytes in flight an SM, for weights
   // of tens of MB and more), at 32 more registers a thread.
   bool pipelined = false;
+  // The bf16 skinny kernel's scheme (skinny_gemm.cuh) over e4m3 weights: a
+  // warp owns 4 rows, each load instruction reads 512 contiguous bytes of one
+  // row, 4 steps in flight a lane (256 bytes); f32 FMAs on the weights
+  // converted exactly in registers (W8A16, as the default scheme); its own
+  // slice rule (skinny_fp8_stream_slices; slices 1, 2, 4 or 8). m <= 2; not
+  // with pipelined. Measured (docs/perf.md "FP8 decode GEMMs: the bf16 skinny
+  // kernel's load scheme"): 68-75% of the roofline on V3's 117-264 MB weights
+  // at m = 1, where the default scheme and cuBLASLt reach 60-66%; slower at m = 2.
+  bool stream = false;
 };
+
+constexpr int64_t kSkinnyFp8StreamMaxRows = 2;
+// The stream scheme's slice count for slices = 0: as skinny_default_slices
+// (the bf16 kernel's rule: ~11.7 warps an SM, each slice >= 32 chunks) over
+// its 4-row groups and 16-byte (16 k) chunks.
+int skinny_fp8_stream_slices(int64_t n, int64_t k, int num_sms);
 
 // Whether the pipelined kernel pays at n x k (slices 0: the default count)
 // on num_sms SMs: when its warps fit in one wave at its occupancy (two
@@ -83,7 +98,8 @@ bool skinny_fp8_pipelined_fits(int64_t n, int64_t k, int slices, int num_sms);
 // Why the kernel refuses `a`, or nullptr when it takes it: needs
 // 1 <= m <= 16, n >= 1, k >= 128 and k % 128 == 0, x_stride % 8 == 0 and
 // >= k, out_stride >= n, x and w 16-byte aligned, scale_inv and out non-null,
-// n and k below 2^31, slices 0, 1, 2, 4, 8 or 16.
+// n and k below 2^31, slices 0, 1, 2, 4, 8 or 16; with stream also m <= 2,
+// slices <= 8 and not pipelined.
 const char* skinny_fp8_gemm_refusal(const SkinnyFp8GemmArgs& a);
 // cudaSuccess when skinny_fp8_gemm_refusal(a) is nullptr, cudaErrorInvalidValue otherwise.
 cudaError_t skinny_fp8_gemm_check(const SkinnyFp8GemmArgs& a);

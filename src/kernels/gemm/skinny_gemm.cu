@@ -13,6 +13,7 @@
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/fp8_common.cuh"
+#include "kernels/gemm/skinny_epilogue.cuh"
 #include "kernels/gemm/skinny_gemm.cuh"
 
 namespace nucleus::kernels {
@@ -122,34 +123,9 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(const Params p) {
 
   pdl::wait_for_inputs();  // before any output access (a lane with no K steps has not waited)
 
-  // Lanes' sums: butterfly, then lane j keeps sum j (row j / M, x row j % M).
-  float mine = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kRW; ++r)
-#pragma unroll
-    for (int mi = 0; mi < M; ++mi) {
-      float v = acc[r][mi];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == r * M + mi) mine = v;
-    }
-
-  if (S == 1) {
-    const int row = row0 + lane / M, mi = lane % M;
-    if (lane < kOuts && row < p.n && mi < p.m) store(p, row, mi, mine);
-    return;
-  }
-  if (lane < kOuts) red[warp][lane] = mine;
-  __syncthreads();
-  // Slices of a group are added in slice order.
-  const int t = threadIdx.x;
-  if (t < groups_per_cta * kOuts) {
-    const int g = t / kOuts, j = t % kOuts;
-    float v = 0.0f;
-    for (int s = 0; s < S; ++s) v += red[g * S + s][j];
-    const int row = (blockIdx.x * groups_per_cta + g) * kRW + j / M, mi = j % M;
-    if (row < p.n && mi < p.m) store(p, row, mi, v);
-  }
+  const float mine = skinny_epilogue::warp_sums(acc, lane);
+  skinny_epilogue::store_sums<kRW, M, kSkinnyWarps>(mine, S, p.n, p.m, blockIdx.x * groups_per_cta * kRW, red,
+                                                    [&](int row, int mi, float v) { store(p, row, mi, v); });
 }
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -68,6 +68,7 @@ Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kFuseKvANorm));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMtpDeviceHidden));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombineNorm));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kPackedUpload));
   return prezero_env_status();
 }
 
