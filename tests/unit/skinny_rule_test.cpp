@@ -35,10 +35,9 @@ TEST(SkinnyRule, DefaultIsTheMeasuredRule) {
 
 // The FP8 skinny GEMM choice under the default switch, by weight bytes as
 // measured on the H200 (ops/skinny.h): every m <= 16 up to 16 MB (q_a, kv_a,
-// shared down, TP 8 shards), m <= 8 up to 48 MB (q_b, shared gate_up), m <= 2
-// above (o_proj, dense MLP) at m = 1 in the stream scheme, which auto runs at
-// m = 1 on every shape of 2 MiB and more the skinny kernel takes and never at
-// m = 2;
+// shared down, TP 8 shards), m <= 8 up to 48 MB (q_b, shared gate_up), m = 1
+// above (o_proj, dense MLP), in the stream scheme, which auto runs at m = 1 on
+// every shape of 2 MiB and more the skinny kernel takes and never at m = 2;
 // none whose k is not whole 128-wide scale blocks
 // (the kernel refuses them: tiny-dsv3-fp8's shared down_proj, k = 192), never
 // more than 16 rows.
@@ -58,7 +57,7 @@ TEST(SkinnyRule, Fp8DefaultByWeightBytes) {
   }
   for (auto [n, k] : {std::pair<int64_t, int64_t>{1536, 7168}, {24576, 1536}, {4096, 7168}})
     EXPECT_TRUE(skinny_fp8_stream(1, n, k) && !skinny_fp8_stream(2, n, k)) << n << " x " << k;
-  EXPECT_FALSE(skinny_fp8_stream(1, 256, 192)) << "a shape the skinny kernel does not take";
+  EXPECT_FALSE(skinny_fp8_stream(1, 7168, 1000)) << "7.2 MB, but k is not whole 128-wide blocks: not taken";
   EXPECT_FALSE(skinny_fp8_stream(1, 7168, 256)) << "1.8 MB (V3 TP 8 shared down_proj): below 2 MiB";
   EXPECT_TRUE(skinny_fp8_stream(1, 1536, 1536)) << "2.4 MB (Kimi-K2 TP 8 q_b)";
   for (auto [n, k] : {std::pair<int64_t, int64_t>{256, 192}, {300, 200}, {1536, 64}, {128, 0}, {0, 1024}})

@@ -76,7 +76,8 @@ struct SkinnyFp8GemmArgs {
   // row, 4 steps in flight a lane (256 bytes); f32 FMAs on the weights
   // converted exactly in registers (W8A16, as the default scheme); its own
   // slice rule (skinny_fp8_stream_slices; slices 1, 2, 4 or 8). m <= 2; not
-  // with pipelined. Measured (docs/perf.md "FP8 decode GEMMs: the bf16 skinny
+  // with pipelined. The e4m3 NaN codes (0x7f, 0xff) read as +-480 times the
+  // scale here, not as NaN as in the default scheme. Measured (docs/perf.md "FP8 decode GEMMs: the bf16 skinny
   // kernel's load scheme"): 68-75% of the roofline on V3's 117-264 MB weights
   // at m = 1, where the default scheme and cuBLASLt reach 60-66%; slower at m = 2.
   bool stream = false;
