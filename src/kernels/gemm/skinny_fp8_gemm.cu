@@ -27,6 +27,7 @@
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/skinny_epilogue.cuh"
 #include "kernels/gemm/skinny_fp8_gemm.cuh"
+#include "kernels/gemm/skinny_gemm.cuh"
 
 namespace nucleus::kernels {
 
@@ -364,16 +365,10 @@ cudaError_t launch_stream(const SkinnyFp8GemmArgs& a, cudaStream_t stream) {
 }  // namespace
 
 int skinny_fp8_stream_slices(int64_t n, int64_t k, int num_sms) {
-  const int64_t groups = ceil_div64(n, kStreamRows);
-  const int64_t chunks = k / 16;
-  const int64_t target = int64_t{35} * num_sms / 3;  // ~11.7 warps per SM: 1540 on 132 SMs
-  int best = 1;
-  int64_t best_gap = INT64_MAX;
-  for (int s = 1; s <= kStreamWarps && (s == 1 || chunks / s >= 32); s *= 2) {
-    const int64_t gap = groups * s > target ? groups * s - target : target - groups * s;
-    if (gap <= best_gap) best = s, best_gap = gap;  // ties to the larger count
-  }
-  return best;
+  // The bf16 kernel's rule over the same 4-row groups and 8-warp CTAs: its
+  // 8-element chunks of a k / 2 row are this scheme's 16-element chunks of k.
+  static_assert(kStreamRows == kSkinnyRowsPerWarp && kStreamWarps == kSkinnyWarps, "the bf16 kernel's work split");
+  return skinny_default_slices(1, n, k / 2, num_sms);
 }
 
 const char* skinny_fp8_gemm_refusal(const SkinnyFp8GemmArgs& a) {

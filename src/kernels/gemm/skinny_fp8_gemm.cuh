@@ -84,9 +84,9 @@ struct SkinnyFp8GemmArgs {
 };
 
 constexpr int64_t kSkinnyFp8StreamMaxRows = 2;
-// The stream scheme's slice count for slices = 0: as skinny_default_slices
-// (the bf16 kernel's rule: ~11.7 warps an SM, each slice >= 32 chunks) over
-// its 4-row groups and 16-byte (16 k) chunks.
+// The stream scheme's slice count for slices = 0: skinny_default_slices (the
+// bf16 kernel's rule: ~11.7 warps an SM, each slice >= 32 chunks) over its
+// 4-row groups and 16-byte (16 k) chunks, i.e. skinny_default_slices(1, n, k / 2).
 int skinny_fp8_stream_slices(int64_t n, int64_t k, int num_sms);
 
 // Whether the pipelined kernel pays at n x k (slices 0: the default count)
