@@ -10,7 +10,9 @@
 // NUCLEUS_MOE_FP8_REGISTER_DEQUANT=0 (row "cuda_grouped fp8 via smem") at
 // T <= 512, and every model with NUCLEUS_MOE_UP_SPLIT_K=0 (row "cuda_grouped
 // up split-K off") and with NUCLEUS_MOE_DEEP_RING=0 (row "cuda_grouped deep
-// ring off", the 4-stage ring everywhere) at T <= 16. --max-t: steps of at most T tokens. --decode: only
+// ring off", the 4-stage ring everywhere) at T <= 16; FP8 models at T = 1
+// also with NUCLEUS_MOE_UP_STREAM=0 (row "cuda_grouped up stream off": UP on
+// the 16-row MMA tiles). --max-t: steps of at most T tokens. --decode: only
 // T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
@@ -221,6 +223,8 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
     // The UP GEMM without split-K (the rule splits decode steps of few pairs).
     if (T <= 16) report_with("NUCLEUS_MOE_UP_SPLIT_K", "0", "cuda_grouped up split-K off");
     if (T <= 16) report_with("NUCLEUS_MOE_DEEP_RING", "0", "cuda_grouped deep ring off");
+    // One-token FP8 steps: the UP GEMM as 16-row MMA tiles instead of the FP8 stream scheme.
+    if (m.fp8 && T == 1) report_with("NUCLEUS_MOE_UP_STREAM", "0", "cuda_grouped up stream off");
     if (decode_ok.ok() && T <= 16) {
       report("cuda_decode", time_us([&] { decode.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
       NUCLEUS_CHECK_OK(ctx.error);

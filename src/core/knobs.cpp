@@ -152,6 +152,13 @@ constexpr KnobInfo kKnobs[] = {
      "combine kernel runs the norm, one launch a layer fewer (auto and 1: so; 0: the norm as its own op, the "
      "graph before); the same bits; read when a graph is built; a malformed value is refused at start-up",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kMoeUpStream), "NUCLEUS_MOE_UP_STREAM", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "one-token MoE steps with FP8 gate_up weights (128-wide K blocks) run the UP GEMM in the FP8 stream scheme "
+     "of the skinny GEMMs (4 weight rows a warp, 512 contiguous bytes a load instruction, f32 FMAs) instead of "
+     "16-row MMA tiles (auto: by the rule kernels::moe_grouped_up_stream; 1: wherever it applies; 0: never, the "
+     "path before); the same h up to f32 summation order; a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kPackedUpload), "NUCLEUS_PACKED_UPLOAD", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "a step on the decode-graph route uploads its metadata packed by its own lengths in one host-to-device copy "

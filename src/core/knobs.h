@@ -57,6 +57,7 @@ enum class Knob {
   kMoeCombinePrefetch,
   kMoeFuseShared,
   kMoeCombineNorm,
+  kMoeUpStream,
   kPackedUpload,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,

@@ -27,6 +27,17 @@ int64_t parse_switch() {
   return v;
 }
 
+// An auto / 0 / 1 knob as -1 / 0 / 1 (a malformed value reads as auto until
+// moe_up_splits_env_status refuses it).
+int tri_switch(Knob knob) {
+  switch (env_auto_switch(knob).value_or(AutoSwitch::kAuto)) {
+    case AutoSwitch::kOff: return 0;
+    case AutoSwitch::kOn: return 1;
+    case AutoSwitch::kAuto: break;
+  }
+  return -1;
+}
+
 }  // namespace
 
 int64_t moe_decode_max_tokens() { return std::max<int64_t>(parse_switch(), 0); }
@@ -57,17 +68,13 @@ Status moe_up_splits_env_status() {
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeAlignFree));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombinePrefetch));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeRouteRegs));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeUpStream));
   return ok_status();
 }
 
-int moe_deep_ring_switch() {
-  switch (env_auto_switch(Knob::kMoeDeepRing).value_or(AutoSwitch::kAuto)) {
-    case AutoSwitch::kOff: return 0;
-    case AutoSwitch::kOn: return 1;
-    case AutoSwitch::kAuto: break;
-  }
-  return -1;
-}
+int moe_deep_ring_switch() { return tri_switch(Knob::kMoeDeepRing); }
+
+int moe_up_stream_switch() { return tri_switch(Knob::kMoeUpStream); }
 
 bool moe_align_free_switch() {
   return env_auto_switch(Knob::kMoeAlignFree).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;

@@ -42,14 +42,20 @@ Status moe_decode_env_status();
 int moe_up_splits_switch();
 
 // OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K,
-// NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE, NUCLEUS_MOE_COMBINE_PREFETCH
-// or NUCLEUS_MOE_ROUTE_REGS (checked when a model is built).
+// NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE, NUCLEUS_MOE_COMBINE_PREFETCH,
+// NUCLEUS_MOE_ROUTE_REGS or NUCLEUS_MOE_UP_STREAM (checked when a model is
+// built).
 Status moe_up_splits_env_status();
 
 // NUCLEUS_MOE_DEEP_RING as kernels::MoeGroupedOptions::deep_ring, read at each
 // use: -1 auto (the rule kernels::moe_grouped_deep_ring; default, and a
 // malformed value until moe_up_splits_env_status refuses it), 0 off, 1 on.
 int moe_deep_ring_switch();
+
+// NUCLEUS_MOE_UP_STREAM as kernels::MoeGroupedOptions::up_stream, read at each
+// use: -1 auto (the rule kernels::moe_grouped_up_stream; default, and a
+// malformed value until moe_up_splits_env_status refuses it), 0 off, 1 on.
+int moe_up_stream_switch();
 
 // NUCLEUS_MOE_ALIGN_FREE as kernels::MoeGroupedOptions::align_free, read at
 // each use: true for auto (default; and a malformed value until

@@ -47,7 +47,8 @@ struct State {
 
 kernels::MoeGroupedShape shape_of(const MoeExpertsOp& op) {
   const LinearWeight& gu = *op.experts().front().gate_up;
-  return {gu.in_features, op.inter(), static_cast<int64_t>(op.experts().size()), op.top_k()};
+  return {gu.in_features, op.inter(), static_cast<int64_t>(op.experts().size()), op.top_k(),
+          gu.fp8() ? gu.block_k : 0};
 }
 
 // Tokens per pass for steps of at most `max_tokens` rows: all of them, at
@@ -135,6 +136,7 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
   opt.deep_ring = moe_deep_ring_switch();
   opt.align_free = moe_align_free_switch();
   opt.combine_prefetch = moe_combine_prefetch_switch();
+  opt.up_stream = moe_up_stream_switch();
   opt.pdl = skinny_pdl();
   // The add + norm after the op (MoeExpertsOp::fuse_add_rmsnorm) in each
   // chunk's combine; the prezero fill in the first chunk's.

@@ -83,7 +83,9 @@ SkinnySwitch skinny_fp8_switch();
 // (1.05-1.3x) and loses at 16 (0.66x); above (V3 o_proj, 117 MB) the W8A16
 // kernel loses at every m (0.57-0.78x: cuBLASLt streams large weights at
 // 60-65%); the stream scheme beats both at m = 1 (68-75%, docs/perf.md "FP8
-// decode GEMMs: the bf16 skinny kernel's load scheme") and loses at m = 2, so
+// decode GEMMs: the bf16 skinny kernel's load scheme"; 75-86% since its
+// two-byte conversion, "FP8 stream GEMMs: e4m3 converted two bytes at a
+// time") and loses at m = 2, so
 // m <= 1 there (skinny_fp8_stream), or 0 with NUCLEUS_SKINNY_FP8_STREAM=0. Shapes between the measured ones
 // follow their byte class.
 constexpr int64_t kSkinnyFp8MaxRows = 16;  // kernels::kSkinnyFp8MaxRows (the kernel header is CUDA-only)

@@ -17,6 +17,7 @@
 //    ragged T, a token choosing one expert twice, ids out of range, every K
 //    slice count, PDL on and off bit-identical, runs and graph replays
 //    bit-identical; the fall-back to cuda_grouped above 16 tokens; refusals.
+#include <cuda.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include "core/parallel.h"
 #include "gpu_test_util.h"
 #include "graph/step_resources.h"
+#include "kernels/gemm/skinny_gemm.cuh"
 #include "kernels/moe/moe_decode.cuh"
 #include "kernels/moe/moe_grouped.cuh"
 #include "kernels/moe/moe_naive.cuh"
@@ -699,6 +701,26 @@ TEST_F(MoeGpu, ExpertsDeepRing) {
   }
 }
 
+// Runs `launch` (returns a cudaError_t) on `stream` eagerly, or captured
+// into a CUDA graph that is replayed three times; then waits for the stream.
+template <typename Launch>
+void run_eager_or_graph(cudaStream_t stream, bool graph, Launch launch) {
+  if (!graph) {
+    EXPECT_EQ(launch(), cudaSuccess);
+  } else {
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    EXPECT_EQ(launch(), cudaSuccess);
+    EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+    EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+    for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(g);
+  }
+  NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 // Align-free one-token steps (NUCLEUS_MOE_ALIGN_FREE, MoeGroupedOptions::
 // align_free, the default): pair k is m-tile k of expert topk_ids[k] and the
 // align launch is skipped. The same tiles are computed in another order and
@@ -728,20 +750,7 @@ TEST_F(MoeGpu, ExpertsAlignFreeOneTokenEqualsAligned) {
                                   st.out.data<__nv_bfloat16>(), stream, opt);
       };
       NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
-      if (!graph) {
-        EXPECT_EQ(launch(), cudaSuccess);
-      } else {
-        cudaGraph_t g;
-        cudaGraphExec_t exec;
-        EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        EXPECT_EQ(launch(), cudaSuccess);
-        EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
-        EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
-        for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        cudaGraphExecDestroy(exec);
-        cudaGraphDestroy(g);
-      }
-      NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+      run_eager_or_graph(stream, graph, launch);
       return from_bf16(host_copy<uint16_t>(st.out));
     };
     const auto aligned = run(false, false, false);
@@ -765,6 +774,150 @@ TEST_F(MoeGpu, ExpertsAlignFreeOneTokenEqualsAligned) {
         << s.name << ": with ids out of range, align-free differs from aligned";
     EXPECT_NE(0, std::memcmp(skipped.data(), aligned.data(), skipped.size() * 4))
         << s.name << ": skipping two pairs changed nothing (the test would not see a wrong skip)";
+  }
+}
+
+// The names of the kernels `launch` enqueues: captured into a CUDA graph
+// (not run), each kernel node's function named by the driver
+// (cuFuncGetName / cuKernelGetName, mangled; through the runtime's driver
+// entry points: the kernels live in nucleus_lib's own runtime registration,
+// so cudaGraphKernelNodeGetParams cannot map them back to host stubs here).
+template <typename Launch>
+std::vector<std::string> captured_kernel_names(cudaStream_t stream, Launch launch) {
+  using GetParams = CUresult (*)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*);
+  using FuncName = CUresult (*)(const char**, CUfunction);
+  using KernelName = CUresult (*)(const char**, CUkernel);
+  auto entry = [](const char* name, int version) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    EXPECT_EQ(cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q), cudaSuccess) << name;
+    EXPECT_EQ(q, cudaDriverEntryPointSuccess) << name;
+    return p;
+  };
+  const auto get_params = reinterpret_cast<GetParams>(entry("cuGraphKernelNodeGetParams", 12000));
+  const auto func_name = reinterpret_cast<FuncName>(entry("cuFuncGetName", 12030));
+  const auto kernel_name = reinterpret_cast<KernelName>(entry("cuKernelGetName", 12030));
+  std::vector<std::string> names;
+  if (!get_params || !func_name || !kernel_name) return names;
+  cudaGraph_t g;
+  EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(launch(), cudaSuccess);
+  EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+  size_t count = 0;
+  EXPECT_EQ(cudaGraphGetNodes(g, nullptr, &count), cudaSuccess);
+  std::vector<cudaGraphNode_t> nodes(count);
+  EXPECT_EQ(cudaGraphGetNodes(g, nodes.data(), &count), cudaSuccess);
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type;
+    EXPECT_EQ(cudaGraphNodeGetType(node, &type), cudaSuccess);
+    if (type != cudaGraphNodeTypeKernel) continue;
+    CUDA_KERNEL_NODE_PARAMS params{};
+    EXPECT_EQ(get_params(reinterpret_cast<CUgraphNode>(node), &params), CUDA_SUCCESS);
+    const char* name = nullptr;
+    if (params.func != nullptr)
+      EXPECT_EQ(func_name(&name, params.func), CUDA_SUCCESS);
+    else
+      EXPECT_EQ(kernel_name(&name, params.kern), CUDA_SUCCESS);
+    names.push_back(name ? name : "?");
+  }
+  cudaGraphDestroy(g);
+  EXPECT_FALSE(names.empty()) << "no kernel node captured";
+  return names;
+}
+
+bool any_contains(const std::vector<std::string>& names, const std::string& part) {
+  return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return n.find(part) != std::string::npos; });
+}
+
+// The UP GEMM of one-token FP8 steps in the FP8 stream scheme
+// (NUCLEUS_MOE_UP_STREAM, MoeGroupedOptions::up_stream): the rule's choices
+// by hand; the kernels a step launches (captured: moe_up_stream_kernel and no
+// MMA UP with the switch on, the reverse off); on and off both close to the
+// reference on V3 / Kimi-K2's TP 1 shape, V3's TP 8 shard, FP8 gate_up with a
+// bf16 down, and a tiny shape (K of 16 chunks: lanes without a chunk; 384
+// gate_up rows: the up rows' first scale row is mid-block); PDL in a graph
+// replayed three times equals eager, bit-identical repeats; ids out of range
+// contribute nothing.
+TEST_F(MoeGpu, ExpertsUpStreamOneToken) {
+  const MoeGroupedShape v3{7168, 2048, 256, 8, 128};
+  auto opts = [](int up_stream, bool align_free) {
+    MoeGroupedOptions o;
+    o.up_stream = up_stream;
+    o.align_free = align_free;
+    return o;
+  };
+  EXPECT_TRUE(moe_grouped_up_stream(1, v3, 16, true, opts(-1, true)));
+  EXPECT_TRUE(moe_grouped_up_stream(1, v3, 16, true, opts(1, true)));
+  EXPECT_FALSE(moe_grouped_up_stream(1, v3, 16, true, opts(0, true)));       // switched off
+  EXPECT_FALSE(moe_grouped_up_stream(1, v3, 16, true, opts(1, false)));      // aligned steps
+  EXPECT_FALSE(moe_grouped_up_stream(2, v3, 16, true, opts(1, true)));       // two tokens
+  EXPECT_FALSE(moe_grouped_up_stream(1, v3, 32, true, opts(1, true)));       // 32-row tiles
+  EXPECT_FALSE(moe_grouped_up_stream(1, v3, 16, false, opts(1, true)));      // bf16 gate_up
+  EXPECT_FALSE(moe_grouped_up_stream(1, {7168, 2048, 256, 8}, 16, true, opts(1, true)));      // blocks not given
+  EXPECT_FALSE(moe_grouped_up_stream(1, {7168, 2048, 256, 8, 64}, 16, true, opts(1, true)));  // 64-wide blocks
+  EXPECT_EQ(moe_grouped::up_stream_slices(9, 2048, 7168, 132), skinny_default_slices(1, 9 * 4096, 3584, 132));
+
+  for (const MoeShape& s : {MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 8},
+                            MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12},
+                            MoeShape{"fp8-up-bf16-down", 2048, 1408, 16, 6, true, false, 8},
+                            MoeShape{"tiny-fp8", 256, 192, 8, 2, true, true, 8}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k, 128};
+    const int64_t T = 1;
+    const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+    Step st = make_step(s, T, false, 1700);
+    cudaStream_t stream = cuda::context().stream;
+    auto launcher = [&](int up_stream, bool pdl) {
+      MoeGroupedOptions opt;
+      opt.up_stream = up_stream;
+      opt.pdl = pdl;
+      return [&, opt] {
+        return launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(), gs,
+                                  d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, workspace.ws,
+                                  st.out.data<__nv_bfloat16>(), stream, opt);
+      };
+    };
+    auto run = [&](int up_stream, bool pdl, bool graph) {
+      auto launch = launcher(up_stream, pdl);
+      NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
+      run_eager_or_graph(stream, graph, launch);
+      return from_bf16(host_copy<uint16_t>(st.out));
+    };
+    for (int up_stream : {0, 1}) {
+      const std::vector<std::string> names = captured_kernel_names(stream, launcher(up_stream, true));
+      EXPECT_EQ(any_contains(names, "moe_up_stream_kernel"), up_stream == 1) << s.name << " up_stream " << up_stream;
+      // The MMA UP: grouped_gemm_kernel<16, 128, ..., kUp = true, ...> (its 7th template argument).
+      const bool mma_up = std::any_of(names.begin(), names.end(), [](const std::string& n) {
+        return n.find("grouped_gemm_kernel") != std::string::npos && n.find("ILi16ELi128E") != std::string::npos;
+      });
+      EXPECT_EQ(mma_up, up_stream == 0) << s.name << " up_stream " << up_stream;
+    }
+    const auto rows = sample_rows(T, T);
+    const auto want = reference_rows(set, st.x_host, st.routing, rows);
+    const auto off = run(0, false, false);
+    const auto on = run(1, false, false);
+    expect_close(off, want, rows, s.hidden, std::string(s.name) + " up stream off");
+    expect_close(on, want, rows, s.hidden, std::string(s.name) + " up stream on");
+    int64_t differ = 0;
+    for (size_t i = 0; i < on.size(); ++i) differ += on[i] != off[i];
+    std::printf("%s: %lld of %zu outputs differ between up stream on and off\n", s.name,
+                static_cast<long long>(differ), on.size());
+    for (bool pdl : {false, true}) {
+      const auto again = run(1, pdl, pdl);
+      EXPECT_EQ(0, std::memcmp(again.data(), on.data(), on.size() * 4))
+          << s.name << (pdl ? " pdl, graph" : " eager") << ": a repeat of the stream path differs";
+    }
+    // Two ids out of range (one negative, one past the experts): their pairs contribute nothing.
+    Routing ref_routing = st.routing;
+    std::vector<int32_t> ids = st.routing.ids;
+    ids[0] = -1;
+    ids[1] = static_cast<int32_t>(s.num_experts + 3);
+    ref_routing.ids[0] = ref_routing.ids[1] = 0;
+    ref_routing.weights[0] = ref_routing.weights[1] = 0.0f;
+    NUCLEUS_CUDA_CHECK(cudaMemcpy(st.ids.raw(), ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+    expect_close(run(1, true, false), reference_rows(set, st.x_host, ref_routing, rows), rows, s.hidden,
+                 std::string(s.name) + " up stream, ids out of range");
   }
 }
 
@@ -954,20 +1107,7 @@ TEST_F(MoeGpu, ExpertsPdlEqualsPlainLaunches) {
       };
       auto run = [&](bool pdl, bool graph) {
         NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
-        if (!graph) {
-          EXPECT_EQ(launch(pdl), cudaSuccess);
-        } else {
-          cudaGraph_t g;
-          cudaGraphExec_t exec;
-          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-          EXPECT_EQ(launch(pdl), cudaSuccess);
-          EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
-          EXPECT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
-          for (int rep = 0; rep < 3; ++rep) EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-          cudaGraphExecDestroy(exec);
-          cudaGraphDestroy(g);
-        }
-        NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+        run_eager_or_graph(stream, graph, [&] { return launch(pdl); });
         return from_bf16(host_copy<uint16_t>(st.out));
       };
       const auto plain = run(false, false);

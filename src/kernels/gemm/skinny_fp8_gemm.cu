@@ -27,6 +27,7 @@
 #include "kernels/gemm/fp8_common.cuh"
 #include "kernels/gemm/skinny_epilogue.cuh"
 #include "kernels/gemm/skinny_fp8_gemm.cuh"
+#include "kernels/gemm/skinny_fp8_stream.cuh"
 #include "kernels/gemm/skinny_gemm.cuh"
 
 namespace nucleus::kernels {
@@ -214,18 +215,11 @@ cudaError_t launch_mt(const Params& p, bool pdl_on, bool pipelined, cudaStream_t
 // ---- stream (SkinnyFp8GemmArgs::stream): the bf16 skinny kernel's scheme ----
 // A CTA is 8 warps = (8 / S) row groups x S K slices; warp w owns weight rows
 // [row0, row0 + 4) and the 16-byte chunks (16 k) [s * cps, (s + 1) * cps) of
-// slice s = w % S, cps a multiple of 32; lane l takes chunks begin + l,
-// begin + l + 32, ...: each load instruction of the warp reads 512 contiguous
-// bytes of a row; U = 4 steps of 4 rows in flight a lane (256 bytes). The
-// products are f32 FMAs: an e4m3 byte s.eeee.mmm becomes the f32 with bits
-// s.0000eeee.mmm0...0, its value times 2^-120 exactly (normals and
-// subnormals alike, an f32 subnormal for the latter), and x is multiplied by
-// 2^60 (exact), so the products and sums stay normal; each chunk's 16
-// products are summed, scaled by the chunk's weight_scale_inv and added; the
-// result is multiplied by 2^60 (exact) at the end.
-constexpr int kStreamRows = 4;
-constexpr int kStreamWarps = 8;
-constexpr int kStreamSteps = 4;
+// slice s = w % S, cps a multiple of 32. The loop and its arithmetic:
+// skinny_fp8_stream.cuh.
+constexpr int kStreamRows = fp8_stream::kRows;
+constexpr int kStreamWarps = fp8_stream::kWarps;
+constexpr int kStreamSteps = fp8_stream::kSteps;
 
 struct StreamParams {
   const __nv_bfloat16* x;
@@ -241,12 +235,6 @@ struct StreamParams {
   bool accumulate;
   bool out_f32;
 };
-
-// Word w's byte j (an e4m3) as the f32 of its value times 2^-120.
-__device__ __forceinline__ float e4m3_times_2m120(uint32_t w, int j) {
-  const uint32_t b = w >> (8 * j);
-  return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20));
-}
 
 template <int M, int U>
 __global__ void __launch_bounds__(kStreamWarps * 32, 2) skinny_fp8_stream_kernel(const StreamParams p) {
@@ -265,7 +253,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) skinny_fp8_stream_kernel
 #pragma unroll
   for (int r = 0; r < kStreamRows; ++r) wrow[r] = p.w + static_cast<int64_t>(min(row0 + r, p.n - 1)) * p.k;
   // The warp's 4 rows share one scale row (4 divides 128).
-  const float* srow = p.scale_inv + static_cast<int64_t>(min(row0, p.n - 1) / kSkinnyFp8Block) * p.kb_count;
+  const float* srow[1] = {p.scale_inv + static_cast<int64_t>(min(row0, p.n - 1) / kSkinnyFp8Block) * p.kb_count};
   const __nv_bfloat16* xrow[M];
 #pragma unroll
   for (int mi = 0; mi < M; ++mi) xrow[mi] = p.x + static_cast<int64_t>(min(mi, p.m - 1)) * p.x_stride;
@@ -275,71 +263,17 @@ __global__ void __launch_bounds__(kStreamWarps * 32, 2) skinny_fp8_stream_kernel
   for (int r = 0; r < kStreamRows; ++r)
 #pragma unroll
     for (int mi = 0; mi < M; ++mi) acc[r][mi] = 0.0f;
-
-  bool waited = false;
-  for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * U) {
-    // Every weight and scale load of the U steps first, then the math.
-    uint4 wv[U][kStreamRows];
-    float sc[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + 32 * u;
-#pragma unroll
-      for (int r = 0; r < kStreamRows; ++r)
-        wv[u][r] = c < c_end ? ld_stream_v4(wrow[r] + static_cast<int64_t>(c) * 16) : make_uint4(0, 0, 0, 0);
-      sc[u] = c < c_end ? __ldg(srow + (c >> 3)) : 0.0f;
-    }
-    if (!waited) {  // the weights do not depend on the previous kernel; x does
-      pdl::wait_for_inputs();
-      waited = true;
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + 32 * u;
-      if (c >= c_end) break;
-      float xf[M][16];
-#pragma unroll
-      for (int mi = 0; mi < M; ++mi) {
-        const uint4 x0 = __ldg(reinterpret_cast<const uint4*>(xrow[mi] + c * 16));
-        const uint4 x1 = __ldg(reinterpret_cast<const uint4*>(xrow[mi] + c * 16 + 8));
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const uint32_t a = word_of(x0, i), b = word_of(x1, i);
-          constexpr float k2p60 = 1152921504606846976.0f;  // 2^60
-          xf[mi][2 * i] = __uint_as_float(a << 16) * k2p60;
-          xf[mi][2 * i + 1] = __uint_as_float(a & 0xffff0000u) * k2p60;
-          xf[mi][8 + 2 * i] = __uint_as_float(b << 16) * k2p60;
-          xf[mi][8 + 2 * i + 1] = __uint_as_float(b & 0xffff0000u) * k2p60;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kStreamRows; ++r) {
-        float wf[16];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wf[4 * i + j] = e4m3_times_2m120(word_of(wv[u][r], i), j);
-#pragma unroll
-        for (int mi = 0; mi < M; ++mi) {
-          float part = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 16; ++e) part = fmaf(wf[e], xf[mi][e], part);
-          acc[r][mi] = fmaf(part, sc[u], acc[r][mi]);
-        }
-      }
-    }
-  }
+  fp8_stream::accumulate_rows<M, U, 1>(wrow, srow, xrow, c_begin, c_end, lane, false, acc);
 
   pdl::wait_for_inputs();  // before any output access (a lane with no chunks has not waited)
 
   const float mine = skinny_epilogue::warp_sums(acc, lane);
-  constexpr float k2p60 = 1152921504606846976.0f;  // undo 2^-120 * 2^60
   auto put = [&](int row, int mi, float v) {
     const int64_t at = static_cast<int64_t>(mi) * p.out_stride + row;
     if (p.out_f32)
-      store_out(static_cast<float*>(p.out) + at, v * k2p60, p.accumulate);
+      store_out(static_cast<float*>(p.out) + at, v * fp8_stream::kUnscale, p.accumulate);
     else
-      store_out(static_cast<__nv_bfloat16*>(p.out) + at, v * k2p60, p.accumulate);
+      store_out(static_cast<__nv_bfloat16*>(p.out) + at, v * fp8_stream::kUnscale, p.accumulate);
   };
   skinny_epilogue::store_sums<kStreamRows, M, kStreamWarps>(mine, S, p.n, p.m,
                                                             blockIdx.x * groups_per_cta * kStreamRows, red, put);

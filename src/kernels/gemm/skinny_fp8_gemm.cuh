@@ -79,7 +79,9 @@ struct SkinnyFp8GemmArgs {
   // with pipelined. The e4m3 NaN codes (0x7f, 0xff) read as +-480 times the
   // scale here, not as NaN as in the default scheme. Measured (docs/perf.md "FP8 decode GEMMs: the bf16 skinny
   // kernel's load scheme"): 68-75% of the roofline on V3's 117-264 MB weights
-  // at m = 1, where the default scheme and cuBLASLt reach 60-66%; slower at m = 2.
+  // at m = 1, where the default scheme and cuBLASLt reach 60-66%, and 75-86%
+  // with the two-byte conversion ("FP8 stream GEMMs: e4m3 converted two bytes
+  // at a time"); slower at m = 2.
   bool stream = false;
 };
 

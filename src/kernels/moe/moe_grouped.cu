@@ -391,6 +391,12 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
   return splits;
 }
 
+bool moe_grouped_up_stream(int64_t num_tokens, const MoeGroupedShape& s, int bm, bool gate_up_fp8,
+                           const MoeGroupedOptions& opt) {
+  const bool applies = opt.align_free && num_tokens == 1 && bm == 16 && gate_up_fp8 && s.gate_up_block_k == 128;
+  return applies && opt.up_stream != 0;
+}
+
 cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const int32_t* topk_ids,
                                const float* topk_weights, const MoeGroupedShape& s, const ExpertView* experts,
                                bool gate_up_fp8, bool down_fp8, const MoeGroupedWorkspace& ws, __nv_bfloat16* out,
@@ -451,7 +457,15 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
     return opt.deep_ring > 0 || moe_grouped_deep_ring(ctas, k_tiles, current_device_sms());
   };
   up.deep_ring = !gate_up_fp8 && deep_ring(max_tiles * up.n_tiles * splits, s.hidden / 64 / splits);
-  err = launch_gemm<true>(bm, gate_up_fp8, opt.fp8_register_dequant, up, max_tiles * splits, stream);
+  const bool up_stream = moe_grouped_up_stream(num_tokens, s, bm, gate_up_fp8, opt);
+  if (up_stream) {
+    splits = 1;
+    up.k_splits = 1;
+    up.partial = nullptr;
+    err = moe_grouped::launch_up_stream(up, stream);
+  } else {
+    err = launch_gemm<true>(bm, gate_up_fp8, opt.fp8_register_dequant, up, max_tiles * splits, stream);
+  }
   if (err != cudaSuccess) return err;
   if (splits > 1) {
     const int64_t threads = pairs * (s.inter / 2);

@@ -41,6 +41,8 @@ struct MoeGroupedShape {
   int64_t inter = 0;        // expert intermediate width (gate_up has 2 * inter rows)
   int64_t num_experts = 0;  // routed experts (<= 1024)
   int64_t top_k = 0;        // experts per token
+  int64_t gate_up_block_k = 0;  // FP8 gate_up: its scale blocks' width along K (every expert's); 0 for bf16
+                                // or not given (the one-token UP stream needs 128: MoeGroupedOptions::up_stream)
 };
 
 // Device scratch for up to `max_pairs` (token, k) pairs (num_tokens * top_k).
@@ -81,6 +83,10 @@ struct MoeGroupedOptions {
                                      // m-tile k of expert topk_ids[k], one row (NUCLEUS_MOE_ALIGN_FREE)
   bool combine_prefetch = true;      // the combine loads 8 pairs' positions and weights, then their rows,
                                      // then sums in k order; the same bits (NUCLEUS_MOE_COMBINE_PREFETCH)
+  int up_stream = -1;                // the UP GEMM of align-free one-token steps with FP8 gate_up (128-wide K
+                                     // blocks) in the FP8 stream scheme instead of the MMA tiles: -1 by the
+                                     // rule (moe_grouped_up_stream), 0 never, 1 wherever it applies
+                                     // (NUCLEUS_MOE_UP_STREAM)
 };
 
 // The residual add + RMSNorm that the combine runs on the rows it has just
@@ -159,6 +165,20 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
 int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, int num_sms,
                           bool bf16_weights = false);
 
+// Whether the UP GEMM of a one-token step runs in the FP8 stream scheme
+// (kernels/gemm/skinny_fp8_stream.cuh: each warp owns 4 weight rows, every
+// load instruction reads 512 contiguous bytes of one row, f32 FMAs on the
+// exactly converted e4m3 values; no m-tile of 16 rows of which 15 are
+// padding): where it applies, an align-free step (opt.align_free, one token,
+// 16-row tiles) with FP8 gate_up in 128-wide K blocks, and opt.up_stream is
+// 1, or -1 and the rule takes it. h = silu(gate) * up in bf16 as the MMA
+// path, up to f32 summation order. Rule: every step where it applies
+// (docs/perf.md "FP8 one-token MoE UP in the stream scheme
+// (`NUCLEUS_MOE_UP_STREAM`, session 17)": the 4-layer FP8 V3's UP at batch 1
+// 99.8 -> 77.1 us in the graph; V3 TP 8's routed experts 25.2 -> 24.2 us).
+bool moe_grouped_up_stream(int64_t num_tokens, const MoeGroupedShape& s, int bm, bool gate_up_fp8,
+                           const MoeGroupedOptions& opt);
+
 // The m-tile rows launch_moe_grouped picks for these sizes (16, 32, 64 or 128).
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
 
@@ -216,6 +236,22 @@ struct GemmArgs {
 // dequantized in registers, moe_grouped_gemm.cuh) for FP8 at BM 16 and 32.
 template <int BM, int BN, bool kFp8, bool kUp, bool kRegs>
 cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cudaStream_t stream);
+
+// The UP GEMM of an align-free one-token step in the FP8 stream scheme
+// (moe_up_stream.cu): for each pair p < args.num_pairs of expert
+// e = args.pair_experts[p] in [0, args.num_experts),
+//   h[p, j] = bf16(silu(g_j) * u_j),  g_j = x . gate_e[j],  u_j = x . up_e[j]
+// with x = args.a [args.k] bf16, gate_up FP8 e4m3 [2 * n, k] with
+// weight_scale_inv blocks 128 wide along K (block_n a multiple of 128), h =
+// args.c [num_pairs, n] bf16; pairs of an id out of range are not written.
+// Needs k % 128 == 0 and n % 64 == 0 (else cudaErrorInvalidValue). Stream-
+// async, capturable; a PDL dependent when args.pdl (it waits before it reads
+// the ids, then lets its dependent start).
+cudaError_t launch_up_stream(const GemmArgs& args, cudaStream_t stream);
+
+// Its K slices a row group (1, 2, 4 or 8): skinny_default_slices over the
+// step's pairs x 2 x inter rows of k e4m3 (the dense stream scheme's rule).
+int up_stream_slices(int64_t pairs, int64_t inter, int64_t k, int num_sms);
 
 }  // namespace moe_grouped
 }  // namespace nucleus::kernels
