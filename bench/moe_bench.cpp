@@ -220,7 +220,8 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
     };
     // FP8 weights dequantized through a bf16 shared-memory tile (the path before).
     if (m.fp8 && T <= 512) report_with("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", "0", "cuda_grouped fp8 via smem");
-    // The UP GEMM without split-K (the rule splits decode steps of few pairs).
+    // The UP GEMM without split-K (the rule splits decode steps of few pairs;
+    // FP8 models at T = 1 run UP in the stream scheme, unsplit, in both rows).
     if (T <= 16) report_with("NUCLEUS_MOE_UP_SPLIT_K", "0", "cuda_grouped up split-K off");
     if (T <= 16) report_with("NUCLEUS_MOE_DEEP_RING", "0", "cuda_grouped deep ring off");
     // One-token FP8 steps: the UP GEMM as 16-row MMA tiles instead of the FP8 stream scheme.

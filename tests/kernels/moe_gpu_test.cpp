@@ -837,7 +837,7 @@ bool any_contains(const std::vector<std::string>& names, const std::string& part
 // bf16 down, and a tiny shape (K of 16 chunks: lanes without a chunk; 384
 // gate_up rows: the up rows' first scale row is mid-block); PDL in a graph
 // replayed three times equals eager, bit-identical repeats; ids out of range
-// contribute nothing.
+// contribute nothing. The workspace's h and y are poisoned before every run.
 TEST_F(MoeGpu, ExpertsUpStreamOneToken) {
   const MoeGroupedShape v3{7168, 2048, 256, 8, 128};
   auto opts = [](int up_stream, bool align_free) {
@@ -855,7 +855,14 @@ TEST_F(MoeGpu, ExpertsUpStreamOneToken) {
   EXPECT_FALSE(moe_grouped_up_stream(1, v3, 16, false, opts(1, true)));      // bf16 gate_up
   EXPECT_FALSE(moe_grouped_up_stream(1, {7168, 2048, 256, 8}, 16, true, opts(1, true)));      // blocks not given
   EXPECT_FALSE(moe_grouped_up_stream(1, {7168, 2048, 256, 8, 64}, 16, true, opts(1, true)));  // 64-wide blocks
-  EXPECT_EQ(moe_grouped::up_stream_slices(9, 2048, 7168, 132), skinny_default_slices(1, 9 * 4096, 3584, 132));
+  // Slices by hand (skinny_default_slices over pairs x 2 x inter rows of k / 2
+  // bf16-sized chunks: the S in 1, 2, 4, 8 whose 4-row groups x S is nearest
+  // 1,540 warps on 132 SMs, each slice >= 32 chunks): V3 with the shared
+  // slot, 9216 groups -> 1; V3 TP 8, 1024 groups -> 2 (gap 508 against 516);
+  // the tiny shape, 16 chunks -> 1.
+  EXPECT_EQ(moe_grouped::up_stream_slices(9, 2048, 7168, 132), 1);
+  EXPECT_EQ(moe_grouped::up_stream_slices(8, 256, 7168, 132), 2);
+  EXPECT_EQ(moe_grouped::up_stream_slices(2, 192, 256, 132), 1);
 
   for (const MoeShape& s : {MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 8},
                             MoeShape{"v3-fp8-tp8", 7168, 256, 256, 8, true, true, 8, 12},
@@ -878,9 +885,13 @@ TEST_F(MoeGpu, ExpertsUpStreamOneToken) {
                                   st.out.data<__nv_bfloat16>(), stream, opt);
       };
     };
+    // h and y poisoned (bf16 NaN) before every run: a stream kernel that left
+    // h unwritten would otherwise read an earlier run's h and pass.
     auto run = [&](int up_stream, bool pdl, bool graph) {
       auto launch = launcher(up_stream, pdl);
       NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0x7f, st.out.nbytes(), stream));
+      NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.h, 0xff, T * s.top_k * s.inter * 2, stream));
+      NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.y, 0xff, T * s.top_k * s.hidden * 2, stream));
       run_eager_or_graph(stream, graph, launch);
       return from_bf16(host_copy<uint16_t>(st.out));
     };
@@ -895,8 +906,8 @@ TEST_F(MoeGpu, ExpertsUpStreamOneToken) {
     }
     const auto rows = sample_rows(T, T);
     const auto want = reference_rows(set, st.x_host, st.routing, rows);
-    const auto off = run(0, false, false);
     const auto on = run(1, false, false);
+    const auto off = run(0, false, false);
     expect_close(off, want, rows, s.hidden, std::string(s.name) + " up stream off");
     expect_close(on, want, rows, s.hidden, std::string(s.name) + " up stream on");
     int64_t differ = 0;

@@ -37,9 +37,11 @@ constexpr float kUnscale = k2p60;  // undoes 2^-120 (weights) * 2^60 (x)
 // The four e4m3 bytes of w = [b3 b2 b1 b0] as f32 of their values times
 // 2^-120, f[j] from byte j: each byte s.eeee.mmm becomes the f32 bits
 // s.0000eeee.mmm0...0. Built as two bf16x2 words first (bytes 0 and 2, then
-// 1 and 3: the bf16 bits s.0000eeee.mmm0000 of the same value, in 5 integer
-// ops for the four bytes), whose halves are f32 after one shift or mask
-// each: 9 integer ops for four values, against 11 byte by byte. The same
+// 1 and 3: the bf16 bits s.0000eeee.mmm0000 of the same value), whose halves
+// are f32 after one shift or mask each. Counting a shift and a three-input
+// logic op (LOP3: and, and, or) as one instruction each: 2 shifts + 1 LOP3,
+// 1 shift + 1 LOP3, then 4, i.e. 9 for four values, against 11 byte by byte
+// (3 a byte, 2 for the top one). The same
 // bits as the byte-by-byte form; measured 6-14% faster on every V3 and
 // Kimi-K2 shape at m = 1 (docs/perf.md "FP8 stream GEMMs: e4m3 converted two
 // bytes at a time").

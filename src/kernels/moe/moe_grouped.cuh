@@ -73,7 +73,8 @@ struct MoeGroupedOptions {
   bool fp8_register_dequant = true;  // FP8 weights of 16- and 32-row tiles converted in registers
                                      // (NUCLEUS_MOE_FP8_REGISTER_DEQUANT)
   int up_splits = 0;                 // UP split-K: 0 by the rule (moe_grouped_up_splits), 1 none,
-                                     // 2..kMoeUpMaxSplits forced (within the workspace) (NUCLEUS_MOE_UP_SPLIT_K)
+                                     // 2..kMoeUpMaxSplits forced (within the workspace) (NUCLEUS_MOE_UP_SPLIT_K);
+                                     // not where UP runs in the stream scheme (up_stream), which has no split
   bool pdl = false;                  // every launch a programmatic dependent of the one before (NUCLEUS_PDL):
                                      // DOWN streams its first weights while UP drains
   int deep_ring = -1;                // 16-row bf16 tiles with an 8-stage cp.async ring instead of 4, per GEMM:
@@ -154,7 +155,9 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
 // kMoeUpSplitRows, each split >= 4 k-tiles of 128); only for 16-row m-tiles
 // (decode steps). Measured (docs/perf.md "MoE experts at decode"): splitting
 // a grid that already fills the SMs once costs 2-6% (V3 T = 1, V3 TP 8 T = 8),
-// filling an idle machine gains up to 1.8x (V3 TP 8 FP8 T = 1).
+// filling an idle machine gains up to 1.8x (V3 TP 8 FP8 T = 1, before the
+// one-token FP8 UP ran in the stream scheme: moe_grouped_up_stream, which
+// takes no split; launch_moe_grouped asks it first).
 // With bf16 gate_up weights (bf16_weights) there is a second case: a grid the
 // deep ring (moe_grouped_deep_ring) would run at one CTA an SM over more than
 // one wave (SMs < CTAs) takes 2 splits when the halves then leave the deep
