@@ -1,7 +1,7 @@
 // NUCLEUS_BENCH_NEEDS_CUDA: the routed experts of one MoE layer on the GPU.
 //
-// moe_bench [--reps N] [--decode] [--max-t T]: MoeExpertsOp (experts only: no router, no
-// shared experts) at DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64
+// moe_bench [--reps N] [--decode] [--max-t T]: MoeExpertsOp (experts only: no router) at
+// DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64
 // experts, top-6, bf16), DeepSeek-V3 (hidden 7168, moe_inter 2048, 256
 // experts, top-8) and its TP-8 shard (moe_inter 256), each in bf16 and in FP8
 // e4m3 with 128x128 block scales, uniform random routing, T = 1 .. 4096
@@ -12,7 +12,10 @@
 // up split-K off") and with NUCLEUS_MOE_DEEP_RING=0 (row "cuda_grouped deep
 // ring off", the 4-stage ring everywhere) at T <= 16; FP8 models at T = 1
 // also with NUCLEUS_MOE_UP_STREAM=0 (row "cuda_grouped up stream off": UP on
-// the 16-row MMA tiles). --max-t: steps of at most T tokens. --decode: only
+// the 16-row MMA tiles). Then, at T <= 16, V2-Lite bf16 and V3 FP8 with their
+// shared experts as routed ones ("+ 2 shared": 66 experts, top-8; "+ 1
+// shared": 257, top-9; every token's last slots on the shared experts), the
+// MoE op the engine's decode graphs run. --max-t: steps of at most T tokens. --decode: only
 // T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
@@ -53,6 +56,11 @@ struct Model {
   const char* name;
   int64_t hidden, inter, num_experts, top_k;
   bool fp8;
+  // The last `shared` experts are shared experts run as routed ones, as the
+  // engine's decode graphs do (NUCLEUS_MOE_FUSE_SHARED): every token's last
+  // `shared` slots hold them (weight 1 / top_k like the others); its first
+  // top_k - shared slots are drawn from the other num_experts - shared.
+  int64_t shared = 0;
 };
 
 // Random weights at real size: a 64 MiB random pattern on the device, copied
@@ -176,10 +184,14 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
     std::vector<float> w(T * m.top_k);
     std::vector<int32_t> perm(m.num_experts);
     std::set<int32_t> touched;
+    const int64_t routed = m.num_experts - m.shared;
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t e = 0; e < m.num_experts; ++e) perm[e] = static_cast<int32_t>(e);
       for (int64_t k = 0; k < m.top_k; ++k) {
-        std::swap(perm[k], perm[k + rng() % (m.num_experts - k)]);
+        if (k < m.top_k - m.shared)
+          std::swap(perm[k], perm[k + rng() % (routed - k)]);
+        else
+          perm[k] = static_cast<int32_t>(routed + k - (m.top_k - m.shared));
         ids[t * m.top_k + k] = perm[k];
         touched.insert(perm[k]);
         w[t * m.top_k + k] = 1.0f / static_cast<float>(m.top_k);
@@ -262,7 +274,7 @@ int main(int argc, char** argv) {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-  std::printf("MoE experts layer (routed experts only), %s, %s, %d SMs; median of %d CUDA-graph replays\n\n", date,
+  std::printf("MoE experts layer (the experts only, no router), %s, %s, %d SMs; median of %d CUDA-graph replays\n\n", date,
               (*ctx)->name.c_str(), (*ctx)->num_sms, reps);
   std::printf("| model | backend | T | experts touched | weight MB | time us | GB/s | %% of 4.58 TB/s | TFLOP/s | "
               "%% of 790 |\n|---|---|---|---|---|---|---|---|---|---|\n");
@@ -271,5 +283,8 @@ int main(int argc, char** argv) {
   bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only, max_t);
   bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only, max_t);
   bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only, max_t);
+  // With the shared experts as routed ones (the engine's decode graphs on CUDA).
+  bench_model({"V2-Lite bf16 + 2 shared", 2048, 1408, 66, 8, false, 2}, reps, decode_only, std::min<int64_t>(max_t, 16));
+  bench_model({"V3 fp8 + 1 shared", 7168, 2048, 257, 9, true, 1}, reps, decode_only, std::min<int64_t>(max_t, 16));
   return 0;
 }
