@@ -10,13 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/knobs.h"
+#include "test_util.h"
 
 #ifndef NUCLEUS_SOURCE_DIR
 #error "NUCLEUS_SOURCE_DIR (the source tree, a compile definition of nucleus_lib) must be defined"
@@ -152,22 +152,7 @@ std::set<std::string> split_readers(const std::string& s) {
 }
 
 // Sets a variable for one scope, restoring what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using ScopedEnv = testing::ScopedEnvValue;
 
 TEST(KnobsTest, RegistryRowsAreComplete) {
   std::set<std::string> names;

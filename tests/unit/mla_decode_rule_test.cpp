@@ -11,18 +11,12 @@
 #include <string>
 
 #include "ops/mla_decode.h"
+#include "test_util.h"
 
 namespace nucleus {
 namespace {
 
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (value) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  const char* name_;
-};
+using ScopedEnv = testing::ScopedEnvValue;
 
 TEST(MlaDecodeRule, SplitKeysValues) {
   for (const char* v : {"32", "64", "128", "96", "1024"}) {
