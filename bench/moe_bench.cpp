@@ -1,21 +1,22 @@
 // NUCLEUS_BENCH_NEEDS_CUDA: the routed experts of one MoE layer on the GPU.
 //
-// moe_bench [--reps N] [--decode] [--max-t T]: MoeExpertsOp (experts only: no router) at
+// moe_bench [--reps N] [--decode] [--min-t T] [--max-t T]: MoeExpertsOp (experts only: no router) at
 // DeepSeek-V2-Lite (hidden 2048, moe_inter 1408, 64
 // experts, top-6, bf16), DeepSeek-V3 (hidden 7168, moe_inter 2048, 256
 // experts, top-8) and its TP-8 shard (moe_inter 256), each in bf16 and in FP8
 // e4m3 with 128x128 block scales, uniform random routing, T = 1 .. 4096
-// tokens; cuda_grouped everywhere, cuda_decode (the fused decode kernel) at
+// tokens (8192, the engine's prefill chunk, with --max-t 8192); cuda_grouped everywhere, cuda_decode (the fused decode kernel) at
 // T <= 16 in the same run, cuda_naive at T = 1, 8, 32; FP8 models also with
 // NUCLEUS_MOE_FP8_REGISTER_DEQUANT=0 (row "cuda_grouped fp8 via smem") at
 // T <= 512, and every model with NUCLEUS_MOE_UP_SPLIT_K=0 (row "cuda_grouped
 // up split-K off") and with NUCLEUS_MOE_DEEP_RING=0 (row "cuda_grouped deep
 // ring off", the 4-stage ring everywhere) at T <= 16; FP8 models at T = 1
 // also with NUCLEUS_MOE_UP_STREAM=0 (row "cuda_grouped up stream off": UP on
-// the 16-row MMA tiles). Then, at T <= 16, V2-Lite bf16 and V3 FP8 with their
+// the 16-row MMA tiles); steps of 128-row m-tiles also with NUCLEUS_MOE_WGMMA=0
+// (row "cuda_grouped wgmma off": mma.sync 128 x 128 tiles). Then, at T <= 16, V2-Lite bf16 and V3 FP8 with their
 // shared experts as routed ones ("+ 2 shared": 66 experts, top-8; "+ 1
 // shared": 257, top-9; every token's last slots on the shared experts), the
-// MoE op the engine's decode graphs run. --max-t: steps of at most T tokens. --decode: only
+// MoE op the engine's decode graphs run. --max-t / --min-t: steps of at most / at least T tokens. --decode: only
 // T <= 16 and no cuda_naive (the decode comparison alone).
 // Each step is captured in a CUDA graph (which also checks that it can be)
 // and the replays are timed with events; the median is printed.
@@ -43,6 +44,7 @@
 #include "core/roofline.h"
 #include "graph/step_resources.h"
 #include "ops/moe_cuda.h"
+#include "kernels/moe/moe_grouped.cuh"
 #include "ops/moe_ops.h"
 
 using namespace nucleus;
@@ -157,7 +159,7 @@ const Backend<MoeExpertsOp>& backend_named(const char* name) {
   return MoeExpertsOp::backends().front();
 }
 
-void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
+void bench_model(const Model& m, int reps, bool decode_only, int64_t min_t, int64_t max_t) {
   WeightFactory factory(m.fp8);
   std::deque<LinearWeight> weights;
   std::vector<ExpertWeights> experts;
@@ -176,10 +178,11 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
   StepResources res;  // the ops' workspace, as the engine's; sized for the largest T below
   std::vector<Op*> ops = {&grouped};
   if (decode_ok.ok()) ops.push_back(&decode);
-  NUCLEUS_CHECK_OK(res.reserve_ops(ops, StepLimits{.max_tokens = decode_only ? 16 : 4096}, Device::kCuda));
+  NUCLEUS_CHECK_OK(res.reserve_ops(ops, StepLimits{.max_tokens = decode_only ? 16 : std::min<int64_t>(max_t, 8192)}, Device::kCuda));
   std::mt19937_64 rng(7);
-  for (int64_t T : {1, 2, 4, 8, 16, 32, 128, 512, 4096}) {
+  for (int64_t T : {1, 2, 4, 8, 16, 32, 128, 512, 4096, 8192}) {
     if ((decode_only && T > 16) || T > max_t) break;
+    if (T < min_t) continue;
     std::vector<int32_t> ids(T * m.top_k);
     std::vector<float> w(T * m.top_k);
     std::vector<int32_t> perm(m.num_experts);
@@ -238,6 +241,9 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
     if (T <= 16) report_with("NUCLEUS_MOE_DEEP_RING", "0", "cuda_grouped deep ring off");
     // One-token FP8 steps: the UP GEMM as 16-row MMA tiles instead of the FP8 stream scheme.
     if (m.fp8 && T == 1) report_with("NUCLEUS_MOE_UP_STREAM", "0", "cuda_grouped up stream off");
+    // Steps of 128-row m-tiles: the GEMMs on mma.sync 128 x 128 tiles instead of wgmma.
+    if (kernels::moe_grouped_pick_bm(T, {m.hidden, m.inter, m.num_experts, m.top_k}) == 128)
+      report_with("NUCLEUS_MOE_WGMMA", "0", "cuda_grouped wgmma off");
     if (decode_ok.ok() && T <= 16) {
       report("cuda_decode", time_us([&] { decode.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
       NUCLEUS_CHECK_OK(ctx.error);
@@ -253,16 +259,18 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t max_t) {
 int main(int argc, char** argv) {
   int reps = 20;
   bool decode_only = false;
-  int64_t max_t = 4096;
+  int64_t min_t = 1, max_t = 4096;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--decode") == 0) {
       decode_only = true;
     } else if (std::strcmp(argv[i], "--max-t") == 0 && i + 1 < argc) {
-      max_t = std::max(1, std::atoi(argv[++i]));
+      max_t = std::clamp(std::atoi(argv[++i]), 1, 8192);
+    } else if (std::strcmp(argv[i], "--min-t") == 0 && i + 1 < argc) {
+      min_t = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "moe_bench: unknown argument '%s' (usage: moe_bench [--reps N] [--decode] [--max-t T])\n", argv[i]);
+      std::fprintf(stderr, "moe_bench: unknown argument '%s' (usage: moe_bench [--reps N] [--decode] [--min-t T] [--max-t T])\n", argv[i]);
       return 2;
     }
   }
@@ -278,13 +286,15 @@ int main(int argc, char** argv) {
               (*ctx)->name.c_str(), (*ctx)->num_sms, reps);
   std::printf("| model | backend | T | experts touched | weight MB | time us | GB/s | %% of 4.58 TB/s | TFLOP/s | "
               "%% of 790 |\n|---|---|---|---|---|---|---|---|---|---|\n");
-  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps, decode_only, max_t);
-  bench_model({"V3 bf16", 7168, 2048, 256, 8, false}, reps, decode_only, max_t);
-  bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only, max_t);
-  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only, max_t);
-  bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only, max_t);
+  bench_model({"V2-Lite bf16", 2048, 1408, 64, 6, false}, reps, decode_only, min_t, max_t);
+  bench_model({"V3 bf16", 7168, 2048, 256, 8, false}, reps, decode_only, min_t, max_t);
+  bench_model({"V3 TP8 bf16", 7168, 256, 256, 8, false}, reps, decode_only, min_t, max_t);
+  bench_model({"V3 fp8", 7168, 2048, 256, 8, true}, reps, decode_only, min_t, max_t);
+  bench_model({"V3 TP8 fp8", 7168, 256, 256, 8, true}, reps, decode_only, min_t, max_t);
   // With the shared experts as routed ones (the engine's decode graphs on CUDA).
-  bench_model({"V2-Lite bf16 + 2 shared", 2048, 1408, 66, 8, false, 2}, reps, decode_only, std::min<int64_t>(max_t, 16));
-  bench_model({"V3 fp8 + 1 shared", 7168, 2048, 257, 9, true, 1}, reps, decode_only, std::min<int64_t>(max_t, 16));
+  if (min_t <= 16) {
+    bench_model({"V2-Lite bf16 + 2 shared", 2048, 1408, 66, 8, false, 2}, reps, decode_only, min_t, std::min<int64_t>(max_t, 16));
+    bench_model({"V3 fp8 + 1 shared", 7168, 2048, 257, 9, true, 1}, reps, decode_only, min_t, std::min<int64_t>(max_t, 16));
+  }
   return 0;
 }

@@ -159,6 +159,13 @@ constexpr KnobInfo kKnobs[] = {
      "16-row MMA tiles (auto: by the rule kernels::moe_grouped_up_stream; 1: wherever it applies; 0: never, the "
      "path before); the same h up to f32 summation order; a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeWgmma), "NUCLEUS_MOE_WGMMA", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "MoE steps of 128-row m-tiles (prefill-sized) run the grouped UP and DOWN GEMMs on Hopper wgmma (128 x 256 "
+     "tiles, two warpgroups, FP8 weights converted to bf16 in shared memory) instead of mma.sync 128 x 128 tiles "
+     "(auto: by the rule kernels::moe_grouped_wgmma; 1: wherever it applies; 0: never, the path before); the same "
+     "outputs up to f32 summation order; a malformed value is refused at start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kPackedUpload), "NUCLEUS_PACKED_UPLOAD", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "a step on the decode-graph route uploads its metadata packed by its own lengths in one host-to-device copy "

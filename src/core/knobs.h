@@ -58,6 +58,7 @@ enum class Knob {
   kMoeFuseShared,
   kMoeCombineNorm,
   kMoeUpStream,
+  kMoeWgmma,
   kPackedUpload,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,

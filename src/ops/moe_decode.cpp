@@ -69,12 +69,15 @@ Status moe_up_splits_env_status() {
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombinePrefetch));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeRouteRegs));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeUpStream));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeWgmma));
   return ok_status();
 }
 
 int moe_deep_ring_switch() { return tri_switch(Knob::kMoeDeepRing); }
 
 int moe_up_stream_switch() { return tri_switch(Knob::kMoeUpStream); }
+
+int moe_wgmma_switch() { return tri_switch(Knob::kMoeWgmma); }
 
 bool moe_align_free_switch() {
   return env_auto_switch(Knob::kMoeAlignFree).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;

@@ -43,8 +43,8 @@ int moe_up_splits_switch();
 
 // OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K,
 // NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE, NUCLEUS_MOE_COMBINE_PREFETCH,
-// NUCLEUS_MOE_ROUTE_REGS or NUCLEUS_MOE_UP_STREAM (checked when a model is
-// built).
+// NUCLEUS_MOE_ROUTE_REGS, NUCLEUS_MOE_UP_STREAM or NUCLEUS_MOE_WGMMA (checked
+// when a model is built).
 Status moe_up_splits_env_status();
 
 // NUCLEUS_MOE_DEEP_RING as kernels::MoeGroupedOptions::deep_ring, read at each
@@ -56,6 +56,11 @@ int moe_deep_ring_switch();
 // use: -1 auto (the rule kernels::moe_grouped_up_stream; default, and a
 // malformed value until moe_up_splits_env_status refuses it), 0 off, 1 on.
 int moe_up_stream_switch();
+
+// NUCLEUS_MOE_WGMMA as kernels::MoeGroupedOptions::wgmma, read at each use:
+// -1 auto (the rule kernels::moe_grouped_wgmma; default, and a malformed value
+// until moe_up_splits_env_status refuses it), 0 off, 1 on.
+int moe_wgmma_switch();
 
 // NUCLEUS_MOE_ALIGN_FREE as kernels::MoeGroupedOptions::align_free, read at
 // each use: true for auto (default; and a malformed value until

@@ -137,6 +137,7 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
   opt.align_free = moe_align_free_switch();
   opt.combine_prefetch = moe_combine_prefetch_switch();
   opt.up_stream = moe_up_stream_switch();
+  opt.wgmma = moe_wgmma_switch();
   opt.pdl = skinny_pdl();
   // The add + norm after the op (MoeExpertsOp::fuse_add_rmsnorm) in each
   // chunk's combine; the prezero fill in the first chunk's.

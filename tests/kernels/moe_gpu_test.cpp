@@ -428,6 +428,12 @@ std::vector<float> reference_rows(const ExpertSet& set, const std::vector<float>
   return out;
 }
 
+std::vector<int64_t> all_rows(int64_t T) {
+  std::vector<int64_t> rows(T);
+  std::iota(rows.begin(), rows.end(), 0);
+  return rows;
+}
+
 std::vector<int64_t> sample_rows(int64_t T, int64_t max_rows) {
   std::vector<int64_t> rows;
   const int64_t n = std::min(T, max_rows);
@@ -932,6 +938,79 @@ TEST_F(MoeGpu, ExpertsUpStreamOneToken) {
   }
 }
 
+// The prefill-sized grouped GEMMs on wgmma (NUCLEUS_MOE_WGMMA,
+// MoeGroupedOptions::wgmma): where the rule applies, by hand; the kernels a
+// step launches (captured: grouped_wgmma_kernel and no 128-row mma.sync
+// GEMM with the switch on, the reverse off); on and off each close to the
+// reference and to each other (the same products, summed in another order)
+// on V2-Lite (bf16), a V3-like FP8 shape, V3's TP 8 shard with FP8 gate_up
+// and bf16 down, with uniform routing (ragged last tiles) and skewed routing
+// (a few experts with 3 tiles, the rest with none); a graph replay equals
+// eager bit for bit. out, h and y are poisoned before every run.
+TEST_F(MoeGpu, ExpertsWgmmaEqualsMma) {
+  auto opts = [](int wgmma) {
+    MoeGroupedOptions o;
+    o.force_bm = 128;
+    o.up_splits = 1;
+    o.wgmma = wgmma;
+    return o;
+  };
+  EXPECT_TRUE(moe_grouped_wgmma({2048, 1408, 64, 6}, 128, opts(-1)));   // V2-Lite
+  EXPECT_TRUE(moe_grouped_wgmma({7168, 2048, 256, 8}, 128, opts(-1)));  // V3
+  EXPECT_TRUE(moe_grouped_wgmma({7168, 256, 256, 8}, 128, opts(1)));    // V3 TP 8
+  EXPECT_FALSE(moe_grouped_wgmma({2048, 1408, 64, 6}, 128, opts(0)));   // switched off
+  EXPECT_FALSE(moe_grouped_wgmma({2048, 1408, 64, 6}, 64, opts(1)));    // 64-row tiles
+  EXPECT_FALSE(moe_grouped_wgmma({256, 192, 8, 2}, 128, opts(1)));      // inter 192: not 128-wide tiles
+  EXPECT_FALSE(moe_grouped_wgmma({1152, 1408, 64, 6}, 128, opts(1)));   // hidden 1152: not 256-wide tiles
+
+  for (const MoeShape& s : {MoeShape{"v2-lite", 2048, 1408, 64, 6, false, false, 24},
+                            MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 12, 8},
+                            MoeShape{"v3-tp8-fp8-up-bf16-down", 7168, 256, 64, 8, true, false, 16, 8}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k};
+    for (bool skewed : {false, true}) {
+      const int64_t T = skewed ? 300 : 700;
+      const std::string what = std::string(s.name) + (skewed ? " skewed" : " random") + " T=" + std::to_string(T);
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      Step st = make_step(s, T, skewed, 2100 + T);
+      cudaStream_t stream = cuda::context().stream;
+      auto launcher = [&](int wgmma) {
+        return [&, wgmma] {
+          return launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                    gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, workspace.ws,
+                                    st.out.data<__nv_bfloat16>(), stream, opts(wgmma));
+        };
+      };
+      auto run = [&](int wgmma, bool graph) {
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0xff, st.out.nbytes(), stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.h, 0xff, T * s.top_k * s.inter * 2, stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.y, 0xff, T * s.top_k * s.hidden * 2, stream));
+        run_eager_or_graph(stream, graph, launcher(wgmma));
+        return from_bf16(host_copy<uint16_t>(st.out));
+      };
+      for (int wgmma : {0, 1}) {
+        const std::vector<std::string> names = captured_kernel_names(stream, launcher(wgmma));
+        EXPECT_EQ(any_contains(names, "grouped_wgmma_kernel"), wgmma == 1) << what << " wgmma " << wgmma;
+        // The mma.sync GEMMs of 128-row tiles: grouped_gemm_kernel<128, 128, ...>.
+        EXPECT_EQ(any_contains(names, "grouped_gemm_kernelILi128ELi128E"), wgmma == 0) << what << " wgmma " << wgmma;
+      }
+      const auto rows = sample_rows(T, s.max_ref_tokens);
+      const auto want = reference_rows(set, st.x_host, st.routing, rows);
+      const auto on = run(1, false);
+      const auto off = run(0, false);
+      expect_close(off, want, rows, s.hidden, what + " mma.sync");
+      expect_close(on, want, rows, s.hidden, what + " wgmma");
+      // On against off over every row: the same products in another f32 order,
+      // so h and y may round to the neighbouring bf16 in a few places.
+      expect_close(on, off, all_rows(T), s.hidden, what + " wgmma against mma.sync",
+                   CloseTol{.atol_rms = 0.01f, .rtol = 0.01f, .max_rel_l2 = 3e-3});
+      const auto replay = run(1, true);
+      EXPECT_EQ(0, std::memcmp(replay.data(), on.data(), on.size() * 4)) << what << ": graph replay differs from eager";
+    }
+  }
+}
+
 // The combine with its loads batched (NUCLEUS_MOE_COMBINE_PREFETCH,
 // MoeGroupedOptions::combine_prefetch, the default) equals the pair-by-pair
 // loop bit for bit: one chunk of 8 pairs (V2-Lite, top-6) and two (top-10),
@@ -1261,12 +1340,6 @@ Routing referenceable(Routing r, int64_t num_experts) {
   for (size_t i = 0; i < r.ids.size(); ++i)
     if (r.ids[i] < 0 || r.ids[i] >= num_experts) r.ids[i] = 0, r.weights[i] = 0.0f;
   return r;
-}
-
-std::vector<int64_t> all_rows(int64_t T) {
-  std::vector<int64_t> rows(T);
-  std::iota(rows.begin(), rows.end(), 0);
-  return rows;
 }
 
 // Through the op, as the engine runs it: the dispatch picks cuda_decode for

@@ -26,6 +26,7 @@
 
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace nucleus::kernels {
 
@@ -42,41 +43,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 template <int kRows>
 __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * (kRows * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-}
-
-// A wgmma shared-memory matrix descriptor, 128-byte swizzle. K-major
-// operands: rows of 128 B, 8-row groups `sbo` bytes apart (lbo unused);
-// MN-major: 8-row (K) groups `sbo` apart, 64-element MN blocks `lbo` apart.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Orders this thread's cp.async writes before the tensor cores' (async proxy) reads.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// d (64 x 64 per warpgroup, f32) += A (smem, K-major) * B (smem, K-major).
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
-// d (64 x 128 per warpgroup, f32) += A (registers: the mma.m16n8k16 A layout, warp w of the warpgroup
-// holding rows 16w..16w+15) * B (smem, MN-major, i.e. transposed).
-__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -166,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
     const int key0 = sq.key_begin + t * kBlockN;
     const uint32_t s_kt = s_k + (t & 1) * (kBlockN * kQk * 2);
     ptx::cp_async_wait<0>();
-    if (kWgmma) fence_proxy_async();
+    if (kWgmma) wgmma::fence_proxy_async();
     __syncthreads();  // K(t) (and Q) visible to all; every warp is done with V(t-1) and K(t-1)
     load_v(t);
     ptx::cp_async_commit();
@@ -180,13 +146,13 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
     if constexpr (kWgmma) {
       // k-step kk: column block kk / 4, 32 bytes (16 bf16) per step inside its 128-byte rows.
       const uint32_t s_qw = s_q + (warp >> 2) * (64 * 128);  // this warpgroup's 64 rows
-      wgmma_fence();
+      wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk)
-        wgmma_m64n64k16_ss(s, smem_desc(s_qw + (kk >> 2) * (kBlockM * 128) + (kk & 3) * 32, 16, 1024),
-                           smem_desc(s_kt + (kk >> 2) * (kBlockN * 128) + (kk & 3) * 32, 16, 1024));
-      wgmma_commit();
-      wgmma_wait_all();
+        wgmma::m64n64k16_ss(s, wgmma::smem_desc(s_qw + (kk >> 2) * (kBlockM * 128) + (kk & 3) * 32, 16, 1024),
+                           wgmma::smem_desc(s_kt + (kk >> 2) * (kBlockN * 128) + (kk & 3) * 32, 16, 1024));
+      wgmma::commit();
+      wgmma::wait<0>();
     } else {
 #pragma unroll
       for (int kk = 0; kk < kQk / 16; ++kk) {
@@ -252,7 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
     }
 
     ptx::cp_async_wait<1>();  // V(t) landed; K(t+1) may be in flight
-    if (kWgmma) fence_proxy_async();
+    if (kWgmma) wgmma::fence_proxy_async();
     __syncthreads();  // V(t) visible to all
 
     // O += P V: P's C fragments are the A fragments of 4 k-steps of 16 keys.
@@ -267,12 +233,12 @@ __global__ void __launch_bounds__(kWarps * 32, kWgmma && kWarps == 8 ? 2 : 1) ml
     if constexpr (kWgmma) {
       // V is MN-major for this product: 8-key groups 1024 B apart, the two
       // 64-dim column blocks kBlockN * 128 B apart; k-step kk = 16 keys.
-      wgmma_fence();
+      wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma_m64n128k16_rs_tb(o, pa[kk], smem_desc(s_v + kk * 16 * 128, kBlockN * 128, 1024));
-      wgmma_commit();
-      wgmma_wait_all();
+        wgmma::m64n128k16_rs_tb(o, pa[kk], wgmma::smem_desc(s_v + kk * 16 * 128, kBlockN * 128, 1024));
+      wgmma::commit();
+      wgmma::wait<0>();
     } else {
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {

@@ -391,6 +391,10 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
   return splits;
 }
 
+bool moe_grouped_wgmma(const MoeGroupedShape& s, int bm, const MoeGroupedOptions& opt) {
+  return bm == 128 && moe_grouped::wgmma_shape_ok(s.hidden, s.inter) && opt.wgmma != 0;
+}
+
 bool moe_grouped_up_stream(int64_t num_tokens, const MoeGroupedShape& s, int bm, bool gate_up_fp8,
                            const MoeGroupedOptions& opt) {
   const bool applies = opt.align_free && num_tokens == 1 && bm == 16 && gate_up_fp8 && s.gate_up_block_k == 128;
@@ -458,11 +462,14 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   };
   up.deep_ring = !gate_up_fp8 && deep_ring(max_tiles * up.n_tiles * splits, s.hidden / 64 / splits);
   const bool up_stream = moe_grouped_up_stream(num_tokens, s, bm, gate_up_fp8, opt);
+  const bool wgmma = moe_grouped_wgmma(s, bm, opt);
   if (up_stream) {
     splits = 1;
     up.k_splits = 1;
     up.partial = nullptr;
     err = moe_grouped::launch_up_stream(up, stream);
+  } else if (wgmma && splits == 1) {
+    err = moe_grouped::launch_grouped_wgmma(gate_up_fp8, true, up, max_tiles, stream);
   } else {
     err = launch_gemm<true>(bm, gate_up_fp8, opt.fp8_register_dequant, up, max_tiles * splits, stream);
   }
@@ -485,7 +492,8 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   down.n = static_cast<int>(s.hidden);
   down.n_tiles = static_cast<int>(s.hidden / down_bn(bm));
   down.deep_ring = !down_fp8 && deep_ring(max_tiles * down.n_tiles, s.inter / 64);
-  err = launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
+  err = wgmma ? moe_grouped::launch_grouped_wgmma(down_fp8, false, down, max_tiles, stream)
+              : launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
   if (err != cudaSuccess) return err;
 
   const int32_t* pair_pos = align_free ? nullptr : ws.pair_pos;

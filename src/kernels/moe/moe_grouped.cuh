@@ -88,6 +88,10 @@ struct MoeGroupedOptions {
                                      // blocks) in the FP8 stream scheme instead of the MMA tiles: -1 by the
                                      // rule (moe_grouped_up_stream), 0 never, 1 wherever it applies
                                      // (NUCLEUS_MOE_UP_STREAM)
+  int wgmma = -1;                    // the UP and DOWN GEMMs of 128-row m-tiles on Hopper wgmma (128 x 256
+                                     // tiles, moe_grouped_wgmma.cu) instead of mma.sync 128 x 128 tiles: -1 by
+                                     // the rule (moe_grouped_wgmma), 0 never, 1 wherever it applies
+                                     // (NUCLEUS_MOE_WGMMA)
 };
 
 // The residual add + RMSNorm that the combine runs on the rows it has just
@@ -182,6 +186,19 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
 bool moe_grouped_up_stream(int64_t num_tokens, const MoeGroupedShape& s, int bm, bool gate_up_fp8,
                            const MoeGroupedOptions& opt);
 
+// Whether the UP and DOWN GEMMs of a step with m-tiles of `bm` rows run on
+// the wgmma kernel (kernels/moe/moe_grouped_wgmma.cu: 128 x 256 tiles, two
+// warpgroups issuing wgmma m64n128k16 from 128-byte-swizzled shared memory,
+// a 4-stage cp.async ring; FP8 weights converted to bf16(q * scale) in shared
+// memory once a CTA, the numerics of the mma.sync kernel's shared-memory
+// path) instead of the mma.sync 128 x 128 tiles. Where it applies: bm == 128
+// (the prefill-sized tiles: moe_grouped_pick_bm), inter % 128 == 0 and
+// hidden % 256 == 0 (DeepSeek-V2-Lite, V2, V3 and its TP shards down to
+// inter 256; not the tiny models' inter 192), no UP split-K; opt.wgmma 1, or
+// -1 and the rule takes it. Rule: every step where it applies (docs/perf.md
+// "Prefill MoE GEMMs on wgmma (`NUCLEUS_MOE_WGMMA`, session 18)").
+bool moe_grouped_wgmma(const MoeGroupedShape& s, int bm, const MoeGroupedOptions& opt);
+
 // The m-tile rows launch_moe_grouped picks for these sizes (16, 32, 64 or 128).
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
 
@@ -251,6 +268,18 @@ cudaError_t launch_grouped_gemm_impl(const GemmArgs& args, int64_t max_tiles, cu
 // async, capturable; a PDL dependent when args.pdl (it waits before it reads
 // the ids, then lets its dependent start).
 cudaError_t launch_up_stream(const GemmArgs& args, cudaStream_t stream);
+
+// The grouped GEMM of 128-row m-tiles on wgmma (moe_grouped_wgmma.cu), UP
+// (up: SwiGLU epilogue, h = args.c) or DOWN, bf16 or FP8 (fp8) weights; the
+// same work list and outputs as launch_grouped_gemm_impl<128, 128, ...> up to
+// f32 summation order. args.n_tiles is set here (UP: n / 128, DOWN: n / 256).
+// Needs args.k % 64 == 0, UP n % 128 == 0, DOWN n % 256 == 0, no split-K and
+// no align-free list (else cudaErrorInvalidValue). Stream-async, capturable;
+// a PDL dependent when args.pdl (it waits before it reads the work list).
+cudaError_t launch_grouped_wgmma(bool fp8, bool up, const GemmArgs& args, int64_t max_tiles, cudaStream_t stream);
+
+// Whether the wgmma kernel's tiles cover these widths (inter % 128, hidden % 256).
+bool wgmma_shape_ok(int64_t hidden, int64_t inter);
 
 // Its K slices a row group (1, 2, 4 or 8): skinny_default_slices over the
 // step's pairs x 2 x inter rows of k e4m3 (the dense stream scheme's rule).

@@ -1,4 +1,5 @@
 // The grouped GEMM of the cuda_grouped MoE backend (device code; included by
+// moe_grouped_wgmma.cu for its helpers and by
 // the moe_grouped_{up,down}_{bf16,fp8}.cu instantiation files only).
 //
 // One CTA computes a BM x BN tile of one expert's GEMM: rows are a range of
