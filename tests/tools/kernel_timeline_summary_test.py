@@ -35,12 +35,19 @@ def main():
         rows.append(f"{t0 + 23500},{t0 + down_end},7,102,13,192,256,_Z4downv")
     rows.append("5000000,5001000,9,1,13,1,32,_Z5otherv")
     rows.append("10,20,0,0,13,1,32,_Z5eagerv")
+    # Eager (prefill) kernels: busy 0.01 + 30 + 20 us, 20.01 of it eager(), span 10 ns .. 220 us.
+    rows.append("100000,130000,0,0,13,1,32,_Z5otherv")
+    rows.append("200000,220000,0,0,13,1,32,_Z5eagerv")
     with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as f:
         f.write("\n".join(rows) + "\n")
         path = f.name
     try:
         out = subprocess.run([sys.executable, SUMMARIZE, path], capture_output=True, text=True, check=True).stdout
         bad = subprocess.run([sys.executable, SUMMARIZE, path, "--graph", "42"], capture_output=True, text=True)
+        eager_out = subprocess.run([sys.executable, SUMMARIZE, path, "--eager", "--gap-ms", "0.05"],
+                                   capture_output=True, text=True, check=True).stdout
+        burst_out = subprocess.run([sys.executable, SUMMARIZE, path, "--eager", "--gap-ms", "0.05", "--burst", "-1"],
+                                   capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(path)
     want = [
@@ -52,6 +59,17 @@ def main():
         "| up | 1 | 20.0 | 67.8% |",
     ]
     failed = [w for w in want if w not in out]
+    eager_want = [
+        "  0 1 0.0 0.0 100.0%",      # 10 .. 20 ns, then 99.98 us idle
+        "  1 1 30.0 30.0 100.0%",    # 100 .. 130 us, then 70 us idle
+        "  2 1 20.0 20.0 100.0%",
+        "eager kernels: 3 kernels, busy 50.0 us, span 220.0 us (first start to last end)",
+        "| other | 1 | 30.0 | 60.0% |",
+        "| eager | 2 | 20.0 | 40.0% |",
+    ]
+    failed += ["--eager: " + w for w in eager_want if w not in eager_out]
+    if "burst -1: 1 kernels, busy 20.0 us, span 20.0 us" not in burst_out or "| eager | 1 | 20.0 | 100.0% |" not in burst_out:
+        failed.append("--eager --burst -1: the last burst's table")
     if bad.returncode == 0 or "no graph 42" not in bad.stderr:
         failed.append("--graph 42 (absent) is refused naming it")
     if failed:

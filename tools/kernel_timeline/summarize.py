@@ -10,6 +10,9 @@ then the same increments summed per kernel name, and the step (last end -
 first start). All in microseconds.
 
   summarize.py timeline.csv [--graph ID] [--top N]
+  summarize.py timeline.csv --eager [--gap-ms G] [--burst B] [--top N]
+      (kernels outside graphs, e.g. prefill: bursts split at idle gaps over
+      G ms, then busy time per kernel name over all, or over burst B)
 """
 import argparse
 import collections
@@ -47,11 +50,56 @@ def short_names(mangled):
     return names
 
 
+def eager(rows, top, gap_ms, burst):
+    """Kernels outside graphs (prefill steps), split into bursts wherever the
+    GPU idles more than gap_ms between two of them: each burst's kernels, span
+    (first start to last end) and busy time (summed durations: kernels on one
+    stream do not overlap); then count and summed duration per kernel name over
+    all of them, or over burst `burst` (an index into the burst table; -1 the
+    last)."""
+    rs = sorted(r for r in rows if not r[2])
+    if not rs:
+        sys.exit("summarize.py: no kernel ran outside a CUDA graph")
+    bursts, cur = [], [rs[0]]
+    for r in rs[1:]:
+        if r[0] - max(x[1] for x in cur[-8:]) > gap_ms * 1e6:
+            bursts.append(cur)
+            cur = []
+        cur.append(r)
+    bursts.append(cur)
+    print(f"bursts (split at idle gaps over {gap_ms:g} ms): # kernels span_us busy_us busy/span")
+    for i, b in enumerate(bursts):
+        span = (max(r[1] for r in b) - b[0][0]) / 1e3
+        busy = sum(r[1] - r[0] for r in b) / 1e3
+        print(f"  {i} {len(b)} {span:.1f} {busy:.1f} {100 * busy / span if span else 0:.1f}%")
+    if burst is not None:
+        if not -len(bursts) <= burst < len(bursts):
+            sys.exit(f"summarize.py: no burst {burst}")
+        rs = bursts[burst]
+    names = short_names(sorted({r[6] for r in rs}))
+    total = collections.defaultdict(lambda: [0, 0.0])
+    for r in rs:
+        t = total[names[r[6]]]
+        t[0] += 1
+        t[1] += (r[1] - r[0]) / 1e3
+    busy = sum(t[1] for t in total.values())
+    span = (max(r[1] for r in rs) - min(r[0] for r in rs)) / 1e3
+    what = "eager kernels" if burst is None else f"burst {burst}"
+    print(f"\n{what}: {len(rs)} kernels, busy {busy:.1f} us, span {span:.1f} us (first start to last end)\n")
+    print("| kernel | launches | busy us | share |\n|---|---:|---:|---:|")
+    for name, (n, us) in sorted(total.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"| {name} | {n} | {us:.1f} | {100 * us / busy:.1f}% |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("csv")
     ap.add_argument("--graph", type=int, default=None)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--eager", action="store_true",
+                    help="the kernels launched outside CUDA graphs (prefill steps): bursts, busy time per kernel name")
+    ap.add_argument("--gap-ms", type=float, default=2.0, help="--eager: idle gaps over this split bursts")
+    ap.add_argument("--burst", type=int, default=None, help="--eager: the kernel table of this burst only (-1: last)")
     args = ap.parse_args()
     rows = []
     columns = ["start_ns", "end_ns", "graph_id", "graph_node_id", "grid", "block", "name"]
@@ -73,6 +121,9 @@ def main():
         sys.exit(f"summarize.py: cannot read {args.csv}: {e.strerror}")
     except UnicodeDecodeError:
         sys.exit(f"summarize.py: {args.csv}: not a text CSV")
+    if args.eager:
+        eager(rows, args.top, args.gap_ms, args.burst)
+        return
     by_graph = collections.defaultdict(list)
     for r in rows:
         if r[2]:
