@@ -13,7 +13,9 @@
 // ring off", the 4-stage ring everywhere) at T <= 16; FP8 models at T = 1
 // also with NUCLEUS_MOE_UP_STREAM=0 (row "cuda_grouped up stream off": UP on
 // the 16-row MMA tiles); steps of 128-row m-tiles also with NUCLEUS_MOE_WGMMA=0
-// (row "cuda_grouped wgmma off": mma.sync 128 x 128 tiles). Then, at T <= 16, V2-Lite bf16 and V3 FP8 with their
+// and NUCLEUS_MOE_FP8_W8A8=0 (row "cuda_grouped wgmma off": mma.sync 128 x 128
+// tiles) and, FP8 models, NUCLEUS_MOE_FP8_W8A8=0 alone (row "cuda_grouped w8a8
+// off": bf16 activations on wgmma). Then, at T <= 16, V2-Lite bf16 and V3 FP8 with their
 // shared experts as routed ones ("+ 2 shared": 66 experts, top-8; "+ 1
 // shared": 257, top-9; every token's last slots on the shared experts), the
 // MoE op the engine's decode graphs run. --max-t / --min-t: steps of at most / at least T tokens. --decode: only
@@ -33,9 +35,11 @@
 #include <ctime>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/context.h"
@@ -223,15 +227,23 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t min_t, int6
     };
     report("cuda_grouped", time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
     NUCLEUS_CHECK_OK(ctx.error);
-    // The same backend with one switch changed (set for the row, then restored).
-    auto report_with = [&](const char* knob, const char* value, const char* row) {
-      const char* before = std::getenv(knob);
-      const std::string saved = before ? before : "";
-      setenv(knob, value, 1);
+    // The same backend with switches changed (set for the row, then restored).
+    auto report_with_all = [&](std::vector<std::pair<const char*, const char*>> knobs, const char* row) {
+      std::vector<std::pair<const char*, std::optional<std::string>>> saved;
+      for (const auto& [knob, value] : knobs) {
+        const char* before = std::getenv(knob);
+        saved.emplace_back(knob, before ? std::optional<std::string>(before) : std::nullopt);
+        setenv(knob, value, 1);
+      }
       report(row, time_us([&] { grouped.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
-      if (before) setenv(knob, saved.c_str(), 1);
-      else unsetenv(knob);
+      for (const auto& [knob, before] : saved) {
+        if (before) setenv(knob, before->c_str(), 1);
+        else unsetenv(knob);
+      }
       NUCLEUS_CHECK_OK(ctx.error);
+    };
+    auto report_with = [&](const char* knob, const char* value, const char* row) {
+      report_with_all({{knob, value}}, row);
     };
     // FP8 weights dequantized through a bf16 shared-memory tile (the path before).
     if (m.fp8 && T <= 512) report_with("NUCLEUS_MOE_FP8_REGISTER_DEQUANT", "0", "cuda_grouped fp8 via smem");
@@ -242,8 +254,11 @@ void bench_model(const Model& m, int reps, bool decode_only, int64_t min_t, int6
     // One-token FP8 steps: the UP GEMM as 16-row MMA tiles instead of the FP8 stream scheme.
     if (m.fp8 && T == 1) report_with("NUCLEUS_MOE_UP_STREAM", "0", "cuda_grouped up stream off");
     // Steps of 128-row m-tiles: the GEMMs on mma.sync 128 x 128 tiles instead of wgmma.
-    if (kernels::moe_grouped_pick_bm(T, {m.hidden, m.inter, m.num_experts, m.top_k}) == 128)
-      report_with("NUCLEUS_MOE_WGMMA", "0", "cuda_grouped wgmma off");
+    if (kernels::moe_grouped_pick_bm(T, {m.hidden, m.inter, m.num_experts, m.top_k}) == 128) {
+      report_with_all({{"NUCLEUS_MOE_WGMMA", "0"}, {"NUCLEUS_MOE_FP8_W8A8", "0"}}, "cuda_grouped wgmma off");
+      // FP8: W8A16 on wgmma (bf16 activations, weights converted to bf16) instead of W8A8.
+      if (m.fp8) report_with("NUCLEUS_MOE_FP8_W8A8", "0", "cuda_grouped w8a8 off");
+    }
     if (decode_ok.ok() && T <= 16) {
       report("cuda_decode", time_us([&] { decode.run(ctx, {d_x, d_ids, d_w}, {out, scratch}); }, reps));
       NUCLEUS_CHECK_OK(ctx.error);

@@ -166,6 +166,15 @@ constexpr KnobInfo kKnobs[] = {
      "(auto: by the rule kernels::moe_grouped_wgmma; 1: wherever it applies; 0: never, the path before); the same "
      "outputs up to f32 summation order; a malformed value is refused at start-up",
      "src/ops/moe_decode.cpp"},
+    {KNOB(kMoeFp8W8a8), "NUCLEUS_MOE_FP8_W8A8", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "MoE steps of 128-row m-tiles (prefill-sized) with FP8 experts in 128 x 128 blocks quantize x and h per "
+     "1 x 128 block to e4m3 (DeepSeek-V3's act_quant, as the dense layers' cuBLASLt FP8 GEMMs) and run UP and "
+     "DOWN on FP8 wgmma, the block scales applied to each 128-wide k block's f32 sums (auto: by the rule "
+     "kernels::moe_grouped_w8a8; 1: wherever it applies; 0: never, bf16 activations against weights converted "
+     "to bf16, the path before); changes the numerics (activations rounded to e4m3); a malformed value is refused "
+     "at start-up",
+     "src/ops/moe_decode.cpp"},
     {KNOB(kPackedUpload), "NUCLEUS_PACKED_UPLOAD", KnobType::kEnum,
      "auto, 0, 1 (also off/false, on/true; any case)", "auto",
      "a step on the decode-graph route uploads its metadata packed by its own lengths in one host-to-device copy "

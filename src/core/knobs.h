@@ -59,6 +59,7 @@ enum class Knob {
   kMoeCombineNorm,
   kMoeUpStream,
   kMoeWgmma,
+  kMoeFp8W8a8,
   kPackedUpload,
   kMlaDecodeSmallGemms,
   kMlaDecodeSplitKeys,

@@ -70,6 +70,7 @@ Status moe_up_splits_env_status() {
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeRouteRegs));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeUpStream));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeWgmma));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeFp8W8a8));
   return ok_status();
 }
 
@@ -78,6 +79,8 @@ int moe_deep_ring_switch() { return tri_switch(Knob::kMoeDeepRing); }
 int moe_up_stream_switch() { return tri_switch(Knob::kMoeUpStream); }
 
 int moe_wgmma_switch() { return tri_switch(Knob::kMoeWgmma); }
+
+int moe_fp8_w8a8_switch() { return tri_switch(Knob::kMoeFp8W8a8); }
 
 bool moe_align_free_switch() {
   return env_auto_switch(Knob::kMoeAlignFree).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;

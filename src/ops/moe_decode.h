@@ -43,8 +43,8 @@ int moe_up_splits_switch();
 
 // OK, or invalid_argument naming a malformed NUCLEUS_MOE_UP_SPLIT_K,
 // NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_ALIGN_FREE, NUCLEUS_MOE_COMBINE_PREFETCH,
-// NUCLEUS_MOE_ROUTE_REGS, NUCLEUS_MOE_UP_STREAM or NUCLEUS_MOE_WGMMA (checked
-// when a model is built).
+// NUCLEUS_MOE_ROUTE_REGS, NUCLEUS_MOE_UP_STREAM, NUCLEUS_MOE_WGMMA or
+// NUCLEUS_MOE_FP8_W8A8 (checked when a model is built).
 Status moe_up_splits_env_status();
 
 // NUCLEUS_MOE_DEEP_RING as kernels::MoeGroupedOptions::deep_ring, read at each
@@ -61,6 +61,11 @@ int moe_up_stream_switch();
 // -1 auto (the rule kernels::moe_grouped_wgmma; default, and a malformed value
 // until moe_up_splits_env_status refuses it), 0 off, 1 on.
 int moe_wgmma_switch();
+
+// NUCLEUS_MOE_FP8_W8A8 as kernels::MoeGroupedOptions::fp8_w8a8, read at each
+// use: -1 auto (the rule kernels::moe_grouped_w8a8; default, and a malformed
+// value until moe_up_splits_env_status refuses it), 0 off, 1 on.
+int moe_fp8_w8a8_switch();
 
 // NUCLEUS_MOE_ALIGN_FREE as kernels::MoeGroupedOptions::align_free, read at
 // each use: true for auto (default; and a malformed value until

@@ -47,8 +47,9 @@ struct State {
 
 kernels::MoeGroupedShape shape_of(const MoeExpertsOp& op) {
   const LinearWeight& gu = *op.experts().front().gate_up;
+  const LinearWeight& dn = *op.experts().front().down;
   return {gu.in_features, op.inter(), static_cast<int64_t>(op.experts().size()), op.top_k(),
-          gu.fp8() ? gu.block_k : 0};
+          gu.fp8() ? gu.block_k : 0, dn.fp8() ? dn.block_k : 0};
 }
 
 // Tokens per pass for steps of at most `max_tokens` rows: all of them, at
@@ -138,6 +139,7 @@ void moe_experts_grouped(MoeExpertsOp& op, OpContext& ctx, const TensorList& in,
   opt.combine_prefetch = moe_combine_prefetch_switch();
   opt.up_stream = moe_up_stream_switch();
   opt.wgmma = moe_wgmma_switch();
+  opt.fp8_w8a8 = moe_fp8_w8a8_switch();
   opt.pdl = skinny_pdl();
   // The add + norm after the op (MoeExpertsOp::fuse_add_rmsnorm) in each
   // chunk's combine; the prezero fill in the first chunk's.

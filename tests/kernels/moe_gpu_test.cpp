@@ -513,6 +513,61 @@ const Backend<MoeExpertsOp>& experts_backend(const std::string& name) {
   return MoeExpertsOp::backends().front();
 }
 
+// One row quantized per 1 x 128 block as launch_fp8_act_quant does
+// (s = amax / 448, q = e4m3(v / s)), returned dequantized (q * s).
+std::vector<float> act_quant_dequant_row(const float* v, int64_t k) {
+  std::vector<float> out(k, 0.0f);
+  for (int64_t c0 = 0; c0 < k; c0 += 128) {
+    const int64_t c1 = std::min(k, c0 + 128);
+    float amax = 0.0f;
+    for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(v[c]));
+    const float sc = amax / 448.0f;
+    for (int64_t c = c0; c < c1; ++c) out[c] = sc > 0.0f ? fp8e4m3_to_f32(f32_to_fp8e4m3(v[c] / sc)) * sc : 0.0f;
+  }
+  return out;
+}
+
+// The W8A8 MoE step on the host for tokens `rows`: x quantized per 1 x 128
+// block, h = bf16(silu(gate) * up) quantized the same way, y = bf16(h . down),
+// out = sum_k w_k y_k in k order (what kernels::moe_grouped_w8a8 computes, up
+// to f32 summation order).
+std::vector<float> w8a8_reference_rows(const ExpertSet& set, const std::vector<float>& x, const Routing& r,
+                                       const std::vector<int64_t>& rows) {
+  const MoeShape& s = set.shape;
+  std::vector<float> out(rows.size() * s.hidden, 0.0f);
+  parallel_for(static_cast<int64_t>(rows.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = rows[i];
+      const std::vector<float> xq = act_quant_dequant_row(x.data() + t * s.hidden, s.hidden);
+      std::vector<float> h(s.inter), acc(s.hidden, 0.0f);
+      for (int64_t k = 0; k < s.top_k; ++k) {
+        const ExpertWeightsRef& e = set.ref[r.ids[t * s.top_k + k]];
+        for (int64_t j = 0; j < s.inter; ++j) {
+          double g = 0, u = 0;
+          for (int64_t c = 0; c < s.hidden; ++c) {
+            g += double(xq[c]) * e.gate_up[j * s.hidden + c];
+            u += double(xq[c]) * e.gate_up[(s.inter + j) * s.hidden + c];
+          }
+          const float gf = static_cast<float>(g), uf = static_cast<float>(u);
+          h[j] = bf16_to_f32(f32_to_bf16(gf / (1.0f + std::exp(-gf)) * uf));
+        }
+        const std::vector<float> hq = act_quant_dequant_row(h.data(), s.inter);
+        for (int64_t n = 0; n < s.hidden; ++n) {
+          double y = 0;
+          for (int64_t j = 0; j < s.inter; ++j) y += double(hq[j]) * e.down[n * s.inter + j];
+          acc[n] += r.weights[t * s.top_k + k] * bf16_to_f32(f32_to_bf16(static_cast<float>(y)));
+        }
+      }
+      for (int64_t n = 0; n < s.hidden; ++n) out[i * s.hidden + n] = bf16_to_f32(f32_to_bf16(acc[n]));
+    }
+  });
+  return out;
+}
+
+// W8A8 against its host emulation: the f32 sums differ in order, so h's
+// bf16 rounding, and then its e4m3 code (6% apart), can differ in places.
+const CloseTol kW8a8Tol{.atol_rms = 0.06f, .rtol = 0.03f, .max_rel_l2 = 1e-2};
+
 void check_shape(const MoeShape& s) {
   ExpertSet set(s);
   MoeExpertsOp op(set.op_experts, s.inter, s.top_k);
@@ -530,7 +585,18 @@ void check_shape(const MoeShape& s) {
       run_op(op, res, st);
       const auto got = from_bf16(host_copy<uint16_t>(st.out));
       const auto rows = sample_rows(T, s.max_ref_tokens);
-      expect_close(got, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what);
+      // FP8 experts at prefill-sized steps run W8A8 by the engine's switches
+      // (NUCLEUS_MOE_FP8_W8A8, NUCLEUS_MOE_WGMMA): compared with its emulation.
+      MoeGroupedOptions engine;
+      engine.fp8_w8a8 = moe_fp8_w8a8_switch();
+      engine.wgmma = moe_wgmma_switch();
+      const MoeGroupedShape blocks{s.hidden, s.inter, s.num_experts, s.top_k, s.gate_up_fp8 ? 128 : 0,
+                                   s.down_fp8 ? 128 : 0};
+      if (moe_grouped_w8a8(blocks, moe_grouped_pick_bm(T, blocks), s.gate_up_fp8, s.down_fp8, engine))
+        expect_close(got, w8a8_reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what + " W8A8",
+                     kW8a8Tol);
+      else
+        expect_close(got, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what);
       if (T == 300 && !skewed) {
         // Deterministic, and a CUDA-graph replay is bit-identical to eager.
         cudaStream_t stream = cuda::context().stream;
@@ -1005,6 +1071,87 @@ TEST_F(MoeGpu, ExpertsWgmmaEqualsMma) {
       // so h and y may round to the neighbouring bf16 in a few places.
       expect_close(on, off, all_rows(T), s.hidden, what + " wgmma against mma.sync",
                    CloseTol{.atol_rms = 0.01f, .rtol = 0.01f, .max_rel_l2 = 3e-3});
+      const auto replay = run(1, true);
+      EXPECT_EQ(0, std::memcmp(replay.data(), on.data(), on.size() * 4)) << what << ": graph replay differs from eager";
+    }
+  }
+}
+
+// W8A8 prefill steps (NUCLEUS_MOE_FP8_W8A8, MoeGroupedOptions::fp8_w8a8):
+// where the rule applies, by hand; the kernels a step launches (captured:
+// x's and h's quantization and grouped_wgmma_w8a8_kernel when on, neither
+// when off); on, close to the host emulation of W8A8 (x and h quantized per
+// 1 x 128 block) on a V3-like shape and V3's TP-8 shard, uniform (ragged last
+// tiles) and skewed routing (empty experts); off, close to the unquantized
+// reference as before; on within a few percent of off (the activations'
+// rounding to e4m3); a graph replay equals eager bit for bit. out, h and y
+// are poisoned before every run.
+TEST_F(MoeGpu, ExpertsFp8W8a8) {
+  auto opts = [](int w8a8) {
+    MoeGroupedOptions o;
+    o.force_bm = 128;
+    o.up_splits = 1;
+    o.fp8_w8a8 = w8a8;
+    return o;
+  };
+  const MoeGroupedShape v3{7168, 2048, 256, 8, 128, 128};
+  EXPECT_TRUE(moe_grouped_w8a8(v3, 128, true, true, opts(-1)));
+  EXPECT_TRUE(moe_grouped_w8a8({7168, 256, 256, 8, 128, 128}, 128, true, true, opts(1)));  // V3 TP 8
+  EXPECT_FALSE(moe_grouped_w8a8(v3, 128, true, true, opts(0)));                              // switched off
+  EXPECT_FALSE(moe_grouped_w8a8(v3, 64, true, true, opts(1)));                               // 64-row tiles
+  EXPECT_FALSE(moe_grouped_w8a8(v3, 128, true, false, opts(1)));                             // bf16 down
+  EXPECT_FALSE(moe_grouped_w8a8({7168, 2048, 256, 8, 128, 0}, 128, true, true, opts(1)));    // down blocks not given
+  EXPECT_FALSE(moe_grouped_w8a8({7168, 2048, 256, 8, 64, 64}, 128, true, true, opts(1)));    // 64-wide blocks
+  EXPECT_FALSE(moe_grouped_w8a8({256, 192, 8, 2, 128, 128}, 128, true, true, opts(1)));      // inter 192
+  MoeGroupedOptions no_wgmma = opts(1);
+  no_wgmma.wgmma = 0;
+  EXPECT_FALSE(moe_grouped_w8a8(v3, 128, true, true, no_wgmma));                             // wgmma switched off
+
+  for (const MoeShape& s : {MoeShape{"v3-like-fp8", 7168, 2048, 32, 8, true, true, 16, 8},
+                            MoeShape{"v3-tp8-fp8", 7168, 256, 64, 8, true, true, 32, 8}}) {
+    ExpertSet set(s);
+    Tensor d_views = device_views(set);
+    const MoeGroupedShape gs{s.hidden, s.inter, s.num_experts, s.top_k, 128, 128};
+    for (bool skewed : {false, true}) {
+      const int64_t T = skewed ? 300 : 700;
+      const std::string what = std::string(s.name) + (skewed ? " skewed" : " random") + " T=" + std::to_string(T);
+      const GroupedWorkspace workspace = grouped_workspace(gs, T * s.top_k);
+      ASSERT_NE(workspace.ws.x_fp8, nullptr) << what << ": the workspace carved no W8A8 buffers";
+      Step st = make_step(s, T, skewed, 3100 + T);
+      cudaStream_t stream = cuda::context().stream;
+      auto launcher = [&](int w8a8) {
+        return [&, w8a8] {
+          return launch_moe_grouped(st.x.data<__nv_bfloat16>(), T, st.ids.data<int32_t>(), st.weights.data<float>(),
+                                    gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, workspace.ws,
+                                    st.out.data<__nv_bfloat16>(), stream, opts(w8a8));
+        };
+      };
+      auto run = [&](int w8a8, bool graph) {
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(st.out.raw(), 0xff, st.out.nbytes(), stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.h, 0xff, T * s.top_k * s.inter * 2, stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.y, 0xff, T * s.top_k * s.hidden * 2, stream));
+        // The quantized activations too: a replay whose quantization wrote nothing must not pass.
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.x_fp8, 0xff, T * s.hidden, stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.x_scale, 0xff, T * (s.hidden / 128) * 4, stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.h_fp8, 0xff, T * s.top_k * s.inter, stream));
+        NUCLEUS_CUDA_CHECK(cudaMemsetAsync(workspace.ws.h_scale, 0xff, T * s.top_k * (s.inter / 128) * 4, stream));
+        run_eager_or_graph(stream, graph, launcher(w8a8));
+        return from_bf16(host_copy<uint16_t>(st.out));
+      };
+      for (int w8a8 : {0, 1}) {
+        const std::vector<std::string> names = captured_kernel_names(stream, launcher(w8a8));
+        EXPECT_EQ(any_contains(names, "grouped_wgmma_w8a8_kernel"), w8a8 == 1) << what << " w8a8 " << w8a8;
+        EXPECT_EQ(any_contains(names, "fp8_act_quant_kernel"), w8a8 == 1) << what << " w8a8 " << w8a8;
+      }
+      const auto rows = sample_rows(T, s.max_ref_tokens);
+      const auto on = run(1, false);
+      const auto off = run(0, false);
+      expect_close(off, reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden, what + " W8A16");
+      expect_close(on, w8a8_reference_rows(set, st.x_host, st.routing, rows), rows, s.hidden,
+                   what + " W8A8 against its emulation", kW8a8Tol);
+      const double apart = expect_close(on, off, all_rows(T), s.hidden, what + " W8A8 against W8A16",
+                                        CloseTol{.atol_rms = 0.5f, .rtol = 0.25f, .max_rel_l2 = 0.08});
+      EXPECT_GT(apart, 1e-3) << what << ": W8A8 equals W8A16 (the activations were not quantized?)";
       const auto replay = run(1, true);
       EXPECT_EQ(0, std::memcmp(replay.data(), on.data(), on.size() * 4)) << what << ": graph replay differs from eager";
     }

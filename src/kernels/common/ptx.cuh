@@ -34,6 +34,12 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
   cp_async_16(smem_u32(dst), src, src_bytes);
 }
 
+// cp.async.ca.shared.global [dst], [src], 4, src_bytes: the same for 4 bytes
+// (src_bytes 0 or 4; 4-byte aligned), through L1.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
 // cp.async.commit_group: closes the group of this thread's cp.async issued
 // since the previous commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

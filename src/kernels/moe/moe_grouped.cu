@@ -8,6 +8,7 @@
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/gemm/fp8_gemm.cuh"  // launch_fp8_act_quant (W8A8 steps)
 #include "kernels/moe/moe_grouped.cuh"
 #include "kernels/rmsnorm/add_rmsnorm_row.cuh"
 #include "kernels/rmsnorm/rmsnorm.cuh"
@@ -311,11 +312,21 @@ int down_bn(int bm) { return bm <= 32 ? 64 : 128; }
 
 }  // namespace
 
+namespace {
+// Rows of x a workspace for `max_pairs` pairs quantizes (W8A8 steps), and
+// whether it carves the W8A8 buffers at all (FP8 gate_up in 128-wide K blocks).
+int64_t w8a8_tokens(const MoeGroupedShape& s, int64_t max_pairs) {
+  return s.gate_up_block_k == 128 ? (max_pairs + s.top_k - 1) / std::max<int64_t>(1, s.top_k) : 0;
+}
+}  // namespace
+
 size_t moe_grouped_workspace_bytes(const MoeGroupedShape& s, int64_t max_pairs) {
   const int64_t tiles = max_tiles_for(max_pairs, s.num_experts, 16);
+  const int64_t qt = w8a8_tokens(s, max_pairs), qp = qt > 0 ? max_pairs : 0;
   return align_up((s.num_experts + 1) * 4) + 2 * align_up(max_pairs * 4) + 2 * align_up(tiles * 4) + align_up(4) +
          align_up(max_pairs * s.inter * 2) + align_up(max_pairs * s.hidden * 2) +
-         align_up(kMoeUpSplitRows * 2 * s.inter * 4);
+         align_up(kMoeUpSplitRows * 2 * s.inter * 4) + align_up(qt * s.hidden) + align_up(qt * (s.hidden / 128) * 4) +
+         align_up(qp * s.inter) + align_up(qp * ((s.inter + 127) / 128) * 4);
 }
 
 MoeGroupedWorkspace moe_grouped_workspace_carve(void* base, const MoeGroupedShape& s, int64_t max_pairs) {
@@ -336,6 +347,12 @@ MoeGroupedWorkspace moe_grouped_workspace_carve(void* base, const MoeGroupedShap
   ws.h = reinterpret_cast<__nv_bfloat16*>(take(max_pairs * s.inter * 2));
   ws.y = reinterpret_cast<__nv_bfloat16*>(take(max_pairs * s.hidden * 2));
   ws.up_partial = reinterpret_cast<float*>(take(kMoeUpSplitRows * 2 * s.inter * 4));
+  if (const int64_t qt = w8a8_tokens(s, max_pairs); qt > 0) {
+    ws.x_fp8 = reinterpret_cast<uint8_t*>(take(qt * s.hidden));
+    ws.x_scale = reinterpret_cast<float*>(take(qt * (s.hidden / 128) * 4));
+    ws.h_fp8 = reinterpret_cast<uint8_t*>(take(max_pairs * s.inter));
+    ws.h_scale = reinterpret_cast<float*>(take(max_pairs * ((s.inter + 127) / 128) * 4));
+  }
   ws.max_pairs = max_pairs;
   return ws;
 }
@@ -389,6 +406,13 @@ int moe_grouped_up_splits(int64_t num_tokens, const MoeGroupedShape& s, int bm, 
       pairs * 2 * 2 <= kMoeUpSplitRows && k_tiles >= 4 * 2)
     splits = 2;
   return splits;
+}
+
+bool moe_grouped_w8a8(const MoeGroupedShape& s, int bm, bool gate_up_fp8, bool down_fp8,
+                      const MoeGroupedOptions& opt) {
+  const bool applies = bm == 128 && gate_up_fp8 && down_fp8 && s.gate_up_block_k == 128 && s.down_block_k == 128 &&
+                       s.hidden % 128 == 0 && s.inter % 128 == 0;
+  return applies && opt.fp8_w8a8 != 0 && opt.wgmma != 0;
 }
 
 bool moe_grouped_wgmma(const MoeGroupedShape& s, int bm, const MoeGroupedOptions& opt) {
@@ -463,11 +487,19 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   up.deep_ring = !gate_up_fp8 && deep_ring(max_tiles * up.n_tiles * splits, s.hidden / 64 / splits);
   const bool up_stream = moe_grouped_up_stream(num_tokens, s, bm, gate_up_fp8, opt);
   const bool wgmma = moe_grouped_wgmma(s, bm, opt);
+  const bool w8a8 = moe_grouped_w8a8(s, bm, gate_up_fp8, down_fp8, opt) && ws.x_fp8 != nullptr;
   if (up_stream) {
     splits = 1;
     up.k_splits = 1;
     up.partial = nullptr;
     err = moe_grouped::launch_up_stream(up, stream);
+  } else if (w8a8 && splits == 1) {
+    err = launch_fp8_act_quant(x, s.hidden, num_tokens, s.hidden, ws.x_fp8, s.hidden, ws.x_scale, s.hidden / 128, 1,
+                               stream);
+    if (err != cudaSuccess) return err;
+    up.a_fp8 = ws.x_fp8;
+    up.a_scale = ws.x_scale;
+    err = moe_grouped::launch_grouped_wgmma_w8a8(true, up, max_tiles, stream);
   } else if (wgmma && splits == 1) {
     err = moe_grouped::launch_grouped_wgmma(gate_up_fp8, true, up, max_tiles, stream);
   } else {
@@ -492,8 +524,18 @@ cudaError_t launch_moe_grouped(const __nv_bfloat16* x, int64_t num_tokens, const
   down.n = static_cast<int>(s.hidden);
   down.n_tiles = static_cast<int>(s.hidden / down_bn(bm));
   down.deep_ring = !down_fp8 && deep_ring(max_tiles * down.n_tiles, s.inter / 64);
-  err = wgmma ? moe_grouped::launch_grouped_wgmma(down_fp8, false, down, max_tiles, stream)
-              : launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
+  if (w8a8 && splits == 1) {
+    // h (bf16, sorted rows) quantized per 1 x 128 block for DOWN.
+    err = launch_fp8_act_quant(ws.h, s.inter, pairs, s.inter, ws.h_fp8, s.inter, ws.h_scale, (s.inter + 127) / 128, 1,
+                               stream);
+    if (err != cudaSuccess) return err;
+    down.a_fp8 = ws.h_fp8;
+    down.a_scale = ws.h_scale;
+    err = moe_grouped::launch_grouped_wgmma_w8a8(false, down, max_tiles, stream);
+  } else {
+    err = wgmma ? moe_grouped::launch_grouped_wgmma(down_fp8, false, down, max_tiles, stream)
+                : launch_gemm<false>(bm, down_fp8, opt.fp8_register_dequant, down, max_tiles, stream);
+  }
   if (err != cudaSuccess) return err;
 
   const int32_t* pair_pos = align_free ? nullptr : ws.pair_pos;

@@ -43,6 +43,8 @@ struct MoeGroupedShape {
   int64_t top_k = 0;        // experts per token
   int64_t gate_up_block_k = 0;  // FP8 gate_up: its scale blocks' width along K (every expert's); 0 for bf16
                                 // or not given (the one-token UP stream needs 128: MoeGroupedOptions::up_stream)
+  int64_t down_block_k = 0;     // FP8 down: the same for down (W8A8 steps need 128 for both:
+                                // MoeGroupedOptions::fp8_w8a8)
 };
 
 // Device scratch for up to `max_pairs` (token, k) pairs (num_tokens * top_k).
@@ -57,6 +59,13 @@ struct MoeGroupedWorkspace {
   __nv_bfloat16* y = nullptr;         // [max_pairs, hidden] expert outputs, sorted rows
   float* up_partial = nullptr;        // [k_splits, rows, 2 * inter] f32 UP sums of split-K steps,
                                       // k_splits * rows <= kMoeUpSplitRows
+  // W8A8 steps (MoeGroupedOptions::fp8_w8a8; carved only for shapes with
+  // gate_up_block_k == 128, else null): x and h quantized per 1 x 128 block
+  // (launch_fp8_act_quant: e4m3 values, f32 scales row-major).
+  uint8_t* x_fp8 = nullptr;           // [ceil(max_pairs / top_k), hidden]
+  float* x_scale = nullptr;           // [ceil(max_pairs / top_k), hidden / 128]
+  uint8_t* h_fp8 = nullptr;           // [max_pairs, inter]
+  float* h_scale = nullptr;           // [max_pairs, ceil(inter / 128)]
   int64_t max_pairs = 0;
 };
 
@@ -88,6 +97,11 @@ struct MoeGroupedOptions {
                                      // blocks) in the FP8 stream scheme instead of the MMA tiles: -1 by the
                                      // rule (moe_grouped_up_stream), 0 never, 1 wherever it applies
                                      // (NUCLEUS_MOE_UP_STREAM)
+  int fp8_w8a8 = 0;                  // FP8 experts (128 x 128 blocks) at steps of 128-row m-tiles: x and h
+                                     // quantized per 1 x 128 block to e4m3 and the GEMMs on FP8 wgmma
+                                     // (moe_grouped_w8a8): -1 by the rule, 0 never (the default here: the
+                                     // W8A16 numerics), 1 wherever it applies; the engine passes
+                                     // NUCLEUS_MOE_FP8_W8A8 (auto: -1)
   int wgmma = -1;                    // the UP and DOWN GEMMs of 128-row m-tiles on Hopper wgmma (128 x 256
                                      // tiles, moe_grouped_wgmma.cu) instead of mma.sync 128 x 128 tiles: -1 by
                                      // the rule (moe_grouped_wgmma), 0 never, 1 wherever it applies
@@ -199,6 +213,22 @@ bool moe_grouped_up_stream(int64_t num_tokens, const MoeGroupedShape& s, int bm,
 // "Prefill MoE GEMMs on wgmma (`NUCLEUS_MOE_WGMMA`, session 18)").
 bool moe_grouped_wgmma(const MoeGroupedShape& s, int bm, const MoeGroupedOptions& opt);
 
+// Whether a step with m-tiles of `bm` rows runs W8A8 (DeepSeek-V3's own FP8
+// inference numerics, as the dense layers' cuBLASLt FP8 GEMMs): x quantized
+// per 1 x 128 block (launch_fp8_act_quant), UP as FP8 wgmma over e4m3 x and
+// e4m3 gate_up, each 128-wide k block's sums times x's and the weight's block
+// scales in f32; h = bf16(silu(gate) * up) quantized the same way; DOWN the
+// same over h. Where it applies: bm == 128, both weights FP8 with 128-wide K
+// blocks (s.gate_up_block_k == s.down_block_k == 128), inter % 128 == 0, and
+// wgmma not switched off (opt.wgmma != 0: W8A8 runs on wgmma only); opt.fp8_w8a8
+// 1, or -1 and the rule takes it. Rule: every step where it applies
+// (docs/perf.md "Prefill MoE GEMMs on wgmma (`NUCLEUS_MOE_WGMMA`, session
+// 18)": V3's routed experts at 8192 tokens 19.3 -> 11.2 ms against W8A16 on
+// wgmma). The numerics are those of DeepSeek-V3's own inference code and of
+// the dense layers' cuBLASLt FP8 GEMMs (activations rounded to e4m3).
+bool moe_grouped_w8a8(const MoeGroupedShape& s, int bm, bool gate_up_fp8, bool down_fp8,
+                      const MoeGroupedOptions& opt);
+
 // The m-tile rows launch_moe_grouped picks for these sizes (16, 32, 64 or 128).
 int moe_grouped_pick_bm(int64_t num_tokens, const MoeGroupedShape& s);
 
@@ -248,6 +278,10 @@ struct GemmArgs {
   // expert's weights are still read once.
   const int32_t* pair_experts = nullptr;
   int num_pairs = 0;
+  // W8A8 (launch_grouped_wgmma_w8a8): A as e4m3 [rows, k] with f32 scales
+  // [rows, k / 128] (one per 1 x 128 block); `a` is not read.
+  const uint8_t* a_fp8 = nullptr;
+  const float* a_scale = nullptr;
 };
 
 // Explicitly instantiated in moe_grouped_{up,down}_{bf16,fp8}.cu for
@@ -277,6 +311,16 @@ cudaError_t launch_up_stream(const GemmArgs& args, cudaStream_t stream);
 // no align-free list (else cudaErrorInvalidValue). Stream-async, capturable;
 // a PDL dependent when args.pdl (it waits before it reads the work list).
 cudaError_t launch_grouped_wgmma(bool fp8, bool up, const GemmArgs& args, int64_t max_tiles, cudaStream_t stream);
+
+// The W8A8 grouped GEMM of 128-row m-tiles (moe_grouped_wgmma.cu), UP (SwiGLU
+// epilogue, h = args.c in bf16) or DOWN: A = args.a_fp8 / args.a_scale (UP:
+// x rows gathered through the sorted order), weights e4m3 with block_k 128;
+// acc += (sum over the block's 128 k of a_q * w_q) * a_scale * w_scale.
+// args.n_tiles is set here (UP: n / 64, DOWN: n / 128). Needs args.k % 128 ==
+// 0, n % 128 == 0, no split-K, no align-free list (else
+// cudaErrorInvalidValue). Stream-async, capturable; a PDL dependent when
+// args.pdl.
+cudaError_t launch_grouped_wgmma_w8a8(bool up, const GemmArgs& args, int64_t max_tiles, cudaStream_t stream);
 
 // Whether the wgmma kernel's tiles cover these widths (inter % 128, hidden % 256).
 bool wgmma_shape_ok(int64_t hidden, int64_t inter);

@@ -254,6 +254,178 @@ cudaError_t launch_variant(const GemmArgs& args, int64_t max_tiles, cudaStream_t
   return pdl::launch(kernel, blocks, kThreads, bytes, a.pdl, stream, a);
 }
 
+// W8A8: e4m3 A (x or h quantized per 1 x 128 block) times e4m3 weights on FP8
+// wgmma. A CTA: 128 rows x 128 weight rows (UP: 64 gate + the 64 matching up
+// rows; DOWN: 128 output columns), 2 warpgroups of 64 rows, k-tiles of 128
+// (one scale block: 128 bytes a row, the 128-byte swizzle). Per k-tile each
+// warpgroup issues 4 wgmma m64n128k32 into a block accumulator, retires them,
+// and adds block * a_scale(row) * w_scale(half) to its f32 accumulators.
+// A 5-stage cp.async ring, 4 k-tiles ahead; each stage also carries the
+// tile's 128 A scales.
+constexpr int kQBN = 128;                 // weight rows a tile
+constexpr int kQBK = 128;                 // k a stage (bytes of an e4m3 row)
+constexpr int kQStages = 5;
+constexpr int kQTile = kBM * kQBK;        // bytes of an A (or B) stage: 16 KB
+static_assert(kQBN * kQBK == kQTile, "A and B stages of one size");
+
+constexpr int w8a8_smem_bytes() { return 1024 + kQStages * (2 * kQTile + kBM * 4); }
+
+template <bool kUp>
+__global__ void __launch_bounds__(kThreads, 1) grouped_wgmma_w8a8_kernel(GemmArgs args) {
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
+  unsigned char* const base_ptr = smem_raw + (base - ptx::smem_u32(smem_raw));
+  const uint32_t a_smem = base;                         // [kQStages][128 rows][128 B]
+  const uint32_t b_smem = a_smem + kQStages * kQTile;   // [kQStages][128 rows][128 B]
+  const uint32_t as_smem = b_smem + kQStages * kQTile;  // [kQStages][128] f32 A scales
+  const float* const a_scales = reinterpret_cast<const float*>(base_ptr + 2 * kQStages * kQTile);
+  __shared__ float w_scales[2][kMaxKBlocks];  // [first | second 64 weight rows][k block]
+
+  pdl::wait_for_inputs();
+  pdl::launch_dependents();
+
+  const int tile = blockIdx.x / args.n_tiles, n_tile = blockIdx.x % args.n_tiles;
+  const int expert = tile < __ldcg(args.num_tiles) ? __ldcg(args.tile_expert + tile) : -1;
+  if (expert < 0) return;
+  const int row0 = __ldcg(args.tile_row0 + tile);
+  const int row_end = __ldcg(args.expert_offsets + expert + 1);
+  const WeightView w = kUp ? args.experts[expert].gate_up : args.experts[expert].down;
+  const int K = args.k, k_blocks = K / kQBK;  // the weights' block_k is 128 (moe_grouped_w8a8: the shape's)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, w4 = warp & 3;
+  // UP: h columns col0 .. col0 + 63 (gate rows col0.., up rows n + col0..);
+  // DOWN: y columns col0 .. col0 + 127. Each half of the weight rows lies in
+  // one 128-row scale block (block_n a multiple of 128, n % 128 == 0).
+  const int col0 = n_tile * (kUp ? kQBN / 2 : kQBN);
+  auto weight_row = [&](int r) -> int {
+    if constexpr (kUp) return r < kQBN / 2 ? col0 + r : args.n + col0 + (r - kQBN / 2);
+    return col0 + r;
+  };
+  {
+    const float* s0 = w.scale_inv + (weight_row(0) / w.block_n) * k_blocks;
+    const float* s1 = w.scale_inv + (weight_row(kQBN / 2) / w.block_n) * k_blocks;
+    for (int i = tid; i < k_blocks; i += kThreads) {
+      w_scales[0][i] = s0[i];
+      w_scales[1][i] = s1[i];
+    }
+  }
+  auto src_row = [&](int r) -> int {  // A row of sorted row r (< row_end)
+    if constexpr (kUp) return args.sorted_pairs[r] / args.top_k;
+    return r;
+  };
+  const int r_lo = tid >> 3, c8 = tid & 7;
+  const uint32_t swz_off = r_lo * 128 + ((c8 ^ (r_lo & 7)) << 4);
+  int a_off[4], b_off[4];  // byte offsets of this thread's 16-byte chunks (a: -1 past the expert's rows)
+#pragma unroll
+  for (int it = 0; it < 4; ++it) {
+    const int r = row0 + r_lo + 32 * it;
+    a_off[it] = r < row_end ? src_row(r) * K + c8 * 16 : -1;
+    b_off[it] = weight_row(r_lo + 32 * it) * K + c8 * 16;
+  }
+  // Threads 0..127 copy the A scale of tile row tid each stage (0 past the rows).
+  const int s_off = tid < kBM && row0 + tid < row_end ? src_row(row0 + tid) * k_blocks : -1;
+  const unsigned char* const a_base = args.a_fp8;
+  const unsigned char* const b_base = static_cast<const unsigned char*>(w.data);
+
+  auto load_stage = [&](int slot, int kt) {
+    const int k0 = kt * kQBK;
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const bool valid = a_off[it] >= 0;
+      ptx::cp_async_16(a_smem + slot * kQTile + swz_off + it * 32 * 128, a_base + (valid ? a_off[it] + k0 : 0),
+                       valid ? 16 : 0);
+      ptx::cp_async_16(b_smem + slot * kQTile + swz_off + it * 32 * 128, b_base + b_off[it] + k0, 16);
+    }
+    if (tid < kBM)
+      ptx::cp_async_4(as_smem + (slot * kBM + tid) * 4, args.a_scale + (s_off >= 0 ? s_off + kt : 0),
+                      s_off >= 0 ? 4 : 0);
+  };
+
+  float acc[16][4], blk[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[j][v] = blk[j][v] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kQStages - 1; ++s) {
+    if (s < k_blocks) load_stage(s, s);
+    ptx::cp_async_commit();
+  }
+  const int g = lane >> 2, q = lane & 3;
+  const int my_row = wg * 64 + w4 * 16 + g;  // tile rows my_row and my_row + 8
+  for (int kt = 0; kt < k_blocks; ++kt) {
+    ptx::cp_async_wait<kQStages - 2>();
+    wgmma::fence_proxy_async();
+    // k-tile kt landed for every thread; both warpgroups retired k-tile kt - 1
+    // (wait<0> below), so its slot takes k-tile kt + kQStages - 1.
+    __syncthreads();
+    {
+      const int next = kt + kQStages - 1;
+      if (next < k_blocks) load_stage(next % kQStages, next);
+      ptx::cp_async_commit();
+    }
+    const int slot = kt % kQStages;
+    const uint32_t a_tile = a_smem + slot * kQTile + wg * 64 * 128, b_tile = b_smem + slot * kQTile;
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kQBK / 32; ++kk)
+      wgmma::m64n128k32_e4m3_ss(blk, wgmma::smem_desc(a_tile + kk * 32, 16, 1024),
+                                wgmma::smem_desc(b_tile + kk * 32, 16, 1024), kk > 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(blk);  // the reads below stay after the wait
+    const float sa0 = a_scales[slot * kBM + my_row], sa1 = a_scales[slot * kBM + my_row + 8];
+    const float sw_lo = w_scales[0][kt], sw_hi = w_scales[1][kt];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float sw = j < 8 ? sw_lo : sw_hi;
+      const float s0 = sa0 * sw, s1 = sa1 * sw;
+      acc[j][0] = fmaf(blk[j][0], s0, acc[j][0]);
+      acc[j][1] = fmaf(blk[j][1], s0, acc[j][1]);
+      acc[j][2] = fmaf(blk[j][2], s1, acc[j][2]);
+      acc[j][3] = fmaf(blk[j][3], s1, acc[j][3]);
+    }
+  }
+  ptx::cp_async_wait<0>();
+
+  // Epilogue: acc (j, v) is tile row my_row (+8 for v >= 2), weight row 8 j + 2 q (+1 for odd v).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = row0 + my_row + 8 * half;
+    if (r >= row_end) continue;
+    __nv_bfloat16* out_row = args.c + static_cast<int64_t>(r) * args.n;
+    if constexpr (kUp) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float g0 = acc[j][2 * half], g1 = acc[j][2 * half + 1];
+        const float u0 = acc[j + 8][2 * half], u1 = acc[j + 8][2 * half + 1];
+        const float h0 = g0 / (1.0f + __expf(-g0)) * u0, h1 = g1 / (1.0f + __expf(-g1)) * u1;
+        *reinterpret_cast<uint32_t*>(out_row + col0 + 8 * j + 2 * q) = pack_bf16x2(h0, h1);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+        *reinterpret_cast<uint32_t*>(out_row + col0 + 8 * j + 2 * q) = pack_bf16x2(acc[j][2 * half], acc[j][2 * half + 1]);
+    }
+  }
+}
+
+template <bool kUp>
+cudaError_t launch_w8a8_variant(const GemmArgs& args, int64_t max_tiles, cudaStream_t stream) {
+  constexpr int bytes = w8a8_smem_bytes();
+  auto kernel = grouped_wgmma_w8a8_kernel<kUp>;
+  const cudaError_t attr = cuda_common::once_per_device(
+      [&] { return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); });
+  if (attr != cudaSuccess) return attr;
+  GemmArgs a = args;
+  a.n_tiles = kUp ? a.n / (kQBN / 2) : a.n / kQBN;
+  const int64_t blocks = max_tiles * a.n_tiles;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  return pdl::launch(kernel, blocks, kThreads, bytes, a.pdl, stream, a);
+}
+
 }  // namespace
 
 bool wgmma_shape_ok(int64_t hidden, int64_t inter) {
@@ -266,6 +438,13 @@ cudaError_t launch_grouped_wgmma(bool fp8, bool up, const GemmArgs& args, int64_
     return cudaErrorInvalidValue;
   if (up) return fp8 ? launch_variant<true, true>(args, max_tiles, stream) : launch_variant<false, true>(args, max_tiles, stream);
   return fp8 ? launch_variant<true, false>(args, max_tiles, stream) : launch_variant<false, false>(args, max_tiles, stream);
+}
+
+cudaError_t launch_grouped_wgmma_w8a8(bool up, const GemmArgs& args, int64_t max_tiles, cudaStream_t stream) {
+  if (args.k_splits != 1 || args.pair_experts != nullptr || args.k % kQBK != 0 || args.n % kQBN != 0 ||
+      args.a_fp8 == nullptr || args.a_scale == nullptr || args.k / kQBK > kMaxKBlocks)
+    return cudaErrorInvalidValue;
+  return up ? launch_w8a8_variant<true>(args, max_tiles, stream) : launch_w8a8_variant<false>(args, max_tiles, stream);
 }
 
 }  // namespace nucleus::kernels::moe_grouped
