@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ops/moe_decode.h"
+#include "test_util.h"
 
 namespace nucleus {
 namespace {
@@ -51,6 +52,49 @@ TEST(MoeDecodeRule, AutoOnSwitchValues) {
       const Status s = moe_up_splits_env_status();
       EXPECT_FALSE(s.ok()) << c.name << "='" << bad << "'";
       EXPECT_NE(s.message().find(std::string(c.name) + "='" + bad + "'"), std::string::npos) << s.message();
+    }
+  }
+}
+
+// The three-way switches read as kernels::MoeGroupedOptions fields
+// (NUCLEUS_MOE_DEEP_RING, NUCLEUS_MOE_UP_STREAM, NUCLEUS_MOE_WGMMA,
+// NUCLEUS_MOE_FP8_W8A8): -1 (the kernel's rule) unset and under auto, 1 under
+// 1 and its spellings, 0 under 0 and its spellings; a malformed value reads as
+// auto and is refused by the env check, which names the variable.
+TEST(MoeDecodeRule, TriSwitchValues) {
+  struct Case {
+    const char* name;
+    int (*read)();
+  };
+  for (const Case c : {Case{"NUCLEUS_MOE_DEEP_RING", moe_deep_ring_switch},
+                       Case{"NUCLEUS_MOE_UP_STREAM", moe_up_stream_switch},
+                       Case{"NUCLEUS_MOE_WGMMA", moe_wgmma_switch},
+                       Case{"NUCLEUS_MOE_FP8_W8A8", moe_fp8_w8a8_switch}}) {
+    {
+      testing::ScopedEnvValue unset(c.name, nullptr);
+      EXPECT_EQ(c.read(), -1) << c.name << " unset: auto";
+    }
+    for (const char* v : {"", "auto", "AUTO"}) {
+      testing::ScopedEnvValue e(c.name, v);
+      EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "='" << v << "'";
+      EXPECT_EQ(c.read(), -1) << c.name << "='" << v << "'";
+    }
+    for (const char* v : {"1", "on", "True"}) {
+      testing::ScopedEnvValue e(c.name, v);
+      EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "=" << v;
+      EXPECT_EQ(c.read(), 1) << c.name << "=" << v;
+    }
+    for (const char* v : {"0", "off", "FALSE"}) {
+      testing::ScopedEnvValue e(c.name, v);
+      EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "=" << v;
+      EXPECT_EQ(c.read(), 0) << c.name << "=" << v;
+    }
+    for (const char* bad : {"2", "yes", " 1"}) {
+      testing::ScopedEnvValue e(c.name, bad);
+      const Status s = moe_up_splits_env_status();
+      EXPECT_FALSE(s.ok()) << c.name << "='" << bad << "'";
+      EXPECT_NE(s.message().find(std::string(c.name) + "='" + bad + "'"), std::string::npos) << s.message();
+      EXPECT_EQ(c.read(), -1) << c.name << "='" << bad << "': read as auto until refused";
     }
   }
 }
