@@ -31,24 +31,22 @@ TEST(MoeDecodeRule, AutoOnSwitchValues) {
   for (const Case c : {Case{"NUCLEUS_MOE_ALIGN_FREE", moe_align_free_switch},
                        Case{"NUCLEUS_MOE_COMBINE_PREFETCH", moe_combine_prefetch_switch},
                        Case{"NUCLEUS_MOE_ROUTE_REGS", moe_route_regs_switch}}) {
-    struct Env {
-      const char* name;
-      Env(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-      ~Env() { unsetenv(name); }
-    };
-    EXPECT_TRUE(c.read()) << c.name << " unset: auto, on";
+    {
+      testing::ScopedEnvValue unset(c.name, nullptr);
+      EXPECT_TRUE(c.read()) << c.name << " unset: auto, on";
+    }
     for (const char* v : {"", "auto", "AUTO", "1", "on", "True"}) {
-      Env e(c.name, v);
+      testing::ScopedEnvValue e(c.name, v);
       EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "='" << v << "'";
       EXPECT_TRUE(c.read()) << c.name << "='" << v << "'";
     }
     for (const char* v : {"0", "off", "FALSE"}) {
-      Env e(c.name, v);
+      testing::ScopedEnvValue e(c.name, v);
       EXPECT_TRUE(moe_up_splits_env_status().ok()) << c.name << "=" << v;
       EXPECT_FALSE(c.read()) << c.name << "=" << v;
     }
     for (const char* bad : {"2", "yes", " 1"}) {
-      Env e(c.name, bad);
+      testing::ScopedEnvValue e(c.name, bad);
       const Status s = moe_up_splits_env_status();
       EXPECT_FALSE(s.ok()) << c.name << "='" << bad << "'";
       EXPECT_NE(s.message().find(std::string(c.name) + "='" + bad + "'"), std::string::npos) << s.message();
