@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/cuda_common.cuh"
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/fp8_common.cuh"
@@ -20,6 +21,7 @@ namespace nucleus::kernels {
 
 namespace {
 
+using cuda_common::bf16x8_to_f32;
 using fp8_detail::ld_stream_v4;
 using fp8_detail::store_out;
 
@@ -38,18 +40,6 @@ struct Params {
   bool accumulate;
   bool out_f32;
 };
-
-// 8 bf16 (16 bytes) -> 8 f32: a bf16 is the high half of its f32.
-__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
-  f[0] = __uint_as_float(v.x << 16);
-  f[1] = __uint_as_float(v.x & 0xffff0000u);
-  f[2] = __uint_as_float(v.y << 16);
-  f[3] = __uint_as_float(v.y & 0xffff0000u);
-  f[4] = __uint_as_float(v.z << 16);
-  f[5] = __uint_as_float(v.z & 0xffff0000u);
-  f[6] = __uint_as_float(v.w << 16);
-  f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
 
 __device__ __forceinline__ void store(const Params& p, int row, int mi, float v) {
   const int64_t at = static_cast<int64_t>(mi) * p.out_stride + row;

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/common/cuda_common.cuh"
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/gemm/fp8_common.cuh"
@@ -30,6 +31,7 @@ namespace nucleus::kernels {
 
 namespace {
 
+using cuda_common::bf16x8_to_f32;
 using fp8_detail::ld_stream_v4;
 
 constexpr int kThreads = 256;                  // routing sort: one thread per pair
@@ -130,18 +132,6 @@ __device__ void sort_routing(Routing& r, const Params& p) {
     r.sorted[r.offset[slot] + before] = tid;
   }
   __syncthreads();
-}
-
-// 8 bf16 (16 bytes) -> 8 f32: a bf16 is the high half of its f32.
-__device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
-  f[0] = __uint_as_float(v.x << 16);
-  f[1] = __uint_as_float(v.x & 0xffff0000u);
-  f[2] = __uint_as_float(v.y << 16);
-  f[3] = __uint_as_float(v.y & 0xffff0000u);
-  f[4] = __uint_as_float(v.z << 16);
-  f[5] = __uint_as_float(v.z & 0xffff0000u);
-  f[6] = __uint_as_float(v.w << 16);
-  f[7] = __uint_as_float(v.w & 0xffff0000u);
 }
 
 __device__ __forceinline__ void bf16x8_to_f32_at(const uint4& v, float* f) {
