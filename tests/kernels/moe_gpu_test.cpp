@@ -1252,10 +1252,11 @@ TEST_F(MoeGpu, ExpertsCombineNormEqualsCombineThenNorm) {
                                        gs, d_views.data<ExpertView>(), s.gate_up_fp8, s.down_fp8, workspace.ws,
                                        st.out.data<__nv_bfloat16>(), stream, opt, norm),
                     cudaSuccess);
-          if (!fused)
+          if (!fused) {
             EXPECT_EQ(launch_add_rmsnorm(residual.data<float>(), st.out.data<__nv_bfloat16>(), d_norm_w.data<float>(),
                                          T, s.hidden, 1e-6f, normed_ptr, stream),
                       cudaSuccess);
+          }
         };
         if (!graph) {
           launch();
