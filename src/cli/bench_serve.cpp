@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -94,7 +95,13 @@ StatusOr<Endpoint> parse_base_url(std::string url) {
   const size_t scheme = url.find("://");
   if (scheme == std::string::npos || url.size() == scheme + 3)
     return invalid_argument("--base-url '" + url + "' must look like http://HOST:PORT");
-  const size_t path = url.find('/', scheme + 3);
+  std::string name = url.substr(0, scheme);
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (name != "http")  // the HTTP client is built without TLS
+    return invalid_argument("--base-url '" + url + "': scheme '" + url.substr(0, scheme) +
+                            "' is not supported (http://HOST:PORT)");
+  url = "http" + url.substr(scheme);  // the client's parser takes the scheme in lower case only
+  const size_t path = url.find('/', std::string("http://").size());
   if (path == std::string::npos) return Endpoint{url, ""};
   return Endpoint{url.substr(0, path), url.substr(path)};
 }

@@ -131,10 +131,12 @@ Status parse_rope_scaling(const json& j, RopeScaling* rs) {
   if (!r.is_object()) return invalid_argument("field 'rope_scaling' must be an object or null");
   std::string type;
   Reader rr(r, "rope_scaling.");
-  if (rr.has("type")) {
-    NUCLEUS_RETURN_IF_ERROR(rr.string_field("type", &type, true));
-  } else if (rr.has("rope_type")) {
+  // Transformers reads rope_type and falls back to the older 'type' (both
+  // present: rope_type wins).
+  if (rr.has("rope_type")) {
     NUCLEUS_RETURN_IF_ERROR(rr.string_field("rope_type", &type, true));
+  } else if (rr.has("type")) {
+    NUCLEUS_RETURN_IF_ERROR(rr.string_field("type", &type, true));
   } else {
     return invalid_argument("rope_scaling has neither 'type' nor 'rope_type'");
   }
@@ -358,8 +360,19 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
 
 StatusOr<ModelConfig> load_model_config(const std::string& path, const std::vector<std::string>& overrides) {
   NUCLEUS_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));  // a FIFO is refused, never read
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // No config.json field nests deeper than a few levels; deeper values are
+  // dropped while parsing (never built, never copied: a recursive copy of a
+  // 200,000-deep array overflowed the stack) and the file is refused.
+  constexpr int kMaxDepth = 64;
+  bool too_deep = false;
+  const json::parser_callback_t depth_limit = [&](int depth, json::parse_event_t event, json&) {
+    if (depth > kMaxDepth && (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start))
+      too_deep = true;
+    return depth <= kMaxDepth;
+  };
+  json j = json::parse(text, depth_limit, /*allow_exceptions=*/false);
   if (j.is_discarded()) return invalid_argument(path + ": not valid JSON");
+  if (too_deep) return invalid_argument(path + ": JSON nests deeper than " + std::to_string(kMaxDepth) + " levels");
   auto c = parse_model_config(j, overrides);
   if (!c.ok()) return c.status().with_context(path);
   return c;

@@ -287,7 +287,9 @@ Status Tokenizer::parse_model(const json& model) {
 
   const json* merges = field(model, "merges");
   if (merges && !merges->is_array()) return invalid_argument(w + ": model.merges must be an array");
-  if (!merges) return ok_status();
+  // HF tokenizers refuses a BPE model without merges ("Missing vocab/merges");
+  // without them every word would be split into single bytes.
+  if (!merges) return invalid_argument(w + ": model.merges is missing (a BPE model needs its merges)");
   merges_.reserve(merges->size());
   int32_t rank = 0;
   for (const json& m : *merges) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -48,9 +49,16 @@ int64_t first_bad_value(const void* data, DType dtype, int64_t count, ValueCheck
   // An exponent field of all ones (NaN or Inf) carries into the top bit when
   // its lowest bit is added: ((x & exp) + exp_lsb) & top.
   if (check == ValueCheck::kBlockScale) {
-    if (dtype == DType::kF32)  // finite and > 0: bits in [1, 0x7f7fffff]; 0 wraps in x - 1, -0 has the sign bit
-      return first_flagged<uint32_t>(
-          data, count, [](uint32_t x) -> uint32_t { return x | (x - 1) | ((x & 0x7f800000u) + 0x00800000u); });
+    // > 0 and 448 x scale (the largest e4m3 value dequantized) finite in f32:
+    // bits in [1, kMaxScaleBits]; 0 wraps in x - 1, -0 and negatives have the
+    // sign bit, anything above kMaxScaleBits (Inf and NaN included) wraps in
+    // kMaxScaleBits - x.
+    constexpr uint32_t kMaxScaleBits = 0x7b124924u;  // 7.59559e35, the largest s with 448 s < Inf
+    static_assert(std::bit_cast<float>(kMaxScaleBits) <= std::numeric_limits<float>::max() / 448.0f &&
+                  std::bit_cast<float>(kMaxScaleBits + 1) > std::numeric_limits<float>::max() / 448.0f);
+    if (dtype == DType::kF32)
+      return first_flagged<uint32_t>(data, count,
+                                     [](uint32_t x) -> uint32_t { return x | (x - 1) | (kMaxScaleBits - x); });
     if (dtype == DType::kU8)  // E8M0 NaN: 0xff
       return first_flagged<uint8_t>(data, count, [](uint8_t x) -> uint8_t { return x == 0xff ? 0x80 : 0; });
     return -1;
@@ -117,7 +125,7 @@ Status check_tensor_values(const std::string& file, const std::string& name, con
   std::string what;
   if (check == ValueCheck::kBlockScale)
     what = (t.dtype() == DType::kU8 ? "the E8M0 NaN byte " + value : value) +
-           " (an FP8 block scale must be finite and > 0)";
+           " (an FP8 block scale must be > 0 with 448 x scale finite)";
   else
     what = t.dtype() == DType::kF8E4M3 ? "the F8_E4M3 NaN byte " + value : value;
   return data_loss(file + ": tensor '" + name + "' holds " + what + " at element " +

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -133,7 +134,16 @@ class CheckpointSource : public TensorSource {
     for (const auto& [name, e] : ckpt_.entries()) {
       if (used_.count(name)) continue;
       std::smatch m;
-      if (std::regex_search(name, m, layer_re) && std::stoll(m[1].str()) >= config_.num_hidden_layers) continue;
+      if (std::regex_search(name, m, layer_re)) {
+        // Layers past num_hidden_layers are skipped (a truncated model); an index
+        // that does not fit an int64 is no layer of any model.
+        int64_t layer = 0;
+        const std::string digits = m[1].str();
+        const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), layer);
+        if (ec != std::errc() || end != digits.data() + digits.size())
+          return invalid_argument(e.file + ": unexpected tensor '" + name + "' (layer index out of range)");
+        if (layer >= config_.num_hidden_layers) continue;
+      }
       if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;
       return invalid_argument(e.file + ": unexpected tensor '" + name + "' (not part of a " + config_.model_type +
                               " model with this config.json)");

@@ -439,6 +439,9 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"generate --device cpu --num-kv-blocks -1", 2, "--num-kv-blocks"},
       {"generate --device cpu --gpu-memory-utilization 2", 2, "--gpu-memory-utilization"},
       {"generate --device cpu --num-kv-blocks 2000000000", 1, "GiB of host memory"},
+      // A scheme the HTTP client does not speak is refused (it threw past main: std::terminate).
+      {"bench serve --base-url ftp://127.0.0.1:1 --num-prompts 1", 2, "scheme 'ftp' is not supported"},
+      {"bench serve --base-url ws://127.0.0.1:1 --num-prompts 1", 2, "scheme 'ws' is not supported"},
   };
   for (const auto& c : cases) {
     RunResult r = run(c.args, true);

@@ -607,6 +607,29 @@ TEST(ChatTemplateTest, ParseErrorsNameLineAndColumn) {
   }
 }
 
+// Nesting is bounded (256 blocks and expressions), so a pathological template
+// is a parse error naming the limit instead of a stack overflow at start-up:
+// 5,000 nested parentheses and 10,000 nested ifs (both overflowed an 8 MB
+// stack before), while 100 of each still parse and render.
+TEST(ChatTemplateTest, DeepNestingIsAnErrorNotAStackOverflow) {
+  auto parens = [](int n) { return "{{ " + std::string(n, '(') + "1" + std::string(n, ')') + " }}"; };
+  auto ifs = [](int n) {
+    std::string t;
+    for (int i = 0; i < n; ++i) t += "{% if true %}";
+    t += "x";
+    for (int i = 0; i < n; ++i) t += "{% endif %}";
+    return t;
+  };
+  for (const std::string& source : {parens(5000), ifs(10000)}) {
+    auto t = ChatTemplate::parse(source);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find("nest deeper than 256"), std::string::npos) << t.status().message();
+  }
+  EXPECT_EQ(render(parens(100)), "1");
+  EXPECT_EQ(render(ifs(100)), "x");
+}
+
 TEST(ChatTemplateTest, RaiseExceptionGivesTheTemplatesMessage) {
   // The pattern many templates use to refuse conversations.
   ChatTemplate t = parse_ok(

@@ -207,11 +207,14 @@ TEST(CheckpointValidationTest, BadValuesAreRefusedNamingTensorAndIndex) {
       {"tiny-dsv3-fp8", "model.layers.3.mlp.experts.5.up_proj.weight", 9, "\x7f", "[0, 9]",
        "the F8_E4M3 NaN byte 0x7f"},
       {"tiny-dsv3-fp8", "model.layers.0.mlp.down_proj.weight_scale_inv", 1 * 6 + 3, f32_bytes({0.0f}), "[1, 3]",
-       "0 (an FP8 block scale must be finite and > 0)"},
+       "0 (an FP8 block scale must be > 0 with 448 x scale finite)"},
       {"tiny-dsv3-fp8", "model.layers.1.self_attn.q_a_proj.weight_scale_inv", 0, f32_bytes({-0.5f}), "[0, 0]",
        "-0.5 (an FP8 block scale"},
       {"tiny-dsv3-fp8", "model.layers.1.self_attn.kv_b_proj.weight_scale_inv", 5, f32_bytes({inf}), "[",
        "inf (an FP8 block scale"},
+      // Finite, but 448 x 1e38 is not (it used to load and give NaN logits).
+      {"tiny-dsv3-fp8", "model.layers.0.self_attn.q_a_proj.weight_scale_inv", 0, f32_bytes({1e38f}), "[0, 0]",
+       "1e+38 (an FP8 block scale must be > 0 with 448 x scale finite)"},
   };
   for (const auto& c : cases) {
     ModelCopy m(c.model);
@@ -225,6 +228,16 @@ TEST(CheckpointValidationTest, BadValuesAreRefusedNamingTensorAndIndex) {
     auto skipped = load_dir(m.dir(), "", /*check_values=*/false);
     EXPECT_TRUE(skipped.ok()) << c.tensor << ": " << skipped.status().to_string();
   }
+}
+
+// A layer index too large for an int64 is an unexpected tensor, not a crash
+// (std::stoll threw std::out_of_range past the loader: std::terminate).
+TEST(CheckpointValidationTest, LayerIndexPastInt64IsAnUnexpectedTensor) {
+  ModelCopy m("tiny-dsv3");
+  const std::string name = "model.layers.99999999999999999999999.foo.weight";
+  m.edit_shard_of("model.norm.weight",
+                  [&](std::vector<StTensor>& ts) { ts.push_back({name, "BF16", {4}, bf16_bytes({1, 2, 3, 4})}); });
+  EXPECT_TRUE(error_mentions(load_dir(m.dir()), {"unexpected tensor '" + name + "'", "layer index out of range"}));
 }
 
 TEST(CheckpointValidationTest, E8M0NanScaleIsRefused) {

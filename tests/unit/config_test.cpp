@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -108,6 +109,39 @@ TEST(ConfigTest, RopeTypeKeySpelling) {
   auto c = parse_model_config(j);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_TRUE(c->rope_scaling.yarn);
+}
+
+// Both spellings present: rope_type decides, as in transformers
+// (rope_scaling.get("rope_type", rope_scaling.get("type"))).
+TEST(ConfigTest, RopeTypeWinsOverType) {
+  json j = tiny_config();
+  ASSERT_EQ(j["rope_scaling"]["type"], "yarn");
+  j["rope_scaling"]["rope_type"] = "default";
+  auto c = parse_model_config(j);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_FALSE(c->rope_scaling.yarn);
+  j["rope_scaling"]["rope_type"] = "yarn";
+  j["rope_scaling"]["type"] = "default";
+  c = parse_model_config(j);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->rope_scaling.yarn);
+}
+
+// A config.json nesting deeper than 64 levels is refused (a 200,000-deep
+// array overflowed the stack when the parsed value was copied).
+TEST(ConfigTest, DeeplyNestedJsonIsRefused) {
+  const std::string dir = testing::make_temp_dir("nucleus_config");
+  std::ifstream in(testing::model_path("tiny-dsv3/config.json"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind('}');
+  ASSERT_NE(close, std::string::npos);
+  const std::string deep = ", \"x\": " + std::string(200000, '[') + std::string(200000, ']');
+  std::ofstream(dir + "/config.json") << text.substr(0, close) << deep << "}";
+  auto c = load_model_config(dir + "/config.json");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("nests deeper than 64 levels"), std::string::npos) << c.status().message();
+  std::ofstream(dir + "/config.json") << text;  // the same file without it loads
+  EXPECT_TRUE(load_model_config(dir + "/config.json").ok());
 }
 
 TEST(ConfigTest, ErrorsNameTheField) {

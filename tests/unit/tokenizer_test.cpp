@@ -598,6 +598,10 @@ TEST(TokenizerTest, LoadErrorsForBadVocabMergesAndAddedTokens) {
   j = mini_tokenizer(digits_in_threes());
   j["model"].erase("vocab");
   expect_error(load_status(j), kInvalid, "tokenizer.json: missing object field 'model.vocab'");
+  // No merges: HF tokenizers refuses the file; loading it would split every word into bytes.
+  j = mini_tokenizer(digits_in_threes());
+  j["model"].erase("merges");
+  expect_error(load_status(j), kInvalid, "tokenizer.json: model.merges is missing (a BPE model needs its merges)");
   j = mini_tokenizer(digits_in_threes());
   j["model"]["vocab"]["a"] = "ten";
   expect_error(load_status(j), kInvalid, "tokenizer.json: model.vocab['a'] must be an integer id");

@@ -82,6 +82,8 @@ class Parser {
   // Template text and tags until a block tag named in `ends`, whose name is
   // consumed and returned in *end. `opener` is the tag being closed.
   Status parse_body(Body& out, std::vector<std::string_view> ends, const Token* opener, std::string* end) {
+    NUCLEUS_RETURN_IF_ERROR(enter());
+    const Nested nested{*this};
     while (true) {
       const Token& t = cur();
       if (t.kind == Tok::kText) {
@@ -258,6 +260,8 @@ class Parser {
   }
 
   StatusOr<ExprPtr> parse_expression(bool with_condition) {
+    NUCLEUS_RETURN_IF_ERROR(enter());
+    const Nested nested{*this};
     NUCLEUS_ASSIGN_OR_RETURN(ExprPtr e, parse_or());
     while (with_condition && is_name("if")) {
       size_t pos = cur().pos;
@@ -592,6 +596,21 @@ class Parser {
   std::vector<Token> toks_;
   size_t i_ = 0;
   int loop_depth_ = 0;  // enclosing for loops, for break / continue
+  // Blocks and expressions open around the parse position. Bounded, so that a
+  // pathological template is a parse error instead of a stack overflow here or
+  // in the renderer, which recurses over the same tree.
+  static constexpr int kMaxNesting = 256;
+  int nesting_ = 0;
+  Status enter() {
+    if (nesting_ >= kMaxNesting)
+      return error(cur(), "blocks and expressions nest deeper than " + std::to_string(kMaxNesting));
+    ++nesting_;
+    return ok_status();
+  }
+  struct Nested {  // leaves what enter() entered
+    Parser& p;
+    ~Nested() { --p.nesting_; }
+  };
 };
 
 }  // namespace
