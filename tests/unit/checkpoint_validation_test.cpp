@@ -289,9 +289,12 @@ TEST(CheckpointValidationTest, FirstBadValueIsTheLowestWhateverTheChunk) {
   // Large finite values, subnormals and -0 are values a weight may hold.
   const std::vector<float> fine = {3.0e38f, -3.0e38f, 1e-45f, -0.0f};
   EXPECT_EQ(first_bad_value(fine.data(), DType::kF32, 4, ValueCheck::kFinite), -1);
-  EXPECT_EQ(first_bad_value(fine.data(), DType::kF32, 4, ValueCheck::kBlockScale), 1);
-  const std::vector<float> scales = {1.0f, 1e-45f, 0.0078125f, -0.0f};
-  EXPECT_EQ(first_bad_value(scales.data(), DType::kF32, 4, ValueCheck::kBlockScale), 3);
+  // As a block scale 3e38 is refused: 448 x 3e38 is not finite.
+  EXPECT_EQ(first_bad_value(fine.data(), DType::kF32, 4, ValueCheck::kBlockScale), 0);
+  const std::vector<float> scales = {1.0f, 1e-45f, 0.0078125f, 7.5e35f, -0.0f};  // the last: -0
+  EXPECT_EQ(first_bad_value(scales.data(), DType::kF32, 5, ValueCheck::kBlockScale), 4);
+  const std::vector<float> big = {1.0f, 7.6e35f};  // past the largest scale with 448 x scale < Inf (7.5956e35)
+  EXPECT_EQ(first_bad_value(big.data(), DType::kF32, 2, ValueCheck::kBlockScale), 1);
   const std::vector<uint8_t> e4m3 = {0x00, 0x80, 0x7e, 0xfe, 0x7f};  // +-0, +-448, NaN
   EXPECT_EQ(first_bad_value(e4m3.data(), DType::kF8E4M3, 5, ValueCheck::kFinite), 4);
   const std::vector<uint16_t> f16 = {0x7bff, 0xfc00};  // 65504, -inf
