@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -26,7 +27,7 @@ constexpr KnobInfo kKnobs[] = {
     {KNOB(kCudaPoisonAllocs), "NUCLEUS_CUDA_POISON_ALLOCS", KnobType::kInt,
      "0 (off), 1 (0xff) or a byte 0..255 (e.g. 0x7e)", "0",
      "debug: fill every new CUDA allocation with the byte (0xff: NaN in bf16, f32, e4m3); slow",
-     "src/core/cuda/context.cpp"},
+     "src/core/cuda/context.cpp, src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kEnablePrezero), "NUCLEUS_ENABLE_PREZERO", KnobType::kFlag, "", "0",
      "run the prezero pass on the decode graph (a fused add+RMSNorm zero-fills the split-K GEMMs' output)",
      "src/cli/engine_args.cpp, src/ops/splitk.cpp"},
@@ -98,7 +99,7 @@ constexpr KnobInfo kKnobs[] = {
     {KNOB(kMlaPrefillWgmma), "NUCLEUS_MLA_PREFILL_WGMMA", KnobType::kFlag, "", "1",
      "the prefill attention kernel uses wgmma (0: mma.sync)", "src/ops/mla_prefill_cuda.cpp"},
     {KNOB(kMoeChunkTokens), "NUCLEUS_MOE_CHUNK_TOKENS", KnobType::kInt, ">= 1 (smaller values count as 1)",
-     "max(first step's tokens, 4096)", "tokens per chunk of the grouped MoE path", "src/ops/moe_grouped_cuda.cpp"},
+     "max(first step's tokens, 4096)", "tokens per chunk of the grouped MoE path", "src/model/deepseek/deepseek_model.cpp, src/ops/moe_grouped_cuda.cpp"},
     {KNOB(kMoeDecode), "NUCLEUS_MOE_DECODE", KnobType::kEnum, "auto, 0 (also off/false), 1..16", "auto",
      "routed experts of decode steps of at most N tokens run the fused decode kernel (auto: none, measured "
      "slower than the grouped GEMMs; "
@@ -250,7 +251,7 @@ constexpr KnobInfo kKnobs[] = {
     {KNOB(kFusedAllreduceMaxBytes), "NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES", KnobType::kInt, ">= 0",
      "the measured choice (ops/allreduce_choice.h)",
      "byte limit on the per-rank delta of steps the fused all-reduce + RMSNorm kernel takes",
-     "src/ops/collective_ops_cuda.cpp"},
+     "src/model/deepseek/deepseek_model.cpp, src/ops/collective_ops_cuda.cpp"},
     {KNOB(kNcclLibrary), "NUCLEUS_NCCL_LIBRARY", KnobType::kString, "a path to libnccl.so.2",
      "the loader path, then the Python wheels, then the CUDA toolkit",
      "the NCCL library tensor parallelism loads (set and empty: the default)", "src/comm/nccl_communicator.cpp"},
@@ -346,16 +347,18 @@ Status auto_switch_env_status(Knob k) {
                           "' is not auto, 0 (off, false) or 1 (on, true)");
 }
 
+bool flag_value_ok(std::string_view text) {
+  std::string s(text);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s.empty() || s == "1" || s == "true" || s == "yes" || s == "on" || s == "0" || s == "false" || s == "no" ||
+         s == "off";
+}
+
 Status flag_env_status() {
   for (const KnobInfo& k : all_knobs()) {
     if (k.type != KnobType::kFlag) continue;
     const char* v = std::getenv(k.name);
-    if (!v) continue;
-    std::string s(v);
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (s.empty() || s == "1" || s == "true" || s == "yes" || s == "on" || s == "0" || s == "false" || s == "no" ||
-        s == "off")
-      continue;
+    if (!v || flag_value_ok(v)) continue;
     return invalid_argument(std::string(k.name) + "='" + v +
                             "' is not a flag value (1/true/yes/on, or 0/false/no/off; default " + k.default_value +
                             ")");
@@ -367,9 +370,18 @@ std::optional<int64_t> parse_int(std::string_view text, int base) {
   if (text.empty()) return std::nullopt;
   const std::string s(text);  // strtoll needs the terminator
   char* end = nullptr;
+  errno = 0;
   const long long v = std::strtoll(s.c_str(), &end, base);
-  if (end == s.c_str() || *end != '\0') return std::nullopt;
+  if (end == s.c_str() || *end != '\0' || errno == ERANGE) return std::nullopt;
   return static_cast<int64_t>(v);
+}
+
+Status int_knob_env_status(Knob k, int64_t lo, int64_t hi, const char* expected, int base) {
+  const std::optional<std::string> v = env_string(k);
+  if (!v) return ok_status();
+  const std::optional<int64_t> n = parse_int(*v, base);
+  if (n && *n >= lo && *n <= hi) return ok_status();
+  return invalid_argument(std::string(knob_info(k).name) + "='" + *v + "' is not " + expected);
 }
 
 std::string knobs_help_text() {

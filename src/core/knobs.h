@@ -137,10 +137,18 @@ Status auto_switch_env_status(Knob k);
 // invalid_argument naming the first that does not (NUCLEUS_DUMP_GRAPH='2', say),
 // which env_flag would silently read as off: models refuse to start with one.
 Status flag_env_status();
+// Whether `text` is a flag value: "1", "true", "yes", "on", "0", "false", "no",
+// "off" (any case) or "".
+bool flag_value_ok(std::string_view text);
 // The whole of `text` as an integer in `base` (strtoll rules: leading blanks and a
-// sign are accepted, 0 base takes 0x/0 prefixes; out-of-range values clamp to the
-// int64 limits as strtoll does); nullopt when empty or anything follows the digits.
+// sign are accepted, 0 base takes 0x/0 prefixes); nullopt when empty, when
+// anything follows the digits, or when the value is outside int64.
 std::optional<int64_t> parse_int(std::string_view text, int base = 10);
+// OK when knob k is unset or an integer in [lo, hi] (parse_int in `base`),
+// else invalid_argument naming the variable, its value and `expected` (the
+// accepted values in words). For integer switches whose readers run late
+// (at a kernel's first launch, CUDA only): checked at model creation.
+Status int_knob_env_status(Knob k, int64_t lo, int64_t hi, const char* expected, int base = 10);
 
 // The registry as a text table (name, type, default, doc), for `nucleus --help-env`.
 std::string knobs_help_text();

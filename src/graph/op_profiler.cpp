@@ -66,6 +66,12 @@ bool op_profiling_per_node() {
   return on;
 }
 
+Status profile_ops_env_status() {
+  const std::optional<std::string> v = env_string(Knob::kProfileOps);
+  if (!v || *v == "node" || flag_value_ok(*v)) return ok_status();
+  return invalid_argument("NUCLEUS_PROFILE_OPS='" + *v + "' is not a flag value (1/true/yes/on, 0/false/no/off) or node");
+}
+
 bool op_profiling_enabled() {
   static const bool on = parse_flag(env_string(Knob::kProfileOps).value_or("")) || op_profiling_per_node();
   return on;

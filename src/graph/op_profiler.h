@@ -14,9 +14,14 @@
 
 #include <string>
 
+#include "core/status.h"
+
 namespace nucleus {
 
 bool op_profiling_enabled();
+// OK when NUCLEUS_PROFILE_OPS is unset, a flag value or "node"; else
+// invalid_argument naming it (it read as off before). Checked at model creation.
+Status profile_ops_env_status();
 // NUCLEUS_PROFILE_OPS=node.
 bool op_profiling_per_node();
 // The phase later labels are filed under (e.g. "decode", "prefill").

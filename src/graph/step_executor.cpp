@@ -404,13 +404,13 @@ StatusOr<std::vector<int64_t>> token_graph_sizes_from_env(int64_t max_num_batche
     std::stringstream ss(*env);
     std::string item;
     while (std::getline(ss, item, ',')) {
-      if (item.empty()) continue;
-      char* end = nullptr;
-      const long long v = std::strtoll(item.c_str(), &end, 10);
-      if (*end != '\0' || v < 1)
+      const std::optional<int64_t> v = parse_int(item);
+      if (!v || *v < 1)
         return invalid_argument("NUCLEUS_TOKEN_GRAPH_SIZES: '" + item + "' is not a positive integer");
-      sizes.push_back(v);
+      sizes.push_back(*v);
     }
+    if (!env->empty() && env->back() == ',')
+      return invalid_argument("NUCLEUS_TOKEN_GRAPH_SIZES: '' is not a positive integer");
   }
   std::vector<int64_t> out;
   for (int64_t s : sizes)

@@ -58,7 +58,9 @@ kernels::MoeGroupedShape shape_of(const MoeExpertsOp& op) {
 int64_t chunk_tokens_for(const MoeExpertsOp& op, int64_t max_tokens) {
   const kernels::MoeGroupedShape shape = shape_of(op);
   int64_t capacity = std::max(max_tokens, kDefaultCapacityTokens);
-  if (auto v = env_string(Knob::kMoeChunkTokens)) capacity = std::max<int64_t>(1, std::stoll(*v));
+  // Checked at model creation (DeepseekModel::env_status); a value that does not parse is not used.
+  if (auto v = env_string(Knob::kMoeChunkTokens))
+    if (const auto n = parse_int(*v)) capacity = std::max<int64_t>(1, *n);
   const int64_t max_pairs = ((int64_t{1} << 31) - 1) / std::max(shape.hidden, shape.inter);  // 32-bit offsets
   return std::min(capacity, max_pairs / op.top_k());
 }

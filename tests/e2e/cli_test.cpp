@@ -456,6 +456,12 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   r = run("generate --device cpu --max-tokens 2", true, "NUCLEUS_TOKEN_GRAPH_SIZES=1,x");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("NUCLEUS_TOKEN_GRAPH_SIZES: 'x' is not a positive integer"), std::string::npos) << r.out;
+  // An empty item or a size past int64 (strtoll clamped it) is refused too.
+  for (const char* bad : {"1,,2", "2,", "99999999999999999999"}) {
+    r = run("generate --device cpu --max-tokens 2", true, std::string("NUCLEUS_TOKEN_GRAPH_SIZES=") + bad);
+    EXPECT_EQ(r.status, 1) << bad << "\n" << r.out;
+    EXPECT_NE(r.out.find("is not a positive integer"), std::string::npos) << bad << "\n" << r.out;
+  }
   // A malformed NUCLEUS_MOE_DECODE is refused on any device (the kernel takes 1..16 tokens).
   for (const char* bad : {"17", "-1", "yes", "8x"}) {
     r = run("generate --device cpu --max-tokens 2", true, std::string("NUCLEUS_MOE_DECODE=") + bad);
@@ -484,14 +490,24 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   };
   for (const Bad& b : {Bad{"NUCLEUS_MLA_DECODE_KEY_TILE=48", "NUCLEUS_MLA_DECODE_KEY_TILE='48' is not auto, 32 or 64"},
                        Bad{"NUCLEUS_PDL=gemm", "NUCLEUS_PDL='gemm' is not 0, 1 or gemms"},
-                       Bad{"NUCLEUS_MOE_DECODE=17", "NUCLEUS_MOE_DECODE='17'"}}) {
+                       Bad{"NUCLEUS_MOE_DECODE=17", "NUCLEUS_MOE_DECODE='17'"},
+                       // Integer switches read at a CUDA kernel's first launch (where a bad value
+                       // threw or aborted) are refused here too, on any device.
+                       Bad{"NUCLEUS_MOE_CHUNK_TOKENS=abc", "NUCLEUS_MOE_CHUNK_TOKENS='abc' is not an integer"},
+                       Bad{"NUCLEUS_MOE_CHUNK_TOKENS=99999999999999999999",
+                           "NUCLEUS_MOE_CHUNK_TOKENS='99999999999999999999' is not an integer"},
+                       Bad{"NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES=-1",
+                           "NUCLEUS_FUSED_ALLREDUCE_MAX_BYTES='-1' is not a non-negative integer"},
+                       Bad{"NUCLEUS_CUDA_POISON_ALLOCS=0x100", "NUCLEUS_CUDA_POISON_ALLOCS='0x100' is not 0, 1 or a byte"},
+                       Bad{"NUCLEUS_PROFILE_OPS=nodes", "NUCLEUS_PROFILE_OPS='nodes' is not a flag value"}}) {
     r = run("generate --device cpu --max-tokens 2", true, b.env);
     EXPECT_EQ(r.status, 1) << b.env << "\n" << r.out;
     EXPECT_NE(r.out.find(b.message), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("weight check"), std::string::npos) << b.env << ": refused after the weights were read\n"
                                                              << r.out;
   }
-  for (const char* good : {"NUCLEUS_MLA_DECODE_KEY_TILE=Auto", "NUCLEUS_PDL=gemms"}) {
+  for (const char* good : {"NUCLEUS_MLA_DECODE_KEY_TILE=Auto", "NUCLEUS_PDL=gemms", "NUCLEUS_CUDA_POISON_ALLOCS=0x7e",
+                           "NUCLEUS_MOE_CHUNK_TOKENS=0"}) {
     r = run("generate --device cpu --max-tokens 2", true, good);
     EXPECT_EQ(r.status, 0) << good << "\n" << r.out;
   }

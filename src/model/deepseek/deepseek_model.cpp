@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 
 #include "core/check.h"
 #include "core/device.h"
 #include "core/knobs.h"
 #include "core/logging.h"
+#include "graph/op_profiler.h"
 #include "graph/passes/prezero_pass.h"
 #include "graph/passes/splitk_pass.h"
 #include "model/deepseek/kernel_params.h"
@@ -69,6 +71,15 @@ Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMtpDeviceHidden));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombineNorm));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kPackedUpload));
+  // Integer switches whose readers run at a kernel's first launch (CUDA):
+  // refused here on every device, before the weights are read.
+  NUCLEUS_RETURN_IF_ERROR(int_knob_env_status(Knob::kMoeChunkTokens, std::numeric_limits<int64_t>::min(),
+                                              std::numeric_limits<int64_t>::max(), "an integer"));
+  NUCLEUS_RETURN_IF_ERROR(int_knob_env_status(Knob::kFusedAllreduceMaxBytes, 0, std::numeric_limits<int64_t>::max(),
+                                              "a non-negative integer"));
+  NUCLEUS_RETURN_IF_ERROR(int_knob_env_status(Knob::kCudaPoisonAllocs, 0, 255,
+                                              "0, 1 or a byte value 0..255 (e.g. 0x7e)", /*base=*/0));
+  NUCLEUS_RETURN_IF_ERROR(profile_ops_env_status());
   return prezero_env_status();
 }
 
