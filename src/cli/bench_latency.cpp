@@ -119,6 +119,10 @@ int run_bench_latency(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", lens.status().message().c_str());
     return 2;
   }
+  if (host_profile && !args.speculative_config.empty()) {
+    std::fprintf(stderr, "error: --host-profile measures plain decode steps; it does not go with --speculative-config\n");
+    return 2;
+  }
   const int64_t max_input_len = *std::max_element(lens->begin(), lens->end());
   const int64_t max_batch = *std::max_element(sizes->begin(), sizes->end());
   args.engine.max_num_seqs = std::max(args.engine.max_num_seqs, max_batch);

@@ -90,6 +90,9 @@ struct Endpoint {
   std::string prefix;
 };
 
+// The longest mean arrival interval --request-rate may ask for (one day).
+constexpr double kMaxMeanIntervalSeconds = 86400.0;
+
 StatusOr<Endpoint> parse_base_url(std::string url) {
   while (!url.empty() && url.back() == '/') url.pop_back();
   const size_t scheme = url.find("://");
@@ -346,7 +349,8 @@ std::vector<RequestResult> run_all(const BenchArgs& a, const Endpoint& ep, const
       arrived.push_back(i);
     }
     cv.notify_one();
-    if (!std::isinf(rate) && i + 1 < n) std::this_thread::sleep_for(std::chrono::duration<double>(interval(rng)));
+    if (!std::isinf(rate) && i + 1 < n)  // a gamma draw far in the tail is cut at 1,000 mean intervals
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(interval(rng), 1000 * kMaxMeanIntervalSeconds)));
   }
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -548,6 +552,13 @@ int run_bench_serve(int argc, char** argv) {
   }
   if (!(rate > 0.0)) {
     std::cerr << "error: --request-rate must be a positive number or inf, got '" << a.request_rate << "'\n";
+    return 2;
+  }
+  // The mean arrival interval 1 / rate must be one a clock can wait (a rate of
+  // 1e-300 overflowed the sleep and sent everything at once).
+  if (!std::isinf(rate) && !(1.0 / rate <= kMaxMeanIntervalSeconds)) {
+    std::cerr << "error: --request-rate " << a.request_rate << " means one request every " << 1.0 / rate
+              << " s on average; the longest mean interval is " << kMaxMeanIntervalSeconds << " s\n";
     return 2;
   }
   auto ep = parse_base_url(a.base_url);

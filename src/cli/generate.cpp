@@ -8,10 +8,12 @@
 // all prompts) follow vLLM's parameters: --temperature, --top-k, --top-p,
 // --min-p, --presence-penalty, --frequency-penalty, --repetition-penalty,
 // --min-tokens, --logit-bias ID:BIAS, --seed, --ignore-eos.
+#include <charconv>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -47,6 +49,12 @@ StatusOr<std::vector<PromptInput>> read_prompts_file(const std::string& path) {
     const std::string where = path + ":" + std::to_string(line_no);
     if (j.is_discarded() || !j.is_object()) return invalid_argument(where + ": not a JSON object");
     PromptInput p;
+    for (const auto& [key, value] : j.items())
+      if (key != "prompt" && key != "prompt_token_ids")
+        return invalid_argument(where + ": unknown key \"" + key +
+                                "\" (a line holds \"prompt\" or \"prompt_token_ids\"; sampling comes from the flags)");
+    if (j.contains("prompt") && j.contains("prompt_token_ids"))
+      return invalid_argument(where + ": both \"prompt\" and \"prompt_token_ids\"; give one");
     if (j.contains("prompt_token_ids")) {
       if (!j["prompt_token_ids"].is_array()) return invalid_argument(where + ": prompt_token_ids must be a list");
       for (const auto& t : j["prompt_token_ids"]) {
@@ -86,8 +94,17 @@ int run_generate(int argc, char** argv) {
   app.add_option("--temperature", sp.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
   app.add_option("--top-k", sp.top_k, "Sample from the k most likely tokens (0: all)")->capture_default_str();
   app.add_option("--top-p", sp.top_p, "Sample from the smallest set with this mass")->capture_default_str();
-  app.add_option("--seed", seed, "Sampling seed (same seed, same output); unseeded when not given")
-      ->check(CLI::NonNegativeNumber);
+  // Checked as text: a value past int64 would otherwise be clamped to its maximum.
+  const CLI::Validator seed_range(
+      [](std::string& s) -> std::string {
+        int64_t v = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+        if (ec != std::errc() || end != s.data() + s.size() || v < 0)
+          return "a seed is an integer from 0 to " + std::to_string(std::numeric_limits<int64_t>::max());
+        return "";
+      },
+      "SEED");
+  app.add_option("--seed", seed, "Sampling seed (same seed, same output); unseeded when not given")->check(seed_range);
   app.add_option("--min-p", sp.min_p, "Drop tokens less likely than min_p times the most likely one (0: off)")
       ->capture_default_str();
   app.add_option("--presence-penalty", sp.presence_penalty,

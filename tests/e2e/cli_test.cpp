@@ -360,13 +360,13 @@ TEST(CliTest, BenchLatencyHostProfileAddsUpToTheDecodeStep) {
     EXPECT_LE(step_us, decode_ms * 1e3 * 1.001 + 1.0) << r.out;
     EXPECT_GE(step_us, decode_ms * 1e3 * 0.9 - 200.0) << r.out;
   }
-  // Speculative steps are not profiled: no table.
+  // Speculative steps are not profiled: the combination is refused (it used to drop the table silently).
   r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
               " --batch-sizes 1 --input-len 8 --output-len 4 --host-profile --speculative-config "
               "'{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 1}'",
           true);
-  ASSERT_EQ(r.status, 0) << r.out;
-  EXPECT_EQ(r.out.find("step_us"), std::string::npos) << r.out;
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("--host-profile measures plain decode steps"), std::string::npos) << r.out;
 }
 
 // bench latency with MTP drafts: decode_tok/s counts the tokens the verify
@@ -413,6 +413,8 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   std::ofstream(dir + "/negative_id.jsonl") << "{\"prompt_token_ids\": [1, -4294967291]}\n";
   std::ofstream(dir + "/huge.jsonl") << "{\"prompt\": \"" << std::string(5 << 20, 'a') << "\"}\n";
   ASSERT_EQ(mkfifo((dir + "/fifo.jsonl").c_str(), 0600), 0);
+  std::ofstream(dir + "/extra_key.jsonl") << "{\"prompt\": \"a\", \"max_tokens\": 6}\n";  // sampling is per run
+  std::ofstream(dir + "/both.jsonl") << "{\"prompt\": \"a\", \"prompt_token_ids\": [5]}\n";
   std::vector<Case> cases = {
       {"generate --device cpu --temperature -1", 2, "temperature"},
       {"generate --device cpu --top-p 1.5", 2, "top_p"},
@@ -424,6 +426,11 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"generate --device cpu --prompts " + dir + "/wide_id.jsonl", 2, "4294967301, not a token id"},
       {"generate --device cpu --prompts " + dir + "/negative_id.jsonl", 2, "-4294967291, not a token id"},
       {"generate --device cpu --seed -1", 2, "--seed"},
+      // Past int64: refused (it was clamped to the maximum, so every such seed gave one output).
+      {"generate --device cpu --seed 99999999999999999999", 2, "a seed is an integer from 0 to 9223372036854775807"},
+      {"generate --device cpu --prompts " + dir + "/extra_key.jsonl", 2, "extra_key.jsonl:1: unknown key \"max_tokens\""},
+      {"generate --device cpu --prompts " + dir + "/both.jsonl", 2, "both.jsonl:1: both \"prompt\" and \"prompt_token_ids\""},
+      {"bench serve --base-url http://127.0.0.1:1 --request-rate 1e-300", 2, "the longest mean interval is 86400 s"},
       {"generate --device cpu --presence-penalty 3", 2, "presence_penalty"},
       {"generate --device cpu --frequency-penalty -3", 2, "frequency_penalty"},
       {"generate --device cpu --repetition-penalty 0", 2, "repetition_penalty"},
