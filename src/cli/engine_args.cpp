@@ -181,6 +181,19 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
                                                           fs::exists(fs::path(args.model) / "tiktoken.model"));
   if (!args.skip_tokenizer_init && (has_tokenizer || !dummy)) {
     NUCLEUS_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load(args.model));
+    // Every token must have a row of the embedding and of the head: a tokenizer
+    // id at or past config.json's vocab_size is refused before the weights are
+    // read (a prompt holding it failed at request time, and the id the model
+    // could sample for it decoded to nothing).
+    const std::string cfg =
+        args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
+    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg, args.overrides));
+    if (out.tokenizer->vocab_size() > config.vocab_size) {
+      const int32_t id = static_cast<int32_t>(out.tokenizer->vocab_size() - 1);
+      return invalid_argument(args.model + ": the tokenizer's token '" + out.tokenizer->id_to_token(id) + "' has id " +
+                              std::to_string(id) + ", outside config.json's vocab_size " +
+                              std::to_string(config.vocab_size));
+    }
   }
   std::unique_ptr<ModelExecutor> model;
   if (dummy) {

@@ -401,6 +401,28 @@ TEST(CliTest, BenchLatencyWithDraftsCountsTokens) {
   }
 }
 
+// A tokenizer whose ids reach past config.json's vocab_size is refused at
+// load, naming the token (before, a prompt holding it failed at request time
+// and the model's own id for it decoded to nothing).
+TEST(CliTest, TokenizerIdPastVocabSizeIsRefusedAtLoad) {
+  namespace fs = std::filesystem;
+  const std::string dir = testing::make_temp_dir("nucleus_tok_vocab");
+  for (const auto& de : fs::directory_iterator(testing::model_path("tiny-dsv3")))
+    fs::create_symlink(de.path(), fs::path(dir) / de.path().filename());
+  nlohmann::json tok;
+  std::ifstream(testing::model_path("tiny-dsv3/tokenizer.json")) >> tok;
+  tok["added_tokens"].push_back({{"id", 5000}, {"content", "<extra>"}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+  fs::remove(fs::path(dir) / "tokenizer.json");
+  std::ofstream(dir + "/tokenizer.json") << tok.dump();
+  RunResult r = run("generate --device cpu --max-tokens 2 --model " + dir, true);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("the tokenizer's token '<extra>' has id 5000, outside config.json's vocab_size 4096"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("weight check"), std::string::npos) << "refused after the weights were read\n" << r.out;
+}
+
 TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   struct Case {
     std::string args;
