@@ -344,10 +344,13 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
     if (scheme != "dynamic")
       return unsupported("quantization_config.activation_scheme '" + scheme +
                          "' is not supported (supported: dynamic)");
-    if (!q.contains("weight_block_size") || !q["weight_block_size"].is_array() ||
-        q["weight_block_size"].size() != 2 || !q["weight_block_size"][0].is_number_integer() ||
-        !q["weight_block_size"][1].is_number_integer())
-      return unsupported("quantization_config.weight_block_size must be [n, k] (per-tensor FP8 is not supported)");
+    if (!q.contains("weight_block_size") || q["weight_block_size"].is_null())
+      return unsupported("quantization_config has no weight_block_size (per-tensor FP8 is not supported; "
+                         "block-scaled FP8 gives [n, k])");
+    if (!q["weight_block_size"].is_array() || q["weight_block_size"].size() != 2 ||
+        !q["weight_block_size"][0].is_number_integer() || !q["weight_block_size"][1].is_number_integer())
+      return invalid_argument("quantization_config.weight_block_size must be two integers [n, k], got " +
+                              q["weight_block_size"].dump());
     c.fp8 = true;
     c.weight_block_n = q["weight_block_size"][0].get<int64_t>();
     c.weight_block_k = q["weight_block_size"][1].get<int64_t>();

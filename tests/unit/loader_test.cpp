@@ -587,6 +587,18 @@ TEST(LoadWeightsTest, ConfigWithBadField) {
                                                   {"activation_scheme", "dynamic"},
                                                   {"weight_block_size", {0, 128}}}; },
        "weight_block_size"},
+      // Neither of these is per-tensor FP8: the message says what the field must be.
+      {[](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
+                                                  {"activation_scheme", "dynamic"},
+                                                  {"weight_block_size", {128.0, 128}}}; },
+       "weight_block_size must be two integers [n, k], got [128.0,128]"},
+      {[](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
+                                                  {"activation_scheme", "dynamic"},
+                                                  {"weight_block_size", {128, 128, 128}}}; },
+       "weight_block_size must be two integers [n, k], got [128,128,128]"},
+      {[](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
+                                                  {"activation_scheme", "dynamic"}}; },
+       "no weight_block_size (per-tensor FP8 is not supported"},
   };
   for (const auto& c : cases) {
     json j = base;
