@@ -159,8 +159,10 @@ int run_serve(int argc, char** argv) {
     auto t = ChatTemplate::parse(loaded->tokenizer->chat_template());
     if (t.ok())
       chat_template = std::make_unique<ChatTemplate>(std::move(*t));
-    else
+    else {
       NUCLEUS_LOG_WARN("chat template not usable, /v1/chat/completions will refuse: {}", t.status().message());
+      config.chat_template_error = t.status().message();
+    }
   } else {
     NUCLEUS_LOG_WARN("the model has no chat template; /v1/chat/completions will refuse requests");
   }

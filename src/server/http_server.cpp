@@ -86,6 +86,7 @@ HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer
   model_info_.vocab_size = engine_.vocab_size();
   model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;
+  model_info_.chat_template_error = config_.chat_template_error;
   model_info_.limits = config_.requests;
   model_info_.tool_call_parser = config_.tool_call_parser;
   model_info_.enable_auto_tool_choice = config_.enable_auto_tool_choice;

@@ -44,6 +44,9 @@ struct ServerConfig {
   bool reasoning_parser = false;
   // On shutdown: how long in-flight requests may run before they are aborted.
   double shutdown_timeout_s = 30.0;
+  // Why the model's chat template could not be used (its parse error), when it
+  // has one that does not parse: chat requests are refused with it.
+  std::string chat_template_error;
 };
 
 class HttpServer {

@@ -449,6 +449,9 @@ Prompt render_chat(const json& body, const std::string& text, const ModelInfo& m
   if (!model.tokenizer)
     refuse("messages", "chat needs a tokenizer and this server runs with --skip-tokenizer-init; use /v1/completions "
                        "with token ids");
+  if (!model.chat_template && !model.chat_template_error.empty())
+    refuse("messages", "This model's chat template cannot be used (" + model.chat_template_error +
+                           "); use /v1/completions");
   if (!model.chat_template)
     refuse("messages",
            "This model has no chat template (tokenizer_config.json 'chat_template'); use "

@@ -58,7 +58,8 @@ struct ModelInfo {
   // token ids, responses carry token_ids and empty text, and what needs text
   // (stop strings, logprobs, chat) is refused.
   const Tokenizer* tokenizer = nullptr;
-  const ChatTemplate* chat_template = nullptr;  // null: the model has none
+  const ChatTemplate* chat_template = nullptr;  // null: the model has none, or it did not parse
+  std::string chat_template_error;              // the parse error when it did not
   RequestLimits limits;                         // the server's per-request limits
   // Chat output parsing: `serve --tool-call-parser`, `--enable-auto-tool-choice`,
   // `--reasoning-parser deepseek_r1` (docs/server.md, "Tool calls and reasoning").

@@ -61,6 +61,17 @@ const OutputParsing& parsing(const std::variant<GenerationRequest, ApiError>& r)
   return std::holds_alternative<GenerationRequest>(r) ? std::get<GenerationRequest>(r).parsing : none;
 }
 
+// A model without a usable template: chat is refused with a 400, and where
+// the template exists but did not parse, the message gives its parse error
+// (it used to say the model has no template).
+TEST_F(ChatParsingTest, BrokenOrMissingTemplateIsRefusedSayingWhich) {
+  model_.chat_template = nullptr;
+  expect_refused(chat(json()), "messages", "This model has no chat template");
+  model_.chat_template_error = "chat template line 1, column 4: unterminated tag";
+  expect_refused(chat(json()), "messages",
+                 "This model's chat template cannot be used (chat template line 1, column 4: unterminated tag)");
+}
+
 TEST_F(ChatParsingTest, WhichRequestsAreParsed) {
   // No parser: tools are rendered, the output is text (tool_choice auto or none).
   EXPECT_FALSE(parsing(chat({{"tools", kTools}})).any());
