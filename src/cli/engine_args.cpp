@@ -195,6 +195,14 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
                               std::to_string(config.vocab_size));
     }
   }
+  // Read before the weights, so that a bad file costs no model load.
+  std::vector<int64_t> gen_eos;
+  if (args.config_file.empty()) {
+    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
+                             load_model_config((fs::path(args.model) / "config.json").string(), args.overrides));
+    NUCLEUS_ASSIGN_OR_RETURN(gen_eos, load_generation_eos_token_ids(
+                                          (fs::path(args.model) / "generation_config.json").string(), config.vocab_size));
+  }
   std::unique_ptr<ModelExecutor> model;
   if (dummy) {
     const std::string cfg =
@@ -210,6 +218,14 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
   NUCLEUS_ASSIGN_OR_RETURN(ec.speculative, args.speculative());
   if (ec.eos_token_ids.empty() && out.tokenizer && out.tokenizer->eos_id())
     ec.eos_token_ids.push_back(*out.tokenizer->eos_id());
+  // generation_config.json's eos_token_id(s) stop generation too, as in
+  // Hugging Face's generate() and vLLM (with the tokenizer's eos, or else
+  // config.json's, which the engine falls back to).
+  if (!gen_eos.empty() && ec.eos_token_ids.empty())
+    for (int64_t id : model->config().eos_token_ids) ec.eos_token_ids.push_back(static_cast<int32_t>(id));
+  for (int64_t id : gen_eos)
+    if (std::find(ec.eos_token_ids.begin(), ec.eos_token_ids.end(), id) == ec.eos_token_ids.end())
+      ec.eos_token_ids.push_back(static_cast<int32_t>(id));
   NUCLEUS_ASSIGN_OR_RETURN(out.engine, LLMEngine::create(std::move(model), ec));
   return out;
 }

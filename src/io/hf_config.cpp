@@ -1,6 +1,7 @@
 #include "io/hf_config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -216,6 +217,31 @@ Status apply_overrides(json* j, const std::vector<std::string>& overrides) {
 
 }  // namespace
 
+namespace {
+// eos_token_id of a config.json or generation_config.json object: an integer
+// or a list of them, each in [0, vocab_size); none when absent or null.
+StatusOr<std::vector<int64_t>> eos_token_ids_of(const json& j, int64_t vocab_size) {
+  std::vector<int64_t> ids;
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
+  const json& e = j["eos_token_id"];
+  if (e.is_number_integer()) {
+    ids.push_back(e.get<int64_t>());
+  } else if (e.is_array()) {
+    for (const auto& x : e) {
+      if (!x.is_number_integer()) return invalid_argument("eos_token_id list holds a non-integer");
+      ids.push_back(x.get<int64_t>());
+    }
+  } else {
+    return invalid_argument("eos_token_id must be an integer or a list of integers");
+  }
+  for (int64_t id : ids)
+    if (id < 0 || id >= vocab_size)
+      return invalid_argument("field 'eos_token_id' must be in [0, vocab_size " + std::to_string(vocab_size) +
+                              "), got " + std::to_string(id));
+  return ids;
+}
+}  // namespace
+
 StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vector<std::string>& overrides) {
   if (!config_in.is_object()) return invalid_argument("not a JSON object");
   json config = config_in;
@@ -309,22 +335,7 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
   NUCLEUS_RETURN_IF_ERROR(r.bool_field("tie_word_embeddings", &c.tie_word_embeddings));
   NUCLEUS_RETURN_IF_ERROR(r.int_field("num_nextn_predict_layers", &c.num_nextn_predict_layers, false, 0, 16));
   NUCLEUS_RETURN_IF_ERROR(r.int_field("bos_token_id", &c.bos_token_id, false, 0, c.vocab_size - 1));
-  if (r.has("eos_token_id")) {
-    const json& e = config["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
-    else if (e.is_array()) {
-      for (const auto& x : e) {
-        if (!x.is_number_integer()) return invalid_argument("eos_token_id list holds a non-integer");
-        c.eos_token_ids.push_back(x.get<int64_t>());
-      }
-    } else {
-      return invalid_argument("eos_token_id must be an integer or a list of integers");
-    }
-    for (int64_t id : c.eos_token_ids)
-      if (id < 0 || id >= c.vocab_size)
-        return invalid_argument("field 'eos_token_id' must be in [0, vocab_size " + std::to_string(c.vocab_size) +
-                                "), got " + std::to_string(id));
-  }
+  NUCLEUS_ASSIGN_OR_RETURN(c.eos_token_ids, eos_token_ids_of(config, c.vocab_size));
 
   if (r.has("quantization_config")) {
     const json& q = config["quantization_config"];
@@ -359,6 +370,16 @@ StatusOr<ModelConfig> parse_model_config(const json& config_in, const std::vecto
                               "], got " + q["weight_block_size"].dump());
   }
   return c;
+}
+
+StatusOr<std::vector<int64_t>> load_generation_eos_token_ids(const std::string& path, int64_t vocab_size) {
+  if (!std::filesystem::exists(path)) return std::vector<int64_t>{};
+  NUCLEUS_ASSIGN_OR_RETURN(std::string text, read_regular_file(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument(path + ": not a JSON object");
+  auto ids = eos_token_ids_of(j, vocab_size);
+  if (!ids.ok()) return ids.status().with_context(path);
+  return ids;
 }
 
 StatusOr<ModelConfig> load_model_config(const std::string& path, const std::vector<std::string>& overrides) {

@@ -101,5 +101,11 @@ StatusOr<ModelConfig> parse_model_config(const nlohmann::json& config,
 // Reads and parses `path` (a config.json file); errors begin with `path`.
 StatusOr<ModelConfig> load_model_config(const std::string& path,
                                         const std::vector<std::string>& overrides = {});
+// The eos_token_id of generation_config.json at `path` (an integer or a list,
+// each in [0, vocab_size)): the ids Hugging Face's generate() and vLLM stop on
+// besides the tokenizer's eos (Kimi-K2's chat turns end in <|im_end|>, named
+// only there). Empty when the file does not exist or has no eos_token_id;
+// errors begin with `path`.
+StatusOr<std::vector<int64_t>> load_generation_eos_token_ids(const std::string& path, int64_t vocab_size);
 
 }  // namespace nucleus

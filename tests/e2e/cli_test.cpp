@@ -423,6 +423,37 @@ TEST(CliTest, TokenizerIdPastVocabSizeIsRefusedAtLoad) {
   EXPECT_EQ(r.out.find("weight check"), std::string::npos) << "refused after the weights were read\n" << r.out;
 }
 
+// generation_config.json's eos_token_id list stops generation, as in Hugging
+// Face's generate() and vLLM (it was never read): the second greedy token of
+// a run, named there, ends the same run after it with "stop". A malformed
+// file is refused naming it.
+TEST(CliTest, GenerationConfigEosStopsGeneration) {
+  namespace fs = std::filesystem;
+  auto first_line = [](const std::string& out) { return nlohmann::json::parse(out.substr(0, out.find('\n'))); };
+  const std::string base_args = "generate --device cpu --prompt hi --max-tokens 6 --json --model ";
+  RunResult r = run(base_args + testing::model_path("tiny-dsv3"));
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto base = first_line(r.out)["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(base.size(), 6u);
+  ASSERT_NE(base[1], 1) << "the tiny model's eos";
+  const std::string dir = testing::make_temp_dir("nucleus_gen_eos");
+  for (const auto& de : fs::directory_iterator(testing::model_path("tiny-dsv3")))
+    if (de.path().filename() != "generation_config.json")
+      fs::create_symlink(de.path(), fs::path(dir) / de.path().filename());
+  std::ofstream(dir + "/generation_config.json") << "{\"eos_token_id\": [1, " << base[1] << "]}";
+  r = run(base_args + dir);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto got = first_line(r.out);
+  EXPECT_EQ(got["token_ids"].get<std::vector<int32_t>>(), std::vector<int32_t>(base.begin(), base.begin() + 2));
+  EXPECT_EQ(got["finish_reason"], "stop");
+  std::ofstream(dir + "/generation_config.json") << "{\"eos_token_id\": \"two\"}";
+  r = run(base_args + dir, true);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("generation_config.json: eos_token_id must be an integer or a list of integers"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
   struct Case {
     std::string args;
