@@ -204,13 +204,35 @@ class Connection {
     parser.eager(false);  // stop after the header: its size is what put() consumed until then
     size_t header_bytes = 0;
     bool header_seen = false;
+    // After the header the parser consumes chunk data as it comes, but a
+    // chunk-size line, and the last chunk with its trailers, only whole; the
+    // trailers count against neither of its limits. So the body is fed in
+    // slices, and an element that is still incomplete in more than
+    // max_header_bytes of buffered input is refused (1.2 GB of trailers on one
+    // connection were read and kept before).
+    constexpr size_t kBodySlice = size_t{1} << 16;
     for (;;) {
       boost::system::error_code ec;
       size_t used = 0;
       if (!buf_.empty()) {
-        used = parser.put(boost::asio::buffer(buf_.data(), buf_.size()), ec);
+        size_t n = header_seen ? std::min(buf_.size(), kBodySlice) : buf_.size();
+        for (;;) {
+          try {
+            used = parser.put(boost::asio::buffer(buf_.data(), n), ec);
+          } catch (const std::exception& e) {  // a field past the container's limit (64 KiB) throws
+            why = std::string("a header or trailer field is too large (") + e.what() + ")";
+            return 431;
+          }
+          if (used > 0 || ec != http::error::need_more || n == buf_.size()) break;
+          n = buf_.size();  // one element longer than the slice: the whole buffer
+        }
         buf_.erase(0, used);
         if (!header_seen) header_bytes += used;
+        if (header_seen && used == 0 && ec == http::error::need_more && buf_.size() > limits_.max_header_bytes) {
+          why = fmt::format("a chunk-size line or the chunked trailers take more than {} bytes",
+                            limits_.max_header_bytes);
+          return 431;
+        }
       }
       if (ec && ec != http::error::need_more) {
         why = ec.message();
