@@ -188,10 +188,9 @@ void parse_common(const json& body, const ModelInfo& model, GenerationRequest& r
   }
   p.top_k = static_cast<int32_t>(get_int_in(body, "top_k", -1, std::numeric_limits<int32_t>::max(), 0));
   if (p.top_k < 0) p.top_k = 0;  // vLLM's -1: all tokens
-  if (const json* s = field(body, "seed")) {
-    if (!s->is_number_integer()) refuse("seed", "'seed' must be an integer, got " + s->dump());
-    p.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
-  }
+  // An int64, as vLLM takes it; seeds past INT64_MAX were taken as uint64 and
+  // aliased the negative ones (18446744073709551615 sampled as -1 does).
+  if (const auto seed = get_int(body, "seed")) p.seed = static_cast<uint64_t>(*seed);
   p.stop = get_stop(body, model.limits);
   if (const json* ids = field(body, "stop_token_ids")) {
     if (!ids->is_array()) refuse("stop_token_ids", "'stop_token_ids' must be a list of token ids");

@@ -30,7 +30,8 @@ const json* field(const json& object, const char* name) {
 // One constraint and the body field it came from (named in errors).
 struct Constraint {
   StructuredOutputSpec spec;
-  std::string param;
+  std::string param;  // the request field the error names
+  std::string what;   // the constraint itself (structured_outputs.regex), for messages
 };
 
 class Parser {
@@ -72,11 +73,12 @@ class Parser {
     return out;
   }
 
-  void add(StructuredOutputSpec::Kind kind, std::string text, const std::string& param) {
+  void add(StructuredOutputSpec::Kind kind, std::string text, const std::string& param, const std::string& what = "") {
     Constraint c;
     c.spec.kind = kind;
     c.spec.text = std::move(text);
     c.param = param;
+    c.what = what.empty() ? param : what;
     found_.push_back(std::move(c));
   }
 
@@ -114,18 +116,18 @@ class Parser {
       if (v.is_null()) continue;
       const std::string where = "structured_outputs." + key;
       if (key == "json") {
-        add(StructuredOutputSpec::Kind::kJsonSchema, schema(v, {"structured_outputs", "json"}, where), p);
+        add(StructuredOutputSpec::Kind::kJsonSchema, schema(v, {"structured_outputs", "json"}, where), p, where);
       } else if (key == "regex") {
-        add(StructuredOutputSpec::Kind::kRegex, string_of(v, where), p);
+        add(StructuredOutputSpec::Kind::kRegex, string_of(v, where), p, where);
       } else if (key == "choice") {
-        add(StructuredOutputSpec::Kind::kChoice, "", p);
+        add(StructuredOutputSpec::Kind::kChoice, "", p, where);
         found_.back().spec.choices = choices(v, where);
       } else if (key == "grammar") {
-        add(StructuredOutputSpec::Kind::kGrammar, string_of(v, where), p);
+        add(StructuredOutputSpec::Kind::kGrammar, string_of(v, where), p, where);
       } else if (key == "json_object" || key == "disable_any_whitespace" || key == "disable_fallback" ||
                  key == "disable_additional_properties") {
         if (!v.is_boolean()) refuse(p, "'" + where + "' must be a boolean");
-        if (key == "json_object" && v.get<bool>()) add(StructuredOutputSpec::Kind::kJsonObject, "", p);
+        if (key == "json_object" && v.get<bool>()) add(StructuredOutputSpec::Kind::kJsonObject, "", p, where);
         if (key == "disable_any_whitespace") any_whitespace = !v.get<bool>();
         // disable_fallback: there is one backend. disable_additional_properties:
         // xgrammar's strict mode already forbids properties a schema does not name.
@@ -174,7 +176,7 @@ std::variant<std::shared_ptr<const CompiledGrammar>, ApiError> parse_structured_
     if (found.empty()) return std::shared_ptr<const CompiledGrammar>();
     if (found.size() > 1)
       refuse(found[1].param, "Only one structured-output constraint may be given; this request has '" +
-                                 found[0].param + "' and '" + found[1].param + "'");
+                                 found[0].what + "' and '" + found[1].what + "'");
     const Constraint& c = found[0];
     if (!model.grammar_compiler)
       refuse(c.param, "'" + c.param + "' needs structured output, which this server does not have (it runs with "

@@ -320,6 +320,12 @@ TEST_F(ServerTest, BadInputsAre400NamingTheField) {
       {c, R"({"prompt": 5})", 400, "prompt", "prompt"},
       {c, R"({"prompt": "x", "max_tokens": "ten"})", 400, "max_tokens", "integer"},
       {c, R"({"prompt": "x", "temperature": "hot"})", 400, "temperature", "number"},
+      // Past int64 (it aliased the negative seeds): refused as vLLM refuses it.
+      {c, R"({"prompt": "x", "seed": 18446744073709551615})", 400, "seed", "integer"},
+      // Two constraints in one object are named by their keys (the message said "'structured_outputs' and
+      // 'structured_outputs'").
+      {c, R"({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}})", 400, "structured_outputs",
+       "'structured_outputs.choice' and 'structured_outputs.regex'"},
       {c, R"({"prompt": "x", "stream": "yes"})", 400, "stream", "boolean"},
       {c, R"({"prompt": "x", "stop": 3})", 400, "stop", "stop"},
       {c, R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", ">= 1"},
