@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -40,6 +41,30 @@ std::string shape_to_string(const std::vector<int64_t>& shape) {
     s += std::to_string(shape[i]);
   }
   return s + "]";
+}
+
+int64_t host_memory_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+StatusOr<Tensor> Tensor::try_empty_host(std::vector<int64_t> shape, DType dtype, const std::string& what) {
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return invalid_argument(what + ": negative dim in " + shape_to_string(shape));
+    numel *= d;
+  }
+  const int64_t bytes = numel * static_cast<int64_t>(dtype_size(dtype));
+  auto gib = [](int64_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / double(1ull << 30)); };
+  const int64_t available = host_memory_available_bytes();
+  if (available > 0 && bytes > available)
+    return resource_exhausted(what + " needs " + gib(bytes) + " of host memory; " + gib(available) + " are available");
+  return empty(std::move(shape), dtype, Device::kCpu);
 }
 
 Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace nucleus {
 
@@ -44,6 +45,10 @@ class Tensor {
 
   // Uninitialised tensor. CPU memory is 64-byte aligned.
   static Tensor empty(std::vector<int64_t> shape, DType dtype, Device device = Device::kCpu);
+  // A host tensor like empty(), or resource_exhausted naming `what` when it is
+  // larger than the host's MemAvailable (where the first touch of its pages
+  // would wake the OOM killer, or empty() would abort).
+  static StatusOr<Tensor> try_empty_host(std::vector<int64_t> shape, DType dtype, const std::string& what);
   // Zero-filled CPU tensor.
   static Tensor zeros(std::vector<int64_t> shape, DType dtype);
   // CPU f32 tensor with the given values (size must equal the shape's numel).
@@ -92,5 +97,9 @@ class Tensor {
 
 int64_t shape_numel(const std::vector<int64_t>& shape);
 std::string shape_to_string(const std::vector<int64_t>& shape);
+
+// MemAvailable of /proc/meminfo in bytes (what can be allocated without
+// swapping), or 0 when unknown.
+int64_t host_memory_available_bytes();
 
 }  // namespace nucleus

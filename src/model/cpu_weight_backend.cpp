@@ -11,8 +11,16 @@ namespace nucleus {
 
 namespace {
 
-Tensor to_f32(const Tensor& host) {
-  Tensor out = Tensor::empty(host.shape(), DType::kF32);
+// The f32 copy of `name`, or resource_exhausted when the host has no room
+// for it (a model larger than the host's memory is refused while it loads,
+// naming the tensor, instead of aborting or waking the OOM killer).
+StatusOr<Tensor> f32_tensor(const std::string& name, const std::vector<int64_t>& shape) {
+  return Tensor::try_empty_host(shape, DType::kF32,
+                                "the CPU reference's f32 copy of '" + name + "' (weights are kept in f32 there)");
+}
+
+StatusOr<Tensor> to_f32(const std::string& name, const Tensor& host) {
+  NUCLEUS_ASSIGN_OR_RETURN(Tensor out, f32_tensor(name, host.shape()));
   convert_to_f32(host.raw(), host.dtype(), out.data<float>(), static_cast<size_t>(host.numel()));
   return out;
 }
@@ -20,9 +28,9 @@ Tensor to_f32(const Tensor& host) {
 class CpuWeightBackend : public WeightBackend {
  public:
   Device device() const override { return Device::kCpu; }
-  StatusOr<Tensor> embedding(const std::string&, const Tensor& host) override { return to_f32(host); }
-  StatusOr<Tensor> vector(const std::string&, const Tensor& host) override { return to_f32(host); }
-  StatusOr<Tensor> router(const std::string&, const Tensor& host) override { return to_f32(host); }
+  StatusOr<Tensor> embedding(const std::string& name, const Tensor& host) override { return to_f32(name, host); }
+  StatusOr<Tensor> vector(const std::string& name, const Tensor& host) override { return to_f32(name, host); }
+  StatusOr<Tensor> router(const std::string& name, const Tensor& host) override { return to_f32(name, host); }
 
   StatusOr<LinearWeight> linear(const std::string& name, const Tensor& weight, const Tensor& scale_inv,
                                 int64_t block_n, int64_t block_k) override {
@@ -36,11 +44,11 @@ class CpuWeightBackend : public WeightBackend {
       if (scale_inv.dtype() == DType::kU8) {  // E8M0 exponents
         for (int64_t i = 0; i < scale.numel(); ++i) scale.data<float>()[i] = e8m0_to_f32(scale_inv.data<uint8_t>()[i]);
       }
-      lw.weight = Tensor::empty(weight.shape(), DType::kF32);
+      NUCLEUS_ASSIGN_OR_RETURN(lw.weight, f32_tensor(name, weight.shape()));
       kernels::dequantize_fp8_block_ref(weight.data<uint8_t>(), scale.data<float>(), lw.out_features,
                                         lw.in_features, block_n, block_k, lw.weight.data<float>());
     } else {
-      lw.weight = to_f32(weight);
+      NUCLEUS_ASSIGN_OR_RETURN(lw.weight, to_f32(name, weight));
     }
     return lw;
   }
@@ -52,7 +60,7 @@ class CpuWeightBackend : public WeightBackend {
     lw.name = name;
     lw.out_features = a.out_features + b.out_features;
     lw.in_features = a.in_features;
-    lw.weight = Tensor::empty({lw.out_features, lw.in_features}, DType::kF32);
+    NUCLEUS_ASSIGN_OR_RETURN(lw.weight, f32_tensor(name, {lw.out_features, lw.in_features}));
     std::memcpy(lw.weight.data<float>(), a.weight.data<float>(), a.weight.nbytes());
     std::memcpy(lw.weight.data<float>() + a.weight.numel(), b.weight.data<float>(), b.weight.nbytes());
     return lw;

@@ -613,5 +613,22 @@ TEST(LoadWeightsTest, ConfigWithBadField) {
   EXPECT_TRUE(error_mentions(load_model_config(dir + "/absent.json"), {dir + "/absent.json"}));
 }
 
+// A host tensor larger than the host's MemAvailable is refused with
+// resource_exhausted naming it, before anything is allocated (the CPU
+// reference's f32 weights of a model larger than the host aborted in
+// Tensor::empty, or woke the OOM killer).
+TEST(LoaderTest, HostTensorPastMemAvailableIsRefusedNamingIt) {
+  const int64_t available = host_memory_available_bytes();
+  if (available <= 0) GTEST_SKIP() << "no MemAvailable in /proc/meminfo";
+  auto t = Tensor::try_empty_host({available / 4 + (int64_t{1} << 28)}, DType::kF32, "the test's tensor");
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(t.status().message().find("the test's tensor needs"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("GiB are available"), std::string::npos) << t.status().message();
+  auto small = Tensor::try_empty_host({16}, DType::kF32, "a small one");
+  ASSERT_TRUE(small.ok()) << small.status().to_string();
+  EXPECT_EQ(small->numel(), 16);
+}
+
 }  // namespace
 }  // namespace nucleus
