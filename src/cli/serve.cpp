@@ -93,6 +93,10 @@ int run_serve(int argc, char** argv) {
   app.add_option("--max-stop-bytes", lim.max_stop_bytes, "Bytes of all 'stop' strings together at most")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 30))
       ->capture_default_str();
+  app.add_option("--max-guided-choices", lim.max_guided_choices,
+                 "Strings of a structured-output choice list at most (compile time grows faster than the list)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--max-stop-token-ids", lim.max_stop_token_ids, "Entries of 'stop_token_ids' at most")
       ->check(CLI::Range(0, 1 << 24))
       ->capture_default_str();

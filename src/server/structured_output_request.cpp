@@ -36,7 +36,8 @@ struct Constraint {
 
 class Parser {
  public:
-  Parser(const json& body, const std::string& text) : body_(body), text_(text) {}
+  Parser(const json& body, const std::string& text, const RequestLimits& limits)
+      : body_(body), text_(text), limits_(limits) {}
 
   std::vector<Constraint> parse() {
     response_format();
@@ -69,6 +70,9 @@ class Parser {
   std::vector<std::string> choices(const json& v, const std::string& param) {
     std::vector<std::string> out;
     if (!v.is_array() || v.empty()) refuse(param, "'" + param + "' must be a non-empty list of strings");
+    if (static_cast<int64_t>(v.size()) > limits_.max_guided_choices)
+      refuse(param, "'" + param + "' holds " + std::to_string(v.size()) + " strings; at most " +
+                        std::to_string(limits_.max_guided_choices) + " are allowed (--max-guided-choices)");
     for (const auto& c : v) out.push_back(string_of(c, param));
     return out;
   }
@@ -162,6 +166,7 @@ class Parser {
 
   const json& body_;
   const std::string& text_;
+  const RequestLimits& limits_;
   std::optional<ordered_json> ordered_;
   std::vector<Constraint> found_;
 };
@@ -172,7 +177,7 @@ std::variant<std::shared_ptr<const CompiledGrammar>, ApiError> parse_structured_
                                                                                        const std::string& text,
                                                                                        const ModelInfo& model) {
   try {
-    std::vector<Constraint> found = Parser(body, text).parse();
+    std::vector<Constraint> found = Parser(body, text, model.limits).parse();
     if (found.empty()) return std::shared_ptr<const CompiledGrammar>();
     if (found.size() > 1)
       refuse(found[1].param, "Only one structured-output constraint may be given; this request has '" +

@@ -394,6 +394,8 @@ TEST_F(ReliabilityTest, RequestLimitsAre400NamingTheField) {
       {{{"prompt", "x"}, {"stop_token_ids", std::vector<int>(1025, 5)}}, "stop_token_ids", "--max-stop-token-ids"},
       {{{"prompt", "x"}, {"n", 1024}, {"stop", std::vector<std::string>(8, big_stop)}}, "n", "[1, 256]"},
       {{{"prompt", "x"}, {"temperature", 18446744073709551616.0}}, "temperature", "temperature"},
+      {{{"prompt", "x"}, {"structured_outputs", {{"choice", std::vector<std::string>(257, "c")}}}},
+       "structured_outputs.choice", "--max-guided-choices"},
   };
   for (const auto& k : cases) {
     Reply r = post(s(), "/v1/completions", k.body);
