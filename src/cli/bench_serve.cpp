@@ -515,15 +515,15 @@ int run_bench_serve(int argc, char** argv) {
   app.add_option("--model", a.model, "Model name to request (default: the server's first model)");
   app.add_option("--tokenizer", a.tokenizer_dir,
                  "Model directory whose tokenizer gives the prompt token ids (default: the server's vocab_size)");
-  app.add_option("--num-prompts", a.num_prompts, "Requests to send")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--num-prompts", a.num_prompts, "Requests to send")->check(positive_number())->capture_default_str();
   app.add_option("--max-concurrency", a.max_concurrency, "Requests in flight at most (0: unlimited)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number())
       ->capture_default_str();
   app.add_option("--random-input-len", a.input_len, "Prompt tokens per request")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number())
       ->capture_default_str();
   app.add_option("--random-output-len", a.output_len, "max_tokens per request")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number())
       ->capture_default_str();
   app.add_option("--random-range-ratio", a.range_ratio, "Lengths uniform in [L(1-R), L(1+R)]")
       ->check(CLI::Range(0.0, 1.0))
@@ -531,7 +531,7 @@ int run_bench_serve(int argc, char** argv) {
   app.add_option("--request-rate", a.request_rate, "Requests per second (inf: all at once; else Poisson arrivals)")
       ->capture_default_str();
   app.add_option("--burstiness", a.burstiness, "Gamma shape of the arrival intervals (1: Poisson)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive_number())
       ->capture_default_str();
   app.add_flag("--ignore-eos", a.ignore_eos, "Generate max_tokens even past EOS");
   app.add_option("--seed", a.seed, "Seed of the prompts, lengths and arrivals")->capture_default_str();

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "cli/commands.h"
 #include "core/device.h"
 #include "core/knobs.h"
 #include "core/logging.h"
@@ -33,20 +34,20 @@ void EngineArgs::add_to(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   app.add_option("--num-kv-blocks", engine.num_kv_blocks, "KV-cache blocks (0: derived from memory)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app.add_option("--gpu-memory-utilization", engine.gpu_memory_utilization,
                  "Fraction of GPU memory for weights, activations and the KV cache")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber & CLI::Range(0.0, 1.0));
+      ->check(positive_number() & CLI::Range(0.0, 1.0));
   app.add_option("--max-num-batched-tokens", engine.max_num_batched_tokens, "Token budget per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--max-num-seqs", engine.max_num_seqs, "Sequences per step at most")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   app.add_option("--max-model-len", engine.max_model_len, "Prompt + output length limit (0: the model's)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app.add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", engine.enable_prefix_caching,
                "Reuse cached KV blocks of shared prompt prefixes (default on)");
   app.add_option("--cuda-graph-sizes", cuda_graph_sizes,

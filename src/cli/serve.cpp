@@ -114,7 +114,7 @@ int run_serve(int argc, char** argv) {
       ->check(CLI::IsMember({"deepseek_r1"}));
   app.add_option("--shutdown-timeout", config.shutdown_timeout_s,
                  "On SIGINT/SIGTERM, seconds in-flight requests may take before they are aborted")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number())
       ->capture_default_str();
   try {
     app.parse(argc, argv);

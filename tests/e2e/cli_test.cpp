@@ -495,8 +495,9 @@ TEST(CliTest, BadFlagsAndFilesAreErrorsNamingTheProblem) {
       {"generate --device cpu --prompts " + dir + "/huge.jsonl", 1, "encode to more than"},  // before encoding
       {"generate --device cpu --block-size 0", 2, "--block-size"},
       {"generate --device cpu --max-num-seqs 0", 2, "--max-num-seqs"},
-      {"generate --device cpu --max-num-batched-tokens 0", 2, "--max-num-batched-tokens"},
-      {"generate --device cpu --num-kv-blocks -1", 2, "--num-kv-blocks"},
+      // Plain messages (CLI11's printed the range's 309-digit upper end).
+      {"generate --device cpu --max-num-batched-tokens 0", 2, "--max-num-batched-tokens: must be > 0, got 0"},
+      {"generate --device cpu --num-kv-blocks -1", 2, "--num-kv-blocks: must be >= 0, got -1"},
       {"generate --device cpu --gpu-memory-utilization 2", 2, "--gpu-memory-utilization"},
       {"generate --device cpu --num-kv-blocks 2000000000", 1, "GiB of host memory"},
       // A scheme the HTTP client does not speak is refused (it threw past main: std::terminate).
