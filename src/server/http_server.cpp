@@ -83,6 +83,7 @@ HttpServer::HttpServer(ServerConfig config, AsyncEngine& engine, const Tokenizer
       transport_(config_.http, [this](const HttpRequest& req, HttpResponder& res) { handle(req, res); }) {
   model_info_.names = config_.served_model_names;
   model_info_.max_model_len = engine_.config().max_model_len;
+  model_info_.speculative = engine_.config().speculative.enabled();
   model_info_.vocab_size = engine_.vocab_size();
   model_info_.tokenizer = tokenizer_;
   model_info_.chat_template = chat_template;

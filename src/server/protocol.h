@@ -64,6 +64,7 @@ struct ModelInfo {
   const Tokenizer* tokenizer = nullptr;
   const ChatTemplate* chat_template = nullptr;  // null: the model has none, or it did not parse
   std::string chat_template_error;              // the parse error when it did not
+  bool speculative = false;                     // the engine drafts (--speculative-config)
   RequestLimits limits;                         // the server's per-request limits
   // Chat output parsing: `serve --tool-call-parser`, `--enable-auto-tool-choice`,
   // `--reasoning-parser deepseek_r1` (docs/server.md, "Tool calls and reasoning").

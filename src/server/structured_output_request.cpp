@@ -183,6 +183,10 @@ std::variant<std::shared_ptr<const CompiledGrammar>, ApiError> parse_structured_
       refuse(found[1].param, "Only one structured-output constraint may be given; this request has '" +
                                  found[0].what + "' and '" + found[1].what + "'");
     const Constraint& c = found[0];
+    // The engine refuses the pair too; here the refusal names the field.
+    if (model.speculative)
+      refuse(c.param, "'" + c.what + "' (structured output) with speculative decoding (--speculative-config) is "
+                      "not supported yet");
     if (!model.grammar_compiler)
       refuse(c.param, "'" + c.param + "' needs structured output, which this server does not have (it runs with "
                       "--skip-tokenizer-init, or was built with -DNUCLEUS_XGRAMMAR=OFF)");

@@ -72,6 +72,15 @@ TEST_F(ChatParsingTest, BrokenOrMissingTemplateIsRefusedSayingWhich) {
                  "This model's chat template cannot be used (chat template line 1, column 4: unterminated tag)");
 }
 
+// With speculative decoding on, structured output is refused naming the field
+// it came in (the engine's refusal had no param).
+TEST_F(ChatParsingTest, StructuredOutputUnderSpeculativeDecodingNamesTheField) {
+  model_.speculative = true;
+  expect_refused(chat({{"response_format", {{"type", "json_object"}}}}), "response_format", "speculative decoding");
+  expect_refused(chat({{"structured_outputs", {{"regex", "a+"}}}}), "structured_outputs",
+                 "'structured_outputs.regex' (structured output) with speculative decoding");
+}
+
 TEST_F(ChatParsingTest, WhichRequestsAreParsed) {
   // No parser: tools are rendered, the output is text (tool_choice auto or none).
   EXPECT_FALSE(parsing(chat({{"tools", kTools}})).any());
