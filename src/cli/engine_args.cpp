@@ -177,6 +177,11 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
     return not_found("--model '" + args.model + "' is not a directory");
   NUCLEUS_ASSIGN_OR_RETURN(Device device, resolve_device(args.device));
   NUCLEUS_ASSIGN_OR_RETURN(ModelOptions mo, args.model_options(device));
+  // config.json (or --config), read once: the tokenizer and generation_config.json
+  // checks below and a dummy model use it, all before any weight is read.
+  const std::string cfg =
+      args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
+  NUCLEUS_ASSIGN_OR_RETURN(const ModelConfig config, load_model_config(cfg, args.overrides));
   // tokenizer.json, or Kimi-K2's tiktoken.model.
   const bool has_tokenizer = args.config_file.empty() && (fs::exists(fs::path(args.model) / "tokenizer.json") ||
                                                           fs::exists(fs::path(args.model) / "tiktoken.model"));
@@ -186,9 +191,6 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
     // id at or past config.json's vocab_size is refused before the weights are
     // read (a prompt holding it failed at request time, and the id the model
     // could sample for it decoded to nothing).
-    const std::string cfg =
-        args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
-    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg, args.overrides));
     if (out.tokenizer->vocab_size() > config.vocab_size) {
       const int32_t id = static_cast<int32_t>(out.tokenizer->vocab_size() - 1);
       return invalid_argument(args.model + ": the tokenizer's token '" + out.tokenizer->id_to_token(id) + "' has id " +
@@ -196,19 +198,13 @@ StatusOr<LoadedEngine> load_engine(const EngineArgs& args) {
                               std::to_string(config.vocab_size));
     }
   }
-  // Read before the weights, so that a bad file costs no model load.
   std::vector<int64_t> gen_eos;
   if (args.config_file.empty()) {
-    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config,
-                             load_model_config((fs::path(args.model) / "config.json").string(), args.overrides));
     NUCLEUS_ASSIGN_OR_RETURN(gen_eos, load_generation_eos_token_ids(
                                           (fs::path(args.model) / "generation_config.json").string(), config.vocab_size));
   }
   std::unique_ptr<ModelExecutor> model;
   if (dummy) {
-    const std::string cfg =
-        args.config_file.empty() ? (fs::path(args.model) / "config.json").string() : args.config_file;
-    NUCLEUS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg, args.overrides));
     NUCLEUS_ASSIGN_OR_RETURN(model, build_deepseek_model(config, mo, [&](WeightBackend& backend, const TpShard& shard) {
                                return make_dummy_weights(config, backend, 0, shard, mo.load_mtp);
                              }));
