@@ -614,6 +614,73 @@ TEST_F(MlaDecodeGpu, BulkLoadsAgree) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_WGMMA: the 64-head wgmma kernel (two warpgroups, each
+// scoring 32 keys of a 64-key tile and accumulating 256 of the 512 o_lat
+// columns; kernels/mla/mla_decode_wgmma.cu) matches the reference as the
+// mma.sync kernels (32 heads a CTA) do: 64 and 128 heads (one and two head
+// groups), pages of 1, 16 and 64 keys, contexts that end inside, at and just
+// past a tile, ragged contexts, several query rows a sequence, a mixed step,
+// split and unsplit calls (1-130 rows; through the small output kernel's
+// merge and the combine kernel). Where it does not apply (16 heads, an FP8
+// cache) the switch changes nothing.
+TEST_F(MlaDecodeGpu, WgmmaAgrees) {
+  struct Env {
+    explicit Env(const char* v) { setenv("NUCLEUS_MLA_DECODE_WGMMA", v, 1); }
+    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_WGMMA"); }
+  };
+  std::vector<Case> cases;
+  for (int heads : {128, 64}) {
+    cases.push_back({1, 1, heads, 16});
+    cases.push_back({1, 5, heads, 1});
+    cases.push_back({1, 63, heads, 1});
+    cases.push_back({2, 64, heads, 64});
+    cases.push_back({1, 65, heads, 16});
+    cases.push_back({1, 4097, heads, 64});
+    cases.push_back({3, 3000, heads, 16, false, 1, true});
+    cases.push_back({9, 700, heads, 64, false, 1, true});
+    cases.push_back({2, 200, heads, 16, false, 3});
+    cases.push_back({7, 150, heads, 16, false, 1, false, 3});
+    cases.push_back({130, 300, heads, 1, false, 1, true});
+  }
+  cases.push_back({3, 500, 16, 16});                // 16 heads: not a multiple of 64
+  cases.push_back({3, 500, 128, 16, /*fp8=*/true});  // an FP8 cache
+  uint64_t seed = 2100;
+  for (const Case& c : cases) {
+    Problem p = make_problem(c, seed++);
+    const std::vector<float> want = reference(p);
+    const int64_t rows = p.si.num_tokens();
+    const KvCacheDtype dtype = c.fp8 ? KvCacheDtype::kFp8E4M3 : KvCacheDtype::kBF16;
+    const bool applies = c.heads % 64 == 0 && !c.fp8;
+    std::vector<float> on, off, autov;
+    std::string why;
+    {
+      Env e("1");
+      ASSERT_EQ(mla_decode_wgmma(rows, c.heads, dtype), applies) << name(c);
+      on = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e("0");
+      ASSERT_FALSE(mla_decode_wgmma(rows, c.heads, dtype)) << name(c);
+      off = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e("auto");
+      autov = run_backend("nucleus", p, 256, &why);
+    }
+    ASSERT_FALSE(on.empty() || off.empty() || autov.empty()) << name(c) << ": " << why;
+    const int64_t width = c.heads * kVHead;
+    const auto r_on = matches(on, want, width), r_off = matches(off, want, width);
+    EXPECT_TRUE(r_on) << "wgmma " << name(c);
+    EXPECT_TRUE(r_off) << "mma.sync " << name(c);
+    EXPECT_EQ(autov, mla_decode_wgmma_auto(rows, c.heads, dtype) && applies ? on : off) << name(c);
+    if (!applies) {
+      EXPECT_EQ(on, off) << name(c) << ": the switch has no effect where the kernel does not apply";
+    }
+    printf("mla_decode wgmma %-30s %s\nmla_decode mma.sync %-30s %s\n", name(c).c_str(), r_on.message(),
+           name(c).c_str(), r_off.message());
+  }
+}
+
 // The switch's values and the auto rule; a malformed value is refused when
 // the model is created.
 TEST(MlaDecodeSwitch, ValuesAutoRuleAndMalformedValueRefused) {

@@ -1,0 +1,235 @@
+// Absorbed-form MLA decode attention for 64 heads a CTA on Hopper wgmma
+// (MlaDecodeAttnParams::heads_per_cta == 64; semantics: mla_decode.cuh).
+//
+// CTA: one query row x one KV split x 64 heads (the wgmma M), two warpgroups.
+// Shared memory (1024-byte aligned, every tile stored as 64-dim column blocks
+// of 128-byte rows with the tensor cores' 128-byte swizzle):
+//   Q      [64 heads x 576]      loaded once
+//   K/V[2] [64 keys x 576]       the key tile t in buffer t & 1; its first
+//                                512 dims are also the value rows
+//   P      [64 heads x 64 keys]  bf16 softmax weights of the tile
+// Per 64-key tile:
+//   1. warpgroup w scores keys [32 w, +32) over all 576 dims:
+//      S_w = Q K_w^T, 36 wgmma m64n32k16 (both operands from shared memory);
+//   2. the two warpgroups exchange their row maxima through shared memory,
+//      so both rescale by the same running max m; P_w = 2^(S_w scale log2e - m)
+//      goes to the P tile as bf16;
+//   3. warpgroup w accumulates o_lat columns [256 w, +256):
+//      O_w = O_w corr + P V[:, 256 w : +256], 4 wgmma m64n256k16 with P from
+//      shared memory and V MN-major (the key tile read transposed).
+// Tile t + 1 streams in (16-byte cp.async pieces into the swizzled layout,
+// zero-filled past the split's end) while tile t is computed. Split partials
+// and log-sum-exps are stored exactly as the mma.sync kernels store them
+// (store_output), so the combine and output kernels are shared.
+// Shared memory: 3 x 72 KB + 8 KB + 1 KB: one CTA a multiprocessor.
+// bf16 cache rows only; FP8 caches keep the mma.sync kernels.
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/common/pdl.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/wgmma.cuh"
+#include "kernels/mla/mla_decode.cuh"
+#include "kernels/mla/mla_decode_rows.cuh"
+
+namespace nucleus::kernels::mla_decode_detail {
+
+namespace {
+
+constexpr int kHeads = kMlaDecodeWgmmaHeads;  // 64: the wgmma M
+constexpr int kKeys = kMlaDecodeWideTileKeys;  // 64 keys a tile
+constexpr int kThreads = 256;                  // two warpgroups
+constexpr int kBlocks = kMlaDecodeLatent / 64;  // 9 column blocks of 64 dims
+constexpr uint32_t kBlockBytes = 64 * 128;      // a column block of a 64-row tile
+constexpr uint32_t kTileBytes = kBlocks * kBlockBytes;  // 73,728: Q or one key tile
+constexpr int kRowBytes = kMlaDecodeLatent * 2;          // a bf16 cache row
+constexpr size_t kSmemBytes = 1024 /* alignment */ + 3 * kTileBytes + kBlockBytes /* P */ +
+                              4 * kHeads * sizeof(float) /* maxima, sums */;
+static_assert(kSmemBytes <= 227 * 1024, "one CTA a multiprocessor");
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Copies rows r and r + 32 (r = tid / 8) of a 64-row tile into the swizzled
+// tile at s_tile: chunk tid % 8 of each of the 9 column blocks. src0 / src1:
+// the rows' first byte plus this thread's chunk, or null (zero-filled; the
+// copy then reads nothing from `dummy`).
+__device__ __forceinline__ void load_rows(uint32_t s_tile, const unsigned char* src0, const unsigned char* src1,
+                                          const void* dummy) {
+  const int tid = threadIdx.x, c = tid & 7, r = tid >> 3;
+  const uint32_t dst = s_tile + r * 128 + ((c ^ (r & 7)) << 4);  // r and r + 32 share the swizzle
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const unsigned char* src = h == 0 ? src0 : src1;
+    const bool ok = src != nullptr;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+      ptx::cp_async_16(dst + h * 32 * 128 + b * kBlockBytes, ok ? src + b * 128 : dummy, ok ? 16 : 0);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel(const MlaDecodeAttnParams p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = ptx::smem_u32(smem);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u;
+  const uint32_t s_k = s_q + kTileBytes;        // two key tiles
+  const uint32_t s_p = s_k + 2 * kTileBytes;    // P
+  float* s_max = reinterpret_cast<float*>(smem + (s_p + kBlockBytes - s_raw));  // [2 warpgroups][64 heads]
+  float* s_sum = s_max + 2 * kHeads;                                            // [2][64]
+
+  const int H = p.num_heads, group = blockIdx.x, split = blockIdx.y;
+  const int64_t i = blockIdx.z;
+  const SplitKeys sk = split_keys<kKeys>(p, i, split);
+  if (sk.num_tiles == 0) return;  // this row needs fewer splits
+
+  const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // the warpgroup, provably uniform across the warp
+  const auto* cache = static_cast<const unsigned char*>(p.cache);
+  // Key tile t into buffer t & 1: this thread's rows r and r + 32 of it.
+  auto load_k = [&](int t) {
+    const int key = sk.k_begin + t * kKeys + (tid >> 3), c = (tid & 7) * 16;
+    const unsigned char* a = key < sk.k_end ? cache_row(p, sk.table, key, kRowBytes) + c : nullptr;
+    const unsigned char* b = key + 32 < sk.k_end ? cache_row(p, sk.table, key + 32, kRowBytes) + c : nullptr;
+    load_rows(s_k + (t & 1) * kTileBytes, a, b, cache);
+  };
+  load_k(0);
+  ptx::cp_async_commit();
+  // As a programmatic dependent (PDL) of the q absorption: the first cache
+  // rows (written before it) are on their way; q_full is read only after it
+  // has finished.
+  pdl::wait_for_inputs();
+  pdl::launch_dependents();
+  {
+    const auto* q = reinterpret_cast<const unsigned char*>(p.q_full + (i * H + group * kHeads) * kMlaDecodeLatent);
+    const int r = tid >> 3, c = (tid & 7) * 16;
+    load_rows(s_q, q + r * kRowBytes + c, q + (r + 32) * kRowBytes + c, q);
+  }
+  ptx::cp_async_commit();
+
+  // This thread's accumulator rows: heads row_lo and row_lo + 8 of the group
+  // (g = lane / 4), columns 8 j + 2 q4 (+1) of each 8-column block.
+  const int q4 = lane & 3, row_lo = warp * 16 + (lane >> 2);
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale * kLog2e;
+
+  for (int t = 0; t < sk.num_tiles; ++t) {
+    ptx::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();  // K(t) (and Q) visible to all; both warpgroups are done with tile t - 1
+    if (t + 1 < sk.num_tiles) load_k(t + 1);  // into tile t - 1's buffer
+    ptx::cp_async_commit();
+    const uint32_t s_kt = s_k + (t & 1) * kTileBytes;
+
+    // 1. S = Q K^T over this warpgroup's 32 keys (k-step kk: column block kk / 4, 32 bytes a step).
+    float s[4][4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    {
+      const uint64_t dq = wgmma::smem_desc(s_q, 16, 1024), dk = wgmma::smem_desc(s_kt + wg * 32 * 128, 16, 1024);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kMlaDecodeLatent / 16; ++kk) {
+        const uint32_t step = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+        wgmma::m64n32k16_ss(s, wgmma::desc_advance(dq, step), wgmma::desc_advance(dk, step));
+      }
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+
+    // 2. Scores in log2 units, keys past the split masked; the tile's row maxima of both warpgroups.
+    const int key0 = sk.k_begin + t * kKeys + wg * 32 + 2 * q4;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = key0 + 8 * j + (e & 1) < sk.k_end ? s[j][e] * scale_log2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (q4 == 0) {
+      s_max[wg * kHeads + row_lo] = mx[0];
+      s_max[wg * kHeads + row_lo + 8] = mx[1];
+    }
+    __syncthreads();
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // Finite: every tile holds a visible key.
+      const float m_new = fmaxf(fmaxf(m_run[r], mx[r]), s_max[(wg ^ 1) * kHeads + row_lo + 8 * r]);
+      corr[r] = exp2f(m_run[r] - m_new);  // 0 on the first tile
+      m_run[r] = m_new;
+      l_run[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - m_run[e >> 1]);
+        l_run[e >> 1] += s[j][e];
+      }
+      // P rows row_lo and row_lo + 8, keys 32 wg + 8 j + 2 q4 (+1): 16-byte chunk 4 wg + j of the 128-byte row.
+      const int chunk = wg * 4 + j;
+      const uint32_t lo = s_p + row_lo * 128 + ((chunk ^ (row_lo & 7)) << 4) + q4 * 4;
+      const uint32_t hi = s_p + (row_lo + 8) * 128 + ((chunk ^ ((row_lo + 8) & 7)) << 4) + q4 * 4;
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(lo), "r"(pack_bf16(s[j][0], s[j][1])) : "memory");
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(hi), "r"(pack_bf16(s[j][2], s[j][3])) : "memory");
+    }
+    wgmma::fence_proxy_async();  // P's generic-proxy stores before the tensor cores read it
+    __syncthreads();             // P complete (both warpgroups' keys)
+
+    // 3. O_w = O_w corr + P V[:, 256 w : +256]: V MN-major (8-key groups 1024 B apart, 64-dim blocks
+    //    kBlockBytes apart), k-step kk = keys [16 kk, +16).
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+    {
+      const uint64_t dp = wgmma::smem_desc(s_p, 16, 1024);
+      const uint64_t dv = wgmma::smem_desc(s_kt + wg * 4 * kBlockBytes, kBlockBytes, 1024);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma::m64n256k16_ss_tb(o, wgmma::desc_advance(dp, kk * 32), wgmma::desc_advance(dv, kk * 16 * 128));
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+  }
+  ptx::cp_async_wait<0>();  // nothing in flight at exit
+
+  // Row sums: a quad's four lanes, then both warpgroups' keys.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (q4 == 0) {
+    s_sum[wg * kHeads + row_lo] = l_run[0];
+    s_sum[wg * kHeads + row_lo + 8] = l_run[1];
+  }
+  __syncthreads();
+  const float l_lo = s_sum[row_lo] + s_sum[kHeads + row_lo];
+  const float l_hi = s_sum[row_lo + 8] + s_sum[kHeads + row_lo + 8];
+  const int h_lo = group * kHeads + row_lo;
+  store_output(p, o, i, split, h_lo, h_lo + 8, wg * 256 + 2 * q4, 1.0f / l_lo, 1.0f / l_hi, wg == 0 && q4 == 0,
+               m_run[0] + log2f(l_lo), m_run[1] + log2f(l_hi));
+}
+
+}  // namespace
+
+cudaError_t launch_attention_wgmma_slice(const MlaDecodeAttnParams& p, dim3 grid, cudaStream_t stream) {
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(mla_decode_attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmemBytes));
+  });
+  if (attr != cudaSuccess) return attr;
+  return pdl::launch(mla_decode_attention_wgmma_kernel, grid, kThreads, kSmemBytes, p.pdl, stream, p);
+}
+
+}  // namespace nucleus::kernels::mla_decode_detail
