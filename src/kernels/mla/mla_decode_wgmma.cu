@@ -9,19 +9,22 @@
 //                                512 dims are also the value rows
 //   P      [64 heads x 64 keys]  bf16 softmax weights of the tile
 // Per 64-key tile:
-//   1. warpgroup w scores keys [32 w, +32) over all 576 dims:
-//      S_w = Q K_w^T, 36 wgmma m64n32k16 (both operands from shared memory);
-//   2. the two warpgroups exchange their row maxima through shared memory,
-//      so both rescale by the same running max m; P_w = 2^(S_w scale log2e - m)
-//      goes to the P tile as bf16;
-//   3. warpgroup w accumulates o_lat columns [256 w, +256):
-//      O_w = O_w corr + P V[:, 256 w : +256], 4 wgmma m64n256k16 with P from
-//      shared memory and V MN-major (the key tile read transposed).
+//   1. warpgroup 0 scores the tile: S = Q K^T, 36 wgmma m64n64k16 (both
+//      operands from shared memory; one warpgroup keeps the tensor cores
+//      busy, and m64n64 reads as many shared-memory bytes as it multiplies);
+//   2. warpgroup 0 runs the online softmax (log2 units, keys past the split
+//      masked) and hands P (bf16) and each head's rescaling factor to
+//      warpgroup 1 through shared memory;
+//   3. each warpgroup w accumulates o_lat columns [256 w, +256):
+//      O_w = O_w corr + P V[:, 256 w : +256], 4 wgmma m64n256k16 with V
+//      MN-major (the key tile read transposed); warpgroup 0 takes P from its
+//      registers (the score accumulators are the A fragments), warpgroup 1
+//      from shared memory.
 // Tile t + 1 streams in (16-byte cp.async pieces into the swizzled layout,
 // zero-filled past the split's end) while tile t is computed. Split partials
 // and log-sum-exps are stored exactly as the mma.sync kernels store them
 // (store_output), so the combine and output kernels are shared.
-// Shared memory: 3 x 72 KB + 8 KB + 1 KB: one CTA a multiprocessor.
+// Shared memory: 3 x 72 KB + 8 KB + 0.75 KB: one CTA a multiprocessor.
 // bf16 cache rows only; FP8 caches keep the mma.sync kernels.
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/pdl.cuh"
@@ -42,7 +45,7 @@ constexpr uint32_t kBlockBytes = 64 * 128;      // a column block of a 64-row ti
 constexpr uint32_t kTileBytes = kBlocks * kBlockBytes;  // 73,728: Q or one key tile
 constexpr int kRowBytes = kMlaDecodeLatent * 2;          // a bf16 cache row
 constexpr size_t kSmemBytes = 1024 /* alignment */ + 3 * kTileBytes + kBlockBytes /* P */ +
-                              4 * kHeads * sizeof(float) /* maxima, sums */;
+                              3 * kHeads * sizeof(float) /* rescaling factors, row sums, maxima */;
 static_assert(kSmemBytes <= 227 * 1024, "one CTA a multiprocessor");
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -64,14 +67,33 @@ __device__ __forceinline__ void load_rows(uint32_t s_tile, const unsigned char* 
   }
 }
 
+// Both warpgroups meet here once a tile, from their own branches, after
+// warpgroup 0 has written P and the factors (barrier 1, all 256 threads).
+__device__ __forceinline__ void p_ready() { asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory"); }
+
+// o *= corr per accumulator row (rows g and g + 8 of the warp): skipped by a
+// warp whose factors are all 1 (its rows' maxima did not grow), which is
+// exact and, past the first tiles of a split, the common case.
+__device__ __forceinline__ void rescale(float (&o)[32][4], const float (&corr)[2]) {
+  if (!__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) return;
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+}
+
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel(const MlaDecodeAttnParams p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = ptx::smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u;
   const uint32_t s_k = s_q + kTileBytes;        // two key tiles
   const uint32_t s_p = s_k + 2 * kTileBytes;    // P
-  float* s_max = reinterpret_cast<float*>(smem + (s_p + kBlockBytes - s_raw));  // [2 warpgroups][64 heads]
-  float* s_sum = s_max + 2 * kHeads;                                            // [2][64]
+  float* s_corr = reinterpret_cast<float*>(smem + (s_p + kBlockBytes - s_raw));  // [64 heads]
+  float* s_sum = s_corr + kHeads;                                                 // [64 heads]
+  float* s_max = s_sum + kHeads;                                                  // [64 heads]
 
   const int H = p.num_heads, group = blockIdx.x, split = blockIdx.y;
   const int64_t i = blockIdx.z;
@@ -103,11 +125,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
   ptx::cp_async_commit();
 
   // This thread's accumulator rows: heads row_lo and row_lo + 8 of the group
-  // (g = lane / 4), columns 8 j + 2 q4 (+1) of each 8-column block.
+  // (lane / 4 = g), columns 8 j + 2 q4 (+1) of each 8-column block.
   const int q4 = lane & 3, row_lo = warp * 16 + (lane >> 2);
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  // Warpgroup 0: running max (log2 units) and this thread's part of the row sums.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale * kLog2e;
 
@@ -118,107 +141,119 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
     if (t + 1 < sk.num_tiles) load_k(t + 1);  // into tile t - 1's buffer
     ptx::cp_async_commit();
     const uint32_t s_kt = s_k + (t & 1) * kTileBytes;
-
-    // 1. S = Q K^T over this warpgroup's 32 keys (k-step kk: column block kk / 4, 32 bytes a step).
-    float s[4][4];
+    const uint64_t dv = wgmma::smem_desc(s_kt + wg * 4 * kBlockBytes, kBlockBytes, 1024);  // V[:, 256 wg : +256]
+    float corr[2];
+    if (wg == 0) {
+      // 1. S = Q K^T (k-step kk: column block kk / 4, 32 bytes a step inside its 128-byte rows).
+      float s[8][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-    {
-      const uint64_t dq = wgmma::smem_desc(s_q, 16, 1024), dk = wgmma::smem_desc(s_kt + wg * 32 * 128, 16, 1024);
+      for (int j = 0; j < 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+      {
+        const uint64_t dq = wgmma::smem_desc(s_q, 16, 1024), dk = wgmma::smem_desc(s_kt, 16, 1024);
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < kMlaDecodeLatent / 16; ++kk) {
+          const uint32_t step = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
+          wgmma::m64n64k16_ss(s, wgmma::desc_advance(dq, step), wgmma::desc_advance(dk, step));
+        }
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+
+      // 2. Online softmax in log2 units, keys past the split masked (every tile holds a
+      //    visible key, so the maxima are finite).
+      const int key0 = sk.k_begin + t * kKeys + 2 * q4;
+      float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = key0 + 8 * j + (e & 1) < sk.k_end ? s[j][e] * scale_log2 : -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
+        }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        corr[r] = exp2f(m_run[r] - mx[r]);  // 0 on the first tile
+        m_run[r] = mx[r];
+        l_run[r] *= corr[r];
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[j][e] = exp2f(s[j][e] - m_run[e >> 1]);
+          l_run[e >> 1] += s[j][e];
+        }
+      // P as bf16: the A fragments of warpgroup 0's P V (k-step kk = keys [16 kk, +16)), and
+      // the shared P tile for warpgroup 1 (row r, keys 8 j + 2 q4 (+1): 16-byte chunk j).
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t lo = s_p + row_lo * 128 + ((j ^ (row_lo & 7)) << 4) + q4 * 4;
+        const uint32_t hi = s_p + (row_lo + 8) * 128 + ((j ^ ((row_lo + 8) & 7)) << 4) + q4 * 4;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(lo), "r"(pa[j >> 1][(j & 1) * 2]) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(hi), "r"(pa[j >> 1][(j & 1) * 2 + 1]) : "memory");
+      }
+      if (q4 == 0) {
+        s_corr[row_lo] = corr[0];
+        s_corr[row_lo + 8] = corr[1];
+      }
+      wgmma::fence_proxy_async();  // P's generic-proxy stores before the tensor cores read it
+      p_ready();                   // P and the factors ready for warpgroup 1
+      // 3. O_0 = O_0 corr + P V[:, 0:256], P from registers.
+      rescale(o, corr);
       wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < kMlaDecodeLatent / 16; ++kk) {
-        const uint32_t step = (kk >> 2) * kBlockBytes + (kk & 3) * 32;
-        wgmma::m64n32k16_ss(s, wgmma::desc_advance(dq, step), wgmma::desc_advance(dk, step));
-      }
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-
-    // 2. Scores in log2 units, keys past the split masked; the tile's row maxima of both warpgroups.
-    const int key0 = sk.k_begin + t * kKeys + wg * 32 + 2 * q4;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = key0 + 8 * j + (e & 1) < sk.k_end ? s[j][e] * scale_log2 : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[j][e]);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    if (q4 == 0) {
-      s_max[wg * kHeads + row_lo] = mx[0];
-      s_max[wg * kHeads + row_lo + 8] = mx[1];
-    }
-    __syncthreads();
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // Finite: every tile holds a visible key.
-      const float m_new = fmaxf(fmaxf(m_run[r], mx[r]), s_max[(wg ^ 1) * kHeads + row_lo + 8 * r]);
-      corr[r] = exp2f(m_run[r] - m_new);  // 0 on the first tile
-      m_run[r] = m_new;
-      l_run[r] *= corr[r];
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[j][e] = exp2f(s[j][e] - m_run[e >> 1]);
-        l_run[e >> 1] += s[j][e];
-      }
-      // P rows row_lo and row_lo + 8, keys 32 wg + 8 j + 2 q4 (+1): 16-byte chunk 4 wg + j of the 128-byte row.
-      const int chunk = wg * 4 + j;
-      const uint32_t lo = s_p + row_lo * 128 + ((chunk ^ (row_lo & 7)) << 4) + q4 * 4;
-      const uint32_t hi = s_p + (row_lo + 8) * 128 + ((chunk ^ ((row_lo + 8) & 7)) << 4) + q4 * 4;
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(lo), "r"(pack_bf16(s[j][0], s[j][1])) : "memory");
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(hi), "r"(pack_bf16(s[j][2], s[j][3])) : "memory");
-    }
-    wgmma::fence_proxy_async();  // P's generic-proxy stores before the tensor cores read it
-    __syncthreads();             // P complete (both warpgroups' keys)
-
-    // 3. O_w = O_w corr + P V[:, 256 w : +256]: V MN-major (8-key groups 1024 B apart, 64-dim blocks
-    //    kBlockBytes apart), k-step kk = keys [16 kk, +16).
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n][0] *= corr[0];
-      o[n][1] *= corr[0];
-      o[n][2] *= corr[1];
-      o[n][3] *= corr[1];
-    }
-    {
+      for (int kk = 0; kk < kKeys / 16; ++kk)
+        wgmma::m64n256k16_rs_tb(o, pa[kk], wgmma::desc_advance(dv, kk * 16 * 128));
+      wgmma::commit();
+      wgmma::wait<0>();
+    } else {
+      p_ready();  // P and the factors of tile t ready
+      corr[0] = s_corr[row_lo];
+      corr[1] = s_corr[row_lo + 8];
+      // 3. O_1 = O_1 corr + P V[:, 256:512], P from shared memory.
+      rescale(o, corr);
       const uint64_t dp = wgmma::smem_desc(s_p, 16, 1024);
-      const uint64_t dv = wgmma::smem_desc(s_kt + wg * 4 * kBlockBytes, kBlockBytes, 1024);
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
         wgmma::m64n256k16_ss_tb(o, wgmma::desc_advance(dp, kk * 32), wgmma::desc_advance(dv, kk * 16 * 128));
+      wgmma::commit();
+      wgmma::wait<0>();
     }
-    wgmma::commit();
-    wgmma::wait<0>();
   }
   ptx::cp_async_wait<0>();  // nothing in flight at exit
 
-  // Row sums: a quad's four lanes, then both warpgroups' keys.
+  // Row sums (warpgroup 0 summed its quads' parts) and maxima to warpgroup 1.
+  if (wg == 0) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  if (q4 == 0) {
-    s_sum[wg * kHeads + row_lo] = l_run[0];
-    s_sum[wg * kHeads + row_lo + 8] = l_run[1];
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+    if (q4 == 0) {
+      s_sum[row_lo] = l_run[0];
+      s_sum[row_lo + 8] = l_run[1];
+      s_max[row_lo] = m_run[0];
+      s_max[row_lo + 8] = m_run[1];
+    }
   }
   __syncthreads();
-  const float l_lo = s_sum[row_lo] + s_sum[kHeads + row_lo];
-  const float l_hi = s_sum[row_lo + 8] + s_sum[kHeads + row_lo + 8];
+  const float l_lo = s_sum[row_lo], l_hi = s_sum[row_lo + 8];
+  const float lse_lo = s_max[row_lo] + log2f(l_lo), lse_hi = s_max[row_lo + 8] + log2f(l_hi);
   const int h_lo = group * kHeads + row_lo;
   store_output(p, o, i, split, h_lo, h_lo + 8, wg * 256 + 2 * q4, 1.0f / l_lo, 1.0f / l_hi, wg == 0 && q4 == 0,
-               m_run[0] + log2f(l_lo), m_run[1] + log2f(l_hi));
+               lse_lo, lse_hi);
 }
 
 }  // namespace
