@@ -20,6 +20,7 @@
 #include "core/cuda/context.h"
 #include "core/device.h"
 #include "gpu_test_util.h"
+#include "test_util.h"
 #include "graph/device_inputs.h"
 #include "graph/step_resources.h"
 #include "kernels/gemm/gemm_ref.h"
@@ -624,9 +625,8 @@ TEST_F(MlaDecodeGpu, BulkLoadsAgree) {
 // merge and the combine kernel). Where it does not apply (16 heads, an FP8
 // cache) the switch changes nothing.
 TEST_F(MlaDecodeGpu, WgmmaAgrees) {
-  struct Env {
-    explicit Env(const char* v) { setenv("NUCLEUS_MLA_DECODE_WGMMA", v, 1); }
-    ~Env() { unsetenv("NUCLEUS_MLA_DECODE_WGMMA"); }
+  struct Env : testing::ScopedEnvValue {
+    explicit Env(const char* v) : testing::ScopedEnvValue("NUCLEUS_MLA_DECODE_WGMMA", v) {}
   };
   std::vector<Case> cases;
   for (int heads : {128, 64}) {

@@ -20,8 +20,10 @@
 //      MN-major (the key tile read transposed); warpgroup 0 takes P from its
 //      registers (the score accumulators are the A fragments), warpgroup 1
 //      from shared memory.
-// Tile t + 1 streams in (16-byte cp.async pieces into the swizzled layout,
-// zero-filled past the split's end) while tile t is computed. Split partials
+// Tile t + 1 streams in while tile t is computed: warpgroup 1 issues its
+// 16-byte cp.async pieces into the swizzled layout (zero-filled past the
+// split's end) while warpgroup 0 scores, so the block-table lookups never
+// delay the score products. Split partials
 // and log-sum-exps are stored exactly as the mma.sync kernels store them
 // (store_output), so the combine and output kernels are shared.
 // Shared memory: 3 x 72 KB + 8 KB + 0.75 KB: one CTA a multiprocessor.
@@ -49,21 +51,24 @@ constexpr size_t kSmemBytes = 1024 /* alignment */ + 3 * kTileBytes + kBlockByte
 static_assert(kSmemBytes <= 227 * 1024, "one CTA a multiprocessor");
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Copies rows r and r + 32 (r = tid / 8) of a 64-row tile into the swizzled
-// tile at s_tile: chunk tid % 8 of each of the 9 column blocks. src0 / src1:
-// the rows' first byte plus this thread's chunk, or null (zero-filled; the
-// copy then reads nothing from `dummy`).
-__device__ __forceinline__ void load_rows(uint32_t s_tile, const unsigned char* src0, const unsigned char* src1,
+// Copies rows r + (kThreadsUsed / 8) h (h < kRows) of a 64-row tile into the
+// swizzled tile at s_tile, r = tid / 8 for the calling thread's index tid <
+// kThreadsUsed: chunk tid % 8 of each of the 9 column blocks. src[h]: row h's
+// first byte plus this thread's chunk, or null (zero-filled; the copy then
+// reads nothing from `dummy`).
+template <int kRows>
+__device__ __forceinline__ void load_rows(uint32_t s_tile, int tid, const unsigned char* const (&src)[kRows],
                                           const void* dummy) {
-  const int tid = threadIdx.x, c = tid & 7, r = tid >> 3;
-  const uint32_t dst = s_tile + r * 128 + ((c ^ (r & 7)) << 4);  // r and r + 32 share the swizzle
+  constexpr int kStep = 64 / kRows;  // rows between a thread's rows: a multiple of 8, so they share the swizzle
+  static_assert(kStep % 8 == 0, "a thread's rows share their swizzle");
+  const int c = tid & 7, r = tid >> 3;
+  const uint32_t dst = s_tile + r * 128 + ((c ^ (r & 7)) << 4);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const unsigned char* src = h == 0 ? src0 : src1;
-    const bool ok = src != nullptr;
+  for (int h = 0; h < kRows; ++h) {
+    const bool ok = src[h] != nullptr;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
-      ptx::cp_async_16(dst + h * 32 * 128 + b * kBlockBytes, ok ? src + b * 128 : dummy, ok ? 16 : 0);
+      ptx::cp_async_16(dst + h * kStep * 128 + b * kBlockBytes, ok ? src[h] + b * 128 : dummy, ok ? 16 : 0);
   }
 }
 
@@ -103,14 +108,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // the warpgroup, provably uniform across the warp
   const auto* cache = static_cast<const unsigned char*>(p.cache);
-  // Key tile t into buffer t & 1: this thread's rows r and r + 32 of it.
-  auto load_k = [&](int t) {
-    const int key = sk.k_begin + t * kKeys + (tid >> 3), c = (tid & 7) * 16;
-    const unsigned char* a = key < sk.k_end ? cache_row(p, sk.table, key, kRowBytes) + c : nullptr;
-    const unsigned char* b = key + 32 < sk.k_end ? cache_row(p, sk.table, key + 32, kRowBytes) + c : nullptr;
-    load_rows(s_k + (t & 1) * kTileBytes, a, b, cache);
+  // Key tile t into buffer t & 1, by warpgroup 1 (ltid = its thread index):
+  // rows ltid / 8 + 16 h, h < 4 (warpgroup 0 is scoring meanwhile).
+  auto load_k = [&](int t, int ltid) {
+    const int key = sk.k_begin + t * kKeys + (ltid >> 3), c = (ltid & 7) * 16;
+    const unsigned char* src[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h)
+      src[h] = key + 16 * h < sk.k_end ? cache_row(p, sk.table, key + 16 * h, kRowBytes) + c : nullptr;
+    load_rows<4>(s_k + (t & 1) * kTileBytes, ltid, src, cache);
   };
-  load_k(0);
+  if (wg == 1) load_k(0, tid - 128);
   ptx::cp_async_commit();
   // As a programmatic dependent (PDL) of the q absorption: the first cache
   // rows (written before it) are on their way; q_full is read only after it
@@ -120,7 +128,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
   {
     const auto* q = reinterpret_cast<const unsigned char*>(p.q_full + (i * H + group * kHeads) * kMlaDecodeLatent);
     const int r = tid >> 3, c = (tid & 7) * 16;
-    load_rows(s_q, q + r * kRowBytes + c, q + (r + 32) * kRowBytes + c, q);
+    const unsigned char* const src[2] = {q + r * kRowBytes + c, q + (r + 32) * kRowBytes + c};
+    load_rows<2>(s_q, tid, src, q);
   }
   ptx::cp_async_commit();
 
@@ -138,8 +147,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
     ptx::cp_async_wait<0>();
     wgmma::fence_proxy_async();
     __syncthreads();  // K(t) (and Q) visible to all; both warpgroups are done with tile t - 1
-    if (t + 1 < sk.num_tiles) load_k(t + 1);  // into tile t - 1's buffer
-    ptx::cp_async_commit();
+    if (wg == 1) {
+      if (t + 1 < sk.num_tiles) load_k(t + 1, tid - 128);  // into tile t - 1's buffer
+      ptx::cp_async_commit();
+    }
     const uint32_t s_kt = s_k + (t & 1) * kTileBytes;
     const uint64_t dv = wgmma::smem_desc(s_kt + wg * 4 * kBlockBytes, kBlockBytes, 1024);  // V[:, 256 wg : +256]
     float corr[2];
