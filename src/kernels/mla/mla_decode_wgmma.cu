@@ -51,9 +51,9 @@ constexpr size_t kSmemBytes = 1024 /* alignment */ + 3 * kTileBytes + kBlockByte
 static_assert(kSmemBytes <= 227 * 1024, "one CTA a multiprocessor");
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Copies rows r + (kThreadsUsed / 8) h (h < kRows) of a 64-row tile into the
-// swizzled tile at s_tile, r = tid / 8 for the calling thread's index tid <
-// kThreadsUsed: chunk tid % 8 of each of the 9 column blocks. src[h]: row h's
+// Copies rows r + (64 / kRows) h (h < kRows) of a 64-row tile into the
+// swizzled tile at s_tile, r = tid / 8 for the calling thread's index tid
+// (< 8 * 64 / kRows): chunk tid % 8 of each of the 9 column blocks. src[h]: row h's
 // first byte plus this thread's chunk, or null (zero-filled; the copy then
 // reads nothing from `dummy`).
 template <int kRows>
@@ -71,10 +71,6 @@ __device__ __forceinline__ void load_rows(uint32_t s_tile, int tid, const unsign
       ptx::cp_async_16(dst + h * kStep * 128 + b * kBlockBytes, ok ? src[h] + b * 128 : dummy, ok ? 16 : 0);
   }
 }
-
-// Both warpgroups meet here once a tile, from their own branches, after
-// warpgroup 0 has written P and the factors (barrier 1, all 256 threads).
-__device__ __forceinline__ void p_ready() { asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory"); }
 
 // o *= corr per accumulator row (rows g and g + 8 of the warp): skipped by a
 // warp whose factors are all 1 (its rows' maxima did not grow), which is
@@ -154,6 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
     const uint32_t s_kt = s_k + (t & 1) * kTileBytes;
     const uint64_t dv = wgmma::smem_desc(s_kt + wg * 4 * kBlockBytes, kBlockBytes, 1024);  // V[:, 256 wg : +256]
     float corr[2];
+    uint32_t pa[4][4];  // warpgroup 0: P as the A fragments of its P V (k-step kk = keys [16 kk, +16))
     if (wg == 0) {
       // 1. S = Q K^T (k-step kk: column block kk / 4, 32 bytes a step inside its 128-byte rows).
       float s[8][4];
@@ -197,9 +194,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
           s[j][e] = exp2f(s[j][e] - m_run[e >> 1]);
           l_run[e >> 1] += s[j][e];
         }
-      // P as bf16: the A fragments of warpgroup 0's P V (k-step kk = keys [16 kk, +16)), and
-      // the shared P tile for warpgroup 1 (row r, keys 8 j + 2 q4 (+1): 16-byte chunk j).
-      uint32_t pa[4][4];
+      // P as bf16: warpgroup 0's A fragments, and the shared P tile for warpgroup 1 (row r,
+      // keys 8 j + 2 q4 (+1): 16-byte chunk j of the 128-byte row).
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
@@ -219,9 +215,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
         s_corr[row_lo + 8] = corr[1];
       }
       wgmma::fence_proxy_async();  // P's generic-proxy stores before the tensor cores read it
-      p_ready();                   // P and the factors ready for warpgroup 1
-      // 3. O_0 = O_0 corr + P V[:, 0:256], P from registers.
-      rescale(o, corr);
+    }
+    __syncthreads();  // P and the factors of tile t ready for warpgroup 1
+    if (wg == 1) {
+      corr[0] = s_corr[row_lo];
+      corr[1] = s_corr[row_lo + 8];
+    }
+    // 3. O_w = O_w corr + P V[:, 256 w : +256]: warpgroup 0 with P from registers, 1 from shared memory.
+    rescale(o, corr);
+    if (wg == 0) {
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < kKeys / 16; ++kk)
@@ -229,11 +231,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
       wgmma::commit();
       wgmma::wait<0>();
     } else {
-      p_ready();  // P and the factors of tile t ready
-      corr[0] = s_corr[row_lo];
-      corr[1] = s_corr[row_lo + 8];
-      // 3. O_1 = O_1 corr + P V[:, 256:512], P from shared memory.
-      rescale(o, corr);
       const uint64_t dp = wgmma::smem_desc(s_p, 16, 1024);
       wgmma::fence();
 #pragma unroll
