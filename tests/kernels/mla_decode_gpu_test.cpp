@@ -615,15 +615,14 @@ TEST_F(MlaDecodeGpu, BulkLoadsAgree) {
   }
 }
 
-// NUCLEUS_MLA_DECODE_WGMMA: the 64-head wgmma kernel (two warpgroups, each
-// scoring 32 keys of a 64-key tile and accumulating 256 of the 512 o_lat
-// columns; kernels/mla/mla_decode_wgmma.cu) matches the reference as the
+// NUCLEUS_MLA_DECODE_WGMMA: the 64-head wgmma kernel
+// (kernels/mla/mla_decode_wgmma.cu) matches the reference as the
 // mma.sync kernels (32 heads a CTA) do: 64 and 128 heads (one and two head
 // groups), pages of 1, 16 and 64 keys, contexts that end inside, at and just
 // past a tile, ragged contexts, several query rows a sequence, a mixed step,
 // split and unsplit calls (1-130 rows; through the small output kernel's
-// merge and the combine kernel). Where it does not apply (16 heads, an FP8
-// cache) the switch changes nothing.
+// merge and the combine kernel), bf16 and FP8 kv_b weights. Where it does not
+// apply (16 heads) the switch changes nothing.
 TEST_F(MlaDecodeGpu, WgmmaAgrees) {
   struct Env : testing::ScopedEnvValue {
     explicit Env(const char* v) : testing::ScopedEnvValue("NUCLEUS_MLA_DECODE_WGMMA", v) {}
@@ -643,14 +642,16 @@ TEST_F(MlaDecodeGpu, WgmmaAgrees) {
     cases.push_back({130, 300, heads, 1, false, 1, true});
   }
   cases.push_back({3, 500, 16, 16});                // 16 heads: not a multiple of 64
-  cases.push_back({3, 500, 128, 16, /*fp8=*/true});  // an FP8 cache
+  cases.push_back({3, 500, 128, 16, /*fp8=*/true});  // FP8 kv_b weights (the cache stays bf16: it applies)
   uint64_t seed = 2100;
   for (const Case& c : cases) {
     Problem p = make_problem(c, seed++);
     const std::vector<float> want = reference(p);
     const int64_t rows = p.si.num_tokens();
-    const KvCacheDtype dtype = c.fp8 ? KvCacheDtype::kFp8E4M3 : KvCacheDtype::kBF16;
-    const bool applies = c.heads % 64 == 0 && !c.fp8;
+    // This file's problems keep a bf16 cache (Case::fp8 quantizes kv_b); an
+    // FP8 cache never takes the kernel (MlaDecodeRule.WgmmaValues, CPU).
+    const KvCacheDtype dtype = KvCacheDtype::kBF16;
+    const bool applies = c.heads % 64 == 0;
     std::vector<float> on, off, autov;
     std::string why;
     {
