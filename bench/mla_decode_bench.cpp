@@ -25,8 +25,11 @@
 // "nucleus_regconv" = nucleus with NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT=0 /
 // 1 (fp8_e4m3 rows converted to bf16 through shared memory, the version
 // before, or MMA fragments converted in registers; the one auto does not
-// pick). --shape B,CTX runs one
-// shape (both head counts unless --heads N).
+// pick), "nucleus_mma" / "nucleus_wgmma" = nucleus with
+// NUCLEUS_MLA_DECODE_WGMMA=0 / 1 (the mma.sync kernels, 32 heads a CTA, the
+// version before, or the 64-head wgmma kernel; where the wgmma kernel
+// applies, the one auto does not pick). --shape B,CTX runs one
+// shape (16 and 128 heads unless --heads N; 64 only when asked).
 // Prints time, GB/s, % of the spec 4.8 TB/s and of 4.58 TB/s
 // (core/roofline.h: the measured read-stream ceiling), TFLOP/s of the attention proper, and the tokens one
 // GB of cache holds per layer and for DeepSeek-V3's 61 layers.
@@ -213,7 +216,8 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
   // nucleus_skN: NUCLEUS_MLA_DECODE_SPLIT_KEYS=N; nucleus_1cta / nucleus_2cta:
   // NUCLEUS_MLA_DECODE_CTAS_PER_SM=1 / 2; nucleus_t32: NUCLEUS_MLA_DECODE_KEY_TILE=32;
   // nucleus_cpasync: NUCLEUS_MLA_DECODE_BULK_LOADS=0, nucleus_bulk: =1;
-  // nucleus_smemconv / nucleus_regconv: NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT=0 / 1.
+  // nucleus_smemconv / nucleus_regconv: NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT=0 / 1;
+  // nucleus_mma / nucleus_wgmma: NUCLEUS_MLA_DECODE_WGMMA=0 / 1.
   struct ScopedSwitch {
     ScopedSwitch(const char* var, std::string v) : var_(var), set_(!v.empty()) {
       if (set_) setenv(var_, v.c_str(), 1);
@@ -235,9 +239,11 @@ Result time_backend(Setup& s, const std::string& name, const DeviceStepInputs& d
                                 name == "nucleus_cpasync" ? "0" : name == "nucleus_bulk" ? "1" : "");
   const ScopedSwitch fp8_register_convert("NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT",
                                           name == "nucleus_smemconv" ? "0" : name == "nucleus_regconv" ? "1" : "");
+  const ScopedSwitch wgmma("NUCLEUS_MLA_DECODE_WGMMA", name == "nucleus_mma" ? "0" : name == "nucleus_wgmma" ? "1" : "");
   const std::string backend = name == "nucleus_blas" || name == "nucleus_small" || sk || ctas ||
                                       name == "nucleus_t32" || name == "nucleus_cpasync" || name == "nucleus_bulk" ||
-                                      name == "nucleus_smemconv" || name == "nucleus_regconv"
+                                      name == "nucleus_smemconv" || name == "nucleus_regconv" ||
+                                      name == "nucleus_mma" || name == "nucleus_wgmma"
                                   ? "nucleus"
                                   : name;
   const Backend<MlaDecodeAttentionOp>* b = nullptr;
@@ -356,8 +362,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--heads" && i + 1 < argc) {
       only_heads = std::atoi(argv[++i]);
-      if (only_heads != 16 && only_heads != 128) {
-        std::fprintf(stderr, "mla_decode_bench: --heads 16 or 128\n");
+      if (only_heads != 16 && only_heads != 64 && only_heads != 128) {
+        std::fprintf(stderr, "mla_decode_bench: --heads 16, 64 or 128\n");
         return 2;
       }
     } else if (a == "--split-keys" && i + 1 < argc) {
@@ -434,8 +440,8 @@ int main(int argc, char** argv) {
   }
   if (shape_batch > 0) shapes = {{shape_batch, shape_context}};
   for (const Shape& sh : shapes) {
-    for (int heads : {16, 128}) {
-      if (only_heads && heads != only_heads) continue;
+    for (int heads : {16, 64, 128}) {
+      if (only_heads ? heads != only_heads : heads == 64) continue;  // 64 (TP 2 of V3) only when asked
       for (KvCacheDtype d : cache_dtypes) {
        for (bool wfp8 : kv_b_fp8) {
         auto s = make_setup(sh.batch, sh.context, heads, d, wfp8);
@@ -457,6 +463,9 @@ int main(int argc, char** argv) {
           if (d == KvCacheDtype::kFp8E4M3 || d == KvCacheDtype::kFp8DsMla)
             backends.push_back(mla_decode_fp8_register_convert_auto(sh.batch, d) ? "nucleus_smemconv" : "nucleus_regconv");
         }
+        // Where the wgmma kernel applies: the kernel auto does not take.
+        if (mla_decode_wgmma_applies(heads, d))
+          backends.push_back(mla_decode_wgmma_auto(sh.batch, heads, d) ? "nucleus_mma" : "nucleus_wgmma");
         if (ctas_rows && heads <= 16) {
           backends.push_back("nucleus_1cta");
           backends.push_back("nucleus_2cta");

@@ -221,6 +221,12 @@ constexpr KnobInfo kKnobs[] = {
      "from 64 rows; 0: the shared-memory conversion, the path before the switch); a malformed value is refused "
      "at start-up",
      "src/ops/mla_decode.cpp"},
+    {KNOB(kMlaDecodeWgmma), "NUCLEUS_MLA_DECODE_WGMMA", KnobType::kEnum,
+     "auto, 0, 1 (also off/false, on/true; any case)", "auto",
+     "the decode attention runs 64 heads a CTA on Hopper wgmma (kernels/mla/mla_decode_wgmma.cu) where the "
+     "layer has a multiple of 64 heads and a bf16 cache (auto: the rule mla_decode_wgmma_auto, every such call; "
+     "0: the mma.sync kernels, 32 heads a CTA); a malformed value is refused at start-up",
+     "src/ops/mla_decode.cpp"},
     {KNOB(kFuseKvANorm), "NUCLEUS_FUSE_KV_A_NORM", KnobType::kEnum, "auto, 0, 1 (also off/false, on/true; any case)",
      "auto",
      "kv_a_layernorm runs inside the RoPE + latent-cache-write op (one kernel instead of two a layer; the same bytes "

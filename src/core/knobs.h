@@ -67,6 +67,7 @@ enum class Knob {
   kMlaDecodeKeyTile,
   kMlaDecodeBulkLoads,
   kMlaDecodeFp8RegisterConvert,
+  kMlaDecodeWgmma,
   kFuseKvANorm,
   kWidthBuilds,
   kWidthCooperative,

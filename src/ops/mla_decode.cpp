@@ -18,6 +18,7 @@ namespace {
 
 constexpr int64_t kSmallRowsMax = 8;  // kernels::kMlaDecodeSmallRows (the kernel header is CUDA-only)
 constexpr int64_t kSplitKeysTile = 32;   // kernels::kMlaDecodeTileKeys
+constexpr int64_t kWgmmaHeads = 64;      // kernels::kMlaDecodeWgmmaHeads
 constexpr int64_t kSplitsOnDevice = 0;     // kernels::kMlaDecodeSplitsAuto
 constexpr int64_t kSplitKeysMost = 1024;
 
@@ -117,6 +118,24 @@ bool mla_decode_fp8_register_convert(int64_t num_rows, KvCacheDtype cache) {
   return mla_decode_fp8_register_convert_auto(num_rows, cache);
 }
 
+bool mla_decode_wgmma_applies(int64_t num_heads, KvCacheDtype cache) {
+  return num_heads > 0 && num_heads % kWgmmaHeads == 0 && cache == KvCacheDtype::kBF16;
+}
+
+bool mla_decode_wgmma_auto(int64_t /*num_rows*/, int64_t num_heads, KvCacheDtype cache) {
+  return mla_decode_wgmma_applies(num_heads, cache);
+}
+
+bool mla_decode_wgmma(int64_t num_rows, int64_t num_heads, KvCacheDtype cache) {
+  if (!mla_decode_wgmma_applies(num_heads, cache)) return false;
+  switch (env_auto_switch(Knob::kMlaDecodeWgmma).value_or(AutoSwitch::kAuto)) {
+    case AutoSwitch::kOff: return false;
+    case AutoSwitch::kOn: return true;
+    case AutoSwitch::kAuto: break;
+  }
+  return mla_decode_wgmma_auto(num_rows, num_heads, cache);
+}
+
 Status mla_decode_env_status() {
   if (!env_auto_switch(Knob::kMlaDecodeSmallGemms))
     return invalid_argument("NUCLEUS_MLA_DECODE_SMALL_GEMMS='" + *env_string(Knob::kMlaDecodeSmallGemms) +
@@ -132,6 +151,7 @@ Status mla_decode_env_status() {
                             "' is not auto, 32 or 64");
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMlaDecodeBulkLoads));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMlaDecodeFp8RegisterConvert));
+  NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMlaDecodeWgmma));
   return ok_status();
 }
 

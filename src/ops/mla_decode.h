@@ -102,10 +102,24 @@ bool mla_decode_fp8_register_convert(int64_t num_rows, KvCacheDtype cache);
 // registers"): fp8_e4m3 at every row count; fp8_ds_mla from 64 rows (measured
 // 1.13-1.19x there, 0-15% slower at 1-32 rows); never for bf16.
 bool mla_decode_fp8_register_convert_auto(int64_t num_rows, KvCacheDtype cache);
+// Whether the nucleus decode attention runs on the Hopper wgmma kernel, 64
+// heads a CTA (kernels::MlaDecodeAttnParams::heads_per_cta =
+// kMlaDecodeWgmmaHeads, 64-key tiles; kernels/mla/mla_decode_wgmma.cu) for a
+// call of `num_rows` rows of `num_heads` heads on `cache`, by
+// NUCLEUS_MLA_DECODE_WGMMA: auto (default) the rule mla_decode_wgmma_auto, 0
+// (the mma.sync kernels: 32 heads a CTA) or 1 (wherever it applies). It
+// applies where num_heads is a multiple of 64 and the cache is bf16; never
+// elsewhere. Read at every call.
+bool mla_decode_wgmma(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
+// Where the wgmma kernel applies (num_heads % 64 == 0, bf16 cache), and the
+// rule behind auto: every such call (not measured yet: branch s19-mla-wgmma).
+bool mla_decode_wgmma_applies(int64_t num_heads, KvCacheDtype cache);
+bool mla_decode_wgmma_auto(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
 // OK, or invalid_argument naming a malformed NUCLEUS_MLA_DECODE_SMALL_GEMMS,
 // NUCLEUS_MLA_DECODE_SPLIT_KEYS, NUCLEUS_MLA_DECODE_CTAS_PER_SM,
-// NUCLEUS_MLA_DECODE_KEY_TILE or NUCLEUS_MLA_DECODE_BULK_LOADS (checked at
-// model creation).
+// NUCLEUS_MLA_DECODE_KEY_TILE, NUCLEUS_MLA_DECODE_BULK_LOADS,
+// NUCLEUS_MLA_DECODE_FP8_REGISTER_CONVERT or NUCLEUS_MLA_DECODE_WGMMA
+// (checked at model creation).
 Status mla_decode_env_status();
 
 }  // namespace nucleus

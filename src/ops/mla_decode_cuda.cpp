@@ -240,14 +240,15 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
 // Floats of split partials (outputs and LSEs) a chunk of at most
 // `max_rows` rows may use, at least 1.
 int64_t partial_floats(int H, int64_t max_rows) {
-  const int hpc = kernels::mla_decode_heads_per_cta(H);
   const int sms = cuda::context().num_sms;
   int64_t most = 0;
-  for (int64_t n = 1; n <= max_rows; ++n)
-    for (int per_sm : {1, 2}) {  // NUCLEUS_MLA_DECODE_CTAS_PER_SM may change between calls
-      const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms * per_sm);
-      if (splits > 1) most = std::max(most, n * splits);
-    }
+  // NUCLEUS_MLA_DECODE_CTAS_PER_SM and NUCLEUS_MLA_DECODE_WGMMA may change between calls.
+  for (const int hpc : {kernels::mla_decode_heads_per_cta(H), kernels::kMlaDecodeWgmmaHeads})
+    for (int64_t n = 1; n <= max_rows; ++n)
+      for (int per_sm : {1, 2}) {
+        const int splits = kernels::mla_decode_num_splits(n, H, hpc, sms * per_sm);
+        if (splits > 1) most = std::max(most, n * splits);
+      }
   return std::max<int64_t>(1, most * H * (kernels::kMlaDecodeLora + 1));
 }
 
@@ -258,7 +259,9 @@ int64_t partial_floats(int H, int64_t max_rows) {
 Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache,
                         const kernels::MlaDecodeRows& r, const Scratch& s, bool small, bool pdl) {
   const int H = static_cast<int>(op.dims().num_heads);
-  const int hpc = kernels::mla_decode_heads_per_cta(H);
+  // 64 heads a CTA on wgmma (64-key tiles, one CTA a multiprocessor), else the mma.sync kernels.
+  const bool wgmma = mla_decode_wgmma(r.num_rows, H, op.cache_dtype());
+  const int hpc = wgmma ? kernels::kMlaDecodeWgmmaHeads : kernels::mla_decode_heads_per_cta(H);
   const int sms = cuda::context().num_sms;
   kernels::MlaDecodeAttnParams p;
   p.r = r;
@@ -273,7 +276,7 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   // The grid fills the CTAs the multiprocessors hold at once.
   p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms * p.ctas_per_sm);
   p.min_split_keys = static_cast<int>(mla_decode_min_split_keys(r.num_rows, H));
-  p.key_tile = mla_decode_key_tile(r.num_rows, H);
+  p.key_tile = wgmma ? kernels::kMlaDecodeWideTileKeys : mla_decode_key_tile(r.num_rows, H);
   p.bulk_loads = mla_decode_bulk_loads(r.num_rows, H, op.cache_dtype());
   p.fp8_register_convert = mla_decode_fp8_register_convert(r.num_rows, op.cache_dtype());
   p.heads_per_cta = hpc;

@@ -20,6 +20,7 @@
 #include "core/cuda/context.h"
 #include "core/device.h"
 #include "gpu_test_util.h"
+#include "test_util.h"
 #include "graph/device_inputs.h"
 #include "graph/step_resources.h"
 #include "kernels/gemm/gemm_ref.h"
@@ -611,6 +612,73 @@ TEST_F(MlaDecodeGpu, BulkLoadsAgree) {
     EXPECT_TRUE(rb) << "bulk loads " << name(c);
     EXPECT_EQ(bulk, pieces) << name(c) << ": the same bytes in shared memory, the same outputs";
     printf("mla_decode bulk loads %-30s %s\n", name(c).c_str(), rb.message());
+  }
+}
+
+// NUCLEUS_MLA_DECODE_WGMMA: the 64-head wgmma kernel
+// (kernels/mla/mla_decode_wgmma.cu) matches the reference as the
+// mma.sync kernels (32 heads a CTA) do: 64 and 128 heads (one and two head
+// groups), pages of 1, 16 and 64 keys, contexts that end inside, at and just
+// past a tile, ragged contexts, several query rows a sequence, a mixed step,
+// split and unsplit calls (1-130 rows; through the small output kernel's
+// merge and the combine kernel), bf16 and FP8 kv_b weights. Where it does not
+// apply (16 heads) the switch changes nothing.
+TEST_F(MlaDecodeGpu, WgmmaAgrees) {
+  struct Env : testing::ScopedEnvValue {
+    explicit Env(const char* v) : testing::ScopedEnvValue("NUCLEUS_MLA_DECODE_WGMMA", v) {}
+  };
+  std::vector<Case> cases;
+  for (int heads : {128, 64}) {
+    cases.push_back({1, 1, heads, 16});
+    cases.push_back({1, 5, heads, 1});
+    cases.push_back({1, 63, heads, 1});
+    cases.push_back({2, 64, heads, 64});
+    cases.push_back({1, 65, heads, 16});
+    cases.push_back({1, 4097, heads, 64});
+    cases.push_back({3, 3000, heads, 16, false, 1, true});
+    cases.push_back({9, 700, heads, 64, false, 1, true});
+    cases.push_back({2, 200, heads, 16, false, 3});
+    cases.push_back({7, 150, heads, 16, false, 1, false, 3});
+    cases.push_back({130, 300, heads, 1, false, 1, true});
+  }
+  cases.push_back({3, 500, 16, 16});                // 16 heads: not a multiple of 64
+  cases.push_back({3, 500, 128, 16, /*fp8=*/true});  // FP8 kv_b weights (the cache stays bf16: it applies)
+  uint64_t seed = 2100;
+  for (const Case& c : cases) {
+    Problem p = make_problem(c, seed++);
+    const std::vector<float> want = reference(p);
+    const int64_t rows = p.si.num_tokens();
+    // This file's problems keep a bf16 cache (Case::fp8 quantizes kv_b); an
+    // FP8 cache never takes the kernel (MlaDecodeRule.WgmmaValues, CPU).
+    const KvCacheDtype dtype = KvCacheDtype::kBF16;
+    const bool applies = c.heads % 64 == 0;
+    std::vector<float> on, off, autov;
+    std::string why;
+    {
+      Env e("1");
+      ASSERT_EQ(mla_decode_wgmma(rows, c.heads, dtype), applies) << name(c);
+      on = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e("0");
+      ASSERT_FALSE(mla_decode_wgmma(rows, c.heads, dtype)) << name(c);
+      off = run_backend("nucleus", p, 256, &why);
+    }
+    {
+      Env e("auto");
+      autov = run_backend("nucleus", p, 256, &why);
+    }
+    ASSERT_FALSE(on.empty() || off.empty() || autov.empty()) << name(c) << ": " << why;
+    const int64_t width = c.heads * kVHead;
+    const auto r_on = matches(on, want, width), r_off = matches(off, want, width);
+    EXPECT_TRUE(r_on) << "wgmma " << name(c);
+    EXPECT_TRUE(r_off) << "mma.sync " << name(c);
+    EXPECT_EQ(autov, mla_decode_wgmma_auto(rows, c.heads, dtype) && applies ? on : off) << name(c);
+    if (!applies) {
+      EXPECT_EQ(on, off) << name(c) << ": the switch has no effect where the kernel does not apply";
+    }
+    printf("mla_decode wgmma %-30s %s\nmla_decode mma.sync %-30s %s\n", name(c).c_str(), r_on.message(),
+           name(c).c_str(), r_off.message());
   }
 }
 

@@ -144,6 +144,46 @@ TEST(MlaDecodeRule, BulkLoadsValues) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_WGMMA: the 64-head wgmma kernel applies at multiples of
+// 64 heads on a bf16 cache only (worked out by hand: V3 / R1 / Kimi-K2 at TP 1
+// and 2 have 128 and 64 heads; V2-Lite 16; TP 4 of V3 32), whatever the switch.
+TEST(MlaDecodeRule, WgmmaValues) {
+  using D = KvCacheDtype;
+  for (int64_t heads : {64, 128, 256}) EXPECT_TRUE(mla_decode_wgmma_applies(heads, D::kBF16)) << heads;
+  for (int64_t heads : {0, 4, 16, 32, 96, 48}) EXPECT_FALSE(mla_decode_wgmma_applies(heads, D::kBF16)) << heads;
+  for (D d : {D::kFp8E4M3, D::kFp8DsMla}) EXPECT_FALSE(mla_decode_wgmma_applies(128, d));
+  for (const char* v : {"0", "off", "False"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_WGMMA", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_FALSE(mla_decode_wgmma(1, 128, D::kBF16)) << v;
+  }
+  for (const char* v : {"1", "on", "TRUE"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_WGMMA", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << v;
+    EXPECT_TRUE(mla_decode_wgmma(1, 128, D::kBF16)) << v;
+    EXPECT_TRUE(mla_decode_wgmma(300, 64, D::kBF16)) << v;
+    EXPECT_FALSE(mla_decode_wgmma(1, 16, D::kBF16)) << v << ": 16 heads, not where it applies";
+    EXPECT_FALSE(mla_decode_wgmma(1, 128, D::kFp8E4M3)) << v << ": an FP8 cache, not where it applies";
+  }
+  for (const char* v : {"", "auto", "Auto"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_WGMMA", v);
+    EXPECT_TRUE(mla_decode_env_status().ok()) << "'" << v << "'";
+    for (int64_t rows : {1, 8, 64, 256})
+      for (int64_t heads : {16, 32, 64, 128})
+        for (D d : {D::kBF16, D::kFp8E4M3, D::kFp8DsMla})
+          EXPECT_EQ(mla_decode_wgmma(rows, heads, d),
+                    mla_decode_wgmma_applies(heads, d) && mla_decode_wgmma_auto(rows, heads, d))
+              << rows << " rows " << heads << " heads";
+  }
+  for (const char* bad : {"2", "yes", "wgmma", " 1"}) {
+    ScopedEnv e("NUCLEUS_MLA_DECODE_WGMMA", bad);
+    const Status s = mla_decode_env_status();
+    EXPECT_FALSE(s.ok()) << "'" << bad << "'";
+    EXPECT_NE(s.message().find(std::string("NUCLEUS_MLA_DECODE_WGMMA='") + bad + "'"), std::string::npos)
+        << s.message();
+  }
+}
+
 TEST(MlaDecodeRule, Fp8RegisterConvertValues) {
   for (int64_t rows : {1, 8, 32, 63, 64, 128, 512}) {
     EXPECT_TRUE(mla_decode_fp8_register_convert_auto(rows, KvCacheDtype::kFp8E4M3)) << rows;

@@ -37,10 +37,15 @@ namespace nucleus::kernels {
 
 namespace {
 
+using mla_decode_detail::cache_row;
 using mla_decode_detail::kTileKeys;
+using mla_decode_detail::pack_bf16;
 using mla_decode_detail::row_chunk;
 using mla_decode_detail::row_keys;
 using mla_decode_detail::row_of;
+using mla_decode_detail::split_keys;
+using mla_decode_detail::SplitKeys;
+using mla_decode_detail::store_output;
 constexpr int kRowElems = kMlaDecodeLatent + 8;  // padded smem row: 1168 bytes
 constexpr int kTileElems = kTileKeys * kRowElems;
 constexpr int kStagesBf16 = 4;
@@ -51,11 +56,6 @@ static_assert(kDsMlaLatent == kMlaDecodeLora && kDsMlaRope == kMlaDecodeRope, "f
 constexpr int kSpStride = kTileKeys + 8;                  // floats per partial-score row (conflict-free)
 constexpr int kChunksPerRow = kMlaDecodeLatent * 2 / 16;  // 72 16-byte chunks per latent row
 constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
 
 __device__ __forceinline__ uint32_t ld_u32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
@@ -133,73 +133,6 @@ __device__ __forceinline__ void convert_row_group(const unsigned char* raw, int 
     const uint2 b = *reinterpret_cast<const uint2*>(raw + g * 8);
     *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(fp8x2_to_bf16x2(b.x), fp8x2_to_bf16x2(b.x >> 16),
                                                         fp8x2_to_bf16x2(b.y), fp8x2_to_bf16x2(b.y >> 16));
-  }
-}
-
-// A CTA's share of call row i: keys [k_begin, k_end) of split `split` in
-// tiles of kTile keys, and the row's block-table row. Empty (k_begin >=
-// k_end) where the row needs fewer splits than the grid has.
-struct SplitKeys {
-  int k_begin = 0, k_end = 0, num_tiles = 0;
-  const int32_t* table = nullptr;
-};
-template <int kTile>
-__device__ __forceinline__ SplitKeys split_keys(const MlaDecodeAttnParams& p, int64_t i, int split) {
-  int seq;
-  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
-  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kTile);
-  SplitKeys k;
-  k.k_begin = split * chunk;
-  k.k_end = min(num_keys, k.k_begin + chunk);
-  k.num_tiles = k.k_begin < k.k_end ? (k.k_end - k.k_begin + kTile - 1) / kTile : 0;
-  k.table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
-  return k;
-}
-
-// The bytes of cache row `key` (row_bytes a row) of a sequence with block-table row `table`.
-__device__ __forceinline__ const unsigned char* cache_row(const MlaDecodeAttnParams& p, const int32_t* table, int key,
-                                                          int row_bytes) {
-  const int bs = p.r.block_size;
-  const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
-  return static_cast<const unsigned char*>(p.cache) + slot * row_bytes;
-}
-
-// A warp's o_lat columns col0 + 8 n (n < kN) of heads h_lo and h_hi (rows of
-// the mma layout) of call row i, already divided by the row sums: bf16 into
-// o_lat when the call is not split, else f32 partials of split `split` and,
-// where write_lse, the heads' log-sum-exps (log2 domain).
-template <int kN>
-__device__ __forceinline__ void store_output(const MlaDecodeAttnParams& p, const float (&o)[kN][4], int64_t i,
-                                             int split, int h_lo, int h_hi, int col0, float inv_lo, float inv_hi,
-                                             bool write_lse, float lse_lo, float lse_hi) {
-  const int H = p.num_heads;
-  if (p.num_splits == 1) {
-    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      if (h_lo < H)
-        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
-      if (h_hi < H)
-        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
-    }
-    return;
-  }
-  const int64_t base = (i * p.num_splits + split) * H;
-  float* ob = p.part_o + base * kMlaDecodeLora;
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    if (h_lo < H)
-      *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-          make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
-    if (h_hi < H)
-      *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-          make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
-  }
-  if (write_lse) {
-    if (h_lo < H) p.part_lse[base + h_lo] = lse_lo;
-    if (h_hi < H) p.part_lse[base + h_hi] = lse_hi;
   }
 }
 
@@ -1026,17 +959,13 @@ __global__ void mla_decode_dequant_kernel(const WeightView w, __nv_bfloat16* __r
   out[idx] = __float2bfloat16(w.at(idx / w.k, idx % w.k));
 }
 
-// Launches attention kernel kKernel (heads_per_group heads a CTA, smem bytes
-// of shared memory) over the call's rows (in grid-z slices of at most 65535),
-// then the combine kernel when the call is split and combines. (A template
-// on the kernel, so that each kernel sets its shared-memory limit once.)
-template <auto kKernel>
-cudaError_t launch_attention_grid(size_t smem, int heads_per_group, const MlaDecodeAttnParams& p,
-                                  cudaStream_t stream) {
-  const cudaError_t attr = cuda_common::once_per_device([smem] {
-    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  });
-  if (attr != cudaSuccess) return attr;
+// Launches an attention kernel (heads_per_group heads a CTA) over the call's
+// rows in grid-z slices of at most 65535: launch_slice(q, grid) for each
+// slice's params q, then the combine kernel when the call is split and
+// combines.
+template <class LaunchSlice>
+cudaError_t launch_split_grid(int heads_per_group, const MlaDecodeAttnParams& p, cudaStream_t stream,
+                              LaunchSlice&& launch_slice) {
   const int groups = (p.num_heads + heads_per_group - 1) / heads_per_group;
   constexpr int64_t kMaxGridZ = 65535;
   for (int64_t r0 = 0; r0 < p.r.num_rows; r0 += kMaxGridZ) {
@@ -1051,13 +980,27 @@ cudaError_t launch_attention_grid(size_t smem, int heads_per_group, const MlaDec
       q.part_o = p.part_o + r0 * p.num_splits * p.num_heads * kMlaDecodeLora;
       q.part_lse = p.part_lse + r0 * p.num_splits * p.num_heads;
     }
-    const dim3 grid(groups, p.num_splits, static_cast<unsigned>(n));
-    const cudaError_t e = pdl::launch(kKernel, grid, kThreads, smem, p.pdl, stream, q);
+    const cudaError_t e = launch_slice(q, dim3(groups, p.num_splits, static_cast<unsigned>(n)));
     if (e != cudaSuccess) return e;
     if (p.num_splits > 1 && p.combine)
       mla_decode_combine_kernel<<<dim3(p.num_heads, static_cast<unsigned>(n)), 128, 0, stream>>>(q);
   }
   return cudaGetLastError();
+}
+
+// launch_split_grid for attention kernel kKernel with smem bytes of shared
+// memory. (A template on the kernel, so that each kernel sets its
+// shared-memory limit once.)
+template <auto kKernel>
+cudaError_t launch_attention_grid(size_t smem, int heads_per_group, const MlaDecodeAttnParams& p,
+                                  cudaStream_t stream) {
+  const cudaError_t attr = cuda_common::once_per_device([smem] {
+    return cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  });
+  if (attr != cudaSuccess) return attr;
+  return launch_split_grid(heads_per_group, p, stream, [&](const MlaDecodeAttnParams& q, dim3 grid) {
+    return pdl::launch(kKernel, grid, kThreads, smem, p.pdl, stream, q);
+  });
 }
 
 template <int M, bool kFp8, bool kDs = false, int kPerSm = 1>
@@ -1123,6 +1066,14 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
   if (p.num_splits > 1 && (p.part_o == nullptr || p.part_lse == nullptr)) return cudaErrorInvalidValue;
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
   if (p.ctas_per_sm != 1 && !(p.ctas_per_sm == 2 && p.heads_per_cta == 16)) return cudaErrorInvalidValue;
+  if (p.heads_per_cta == kMlaDecodeWgmmaHeads) {
+    if (p.key_tile != kMlaDecodeWideTileKeys || p.ctas_per_sm != 1 || p.cache_fp8 || p.cache_ds_mla ||
+        p.num_heads % kMlaDecodeWgmmaHeads != 0)
+      return cudaErrorInvalidValue;
+    return launch_split_grid(kMlaDecodeWgmmaHeads, p, stream, [&](const MlaDecodeAttnParams& q, dim3 grid) {
+      return mla_decode_detail::launch_attention_wgmma_slice(q, grid, stream);
+    });
+  }
   if (p.key_tile == kMlaDecodeWideTileKeys) {
     if (p.heads_per_cta != 16 || p.ctas_per_sm != 1 || (p.cache_fp8 && p.cache_ds_mla)) return cudaErrorInvalidValue;
     if (p.cache_ds_mla) return launch_attention64<true, true>(p, stream);

@@ -41,6 +41,8 @@ constexpr int kMlaDecodeMaxSplits = 256;
 constexpr int kMlaDecodeTileKeys = 32;  // keys of one attention tile
 // Keys of one tile of the 64-key attention kernel (MlaDecodeAttnParams::key_tile).
 constexpr int kMlaDecodeWideTileKeys = 64;
+// Heads a CTA of the Hopper wgmma attention kernel (MlaDecodeAttnParams::heads_per_cta).
+constexpr int kMlaDecodeWgmmaHeads = 64;
 // Keys a KV split streams at least unless a launch says otherwise
 // (min_split_keys below; the fixed minimum before it became a parameter).
 constexpr int kMlaDecodeMinSplitKeys = 128;
@@ -82,7 +84,10 @@ cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat
 // o_lat is written directly; otherwise part_o [num_rows, num_splits,
 // num_heads, 512] f32 and part_lse [num_rows, num_splits, num_heads] (log2
 // domain) hold the splits and a combine kernel writes o_lat [num_rows,
-// num_heads, 512] bf16. heads_per_cta: 16 or 32.
+// num_heads, 512] bf16. heads_per_cta: 16 or 32 (the mma.sync kernels), or
+// kMlaDecodeWgmmaHeads (64) for the Hopper wgmma kernel
+// (kernels/mla/mla_decode_wgmma.cu: num_heads a multiple of 64, bf16 rows,
+// key_tile 64, one CTA a multiprocessor; else cudaErrorInvalidValue).
 struct MlaDecodeAttnParams {
   MlaDecodeRows r;
   int num_heads = 0;

@@ -1,8 +1,11 @@
-// Device helpers the MLA decode kernels share (kernels/mla/mla_decode.cu and
-// mla_decode_heads.cu): which query row a call's row i is, how many keys it
-// sees, and how its keys are split over the grid's KV splits. Only for .cu
-// files.
+// Device helpers the MLA decode kernels share (kernels/mla/mla_decode.cu,
+// mla_decode_heads.cu and mla_decode_wgmma.cu): which query row a call's row
+// i is, how many keys it sees, how its keys are split over the grid's KV
+// splits, where a cache row is, and how a split's output is stored. Only for
+// .cu files.
 #pragma once
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -72,5 +75,83 @@ __device__ __forceinline__ void split_weights(const float* lse, int64_t stride, 
   for (int s = lane; s < ns; s += 32) w[s] *= inv;
   __syncwarp();
 }
+
+// a, b -> bf16x2 (a in the low half), rounded to nearest.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// A CTA's share of call row i: keys [k_begin, k_end) of split `split` in
+// tiles of kTile keys, and the row's block-table row. Empty (k_begin >=
+// k_end) where the row needs fewer splits than the grid has.
+struct SplitKeys {
+  int k_begin = 0, k_end = 0, num_tiles = 0;
+  const int32_t* table = nullptr;
+};
+template <int kTile>
+__device__ __forceinline__ SplitKeys split_keys(const MlaDecodeAttnParams& p, int64_t i, int split) {
+  int seq;
+  const int num_keys = row_keys(p.r, row_of(p.r, i), &seq);
+  const int chunk = row_chunk(num_keys, p.num_splits, p.min_split_keys, p.r.num_rows, kTile);
+  SplitKeys k;
+  k.k_begin = split * chunk;
+  k.k_end = min(num_keys, k.k_begin + chunk);
+  k.num_tiles = k.k_begin < k.k_end ? (k.k_end - k.k_begin + kTile - 1) / kTile : 0;
+  k.table = p.r.block_tables + static_cast<int64_t>(seq) * p.r.max_blocks;
+  return k;
+}
+
+// The bytes of cache row `key` (row_bytes a row) of a sequence with block-table row `table`.
+__device__ __forceinline__ const unsigned char* cache_row(const MlaDecodeAttnParams& p, const int32_t* table, int key,
+                                                          int row_bytes) {
+  const int bs = p.r.block_size;
+  const int64_t slot = static_cast<int64_t>(__ldg(table + key / bs)) * bs + key % bs;
+  return static_cast<const unsigned char*>(p.cache) + slot * row_bytes;
+}
+
+// A warp's o_lat columns col0 + 8 n (n < kN) of heads h_lo and h_hi (rows of
+// the mma layout) of call row i, already divided by the row sums: bf16 into
+// o_lat when the call is not split, else f32 partials of split `split` and,
+// where write_lse, the heads' log-sum-exps (log2 domain).
+template <int kN>
+__device__ __forceinline__ void store_output(const MlaDecodeAttnParams& p, const float (&o)[kN][4], int64_t i,
+                                             int split, int h_lo, int h_hi, int col0, float inv_lo, float inv_hi,
+                                             bool write_lse, float lse_lo, float lse_hi) {
+  const int H = p.num_heads;
+  if (p.num_splits == 1) {
+    __nv_bfloat16* ob = p.o_lat + i * H * kMlaDecodeLora;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      if (h_lo < H)
+        *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+      if (h_hi < H)
+        *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+    }
+    return;
+  }
+  const int64_t base = (i * p.num_splits + split) * H;
+  float* ob = p.part_o + base * kMlaDecodeLora;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    if (h_lo < H)
+      *reinterpret_cast<float2*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
+          make_float2(o[n][0] * inv_lo, o[n][1] * inv_lo);
+    if (h_hi < H)
+      *reinterpret_cast<float2*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
+          make_float2(o[n][2] * inv_hi, o[n][3] * inv_hi);
+  }
+  if (write_lse) {
+    if (h_lo < H) p.part_lse[base + h_lo] = lse_lo;
+    if (h_hi < H) p.part_lse[base + h_hi] = lse_hi;
+  }
+}
+
+// One launch of the 64-head wgmma attention kernel (mla_decode_wgmma.cu) on
+// `grid` (groups of 64 heads, splits, rows) for the slice params p
+// (launch_mla_decode_attention checks them).
+cudaError_t launch_attention_wgmma_slice(const MlaDecodeAttnParams& p, dim3 grid, cudaStream_t stream);
 
 }  // namespace nucleus::kernels::mla_decode_detail
