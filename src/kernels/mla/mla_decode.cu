@@ -1035,8 +1035,14 @@ int mla_decode_num_splits(int64_t num_rows, int num_heads, int heads_per_cta, in
   const int64_t base = num_rows * groups;  // CTAs per split
   if (base >= num_sms || num_sms <= 0) return 1;
   // Among split counts up to two waves, the best fill of the waves it uses
-  // (a larger count only when it fills noticeably better).
-  const int64_t max_s = std::min<int64_t>(kMlaDecodeMaxSplits, (2 * num_sms + base - 1) / base);
+  // (a larger count only when it fills noticeably better). The 64-head
+  // wgmma kernel (one CTA a multiprocessor) stays within one wave: a second,
+  // partly filled wave of its CTAs costs a whole split's time (4 rows x 4096
+  // keys x 128 heads: 22 splits in two waves 58.7 us, 16 in one 47.4 us;
+  // docs/perf.md "MLA decode on wgmma").
+  const int64_t max_s = heads_per_cta == kMlaDecodeWgmmaHeads
+                            ? std::max<int64_t>(1, std::min<int64_t>(kMlaDecodeMaxSplits, num_sms / base))
+                            : std::min<int64_t>(kMlaDecodeMaxSplits, (2 * num_sms + base - 1) / base);
   int best = 1;
   double best_fill = static_cast<double>(base) / num_sms;
   for (int64_t s = 2; s <= max_s; ++s) {

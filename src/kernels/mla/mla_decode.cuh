@@ -153,7 +153,8 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
 
 // Host-side policy: the grid's split count for num_rows rows and
 // num_heads heads on num_sms multiprocessors (fills the machine with about
-// two CTA waves, never more than kMlaDecodeMaxSplits).
+// two CTA waves, one for heads_per_cta == kMlaDecodeWgmmaHeads; never more
+// than kMlaDecodeMaxSplits).
 int mla_decode_num_splits(int64_t num_rows, int num_heads, int heads_per_cta, int num_sms);
 // Heads per CTA for num_heads (16 for <= 16 heads, else 32).
 int mla_decode_heads_per_cta(int num_heads);
