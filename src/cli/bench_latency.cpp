@@ -10,6 +10,7 @@
 // TB/s, the read-only stream measured on the H200, and the spec's 4.8 TB/s.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -166,8 +167,23 @@ int run_bench_latency(int argc, char** argv) {
   ec.speculative = *args.speculative();  // checked by model_options
   // A verify step yields up to k + 1 tokens: room for output_len steps of them.
   const int64_t per_step = 1 + ec.speculative.num_speculative_tokens;
+  // Chunked prefill gives the requests whose prompts finish first a head
+  // start: they decode while the rest prefill, at most one token a step for
+  // as many steps as the batch's prompts take, the steps' decode rows
+  // included (batch * input_len tokens at max_num_batched_tokens - batch a
+  // step, plus one).
+  // At most 2^30 (a batch no cache holds: refused below).
+  const auto head_start = [&](int64_t batch, int64_t input_len) -> int64_t {
+    const double room = static_cast<double>(std::max<int64_t>(1, ec.max_num_batched_tokens - batch));
+    const double steps = std::ceil(static_cast<double>(batch) * static_cast<double>(input_len) / room) + 1;
+    return steps < 1073741824.0 ? static_cast<int64_t>(steps) : int64_t{1} << 30;
+  };
+  int64_t max_head_start = 0;
+  for (int64_t input_len : *lens)
+    for (int64_t batch : *sizes) max_head_start = std::max(max_head_start, head_start(batch, input_len));
   if (ec.max_model_len == 0)
-    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings, max_input_len + per_step * 2 * output_len + 32);
+    ec.max_model_len = std::min<int64_t>(mc.max_position_embeddings,
+                                         max_input_len + per_step * (2 * output_len + max_head_start) + 32);
   auto engine = LLMEngine::create(std::move(model), ec);
   if (!engine.ok()) {
     std::fprintf(stderr, "error: %s\n", engine.status().message().c_str());
@@ -186,13 +202,15 @@ int run_bench_latency(int argc, char** argv) {
       // Room for every request to stay running through the timed decode steps
       // (staggered prefill chunks give some requests a head start), within
       // the context limit.
-      sp.max_tokens = static_cast<int32_t>(
-          std::max<int64_t>(output_len, std::min<int64_t>(per_step * 2 * output_len + 16, ec.max_model_len - input_len)));
+      const int64_t ahead = head_start(batch, input_len);
+      sp.max_tokens = static_cast<int32_t>(std::max<int64_t>(
+          output_len, std::min<int64_t>(per_step * (2 * output_len + ahead) + 16, ec.max_model_len - input_len)));
       // Every request must stay running through the timed steps: a batch
       // whose KV rows do not fit the cache would be preempted, and the decode
       // steps would not be of `batch` sequences.
       {
-        const int64_t bs = ec.block_size, tokens = input_len + per_step * (output_len + 1);
+        const int64_t bs = ec.block_size,
+                      tokens = input_len + std::min<int64_t>(sp.max_tokens, per_step * (output_len + 1 + ahead));
         const int64_t need = batch * ((tokens + bs - 1) / bs), have = e.stats().kv_blocks_total;
         if (need > have) {
           std::fprintf(stderr,

@@ -300,6 +300,15 @@ TEST(CliTest, BenchLatencyOnTheCpuShowsNoGpuRoofline) {
           true);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("the KV cache holds 8 blocks"), std::string::npos) << r.out;
+  // Prompts that take many chunked-prefill steps (16 x 256 tokens at 64 a
+  // step): the requests that finish theirs first decode meanwhile, and must
+  // still be running when the timed decode steps start (they used to reach
+  // max_tokens first: "a decode step served 6 of the 16 sequences").
+  r = run("bench latency --device cpu --model " + testing::model_path("tiny-dsv3") +
+              " --batch-sizes 16 --input-len 256 --output-len 4 --max-num-batched-tokens 64 --num-kv-blocks 128",
+          true);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_EQ(r.out.find("a decode step served"), std::string::npos) << r.out;
 }
 
 // bench latency's output on the CPU: its main table's rows and those of the
