@@ -71,16 +71,6 @@ __device__ __forceinline__ void m64n64k16_ss(float (&d)[8][4], uint64_t desc_a, 
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
-// d (64 x 32 per warpgroup, f32) += A (smem, K-major) * B (smem, K-major).
-__device__ __forceinline__ void m64n32k16_ss(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
-      : "l"(desc_a), "l"(desc_b), "r"(1));
-}
-
 // d (64 x 256 per warpgroup, f32) += A (smem, K-major) * B (smem, MN-major,
 // i.e. transposed: 8-row K groups sbo apart, 64-element N blocks lbo apart).
 __device__ __forceinline__ void m64n256k16_ss_tb(float (&d)[32][4], uint64_t desc_a, uint64_t desc_b) {
