@@ -1073,7 +1073,7 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
   if (p.ctas_per_sm != 1 && !(p.ctas_per_sm == 2 && p.heads_per_cta == 16)) return cudaErrorInvalidValue;
   if (p.heads_per_cta == kMlaDecodeWgmmaHeads) {
-    if (p.key_tile != kMlaDecodeWideTileKeys || p.ctas_per_sm != 1 || p.cache_fp8 || p.cache_ds_mla ||
+    if (p.key_tile != kMlaDecodeWideTileKeys || p.ctas_per_sm != 1 || (p.cache_fp8 && p.cache_ds_mla) ||
         p.num_heads % kMlaDecodeWgmmaHeads != 0)
       return cudaErrorInvalidValue;
     return launch_split_grid(kMlaDecodeWgmmaHeads, p, stream, [&](const MlaDecodeAttnParams& q, dim3 grid) {
