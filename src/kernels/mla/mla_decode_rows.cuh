@@ -78,11 +78,7 @@ __device__ __forceinline__ void split_weights(const float* lse, int64_t stride, 
   __syncwarp();
 }
 
-// a, b -> bf16x2 (a in the low half), rounded to nearest.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using cuda_common::pack_bf16x2;
 
 // Four e4m3 bytes of w -> bf16: bytes 0, 1 into lo (byte 0 in the low half),
 // bytes 2, 3 into hi. Exact (every e4m3 value is a bf16 value), NaN kept:
@@ -99,7 +95,7 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t w, uint32_t& lo, uint3
     for (int k = 0; k < 2; ++k) {
       const __half2_raw h =
           __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((w >> (16 * k)) & 0xffffu), __NV_E4M3);
-      out[k] = pack_bf16(__half2float(__half(__half_raw{h.x})), __half2float(__half(__half_raw{h.y})));
+      out[k] = pack_bf16x2(__half2float(__half(__half_raw{h.x})), __half2float(__half(__half_raw{h.y})));
     }
     lo = out[0];
     hi = out[1];
@@ -157,10 +153,10 @@ __device__ __forceinline__ void store_output(const MlaDecodeAttnParams& p, const
     for (int n = 0; n < kN; ++n) {
       if (h_lo < H)
         *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+            pack_bf16x2(o[n][0] * inv_lo, o[n][1] * inv_lo);
       if (h_hi < H)
         *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+            pack_bf16x2(o[n][2] * inv_hi, o[n][3] * inv_hi);
     }
     return;
   }

@@ -165,7 +165,7 @@ __device__ __forceinline__ void store_rows(uint32_t s_tile, int ltid, const RowF
       const float sc = f.sc[j >> 2];  // chunks 8 k .. 8 k + 7 are tile k (128 values)
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        out[e] = pack_bf16(__uint_as_float(out[e] << 16) * sc, __uint_as_float(out[e] & 0xffff0000u) * sc);
+        out[e] = pack_bf16x2(__uint_as_float(out[e] << 16) * sc, __uint_as_float(out[e] & 0xffff0000u) * sc);
     }
     const uint32_t dst = row_base + (c >> 2) * kBlockBytes, k0 = 2 * (c & 3);
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + ((k0 ^ (r & 7)) << 4)), "r"(out[0]),
@@ -315,10 +315,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
       // keys 8 j + 2 q4 (+1): 16-byte chunk j of the 128-byte row).
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
