@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/gemm/fp8_common.cuh"
 #include "kernels/mla/mla_decode.cuh"
 
 namespace nucleus::kernels::mla_decode_detail {
@@ -81,14 +82,12 @@ __device__ __forceinline__ void split_weights(const float* lse, int64_t stride, 
 using cuda_common::pack_bf16x2;
 
 // Four e4m3 bytes of w -> bf16: bytes 0, 1 into lo (byte 0 in the low half),
-// bytes 2, 3 into hi. Exact (every e4m3 value is a bf16 value), NaN kept:
-// each byte is moved to the top of a 16-bit half (sign at bit 15, its 4
-// exponent and 3 mantissa bits at bits 7..13 after the shift by 4), which
-// reads as the value times 2^-120 in bf16 (bias 127 against e4m3's 7; e4m3
-// subnormals land on bf16 subnormals), and one bf16x2 multiply by 2^120 puts
-// it back exactly. A byte of magnitude 0x7f (e4m3's NaN) would read 480: such
-// words take the conversion instruction instead.
-__device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+// bytes 2, 3 into hi; exact, NaN kept. The FP8 GEMMs' integer-pipe
+// conversion (fp8_detail::e4m3x4_to_bf16x4: an exponent shift and one bf16x2
+// multiply by 2^120) would read e4m3's NaN (magnitude 0x7f) as 480, so a word
+// holding one takes the conversion instruction instead (a cache row is NaN
+// only where the model produced one, and must read so).
+__device__ __forceinline__ void e4m3x4_to_bf16x4_nan_kept(uint32_t w, uint32_t& lo, uint32_t& hi) {
   if ((((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0) [[unlikely]] {
     uint32_t out[2];
 #pragma unroll
@@ -101,13 +100,7 @@ __device__ __forceinline__ void e4m3x4_to_bf16x4(uint32_t w, uint32_t& lo, uint3
     hi = out[1];
     return;
   }
-  const uint32_t a = __byte_perm(w, 0, 0x1404), b = __byte_perm(w, 0, 0x3424);  // [0, b0, 0, b1], [0, b2, 0, b3]
-  const uint32_t ta = (a & 0x80008000u) | ((a & 0x7f007f00u) >> 4), tb = (b & 0x80008000u) | ((b & 0x7f007f00u) >> 4);
-  const __nv_bfloat162 two120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
-  const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&ta), two120);
-  const __nv_bfloat162 y = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&tb), two120);
-  lo = *reinterpret_cast<const uint32_t*>(&x);
-  hi = *reinterpret_cast<const uint32_t*>(&y);
+  fp8_detail::e4m3x4_to_bf16x4(w, lo, hi);
 }
 
 // A CTA's share of call row i: keys [k_begin, k_end) of split `split` in

@@ -160,7 +160,7 @@ __device__ __forceinline__ void store_rows(uint32_t s_tile, int ltid, const RowF
     const uint32_t w[4] = {f.v[j].x, f.v[j].y, f.v[j].z, f.v[j].w};
     uint32_t out[8];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) e4m3x4_to_bf16x4(w[e], out[2 * e], out[2 * e + 1]);
+    for (int e = 0; e < 4; ++e) e4m3x4_to_bf16x4_nan_kept(w[e], out[2 * e], out[2 * e + 1]);
     if constexpr (kFmt == RowFormat::kDsMla) {
       const float sc = f.sc[j >> 2];  // chunks 8 k .. 8 k + 7 are tile k (128 values)
 #pragma unroll
