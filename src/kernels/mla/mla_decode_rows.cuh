@@ -82,25 +82,22 @@ __device__ __forceinline__ void split_weights(const float* lse, int64_t stride, 
 using cuda_common::pack_bf16x2;
 
 // Four e4m3 bytes of w -> bf16: bytes 0, 1 into lo (byte 0 in the low half),
-// bytes 2, 3 into hi; exact, NaN kept. The FP8 GEMMs' integer-pipe
-// conversion (fp8_detail::e4m3x4_to_bf16x4: an exponent shift and one bf16x2
-// multiply by 2^120) would read e4m3's NaN (magnitude 0x7f) as 480, so a word
-// holding one takes the conversion instruction instead (a cache row is NaN
-// only where the model produced one, and must read so).
+// bytes 2, 3 into hi; exact, NaN kept, no branch. The FP8 GEMMs'
+// integer-pipe conversion (fp8_detail::e4m3x4_to_bf16x4: an exponent shift
+// and one bf16x2 multiply by 2^120) reads e4m3's NaN (magnitude 0x7f) as
+// +-480, so each NaN byte's half is then ORed with 0x7fc0 (all-ones exponent,
+// a nonzero mantissa: NaN, sign kept): (w & 0x7f7f7f7f) + 0x01010101 sets
+// the top bit of exactly the bytes of magnitude 0x7f, and prmt's
+// sign-replicating selectors (nibbles 8..b) spread it over the byte's half.
+// A cache row is NaN only where the model produced one, and must read so.
 __device__ __forceinline__ void e4m3x4_to_bf16x4_nan_kept(uint32_t w, uint32_t& lo, uint32_t& hi) {
-  if ((((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u) != 0) [[unlikely]] {
-    uint32_t out[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const __half2_raw h =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((w >> (16 * k)) & 0xffffu), __NV_E4M3);
-      out[k] = pack_bf16x2(__half2float(__half(__half_raw{h.x})), __half2float(__half(__half_raw{h.y})));
-    }
-    lo = out[0];
-    hi = out[1];
-    return;
-  }
   fp8_detail::e4m3x4_to_bf16x4(w, lo, hi);
+  const uint32_t top = (w & 0x7f7f7f7fu) + 0x01010101u;
+  uint32_t nan_lo, nan_hi;
+  asm("prmt.b32 %0, %1, 0, 0x9988;" : "=r"(nan_lo) : "r"(top));
+  asm("prmt.b32 %0, %1, 0, 0xbbaa;" : "=r"(nan_hi) : "r"(top));
+  lo |= nan_lo & 0x7fc07fc0u;
+  hi |= nan_hi & 0x7fc07fc0u;
 }
 
 // A CTA's share of call row i: keys [k_begin, k_end) of split `split` in

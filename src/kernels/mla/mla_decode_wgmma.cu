@@ -120,13 +120,20 @@ struct RowFetch {
   const unsigned char* row = nullptr;  // fp8_ds_mla: the row (null past the split's end)
 };
 
-// Loads thread ltid's share of key tile t (keys from k0, split end k_end).
+// The cache row of thread ltid's share of key tile t, or null past the
+// split's end (its block-table lookup, issued ahead of fetch_rows).
 template <RowFormat kFmt>
-__device__ __forceinline__ void fetch_rows(const MlaDecodeAttnParams& p, const SplitKeys& sk, int t, int ltid,
-                                           RowFetch<kFmt>& f) {
-  const int key = sk.k_begin + t * kKeys + (ltid >> 1), half = ltid & 1;
-  if (key < sk.k_end) {
-    const unsigned char* row = cache_row(p, sk.table, key, row_bytes<kFmt>());
+__device__ __forceinline__ const unsigned char* fetch_row(const MlaDecodeAttnParams& p, const SplitKeys& sk, int t,
+                                                          int ltid) {
+  const int key = sk.k_begin + t * kKeys + (ltid >> 1);
+  return key < sk.k_end ? cache_row(p, sk.table, key, row_bytes<kFmt>()) : nullptr;
+}
+
+// Loads thread ltid's share of a key tile from its row (fetch_row), zeros for null.
+template <RowFormat kFmt>
+__device__ __forceinline__ void fetch_rows(const unsigned char* row, int ltid, RowFetch<kFmt>& f) {
+  const int half = ltid & 1;
+  if (row != nullptr) {
 #pragma unroll
     for (int j = 0; j < RowFetch<kFmt>::kChunks; ++j) f.v[j] = __ldg(reinterpret_cast<const uint4*>(row) + 2 * j + half);
     if constexpr (kFmt == RowFormat::kDsMla) {
@@ -220,9 +227,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
     if constexpr (kBf16) {
       load_k(0, tid - 128);
     } else {
-      fetch_rows(p, sk, 0, tid - 128, fetch);
+      fetch_rows(fetch_row<kFmt>(p, sk, 0, tid - 128), tid - 128, fetch);
       store_rows(s_k, tid - 128, fetch, cache);
-      if (sk.num_tiles > 1) fetch_rows(p, sk, 1, tid - 128, fetch);
+      if (sk.num_tiles > 1) fetch_rows(fetch_row<kFmt>(p, sk, 1, tid - 128), tid - 128, fetch);
     }
   }
   ptx::cp_async_commit();
@@ -259,8 +266,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
       if constexpr (kBf16) {
         if (t + 1 < sk.num_tiles) load_k(t + 1, tid - 128);  // into tile t - 1's buffer
       } else {
+        // Tile t + 2's block-table lookup first: its latency passes during the conversion.
+        const unsigned char* row = t + 2 < sk.num_tiles ? fetch_row<kFmt>(p, sk, t + 2, tid - 128) : nullptr;
         if (t + 1 < sk.num_tiles) store_rows(s_k + ((t + 1) & 1) * kTileBytes, tid - 128, fetch, cache);
-        if (t + 2 < sk.num_tiles) fetch_rows(p, sk, t + 2, tid - 128, fetch);
+        if (t + 2 < sk.num_tiles) fetch_rows(row, tid - 128, fetch);
       }
       ptx::cp_async_commit();
     }
