@@ -119,7 +119,8 @@ bool mla_decode_fp8_register_convert(int64_t num_rows, KvCacheDtype cache) {
 }
 
 bool mla_decode_wgmma_applies(int64_t num_heads, KvCacheDtype cache) {
-  return num_heads > 0 && num_heads % kWgmmaHeads == 0 && cache == KvCacheDtype::kBF16;
+  return num_heads > 0 && num_heads % kWgmmaHeads == 0 &&
+         (cache == KvCacheDtype::kBF16 || cache == KvCacheDtype::kFp8E4M3 || cache == KvCacheDtype::kFp8DsMla);
 }
 
 bool mla_decode_wgmma_auto(int64_t /*num_rows*/, int64_t num_heads, KvCacheDtype cache) {

@@ -108,13 +108,13 @@ bool mla_decode_fp8_register_convert_auto(int64_t num_rows, KvCacheDtype cache);
 // call of `num_rows` rows of `num_heads` heads on `cache`, by
 // NUCLEUS_MLA_DECODE_WGMMA: auto (default) the rule mla_decode_wgmma_auto, 0
 // (the mma.sync kernels: 32 heads a CTA) or 1 (wherever it applies). It
-// applies where num_heads is a multiple of 64 and the cache is bf16; never
-// elsewhere. Read at every call.
+// applies where num_heads is a multiple of 64, on bf16, fp8_e4m3 and
+// fp8_ds_mla caches; never elsewhere. Read at every call.
 bool mla_decode_wgmma(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
-// Where the wgmma kernel applies (num_heads % 64 == 0, bf16 cache), and the
-// rule behind auto: every such call (H200, docs/perf.md "MLA decode on wgmma":
-// faster than the mma.sync kernels at every measured shape from batch 2,
-// equal at batch 1).
+// Where the wgmma kernel applies (num_heads % 64 == 0; bf16 or FP8 cache), and the
+// rule behind auto: every such call (H200, docs/perf.md "MLA decode on wgmma"
+// and its session-21 FP8 section: faster than the mma.sync kernels at every
+// measured shape from batch 2 on all three cache dtypes, 0.98-1.08x at batch 1).
 bool mla_decode_wgmma_applies(int64_t num_heads, KvCacheDtype cache);
 bool mla_decode_wgmma_auto(int64_t num_rows, int64_t num_heads, KvCacheDtype cache);
 // OK, or invalid_argument naming a malformed NUCLEUS_MLA_DECODE_SMALL_GEMMS,

@@ -593,6 +593,52 @@ TEST_F(KvCacheDsMlaGpu, RegisterConvertAgrees) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_WGMMA on the tile-scaled layout: the 64-head wgmma
+// kernel (each latent value read as bf16(stored * its tile's scale) in
+// warpgroup 1's registers, the rope part copied) and the mma.sync kernels (0)
+// each match the reference on their own operands, at 128 and 64 heads, page
+// sizes 1, 16 and 64, one key, ragged and varying contexts, several query
+// rows a sequence, 129 rows; also with every latent value times 2^-30 (tile
+// scales ~1e-12: the scale is applied after the exact e4m3 conversion, in f32).
+TEST_F(KvCacheDsMlaGpu, WgmmaAgrees) {
+  std::vector<DecodeCase> cases;
+  for (int heads : {128, 64}) {
+    cases.push_back({1, 1, heads, 16});
+    cases.push_back({1, 70, heads, 1});
+    cases.push_back({3, 1000, heads, 16});
+    cases.push_back({2, 4097, heads, 64});
+    cases.push_back({9, 700, heads, 64, 1, true});
+    cases.push_back({5, 300, heads, 16, 4, true});
+  }
+  cases.push_back({129, 64, 64, 1});
+  uint64_t seed = 1300;
+  for (const DecodeCase& c : cases) {
+    for (int tiny = 0; tiny < 2; ++tiny) {
+      DecodeProblem p = make_decode(c, seed++);
+      if (tiny) {
+        for (float& v : p.latent) v *= 0x1p-30f;
+        p.ds = encode_rows(p.latent);
+        p.kv_ds.data = device_copy(p.ds, DType::kU8);
+      }
+      const int64_t T = p.si.num_tokens();
+      std::string why;
+      for (int wgmma : {1, 0}) {
+        testing::ScopedEnvValue e("NUCLEUS_MLA_DECODE_WGMMA", wgmma ? "1" : "0");
+        ASSERT_EQ(mla_decode_wgmma(T, c.heads, KvCacheDtype::kFp8DsMla), wgmma == 1);
+        // The mma.sync side may take the 64-key kernel's register path (rows as decoded).
+        const bool reg = wgmma == 0 && mla_decode_key_tile(T, c.heads) == 64 &&
+                         mla_decode_fp8_register_convert(T, KvCacheDtype::kFp8DsMla);
+        const std::vector<float> want = decode_reference_bf16_operands(p, decode_rows(p.ds), !reg);
+        const std::vector<float> got = run_decode("nucleus", p, true, &why);
+        ASSERT_FALSE(got.empty()) << why;
+        auto r = decode_matches(got, want, c.heads * kVHead);
+        EXPECT_TRUE(r) << name(c) << " wgmma " << wgmma << " tiny " << tiny;
+        std::printf("mla_decode fp8_ds_mla wgmma %d %-30s tiny %d: %s\n", wgmma, name(c).c_str(), tiny, r.message());
+      }
+    }
+  }
+}
+
 TEST_F(KvCacheDsMlaGpu, ReadersThatCannotReadTheLayoutRefuseItByName) {
   LinearWeight w;
   w.name = "kv_b_proj";

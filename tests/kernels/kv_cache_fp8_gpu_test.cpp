@@ -555,6 +555,76 @@ TEST_F(KvCacheFp8Gpu, DecodeFp8RegisterConvertAgrees) {
   }
 }
 
+// NUCLEUS_MLA_DECODE_WGMMA on an e4m3 cache: the 64-head wgmma kernel (rows
+// converted to bf16 in warpgroup 1's registers, k_scale factored out) and the
+// mma.sync kernels (0) both match the reference, at 128 and 64 heads, unit
+// and calibrated k_scale, page sizes 1, 16 and 64, one key, a split's ragged
+// last tile, varying contexts, several query rows a sequence, a row list
+// (mixed prefill), 130 rows. Each case also runs on rows of every finite
+// e4m3 byte (zeros, subnormals, +-448; the conversion's exponent shift must
+// be exact on each) and on rows with e4m3 NaN bytes in one sequence (its
+// heads must read NaN on both paths, the other sequences not).
+TEST_F(KvCacheFp8Gpu, DecodeWgmmaAgrees) {
+  std::vector<DecodeCase> cases;
+  for (int heads : {128, 64}) {
+    cases.push_back({1, 1, heads, 16});
+    cases.push_back({1, 70, heads, 1, true});
+    cases.push_back({3, 1000, heads, 16, true});
+    cases.push_back({2, 4097, heads, 64});
+    cases.push_back({9, 700, heads, 64, true, 1, true});
+    cases.push_back({3, 300, heads, 16, true, 3});
+    cases.push_back({7, 300, heads, 16, true, 1, true, 3});
+  }
+  cases.push_back({130, 200, 64, 1, true});
+  uint64_t seed = 1200;
+  for (const DecodeCase& c : cases) {
+    for (int bytes = 0; bytes < 3; ++bytes) {  // 0: the latent quantized; 1: every finite byte; 2: NaN bytes
+      DecodeProblem p = make_decode(c, seed++);
+      if (bytes > 0) {
+        for (size_t i = 0; i < p.fp8.size(); ++i) {
+          uint8_t b = static_cast<uint8_t>(i * 37 + i / kLatent * 11);
+          if ((b & 0x7f) == 0x7f) b ^= 1;  // finite
+          p.fp8[i] = b;
+        }
+        if (bytes == 2) {
+          // NaN bytes in the first sequence's first key (latent and rope dims).
+          const int64_t slot = static_cast<int64_t>(p.si.block_tables[0]) * c.block_size;
+          p.fp8[slot * kLatent + 3] = 0x7f;
+          p.fp8[slot * kLatent + kLora + 5] = 0xff;
+        }
+        p.k_scale = 1.0f / 128.0f;
+        p.kv_fp8.data = device_copy(p.fp8, DType::kF8E4M3);
+        p.kv_fp8.k_scale = {p.k_scale};
+      }
+      const std::vector<float> want = decode_reference(p, decode_fp8(p.fp8, p.k_scale));
+      const int64_t T = p.si.num_tokens(), width = c.heads * kVHead, nan_rows = p.si.query_start[1];
+      std::string why;
+      std::vector<float> got[2];
+      for (int wgmma : {1, 0}) {
+        testing::ScopedEnvValue e("NUCLEUS_MLA_DECODE_WGMMA", wgmma ? "1" : "0");
+        ASSERT_EQ(mla_decode_wgmma(T, c.heads, KvCacheDtype::kFp8E4M3), wgmma == 1);
+        got[wgmma] = run_decode("nucleus", p, true, &why);
+        ASSERT_FALSE(got[wgmma].empty()) << why;
+        if (bytes == 2) {
+          // The first sequence's rows read NaN everywhere (it is in every row's keys);
+          // the others are compared.
+          std::vector<float> rest_got(got[wgmma].begin() + nan_rows * width, got[wgmma].end());
+          std::vector<float> rest_want(want.begin() + nan_rows * width, want.end());
+          for (int64_t k = 0; k < nan_rows * width; ++k)
+            ASSERT_TRUE(std::isnan(got[wgmma][k])) << name(c) << " wgmma " << wgmma << " element " << k;
+          if (!rest_want.empty()) {
+            EXPECT_TRUE(decode_matches(rest_got, rest_want, width)) << name(c) << " wgmma " << wgmma;
+          }
+          continue;
+        }
+        auto r = decode_matches(got[wgmma], want, width);
+        EXPECT_TRUE(r) << name(c) << " wgmma " << wgmma << " bytes " << bytes;
+        std::printf("mla_decode fp8 wgmma %d %-40s bytes %d: %s\n", wgmma, name(c).c_str(), bytes, r.message());
+      }
+    }
+  }
+}
+
 TEST_F(KvCacheFp8Gpu, FlashInferRefusesFp8AndTheDispatchPicksNucleus) {
   LinearWeight w;
   w.weight = Tensor::empty({16 * 256, kLora}, DType::kBF16, Device::kCuda);

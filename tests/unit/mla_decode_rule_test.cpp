@@ -145,13 +145,16 @@ TEST(MlaDecodeRule, BulkLoadsValues) {
 }
 
 // NUCLEUS_MLA_DECODE_WGMMA: the 64-head wgmma kernel applies at multiples of
-// 64 heads on a bf16 cache only (worked out by hand: V3 / R1 / Kimi-K2 at TP 1
-// and 2 have 128 and 64 heads; V2-Lite 16; TP 4 of V3 32), whatever the switch.
+// 64 heads, on bf16, fp8_e4m3 and fp8_ds_mla caches, never on an f32 one
+// (worked out by hand: V3 / R1 / Kimi-K2 at TP 1 and 2 have 128 and 64 heads;
+// V2-Lite 16; TP 4 of V3 32), whatever the switch.
 TEST(MlaDecodeRule, WgmmaValues) {
   using D = KvCacheDtype;
-  for (int64_t heads : {64, 128, 256}) EXPECT_TRUE(mla_decode_wgmma_applies(heads, D::kBF16)) << heads;
-  for (int64_t heads : {0, 4, 16, 32, 96, 48}) EXPECT_FALSE(mla_decode_wgmma_applies(heads, D::kBF16)) << heads;
-  for (D d : {D::kFp8E4M3, D::kFp8DsMla}) EXPECT_FALSE(mla_decode_wgmma_applies(128, d));
+  for (D d : {D::kBF16, D::kFp8E4M3, D::kFp8DsMla}) {
+    for (int64_t heads : {64, 128, 256}) EXPECT_TRUE(mla_decode_wgmma_applies(heads, d)) << heads;
+    for (int64_t heads : {0, 4, 16, 32, 96, 48}) EXPECT_FALSE(mla_decode_wgmma_applies(heads, d)) << heads;
+  }
+  EXPECT_FALSE(mla_decode_wgmma_applies(128, D::kF32));
   for (const char* v : {"0", "off", "False"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_WGMMA", v);
     EXPECT_TRUE(mla_decode_env_status().ok()) << v;
@@ -163,7 +166,9 @@ TEST(MlaDecodeRule, WgmmaValues) {
     EXPECT_TRUE(mla_decode_wgmma(1, 128, D::kBF16)) << v;
     EXPECT_TRUE(mla_decode_wgmma(300, 64, D::kBF16)) << v;
     EXPECT_FALSE(mla_decode_wgmma(1, 16, D::kBF16)) << v << ": 16 heads, not where it applies";
-    EXPECT_FALSE(mla_decode_wgmma(1, 128, D::kFp8E4M3)) << v << ": an FP8 cache, not where it applies";
+    EXPECT_TRUE(mla_decode_wgmma(1, 128, D::kFp8E4M3)) << v;
+    EXPECT_TRUE(mla_decode_wgmma(64, 64, D::kFp8DsMla)) << v;
+    EXPECT_FALSE(mla_decode_wgmma(1, 128, D::kF32)) << v << ": an f32 cache, not where it applies";
   }
   for (const char* v : {"", "auto", "Auto"}) {
     ScopedEnv e("NUCLEUS_MLA_DECODE_WGMMA", v);

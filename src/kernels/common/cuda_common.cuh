@@ -55,6 +55,13 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
+// lo, hi -> bf16x2 (lo in the low half, as the MMA fragments and memory
+// order want it), each rounded to nearest even.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
 // 8 bf16 (16 bytes) -> 8 f32: a bf16 is the high half of its f32.
 __device__ __forceinline__ void bf16x8_to_f32(const uint4& v, float (&f)[8]) {
   f[0] = __uint_as_float(v.x << 16);

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 
+#include "kernels/common/cuda_common.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/mla/gather_kv_b_proj.cuh"
 
@@ -49,10 +50,7 @@ struct FusedLaunch {
   float out_scale = 1.0f; // k_scale for an FP8 cache, else 1
 };
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using cuda_common::pack_bf16x2;
 
 // Two e4m3 bytes (low byte first) -> bf16x2, exactly (e4m3 -> f16 -> f32 -> bf16 loses nothing).
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two_bytes) {

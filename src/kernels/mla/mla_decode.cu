@@ -39,7 +39,7 @@ namespace {
 
 using mla_decode_detail::cache_row;
 using mla_decode_detail::kTileKeys;
-using mla_decode_detail::pack_bf16;
+using cuda_common::pack_bf16x2;
 using mla_decode_detail::row_chunk;
 using mla_decode_detail::row_keys;
 using mla_decode_detail::row_of;
@@ -122,7 +122,7 @@ __device__ __forceinline__ void convert_row_group(const unsigned char* raw, int 
       for (int e = 0; e < 4; ++e) {
         const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[e] & 0xffffu), __NV_E4M3);
         const float2 f = __half22float2(__half2(h));
-        out[e] = pack_bf16(f.x * sc, f.y * sc);
+        out[e] = pack_bf16x2(f.x * sc, f.y * sc);
       }
       *reinterpret_cast<uint4*>(dst + g * 8) = make_uint4(out[0], out[1], out[2], out[3]);
     } else {
@@ -348,9 +348,9 @@ __global__ void __launch_bounds__(kThreads, kPerSm) mla_decode_attention_kernel(
     // o[:, 64 M wi : +64 M] += P (16 x 32) . V (32 x 64 M).
 #pragma unroll
     for (int kk = 0; kk < 2; ++kk) {
-      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const uint32_t a[4] = {pack_bf16x2(s[2 * kk][0], s[2 * kk][1]), pack_bf16x2(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
       const int key = kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
 #pragma unroll
       for (int np = 0; np < kNtO / 2; ++np) {
@@ -444,9 +444,9 @@ __device__ __forceinline__ void store_output16(const MlaDecodeAttnParams& p, con
     }
     if (whole) {
       uint4* ob = reinterpret_cast<uint4*>(p.o_lat + (i * H + heads[r]) * kMlaDecodeLora + col0);
-      ob[0] = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-      ob[1] = make_uint4(pack_bf16(v[8], v[9]), pack_bf16(v[10], v[11]), pack_bf16(v[12], v[13]),
-                         pack_bf16(v[14], v[15]));
+      ob[0] = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]), pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
+      ob[1] = make_uint4(pack_bf16x2(v[8], v[9]), pack_bf16x2(v[10], v[11]), pack_bf16x2(v[12], v[13]),
+                         pack_bf16x2(v[14], v[15]));
     } else {
       float4* ob = reinterpret_cast<float4*>(p.part_o + (base + heads[r]) * kMlaDecodeLora + col0);
 #pragma unroll
@@ -778,8 +778,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention64_kernel(con
         ph[(r_lo + 8) * kPStride + col] = __float2half_rn(p2);
         ph[(r_lo + 8) * kPStride + col + 2] = __float2half_rn(p3);
       } else {
-        *reinterpret_cast<uint32_t*>(p_smem + r_lo * kPStride + warp * 8 + c0) = pack_bf16(p0, p1);
-        *reinterpret_cast<uint32_t*>(p_smem + (r_lo + 8) * kPStride + warp * 8 + c0) = pack_bf16(p2, p3);
+        *reinterpret_cast<uint32_t*>(p_smem + r_lo * kPStride + warp * 8 + c0) = pack_bf16x2(p0, p1);
+        *reinterpret_cast<uint32_t*>(p_smem + (r_lo + 8) * kPStride + warp * 8 + c0) = pack_bf16x2(p2, p3);
       }
       float sum_lo = p0 + p1, sum_hi = p2 + p3;
       sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, 1);
@@ -924,8 +924,8 @@ __global__ void __launch_bounds__(128) mla_decode_combine_kernel(const MlaDecode
     acc.w += ws * v.w;
   }
   uint2 out;
-  out.x = pack_bf16(acc.x, acc.y);
-  out.y = pack_bf16(acc.z, acc.w);
+  out.x = pack_bf16x2(acc.x, acc.y);
+  out.y = pack_bf16x2(acc.z, acc.w);
   *reinterpret_cast<uint2*>(p.o_lat + (i * H + h) * kMlaDecodeLora + c) = out;
 }
 
@@ -1073,7 +1073,7 @@ cudaError_t launch_mla_decode_attention(const MlaDecodeAttnParams& p, cudaStream
   if (p.cache_fp8 && !(p.k_scale > 0.0f)) return cudaErrorInvalidValue;
   if (p.ctas_per_sm != 1 && !(p.ctas_per_sm == 2 && p.heads_per_cta == 16)) return cudaErrorInvalidValue;
   if (p.heads_per_cta == kMlaDecodeWgmmaHeads) {
-    if (p.key_tile != kMlaDecodeWideTileKeys || p.ctas_per_sm != 1 || p.cache_fp8 || p.cache_ds_mla ||
+    if (p.key_tile != kMlaDecodeWideTileKeys || p.ctas_per_sm != 1 || (p.cache_fp8 && p.cache_ds_mla) ||
         p.num_heads % kMlaDecodeWgmmaHeads != 0)
       return cudaErrorInvalidValue;
     return launch_split_grid(kMlaDecodeWgmmaHeads, p, stream, [&](const MlaDecodeAttnParams& q, dim3 grid) {

@@ -86,8 +86,9 @@ cudaError_t launch_mla_decode_gather_q(const MlaDecodeRows& r, const __nv_bfloat
 // domain) hold the splits and a combine kernel writes o_lat [num_rows,
 // num_heads, 512] bf16. heads_per_cta: 16 or 32 (the mma.sync kernels), or
 // kMlaDecodeWgmmaHeads (64) for the Hopper wgmma kernel
-// (kernels/mla/mla_decode_wgmma.cu: num_heads a multiple of 64, bf16 rows,
-// key_tile 64, one CTA a multiprocessor; else cudaErrorInvalidValue).
+// (kernels/mla/mla_decode_wgmma.cu: num_heads a multiple of 64, any of the
+// three row formats, key_tile 64, one CTA a multiprocessor; else
+// cudaErrorInvalidValue).
 struct MlaDecodeAttnParams {
   MlaDecodeRows r;
   int num_heads = 0;

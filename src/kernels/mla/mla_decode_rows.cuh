@@ -6,10 +6,13 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
 #include "kernels/common/cuda_common.cuh"
+#include "kernels/gemm/fp8_common.cuh"
 #include "kernels/mla/mla_decode.cuh"
 
 namespace nucleus::kernels::mla_decode_detail {
@@ -76,10 +79,25 @@ __device__ __forceinline__ void split_weights(const float* lse, int64_t stride, 
   __syncwarp();
 }
 
-// a, b -> bf16x2 (a in the low half), rounded to nearest.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
+using cuda_common::pack_bf16x2;
+
+// Four e4m3 bytes of w -> bf16: bytes 0, 1 into lo (byte 0 in the low half),
+// bytes 2, 3 into hi; exact, NaN kept, no branch. The FP8 GEMMs'
+// integer-pipe conversion (fp8_detail::e4m3x4_to_bf16x4: an exponent shift
+// and one bf16x2 multiply by 2^120) reads e4m3's NaN (magnitude 0x7f) as
+// +-480, so each NaN byte's half is then ORed with 0x7fc0 (all-ones exponent,
+// a nonzero mantissa: NaN, sign kept): (w & 0x7f7f7f7f) + 0x01010101 sets
+// the top bit of exactly the bytes of magnitude 0x7f, and prmt's
+// sign-replicating selectors (nibbles 8..b) spread it over the byte's half.
+// A cache row is NaN only where the model produced one, and must read so.
+__device__ __forceinline__ void e4m3x4_to_bf16x4_nan_kept(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  fp8_detail::e4m3x4_to_bf16x4(w, lo, hi);
+  const uint32_t top = (w & 0x7f7f7f7fu) + 0x01010101u;
+  uint32_t nan_lo, nan_hi;
+  asm("prmt.b32 %0, %1, 0, 0x9988;" : "=r"(nan_lo) : "r"(top));
+  asm("prmt.b32 %0, %1, 0, 0xbbaa;" : "=r"(nan_hi) : "r"(top));
+  lo |= nan_lo & 0x7fc07fc0u;
+  hi |= nan_hi & 0x7fc07fc0u;
 }
 
 // A CTA's share of call row i: keys [k_begin, k_end) of split `split` in
@@ -125,10 +143,10 @@ __device__ __forceinline__ void store_output(const MlaDecodeAttnParams& p, const
     for (int n = 0; n < kN; ++n) {
       if (h_lo < H)
         *reinterpret_cast<uint32_t*>(ob + h_lo * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][0] * inv_lo, o[n][1] * inv_lo);
+            pack_bf16x2(o[n][0] * inv_lo, o[n][1] * inv_lo);
       if (h_hi < H)
         *reinterpret_cast<uint32_t*>(ob + h_hi * kMlaDecodeLora + col0 + n * 8) =
-            pack_bf16(o[n][2] * inv_hi, o[n][3] * inv_hi);
+            pack_bf16x2(o[n][2] * inv_hi, o[n][3] * inv_hi);
     }
     return;
   }

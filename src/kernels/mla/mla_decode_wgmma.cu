@@ -26,12 +26,24 @@
 // delay the score products. Split partials
 // and log-sum-exps are stored exactly as the mma.sync kernels store them
 // (store_output), so the combine and output kernels are shared.
+// FP8 rows (RowFormat below) reach the same bf16 key tiles through
+// warpgroup 1's registers, never through a raw tile in shared memory: it
+// loads tile t + 2's rows from global memory into registers while tile t is
+// computed, and at the start of tile t + 1 converts them and stores the bf16
+// values into the swizzled layout, so the loads have a whole tile to land.
+//  - e4m3 rows (cache_fp8): converted exactly; the layer's k_scale is
+//    factored out (scores p.scale * k_scale * q . stored, o_lat = k_scale *
+//    sum_j p_j stored_j), as in the mma.sync kernels;
+//  - fp8_ds_mla rows (cache_ds_mla, kernels/mla/ds_mla_row.h): each latent
+//    value read as bf16(f32(stored) * its tile's scale), one rounding, as in
+//    the mma.sync kernels' conversion tile; the rope part (bf16 already)
+//    copied by cp.async.
 // Shared memory: 3 x 72 KB + 8 KB + 0.75 KB: one CTA a multiprocessor.
-// bf16 cache rows only; FP8 caches keep the mma.sync kernels.
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/wgmma.cuh"
+#include "kernels/mla/ds_mla_row.h"
 #include "kernels/mla/mla_decode.cuh"
 #include "kernels/mla/mla_decode_rows.cuh"
 
@@ -86,6 +98,100 @@ __device__ __forceinline__ void rescale(float (&o)[32][4], const float (&corr)[2
   }
 }
 
+// How the cache stores a row: bf16 (576 values), e4m3 (576 bytes, cache_fp8)
+// or fp8_ds_mla (656 bytes, cache_ds_mla).
+enum class RowFormat { kBf16, kFp8, kDsMla };
+
+template <RowFormat kFmt>
+constexpr int row_bytes() {
+  return kFmt == RowFormat::kBf16 ? kRowBytes : kFmt == RowFormat::kFp8 ? kMlaDecodeLatent : kDsMlaRowBytes;
+}
+
+// One FP8 tile's share of a warpgroup-1 thread (ltid < 128): row ltid / 2 of
+// the tile, its 16-byte chunks c = 2 j + (ltid & 1) of the converted part
+// (e4m3 rows: all 36 chunks of 576 values; fp8_ds_mla: the 32 latent chunks,
+// the rope part copied separately), held in registers from the load to the
+// conversion. Rows past the split's end hold zeros.
+template <RowFormat kFmt>
+struct RowFetch {
+  static constexpr int kChunks = (kFmt == RowFormat::kFp8 ? kMlaDecodeLatent : kDsMlaLatent) / 32;  // 18 or 16
+  uint4 v[kChunks];
+  float sc[4];                          // fp8_ds_mla: the row's tile scales
+  const unsigned char* row = nullptr;  // fp8_ds_mla: the row (null past the split's end)
+};
+
+// The cache row of thread ltid's share of key tile t, or null past the
+// split's end (its block-table lookup, issued ahead of fetch_rows).
+template <RowFormat kFmt>
+__device__ __forceinline__ const unsigned char* fetch_row(const MlaDecodeAttnParams& p, const SplitKeys& sk, int t,
+                                                          int ltid) {
+  const int key = sk.k_begin + t * kKeys + (ltid >> 1);
+  return key < sk.k_end ? cache_row(p, sk.table, key, row_bytes<kFmt>()) : nullptr;
+}
+
+// Loads thread ltid's share of a key tile from its row (fetch_row), zeros for null.
+template <RowFormat kFmt>
+__device__ __forceinline__ void fetch_rows(const unsigned char* row, int ltid, RowFetch<kFmt>& f) {
+  const int half = ltid & 1;
+  if (row != nullptr) {
+#pragma unroll
+    for (int j = 0; j < RowFetch<kFmt>::kChunks; ++j) f.v[j] = __ldg(reinterpret_cast<const uint4*>(row) + 2 * j + half);
+    if constexpr (kFmt == RowFormat::kDsMla) {
+      const float4 s4 = __ldg(reinterpret_cast<const float4*>(row + kDsMlaScaleOffset));
+      f.sc[0] = s4.x;
+      f.sc[1] = s4.y;
+      f.sc[2] = s4.z;
+      f.sc[3] = s4.w;
+      f.row = row;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < RowFetch<kFmt>::kChunks; ++j) f.v[j] = make_uint4(0, 0, 0, 0);
+    f.sc[0] = f.sc[1] = f.sc[2] = f.sc[3] = 0.0f;
+    f.row = nullptr;
+  }
+}
+
+// Converts thread ltid's share fetched by fetch_rows into the swizzled bf16
+// key tile at s_tile (chunk c = 16 values -> bf16 bytes [32 c, +32) of the
+// row: column block c / 4, 16-byte chunks 2 (c % 4) and + 1); fp8_ds_mla
+// rows also get their rope part (bf16, 8 chunks: 4 a thread) by cp.async,
+// zero-filled past the split's end (the copy then reads nothing from `dummy`).
+template <RowFormat kFmt>
+__device__ __forceinline__ void store_rows(uint32_t s_tile, int ltid, const RowFetch<kFmt>& f, const void* dummy) {
+  const int r = ltid >> 1, half = ltid & 1;
+  const uint32_t row_base = s_tile + r * 128;
+#pragma unroll
+  for (int j = 0; j < RowFetch<kFmt>::kChunks; ++j) {
+    const int c = 2 * j + half;
+    const uint32_t w[4] = {f.v[j].x, f.v[j].y, f.v[j].z, f.v[j].w};
+    uint32_t out[8];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) e4m3x4_to_bf16x4_nan_kept(w[e], out[2 * e], out[2 * e + 1]);
+    if constexpr (kFmt == RowFormat::kDsMla) {
+      const float sc = f.sc[j >> 2];  // chunks 8 k .. 8 k + 7 are tile k (128 values)
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        out[e] = pack_bf16x2(__uint_as_float(out[e] << 16) * sc, __uint_as_float(out[e] & 0xffff0000u) * sc);
+    }
+    const uint32_t dst = row_base + (c >> 2) * kBlockBytes, k0 = 2 * (c & 3);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + ((k0 ^ (r & 7)) << 4)), "r"(out[0]),
+                 "r"(out[1]), "r"(out[2]), "r"(out[3])
+                 : "memory");
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + (((k0 + 1) ^ (r & 7)) << 4)), "r"(out[4]),
+                 "r"(out[5]), "r"(out[6]), "r"(out[7])
+                 : "memory");
+  }
+  if constexpr (kFmt == RowFormat::kDsMla) {
+    const uint32_t dst = row_base + (kMlaDecodeLora / 64) * kBlockBytes;
+#pragma unroll
+    for (int q = 4 * half; q < 4 * half + 4; ++q)
+      ptx::cp_async_16(dst + ((q ^ (r & 7)) << 4), f.row ? f.row + kDsMlaRopeOffset + 16 * q : dummy,
+                       f.row ? 16 : 0);
+  }
+}
+
+template <RowFormat kFmt>
 __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel(const MlaDecodeAttnParams p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = ptx::smem_u32(smem);
@@ -103,9 +209,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
 
   const int tid = threadIdx.x, warp = (tid >> 5) & 3, lane = tid & 31;
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // the warpgroup, provably uniform across the warp
+  constexpr bool kBf16 = kFmt == RowFormat::kBf16;
   const auto* cache = static_cast<const unsigned char*>(p.cache);
   // Key tile t into buffer t & 1, by warpgroup 1 (ltid = its thread index):
-  // rows ltid / 8 + 16 h, h < 4 (warpgroup 0 is scoring meanwhile).
+  // rows ltid / 8 + 16 h, h < 4 (warpgroup 0 is scoring meanwhile). FP8:
+  // tile t + 2's rows held in `fetch` (warpgroup 1) from tile t to t + 1.
   auto load_k = [&](int t, int ltid) {
     const int key = sk.k_begin + t * kKeys + (ltid >> 3), c = (ltid & 7) * 16;
     const unsigned char* src[4];
@@ -114,7 +222,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
       src[h] = key + 16 * h < sk.k_end ? cache_row(p, sk.table, key + 16 * h, kRowBytes) + c : nullptr;
     load_rows<4>(s_k + (t & 1) * kTileBytes, ltid, src, cache);
   };
-  if (wg == 1) load_k(0, tid - 128);
+  [[maybe_unused]] RowFetch<kFmt> fetch;
+  if (wg == 1) {
+    if constexpr (kBf16) {
+      load_k(0, tid - 128);
+    } else {
+      fetch_rows(fetch_row<kFmt>(p, sk, 0, tid - 128), tid - 128, fetch);
+      store_rows(s_k, tid - 128, fetch, cache);
+      if (sk.num_tiles > 1) fetch_rows(fetch_row<kFmt>(p, sk, 1, tid - 128), tid - 128, fetch);
+    }
+  }
   ptx::cp_async_commit();
   // As a programmatic dependent (PDL) of the q absorption: the first cache
   // rows (written before it) are on their way; q_full is read only after it
@@ -137,14 +254,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   // Warpgroup 0: running max (log2 units) and this thread's part of the row sums.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  const float scale_log2 = p.scale * kLog2e;
+  // e4m3 rows: the layer's k_scale factored out of the scores here and of o_lat at the end.
+  const float k_scale = kFmt == RowFormat::kFp8 ? p.k_scale : 1.0f;
+  const float scale_log2 = p.scale * k_scale * kLog2e;
 
   for (int t = 0; t < sk.num_tiles; ++t) {
     ptx::cp_async_wait<0>();
     wgmma::fence_proxy_async();
     __syncthreads();  // K(t) (and Q) visible to all; both warpgroups are done with tile t - 1
     if (wg == 1) {
-      if (t + 1 < sk.num_tiles) load_k(t + 1, tid - 128);  // into tile t - 1's buffer
+      if constexpr (kBf16) {
+        if (t + 1 < sk.num_tiles) load_k(t + 1, tid - 128);  // into tile t - 1's buffer
+      } else {
+        // Tile t + 2's block-table lookup first: its latency passes during the conversion.
+        const unsigned char* row = t + 2 < sk.num_tiles ? fetch_row<kFmt>(p, sk, t + 2, tid - 128) : nullptr;
+        if (t + 1 < sk.num_tiles) store_rows(s_k + ((t + 1) & 1) * kTileBytes, tid - 128, fetch, cache);
+        if (t + 2 < sk.num_tiles) fetch_rows(row, tid - 128, fetch);
+      }
       ptx::cp_async_commit();
     }
     const uint32_t s_kt = s_k + (t & 1) * kTileBytes;
@@ -198,10 +324,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
       // keys 8 j + 2 q4 (+1): 16-byte chunk j of the 128-byte row).
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[kk][1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[kk][2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[kk][3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        pa[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -260,19 +386,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_decode_attention_wgmma_kernel
   const float l_lo = s_sum[row_lo], l_hi = s_sum[row_lo + 8];
   const float lse_lo = s_max[row_lo] + log2f(l_lo), lse_hi = s_max[row_lo + 8] + log2f(l_hi);
   const int h_lo = group * kHeads + row_lo;
-  store_output(p, o, i, split, h_lo, h_lo + 8, wg * 256 + 2 * q4, 1.0f / l_lo, 1.0f / l_hi, wg == 0 && q4 == 0,
-               lse_lo, lse_hi);
+  store_output(p, o, i, split, h_lo, h_lo + 8, wg * 256 + 2 * q4, k_scale / l_lo, k_scale / l_hi,
+               wg == 0 && q4 == 0, lse_lo, lse_hi);
 }
 
 }  // namespace
 
-cudaError_t launch_attention_wgmma_slice(const MlaDecodeAttnParams& p, dim3 grid, cudaStream_t stream) {
+template <RowFormat kFmt>
+cudaError_t launch_format(const MlaDecodeAttnParams& p, dim3 grid, cudaStream_t stream) {
   const cudaError_t attr = cuda_common::once_per_device([] {
-    return cudaFuncSetAttribute(mla_decode_attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(mla_decode_attention_wgmma_kernel<kFmt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(kSmemBytes));
   });
   if (attr != cudaSuccess) return attr;
-  return pdl::launch(mla_decode_attention_wgmma_kernel, grid, kThreads, kSmemBytes, p.pdl, stream, p);
+  return pdl::launch(mla_decode_attention_wgmma_kernel<kFmt>, grid, kThreads, kSmemBytes, p.pdl, stream, p);
+}
+
+cudaError_t launch_attention_wgmma_slice(const MlaDecodeAttnParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.cache_fp8 && p.cache_ds_mla) return cudaErrorInvalidValue;
+  if (p.cache_ds_mla) return launch_format<RowFormat::kDsMla>(p, grid, stream);
+  return p.cache_fp8 ? launch_format<RowFormat::kFp8>(p, grid, stream) : launch_format<RowFormat::kBf16>(p, grid, stream);
 }
 
 }  // namespace nucleus::kernels::mla_decode_detail

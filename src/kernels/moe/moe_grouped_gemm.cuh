@@ -54,10 +54,7 @@ constexpr int kBlockK = 64;  // k per pipeline stage: one 128-byte bf16 row
 // 64-element bf16 rows, XOR-swizzled so that ldmatrix's 8 rows hit 8 banks.
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kBlockK + ((chunk ^ (row & 7)) << 3); }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
+using cuda_common::pack_bf16x2;
 
 // Two e4m3 bytes (low byte first) times `scale`, as bf16x2.
 __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint16_t q, float scale) {
