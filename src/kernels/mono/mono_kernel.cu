@@ -1,0 +1,559 @@
+// The decode-program kernel (mono_kernel.cuh). The order every CTA keeps:
+//   copy warp:    for each chunk of its queue: wait for the slot to be empty
+//                 (its previous round's eight arrivals), announce the bytes on
+//                 the slot's full barrier, issue one bulk copy per weight row.
+//   compute warps: for each job: wait for its stages, x into shared memory;
+//                 for each chunk: wait full, MMAs, arrive empty; per group the
+//                 eight warps' sums; then the epilogue, a fence and the
+//                 counter.
+#include "kernels/mono/mono_kernel.cuh"
+
+#include <cuda_bf16.h>
+
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/common/device_sms.h"
+#include "kernels/common/pdl.cuh"
+#include "kernels/common/ptx.cuh"
+
+namespace nucleus::kernels::mono {
+
+namespace {
+
+constexpr int kComputeWarps = 8;
+constexpr int kThreads = 32 * (1 + kComputeWarps);  // warp 0 copies, warps 1 ... 8 compute
+constexpr int kConsumerThreads = kComputeWarps * 32;
+static_assert(kComputeWarps * 64 == kSliceK, "each compute warp takes 64 k of a slice");
+constexpr int kRowPitch = kSliceK * 2 + 16;         // bytes a weight row takes in a slot (+16: conflict-free ldmatrix)
+constexpr int kSlotBytes = kGroupRows * kRowPitch;  // 16,640
+constexpr int kMaxSlots = 12, kMinSlots = 3;
+constexpr int kRedFloats = 2 * kComputeWarps * 128;            // two buffers of the eight warps' 16 x 8 sums
+constexpr int kTileFloats = kMaxWidth * 2 * kMaxTile;           // the job's output tile [row][slot]
+constexpr int kSsFloats = kComputeWarps * kMaxWidth;            // per-warp sums of squares
+constexpr size_t kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum a CTA
+constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;
+
+int64_t widest_k(const Program& p) {
+  int64_t k = 16;
+  for (int s = 0; s < p.num_stages; ++s) k = p.stages[s].k > k ? p.stages[s].k : k;
+  return k;
+}
+
+// Shared-memory carve-up, the same on host and device.
+struct Layout {
+  int slots = 0;
+  int64_t x_pitch = 0;  // elements of one row of x
+  size_t ring = 0, full = 0, empty = 0, red = 0, tile = 0, ss = 0, x = 0, total = 0;
+};
+__host__ __device__ inline Layout layout(int slots, int64_t k_max) {
+  Layout l;
+  l.slots = slots;
+  l.x_pitch = k_max + 8;
+  l.ring = 0;
+  l.full = l.ring + static_cast<size_t>(slots) * kSlotBytes;
+  l.empty = l.full + kMaxSlots * 8;
+  l.red = l.empty + kMaxSlots * 8;
+  l.tile = l.red + kRedFloats * 4;
+  l.ss = l.tile + kTileFloats * 4;
+  l.x = l.ss + kSsFloats * 4;
+  l.total = l.x + static_cast<size_t>(kMaxWidth) * l.x_pitch * 2;
+  return l;
+}
+
+__device__ __forceinline__ void compute_barrier() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kComputeWarps * 32) : "memory");
+}
+__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16(f)); }
+
+// Compute thread ct waits until every job of the stages in `mask` has
+// finished; every compute thread must call it.
+__device__ void wait_stages(const Program& p, uint32_t mask, int ct) {
+  if (ct == 0 && mask != 0) {
+    for (int s = 0; s < p.num_stages; ++s) {
+      if (!(mask >> s & 1u)) continue;
+      const int32_t target = stage_jobs(p.stages[s]);
+      const uint64_t t0 = global_ns();
+      while (load_acquire(p.counters + s) < target)
+        if (global_ns() - t0 > kWaitLimitNs) __trap();  // a program that cannot finish: fail, never hang
+    }
+    __threadfence();
+  }
+  compute_barrier();
+}
+
+// x of stage s for rows < p.rows into xs (row pitch `pitch` elements).
+__device__ void build_x(const Program& p, const Stage& s, int32_t tile, const uint16_t* x, uint16_t* xs, int64_t pitch,
+                        float* ss_smem, int ct) {
+  const int64_t kv = s.k / 8;  // 16-byte vectors a row
+  const int rows = p.rows;
+  if (s.prologue == Prologue::kLoad) {
+    for (int64_t idx = ct; idx < rows * kv; idx += kConsumerThreads) {
+      const int64_t r = idx / kv, v = idx % kv;
+      const uint4 val = __ldcg(reinterpret_cast<const uint4*>(x + r * s.x_stride + v * 8));
+      *reinterpret_cast<uint4*>(xs + r * pitch + v * 8) = val;
+    }
+    compute_barrier();
+    return;
+  }
+  // residual + delta, twice: once for the sums of squares (and residual_out),
+  // once to normalise (the rows are in L2; registers could not hold them).
+  auto load_v = [&](int64_t r, int64_t v, float (&f)[8]) {
+    const float4* res = reinterpret_cast<const float4*>(s.residual + r * s.k + v * 8);
+    const float4 a = __ldcg(res), b = __ldcg(res + 1);
+    float d[8];
+    cuda_common::bf16x8_to_f32(__ldcg(reinterpret_cast<const uint4*>(s.delta + r * s.k + v * 8)), d);
+    f[0] = a.x + d[0];
+    f[1] = a.y + d[1];
+    f[2] = a.z + d[2];
+    f[3] = a.w + d[3];
+    f[4] = b.x + d[4];
+    f[5] = b.y + d[5];
+    f[6] = b.z + d[6];
+    f[7] = b.w + d[7];
+  };
+  const int warp = ct / 32, lane = ct % 32;
+  float ss[kMaxWidth];
+#pragma unroll
+  for (int r = 0; r < kMaxWidth; ++r) {
+    ss[r] = 0.0f;
+    if (r >= rows) continue;
+    for (int64_t v = ct; v < kv; v += kConsumerThreads) {
+      float f[8];
+      load_v(r, v, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss[r] += f[j] * f[j];
+      if (tile == 0 && s.residual_out) {
+        float4* out = reinterpret_cast<float4*>(s.residual_out + r * s.k + v * 8);
+        out[0] = make_float4(f[0], f[1], f[2], f[3]);
+        out[1] = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
+    ss[r] = cuda_common::warp_sum(ss[r]);
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < kMaxWidth; ++r) ss_smem[warp * kMaxWidth + r] = ss[r];
+  compute_barrier();
+#pragma unroll
+  for (int r = 0; r < kMaxWidth; ++r) {
+    if (r >= rows) continue;
+    float total = 0.0f;
+    for (int w = 0; w < kComputeWarps; ++w) total += ss_smem[w * kMaxWidth + r];
+    const float inv = rsqrtf(total / static_cast<float>(s.k) + s.eps);
+    for (int64_t v = ct; v < kv; v += kConsumerThreads) {
+      float f[8];
+      load_v(r, v, f);
+      const float4* nw = reinterpret_cast<const float4*>(s.norm_w + v * 8);
+      const float4 w0 = __ldg(nw), w1 = __ldg(nw + 1);
+      uint4 packed;
+      packed.x = cuda_common::pack_bf16x2(f[0] * inv * w0.x, f[1] * inv * w0.y);
+      packed.y = cuda_common::pack_bf16x2(f[2] * inv * w0.z, f[3] * inv * w0.w);
+      packed.z = cuda_common::pack_bf16x2(f[4] * inv * w1.x, f[5] * inv * w1.y);
+      packed.w = cuda_common::pack_bf16x2(f[6] * inv * w1.z, f[7] * inv * w1.w);
+      *reinterpret_cast<uint4*>(xs + r * pitch + v * 8) = packed;
+    }
+  }
+  compute_barrier();  // x complete; ss_smem free again
+}
+
+// Routes row `row` (one warp; lanes hold experts lane, lane + 32, ...) by
+// kernels/moe/moe_ref.h's rules: writes its top_k expert ids and weights.
+__device__ void route_row(const Stage& s, int row, int lane, int32_t* ids, float* weights) {
+  constexpr int kPer = kMaxExperts / 32;
+  const int per = s.num_experts / 32;
+  const float* l = s.logits + static_cast<int64_t>(row) * s.num_experts;
+  float score[kPer], choice[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    score[i] = i < per ? __ldcg(l + lane + 32 * i) : -INFINITY;
+    mx = fmaxf(mx, score[i]);
+  }
+  if (s.scoring == Scoring::kSoftmax) {
+    mx = cuda_common::warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      score[i] = i < per ? expf(score[i] - mx) : 0.0f;
+      sum += score[i];
+    }
+    sum = cuda_common::warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) score[i] /= sum;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) score[i] = 1.0f / (1.0f + expf(-score[i]));
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i)
+    choice[i] = i < per ? (s.bias ? score[i] + __ldg(s.bias + lane + 32 * i) : score[i]) : -INFINITY;
+  if (s.method == TopK::kNoauxTc && s.n_group > 1) {
+    // Groups of 32 experts: group i is every lane's i-th expert. Its score is
+    // the sum of its two largest choices; the topk_group best groups stay.
+    float group[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float m1 = cuda_common::warp_max(choice[i]);
+      const int first = __ffs(__ballot_sync(0xffffffffu, choice[i] == m1)) - 1;
+      const float m2 = cuda_common::warp_max(lane == first ? -INFINITY : choice[i]);
+      group[i] = m1 + m2;
+    }
+    uint32_t kept = 0;
+    for (int g = 0; g < s.topk_group; ++g) {
+      int best = -1;
+      float best_score = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if (i < per && !(kept >> i & 1u) && (best < 0 || group[i] > best_score)) {
+          best = i;
+          best_score = group[i];
+        }
+      kept |= 1u << best;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (!(kept >> i & 1u)) choice[i] = -INFINITY;
+  }
+  uint32_t taken = 0;
+  float sum = 0.0f;
+  for (int c = 0; c < s.top_k; ++c) {
+    // This lane's best untaken expert, then the warp's (ties: the lower index).
+    bool valid = false;
+    float v = 0.0f;
+    int e = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i < per && !(taken >> i & 1u) && (!valid || choice[i] > v)) {
+        valid = true;
+        v = choice[i];
+        e = lane + 32 * i;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const bool ovalid = __shfl_xor_sync(0xffffffffu, valid, o);
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, e, o);
+      if (ovalid && (!valid || ov > v || (ov == v && oe < e))) {
+        valid = true;
+        v = ov;
+        e = oe;
+      }
+    }
+    float w = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (e == lane + 32 * i) {
+        taken |= 1u << i;
+        w = score[i];
+      }
+    w = __shfl_sync(0xffffffffu, w, e % 32);
+    if (lane == 0) {
+      ids[c] = e;
+      weights[c] = w;
+    }
+    sum += w;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    for (int c = 0; c < s.top_k; ++c) {
+      float w = weights[c];
+      if (s.method == TopK::kNoauxTc) {
+        if (s.norm_topk_prob) w /= (sum + 1e-20f);
+        w *= s.routed_scaling_factor;
+      } else if (s.top_k > 1 && s.norm_topk_prob) {
+        w /= (sum + 1e-20f);
+      } else {
+        w *= s.routed_scaling_factor;
+      }
+      weights[c] = w;
+    }
+  }
+}
+
+// A kSelect job: each row's route (one warp a row), then the table.
+__device__ void select_job(const Program& p, const Stage& s, float* scratch, int ct) {
+  const int cw = ct / 32, lane = ct % 32;
+  int32_t* ids = reinterpret_cast<int32_t*>(scratch);  // [rows * top_k]
+  float* weights = scratch + kMaxRouteSlots;            // [rows * top_k]
+  int32_t* list = ids + 2 * kMaxRouteSlots;             // the distinct experts, increasing
+  int32_t* count = list + kMaxRouteSlots;
+  if (cw < p.rows) route_row(s, cw, lane, ids + cw * s.top_k, weights + cw * s.top_k);
+  compute_barrier();
+  const int n = p.rows * s.top_k;
+  if (ct == 0) {  // at most 64 ids: an insertion sort, duplicates dropped
+    int c = 0;
+    for (int i = 0; i < n; ++i) {
+      const int32_t e = ids[i];
+      int j = c;
+      bool dup = false;
+      for (int m = 0; m < c; ++m) dup |= list[m] == e;
+      if (dup) continue;
+      while (j > 0 && list[j - 1] > e) {
+        list[j] = list[j - 1];
+        --j;
+      }
+      list[j] = e;
+      ++c;
+    }
+    *count = c;
+  }
+  compute_barrier();
+  const int c = *count;
+  RouteTable* t = s.table;
+  for (int idx = ct; idx < p.rows * c; idx += kConsumerThreads) {
+    const int r = idx / c, u = idx % c;
+    float w = 0.0f;
+    for (int j = 0; j < s.top_k; ++j)
+      if (ids[r * s.top_k + j] == list[u]) w = weights[r * s.top_k + j];
+    t->weight[r][u] = w;
+  }
+  for (int u = ct; u < c; u += kConsumerThreads) t->expert[u] = list[u];
+  if (ct == 0) t->count = c;
+}
+
+// A kCombine job: columns [first, first + cols) of every row.
+__device__ void combine_job(const Program& p, const Stage& s, int32_t job, float* scratch, int ct) {
+  const RouteTable* t = s.route;
+  const int c = __ldcg(&t->count);
+  float* w = scratch;  // [rows][count]
+  for (int idx = ct; idx < p.rows * c; idx += kConsumerThreads) w[idx] = __ldcg(&t->weight[idx / c][idx % c]);
+  compute_barrier();
+  const int32_t cols = job_columns(s, job);
+  const int64_t first = job_first_column(s, job);
+  for (int idx = ct; idx < p.rows * cols; idx += kConsumerThreads) {
+    const int r = idx / cols;
+    const int64_t i = first + idx % cols;
+    float acc = 0.0f;
+    for (int u = 0; u < c; ++u) acc += w[r * c + u] * __ldcg(s.partials + u * s.x_slot_stride + r * s.n + i);
+    if (s.shared) acc += __ldcg(s.shared + r * s.n + i);
+    reinterpret_cast<__nv_bfloat16*>(s.out)[r * s.out_stride + i] = __float2bfloat16(acc);
+  }
+}
+
+// Whether x of (stage a, slot sa) is x of (stage b, slot sb): kLoad from the
+// same rows, or the same add + RMSNorm.
+__device__ bool same_x(const Stage& a, int32_t sa, const Stage& b, int32_t sb) {
+  if (a.prologue != b.prologue || a.k != b.k) return false;
+  if (a.prologue == Prologue::kLoad)
+    return a.x + sa * a.x_slot_stride == b.x + sb * b.x_slot_stride && a.x_stride == b.x_stride;
+  return a.residual == b.residual && a.delta == b.delta && a.norm_w == b.norm_w && a.eps == b.eps;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
+                                                                   int64_t k_max) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Layout L = layout(slots, k_max);
+  const uint32_t ring = ptx::smem_u32(smem + L.ring);
+  const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < slots; ++i) {
+      ptx::mbarrier_init(full + 8 * i, 1);
+      ptx::mbarrier_init(empty + 8 * i, kComputeWarps);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  pdl::launch_dependents();
+  const int32_t q0 = p.queue_start[blockIdx.x], q1 = p.queue_start[blockIdx.x + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp == 0) {  // the copy warp
+    const uint64_t policy = ptx::l2_evict_first_policy();
+    uint32_t chunk = 0;
+    bool waited = false;
+    for (int32_t q = q0; q < q1; ++q) {
+      const Job job = p.jobs[q];
+      const Stage& s = p.stages[job.stage];
+      int32_t groups = job_groups(s, job.tile);
+      const uint16_t* w = s.w;
+      if (groups > 0 && routed(s)) {
+        // The one wait for the step's results: which expert this slot streams.
+        if (!waited) pdl::wait_for_inputs();  // counters and the table are this launch's from here on
+        waited = true;
+        int32_t expert = -1;
+        if (lane == 0) {
+          const uint64_t t0 = global_ns();
+          while (load_acquire(p.counters + s.route_stage) < 1)
+            if (global_ns() - t0 > kWaitLimitNs) __trap();
+          const int32_t slot = job_slot(s, job.tile);
+          if (slot < __ldcg(&s.route->count)) expert = __ldcg(&s.route->expert[slot]);
+        }
+        expert = __shfl_sync(0xffffffffu, expert, 0);
+        if (expert < 0) groups = 0;  // an unused slot
+        else w += expert * s.expert_stride;
+      }
+      const int32_t slices = stage_slices(s);
+      for (int32_t g = 0; g < groups; ++g) {
+        const GroupRows gr = job_group(s, job.tile, g);
+        for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
+          const uint32_t slot = chunk % slots, round = chunk / slots;
+          const int32_t kc = slice_columns(s, sl);
+          if (lane == 0) {
+            if (round > 0) ptx::mbarrier_wait_parity(empty + 8 * slot, (round - 1) & 1u);
+            ptx::mbarrier_arrive_expect_tx(full + 8 * slot, static_cast<uint32_t>(gr.count * kc * 2));
+          }
+          __syncwarp();
+          if (lane < gr.count)
+            ptx::bulk_copy_g2s(ring + slot * kSlotBytes + lane * kRowPitch,
+                               w + (gr.first_row + lane) * s.k + slice_first(sl), static_cast<uint32_t>(kc * 2),
+                               full + 8 * slot, policy);
+        }
+      }
+    }
+    return;
+  }
+
+  // The compute warps.
+  const int ct = threadIdx.x - 32, cw = ct / 32;
+  float* red = reinterpret_cast<float*>(smem + L.red);
+  float* out_tile = reinterpret_cast<float*>(smem + L.tile);
+  float* ss_smem = reinterpret_cast<float*>(smem + L.ss);
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem + L.x);
+  const uint32_t xs_u32 = ptx::smem_u32(xs);
+  pdl::wait_for_inputs();  // the kernel before has finished: activations and counters are final
+  // ldmatrix addresses: A (16 weight rows x 16 k) as four 8x8 matrices, B (8
+  // rows of x x 16 k) as two.
+  const int a_row = ((lane / 8) & 1) * 8 + lane % 8, a_col = (lane / 16) * 8;
+  const int b_row = lane % 8, b_col = ((lane / 8) & 1) * 8;
+  uint32_t chunk = 0, group_count = 0;
+  int32_t x_stage = -1, x_slot = 0;  // whose x xs holds
+  for (int32_t q = q0; q < q1; ++q) {
+    const Job job = p.jobs[q];
+    const Stage& s = p.stages[job.stage];
+    if (s.kind != Kind::kGemv) {
+      wait_stages(p, s.wait_mask, ct);
+      if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
+      else combine_job(p, s, job.tile, out_tile, ct);
+    } else {
+      const int32_t slot = job_slot(s, job.tile);
+      // x carries over while the jobs read the same x (an add + RMSNorm job 0
+      // that writes residual_out always builds it).
+      const bool writes = s.prologue == Prologue::kAddRmsNorm && s.residual_out && job.tile == 0;
+      if (x_stage < 0 || writes || !same_x(p.stages[x_stage], x_slot, s, slot)) {
+        wait_stages(p, s.wait_mask, ct);
+        build_x(p, s, job.tile, s.x ? s.x + slot * s.x_slot_stride : nullptr, xs, L.x_pitch, ss_smem, ct);
+        x_stage = job.stage;
+        x_slot = slot;
+      } else {
+        wait_stages(p, s.wait_mask, ct);  // carried x, but the job may wait for more (a route table)
+      }
+      const bool used = !routed(s) || slot < __ldcg(&s.route->count);
+      const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
+      for (int32_t g = 0; g < groups; ++g) {
+        const GroupRows gr = job_group(s, job.tile, g);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
+          const uint32_t rs = chunk % slots, round = chunk / slots;
+          const int32_t kc = slice_columns(s, sl);
+          ptx::mbarrier_wait_parity(full + 8 * rs, round & 1u);
+          const uint32_t a_base = ring + rs * kSlotBytes + a_row * kRowPitch + a_col * 2;
+          const uint32_t b_base = xs_u32 + static_cast<uint32_t>((b_row * L.x_pitch + slice_first(sl) + b_col) * 2);
+#pragma unroll
+          for (int st = 0; st < 4; ++st) {
+            const int kk = cw * 64 + st * 16;
+            if (kk < kc) {
+              uint32_t a[4], b0, b1;
+              ptx::ldmatrix_x4(a_base + kk * 2, a[0], a[1], a[2], a[3]);
+              ptx::ldmatrix_x2(b_base + kk * 2, b0, b1);
+              ptx::mma_m16n8k16_bf16(acc, a, b0, b1);
+            }
+          }
+          __syncwarp();
+          if (lane == 0) ptx::mbarrier_arrive_expect_tx(empty + 8 * rs, 0);  // the slot may be refilled
+        }
+        // The eight warps' 16 x 8 sums, added in warp order by threads 0 ... 127.
+        float* rb = red + (group_count & 1u) * (kComputeWarps * 128);
+        *reinterpret_cast<float4*>(rb + cw * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        compute_barrier();
+        if (ct < 128) {
+          float total = 0.0f;
+          for (int w = 0; w < kComputeWarps; ++w) total += rb[w * 128 + ct];
+          // Fragment element ct % 4 of lane ct / 4: row g (+8 for elements 2, 3), row of x 2 t (+1 for odd elements).
+          const int fl = ct / 4, e = ct % 4;
+          const int row = fl / 4 + (e >= 2 ? 8 : 0), xrow = 2 * (fl % 4) + (e & 1);
+          if (row < gr.count && xrow < p.rows) out_tile[xrow * (2 * kMaxTile) + gr.slot + row] = total;
+        }
+        ++group_count;
+      }
+      compute_barrier();  // the output tile is complete
+      if (used) {
+        const int32_t cols = job_columns(s, job.tile);
+        const int64_t first = job_first_column(s, job.tile) + (routed(s) ? slot * s.out_slot_stride : 0);
+        for (int idx = ct; idx < p.rows * cols; idx += kConsumerThreads) {
+          const int r = idx / cols, j = idx % cols;
+          const float* t = out_tile + r * (2 * kMaxTile);
+          if (s.epilogue == Epilogue::kStoreF32) {
+            static_cast<float*>(s.out)[r * s.out_stride + first + j] = t[j];
+            continue;
+          }
+          float v = t[j];
+          if (s.epilogue == Epilogue::kSiluMulBf16) {
+            const float gate = bf16_round(t[j]), up = bf16_round(t[kMaxTile + j]);
+            v = gate / (1.0f + expf(-gate)) * up;
+          }
+          static_cast<__nv_bfloat16*>(s.out)[r * s.out_stride + first + j] = __float2bfloat16(v);
+        }
+      }
+    }
+    compute_barrier();  // every column written (and the shared scratch free for the next job)
+    if (ct == 0) {
+      __threadfence();
+      atomicAdd(p.counters + job.stage, 1);
+    }
+  }
+  // The last CTA out clears the counters for the next launch (every other CTA
+  // has finished all its waits before it counts itself out).
+  compute_barrier();
+  if (ct == 0) {
+    __threadfence();
+    if (atomicAdd(p.counters + p.num_stages, 1) == static_cast<int32_t>(gridDim.x) - 1) {
+      __threadfence();  // the reset after every CTA's last increment
+      for (int s = 0; s <= p.num_stages; ++s) atomicExch(p.counters + s, 0);
+      __threadfence();
+    }
+  }
+}
+
+int slots_for(const Program& p) {
+  const int64_t k = widest_k(p);
+  const size_t left = kSmemLimit - layout(0, k).total;
+  int slots = static_cast<int>(left / kSlotBytes);
+  return slots > kMaxSlots ? kMaxSlots : slots;
+}
+
+}  // namespace
+
+int mono_ring_slots(const Program& p) { return slots_for(p); }
+
+size_t mono_kernel_smem_bytes(const Program& p) { return layout(slots_for(p), widest_k(p)).total; }
+
+cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl) {
+  if ((p.width != 1 && p.width != 2 && p.width != 4 && p.width != 8) || p.rows < 1 || p.rows > p.width ||
+      p.num_stages < 1 || p.num_stages > kMaxStages || !p.queue_start || !p.jobs || !p.counters || p.num_ctas < 1 ||
+      p.num_ctas > current_device_sms())
+    return cudaErrorInvalidValue;
+  const int slots = slots_for(p);
+  if (slots < kMinSlots) return cudaErrorInvalidValue;
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(mono_program_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmemLimit));
+  });
+  if (attr != cudaSuccess) return attr;
+  const size_t smem = layout(slots, widest_k(p)).total;
+  const cudaError_t e =
+      pdl::launch(mono_program_kernel, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
+                  widest_k(p));
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+}  // namespace nucleus::kernels::mono

@@ -1,0 +1,513 @@
+// The decode-program kernel (kernels/mono/mono_kernel.cuh) against the CPU
+// reference (run_program_ref), on the layer chain of mono_program_ref.h:
+//  - DeepSeek-V2-Lite's shapes at widths 1, 2, 4 and 8, full and partial
+//    rows (pad rows must stay untouched), tiles of 16 and 64 columns, one CTA
+//    per SM;
+//  - a small chain with tiles off the 16-row groups and more CTAs than jobs
+//    (empty queues);
+//  - launches in a row give the same bits (fixed-order sums; the counters
+//    reset themselves), also replayed from a CUDA graph;
+//  - launched as a programmatic dependent (PDL) of the kernel that writes its
+//    delta over a NaN-poisoned buffer: the compute warps read activations only
+//    after that kernel has finished;
+//  - x of the widest k (8192);
+//  - the MoE block (router, route table, shared and routed experts, combine)
+//    at DeepSeek-V2-Lite's shapes and routing, and V3's routing (noaux_tc,
+//    256 experts in 8 groups) at smaller widths: the route table equals the
+//    reference's, the output is close; graph replay and repeated launches
+//    give the same bits;
+//  - the refusals (width 3, rows above the width, more CTAs than SMs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+
+#include "core/cuda/context.h"
+#include "core/device.h"
+#include "gpu_test_util.h"
+#include "kernels/common/device_sms.h"
+#include "kernels/mono/mono_kernel.cuh"
+#include "kernels/mono/mono_program_ref.h"
+#include "kernels/rmsnorm/rmsnorm.cuh"
+
+namespace nucleus::kernels::mono {
+namespace {
+
+using testing::all_close;
+using testing::device_copy;
+using testing::from_bf16;
+using testing::host_copy;
+
+class MonoKernelGpu : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device"; }
+};
+
+// A device buffer of `count` elements of 0xff bytes: NaN in f32 and bf16.
+Tensor nan_filled(int64_t count, DType dtype) {
+  Tensor t = Tensor::empty({count}, dtype, Device::kCuda);
+  std::vector<uint8_t> bytes(t.nbytes(), 0xff);
+  copy_to_device(t.raw(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, float scale, uint64_t seed) {
+  return testing::to_bf16(testing::random_bf16_values(n, scale, seed));
+}
+std::vector<float> random_f32(size_t n, float lo, float hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// One chain on the host (for the reference) and on the device, 8 rows of
+// every activation.
+struct Chain {
+  int64_t H, front_n, o_k, inter;
+  // Host inputs and reference outputs.
+  std::vector<uint16_t> w_front, w_o, w_gate_up, w_down, delta_in;
+  std::vector<float> input_norm, post_norm, residual_in;
+  std::vector<float> h_residual_mid, h_residual_out;
+  std::vector<uint16_t> h_front, h_o, h_h, h_delta_out;
+  // Device copies.
+  Tensor d_w_front, d_w_o, d_w_gate_up, d_w_down, d_delta_in, d_input_norm, d_post_norm, d_residual_in;
+  Tensor d_residual_mid, d_residual_out, d_front, d_o, d_h, d_delta_out;
+
+  Chain(int64_t hidden, int64_t front_n_, int64_t o_k_, int64_t inter_, uint64_t seed)
+      : H(hidden), front_n(front_n_), o_k(o_k_), inter(inter_) {
+    auto scale = [](int64_t k) { return 1.7f / std::sqrt(static_cast<float>(k)); };
+    w_front = random_bf16(front_n * H, scale(H), seed + 1);
+    w_o = random_bf16(H * o_k, scale(o_k), seed + 2);
+    w_gate_up = random_bf16(2 * inter * H, scale(H), seed + 3);
+    w_down = random_bf16(H * inter, scale(inter), seed + 4);
+    delta_in = random_bf16(8 * H, 1.0f, seed + 5);
+    input_norm = random_f32(H, 0.5f, 1.5f, seed + 6);
+    post_norm = random_f32(H, 0.5f, 1.5f, seed + 7);
+    residual_in = random_f32(8 * H, -2.0f, 2.0f, seed + 8);
+    d_w_front = device_copy(w_front, DType::kBF16);
+    d_w_o = device_copy(w_o, DType::kBF16);
+    d_w_gate_up = device_copy(w_gate_up, DType::kBF16);
+    d_w_down = device_copy(w_down, DType::kBF16);
+    d_delta_in = device_copy(delta_in, DType::kBF16);
+    d_input_norm = device_copy(input_norm, DType::kF32);
+    d_post_norm = device_copy(post_norm, DType::kF32);
+    d_residual_in = device_copy(residual_in, DType::kF32);
+    poison();
+  }
+  // NaN in every output, host and device.
+  void poison() {
+    h_residual_mid.assign(8 * H, NAN);
+    h_residual_out.assign(8 * H, NAN);
+    h_front.assign(8 * front_n, 0x7fc0);
+    h_o.assign(8 * H, 0x7fc0);
+    h_h.assign(8 * inter, 0x7fc0);
+    h_delta_out.assign(8 * H, 0x7fc0);
+    d_residual_mid = nan_filled(8 * H, DType::kF32);
+    d_residual_out = nan_filled(8 * H, DType::kF32);
+    d_front = nan_filled(8 * front_n, DType::kBF16);
+    d_o = nan_filled(8 * H, DType::kBF16);
+    d_h = nan_filled(8 * inter, DType::kBF16);
+    d_delta_out = nan_filled(8 * H, DType::kBF16);
+  }
+  LayerChain host_chain() {
+    LayerChain c{H, front_n, o_k, inter};
+    c.w_front = w_front.data();
+    c.w_o = w_o.data();
+    c.w_gate_up = w_gate_up.data();
+    c.w_down = w_down.data();
+    c.input_norm = input_norm.data();
+    c.post_norm = post_norm.data();
+    c.residual_in = residual_in.data();
+    c.delta_in = delta_in.data();
+    c.residual_mid = h_residual_mid.data();
+    c.residual_out = h_residual_out.data();
+    c.front = h_front.data();
+    c.o = h_o.data();
+    c.h = h_h.data();
+    c.delta_out = h_delta_out.data();
+    return c;
+  }
+  LayerChain device_chain() {
+    LayerChain c{H, front_n, o_k, inter};
+    c.w_front = d_w_front.data<uint16_t>();
+    c.w_o = d_w_o.data<uint16_t>();
+    c.w_gate_up = d_w_gate_up.data<uint16_t>();
+    c.w_down = d_w_down.data<uint16_t>();
+    c.input_norm = d_input_norm.data<float>();
+    c.post_norm = d_post_norm.data<float>();
+    c.residual_in = d_residual_in.data<float>();
+    c.delta_in = d_delta_in.data<uint16_t>();
+    c.residual_mid = d_residual_mid.data<float>();
+    c.residual_out = d_residual_out.data<float>();
+    c.front = d_front.data<uint16_t>();
+    c.o = d_o.data<uint16_t>();
+    c.h = d_h.data<uint16_t>();
+    c.delta_out = d_delta_out.data<uint16_t>();
+    return c;
+  }
+};
+
+// A plan's queues and counters on the device.
+struct DevicePlan {
+  ProgramPlan plan;
+  Tensor queue_start, jobs, counters;
+  explicit DevicePlan(ProgramPlan p) : plan(std::move(p)) {
+    queue_start = device_copy(plan.queue_start, DType::kI32);
+    std::vector<int32_t> flat;
+    for (const Job& j : plan.jobs) flat.insert(flat.end(), {j.stage, j.tile});
+    jobs = device_copy(flat, DType::kI32);
+    counters = Tensor::empty({kMaxStages + 1}, DType::kI32, Device::kCuda);
+    zero_device(counters);
+  }
+  Program program(int32_t rows) {
+    return program_view(plan, rows, queue_start.data<int32_t>(), static_cast<const Job*>(jobs.raw()),
+                        counters.data<int32_t>());
+  }
+};
+
+std::vector<float> widen(const std::vector<float>& v) { return v; }
+std::vector<float> widen(const std::vector<uint16_t>& v) { return from_bf16(v); }
+
+// The first rows * cols values of got (device) against want (host), bf16
+// tolerance scaled by want's RMS; the pad rows still hold the poison.
+template <typename T>
+::testing::AssertionResult rows_close(const Tensor& got_t, const std::vector<T>& want_h, int64_t rows, int64_t cols,
+                                      const char* what) {
+  const std::vector<float> got = widen(host_copy<T>(got_t)), want = widen(want_h);
+  double ss = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) ss += double{want[i]} * want[i];
+  const auto rms = static_cast<float>(std::sqrt(ss / static_cast<double>(rows * cols)));
+  auto r = all_close({got.begin(), got.begin() + rows * cols}, {want.begin(), want.begin() + rows * cols},
+                     0.03f * rms, 0.02f, cols);
+  if (!r) return r << " (" << what << ")";
+  for (int64_t i = rows * cols; i < 8 * cols; ++i)
+    if (!std::isnan(got[i])) return ::testing::AssertionFailure() << what << ": pad row " << i / cols << " written";
+  return ::testing::AssertionSuccess();
+}
+
+void expect_chain_matches(Chain& c, int32_t rows, const char* when) {
+  SCOPED_TRACE(when);
+  EXPECT_TRUE(rows_close(c.d_residual_mid, c.h_residual_mid, rows, c.H, "residual_mid"));
+  EXPECT_TRUE(rows_close(c.d_front, c.h_front, rows, c.front_n, "front"));
+  EXPECT_TRUE(rows_close(c.d_o, c.h_o, rows, c.H, "o"));
+  EXPECT_TRUE(rows_close(c.d_residual_out, c.h_residual_out, rows, c.H, "residual_out"));
+  EXPECT_TRUE(rows_close(c.d_h, c.h_h, rows, c.inter, "h"));
+  EXPECT_TRUE(rows_close(c.d_delta_out, c.h_delta_out, rows, c.H, "delta_out"));
+}
+
+void run_case(Chain& c, int32_t width, int32_t rows, int32_t tile, int32_t ctas) {
+  SCOPED_TRACE(::testing::Message() << "width " << width << ", rows " << rows << ", tile " << tile << ", " << ctas
+                                  << " CTAs");
+  c.poison();
+  auto host_plan = plan_program(layer_chain_stages(c.host_chain(), tile), width, ctas);
+  ASSERT_TRUE(host_plan.ok()) << host_plan.status().message();
+  ASSERT_TRUE(run_program_ref(*host_plan, rows, 7).ok());
+  auto plan = plan_program(layer_chain_stages(c.device_chain(), tile), width, ctas);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  DevicePlan dp(std::move(*plan));
+  cudaStream_t stream = cuda::context().stream;
+  ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  expect_chain_matches(c, rows, "first launch");
+  // Again, twice: the counters were left at zero and the sums are in a fixed order.
+  const std::vector<uint16_t> first = host_copy<uint16_t>(c.d_delta_out), front = host_copy<uint16_t>(c.d_front);
+  ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+  ASSERT_EQ(launch_mono_program(dp.program(rows), stream, true), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), first);
+  EXPECT_EQ(host_copy<uint16_t>(c.d_front), front);
+  EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+}
+
+TEST_F(MonoKernelGpu, V2LiteChainMatchesTheReference) {
+  Chain c(2048, 3072 + 576, 2048, 2 * 1408, 101);
+  const int32_t sms = current_device_sms();
+  struct Case {
+    int32_t width, rows;
+  };
+  for (const Case k : {Case{1, 1}, Case{2, 2}, Case{4, 3}, Case{8, 8}, Case{8, 5}})
+    for (int32_t tile : {16, 64}) run_case(c, k.width, k.rows, tile, sms);
+}
+
+TEST_F(MonoKernelGpu, SmallChainOffTheGroupsAndIdleCtas) {
+  Chain c(64, 96, 64, 48, 202);
+  for (int32_t tile : {7, 16, 40}) {
+    run_case(c, 8, 8, tile, 5);
+    run_case(c, 4, 2, tile, current_device_sms());  // more CTAs than jobs: empty queues
+  }
+}
+
+TEST_F(MonoKernelGpu, WidestX) {  // k = 8192: x takes 131 KB of shared memory, 5 ring slots
+  Chain c(8192, 256, 256, 512, 606);
+  run_case(c, 8, 8, 16, current_device_sms());
+  run_case(c, 1, 1, 32, current_device_sms());
+}
+
+TEST_F(MonoKernelGpu, GraphReplayEqualsEager) {
+  Chain c(2048, 3072 + 576, 2048, 2 * 1408, 303);
+  auto plan = plan_program(layer_chain_stages(c.device_chain(), 16), 4, current_device_sms());
+  ASSERT_TRUE(plan.ok());
+  DevicePlan dp(std::move(*plan));
+  cudaStream_t stream = cuda::context().stream;
+  ASSERT_EQ(launch_mono_program(dp.program(4), stream, false), cudaSuccess);
+  const std::vector<uint16_t> eager = host_copy<uint16_t>(c.d_delta_out);
+  c.poison();
+  LayerChain dc = c.device_chain();
+  auto replan = plan_program(layer_chain_stages(dc, 16), 4, current_device_sms());
+  ASSERT_TRUE(replan.ok());
+  DevicePlan dp2(std::move(*replan));
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  ASSERT_EQ(launch_mono_program(dp2.program(4), stream, false), cudaSuccess);
+  ASSERT_EQ(launch_mono_program(dp2.program(4), stream, true), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), eager);
+  EXPECT_EQ(host_copy<int32_t>(dp2.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+TEST_F(MonoKernelGpu, ProgrammaticDependentReadsAfterTheWriter) {
+  // delta_in is written by an RMSNorm kernel (which lets dependents start at
+  // once) over NaN; the program launched as its dependent must see the values.
+  Chain c(2048, 3072 + 576, 2048, 2 * 1408, 404);
+  const std::vector<float> src = random_f32(8 * 2048, -1.0f, 1.0f, 9);
+  std::vector<float> ones(2048, 1.0f);
+  // What the norm writes, computed on the GPU first (eagerly) and then used as the reference's delta_in.
+  Tensor d_src = device_copy(src, DType::kF32), d_ones = device_copy(ones, DType::kF32);
+  cudaStream_t stream = cuda::context().stream;
+  Tensor written = nan_filled(8 * 2048, DType::kBF16);
+  ASSERT_EQ(launch_rmsnorm_f32_to_bf16(d_src.data<float>(), 2048, d_ones.data<float>(), 8, 2048, 2048, 1e-6f,
+                                       written.data<__nv_bfloat16>(), 2048, stream),
+            cudaSuccess);
+  c.delta_in = host_copy<uint16_t>(written);
+  c.d_delta_in = nan_filled(8 * 2048, DType::kBF16);
+  auto host_plan = plan_program(layer_chain_stages(c.host_chain(), 16), 8, current_device_sms());
+  ASSERT_TRUE(host_plan.ok());
+  ASSERT_TRUE(run_program_ref(*host_plan, 8, 3).ok());
+  auto plan = plan_program(layer_chain_stages(c.device_chain(), 16), 8, current_device_sms());
+  ASSERT_TRUE(plan.ok());
+  DevicePlan dp(std::move(*plan));
+  ASSERT_EQ(launch_rmsnorm_f32_to_bf16(d_src.data<float>(), 2048, d_ones.data<float>(), 8, 2048, 2048, 1e-6f,
+                                       c.d_delta_in.data<__nv_bfloat16>(), 2048, stream),
+            cudaSuccess);
+  ASSERT_EQ(launch_mono_program(dp.program(8), stream, /*pdl=*/true), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  expect_chain_matches(c, 8, "as a programmatic dependent");
+}
+
+TEST_F(MonoKernelGpu, Refusals) {
+  Chain c(64, 96, 64, 48, 505);
+  auto plan = plan_program(layer_chain_stages(c.device_chain(), 16), 4, 4);
+  ASSERT_TRUE(plan.ok());
+  DevicePlan dp(std::move(*plan));
+  cudaStream_t stream = cuda::context().stream;
+  Program p = dp.program(4);
+  p.width = 3;
+  EXPECT_EQ(launch_mono_program(p, stream, false), cudaErrorInvalidValue);
+  p = dp.program(5);  // more rows than the width
+  EXPECT_EQ(launch_mono_program(p, stream, false), cudaErrorInvalidValue);
+  p = dp.program(4);
+  p.num_ctas = current_device_sms() + 1;
+  EXPECT_EQ(launch_mono_program(p, stream, false), cudaErrorInvalidValue);
+  p = dp.program(4);
+  p.counters = nullptr;
+  EXPECT_EQ(launch_mono_program(p, stream, false), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Fast deterministic bf16 fill for the expert weights (hundreds of MB).
+std::vector<uint16_t> hashed_bf16(size_t n, float scale, uint64_t seed) {
+  std::vector<uint16_t> v(n);
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    z ^= z << 13;
+    z ^= z >> 7;
+    z ^= z << 17;
+    v[i] = f32_to_bf16(scale * (static_cast<float>(z % 20001) / 10000.0f - 1.0f));
+  }
+  return v;
+}
+
+// The MoE block on the host and the device, 8 rows of every activation.
+struct Moe {
+  MoeChain shape;
+  std::vector<uint16_t> w_router, w_gate_up, w_down, w_shared_gate_up, w_shared_down, delta;
+  std::vector<float> bias, post_norm, residual;
+  // Host outputs (the reference).
+  std::vector<float> h_residual_out, h_logits, h_y_shared, h_y;
+  std::vector<uint16_t> h_h_shared, h_h, h_delta_out;
+  RouteTable h_table;
+  // Device copies.
+  Tensor d_w_router, d_w_gate_up, d_w_down, d_w_shared_gate_up, d_w_shared_down, d_delta, d_bias, d_post_norm,
+      d_residual;
+  Tensor d_residual_out, d_logits, d_y_shared, d_y, d_h_shared, d_h, d_delta_out, d_table;
+
+  Moe(MoeChain c, uint64_t seed) : shape(c) {
+    const int64_t H = c.hidden, E = c.num_experts;
+    auto scale = [](int64_t k) { return 1.7f / std::sqrt(static_cast<float>(k)); };
+    w_router = hashed_bf16(E * H, 4.0f * scale(H), seed + 1);
+    w_gate_up = hashed_bf16(E * 2 * c.inter * H, scale(H), seed + 2);
+    w_down = hashed_bf16(E * H * c.inter, scale(c.inter), seed + 3);
+    if (c.shared_inter > 0) {
+      w_shared_gate_up = hashed_bf16(2 * c.shared_inter * H, scale(H), seed + 4);
+      w_shared_down = hashed_bf16(H * c.shared_inter, scale(c.shared_inter), seed + 5);
+    }
+    delta = random_bf16(8 * H, 1.0f, seed + 6);
+    if (c.method == TopK::kNoauxTc) bias = random_f32(E, -0.1f, 0.1f, seed + 7);
+    post_norm = random_f32(H, 0.5f, 1.5f, seed + 8);
+    residual = random_f32(8 * H, -2.0f, 2.0f, seed + 9);
+    d_w_router = device_copy(w_router, DType::kBF16);
+    d_w_gate_up = device_copy(w_gate_up, DType::kBF16);
+    d_w_down = device_copy(w_down, DType::kBF16);
+    if (c.shared_inter > 0) {
+      d_w_shared_gate_up = device_copy(w_shared_gate_up, DType::kBF16);
+      d_w_shared_down = device_copy(w_shared_down, DType::kBF16);
+    }
+    d_delta = device_copy(delta, DType::kBF16);
+    if (!bias.empty()) d_bias = device_copy(bias, DType::kF32);
+    d_post_norm = device_copy(post_norm, DType::kF32);
+    d_residual = device_copy(residual, DType::kF32);
+    poison();
+  }
+  void poison() {
+    const MoeChain& c = shape;
+    h_residual_out.assign(8 * c.hidden, NAN);
+    h_logits.assign(8 * c.num_experts, NAN);
+    h_y_shared.assign(8 * c.hidden, NAN);
+    h_y.assign(static_cast<size_t>(c.slots) * 8 * c.hidden, NAN);
+    h_h_shared.assign(8 * c.shared_inter, 0x7fc0);
+    h_h.assign(static_cast<size_t>(c.slots) * 8 * c.inter, 0x7fc0);
+    h_delta_out.assign(8 * c.hidden, 0x7fc0);
+    h_table = RouteTable{};
+    d_residual_out = nan_filled(8 * c.hidden, DType::kF32);
+    d_logits = nan_filled(8 * c.num_experts, DType::kF32);
+    d_y_shared = nan_filled(8 * c.hidden, DType::kF32);
+    d_y = nan_filled(int64_t{c.slots} * 8 * c.hidden, DType::kF32);
+    d_h_shared = nan_filled(std::max<int64_t>(8, 8 * c.shared_inter), DType::kBF16);
+    d_h = nan_filled(int64_t{c.slots} * 8 * c.inter, DType::kBF16);
+    d_delta_out = nan_filled(8 * c.hidden, DType::kBF16);
+    d_table = nan_filled(static_cast<int64_t>(sizeof(RouteTable) / 4), DType::kI32);
+  }
+  MoeChain host() {
+    MoeChain c = shape;
+    c.w_router = w_router.data();
+    c.w_gate_up = w_gate_up.data();
+    c.w_down = w_down.data();
+    c.w_shared_gate_up = w_shared_gate_up.empty() ? nullptr : w_shared_gate_up.data();
+    c.w_shared_down = w_shared_down.empty() ? nullptr : w_shared_down.data();
+    c.bias = bias.empty() ? nullptr : bias.data();
+    c.post_norm = post_norm.data();
+    c.residual = residual.data();
+    c.delta = delta.data();
+    c.residual_out = h_residual_out.data();
+    c.logits = h_logits.data();
+    c.table = &h_table;
+    c.h_shared = c.shared_inter > 0 ? h_h_shared.data() : nullptr;
+    c.y_shared = c.shared_inter > 0 ? h_y_shared.data() : nullptr;
+    c.h = h_h.data();
+    c.y = h_y.data();
+    c.delta_out = h_delta_out.data();
+    return c;
+  }
+  MoeChain device() {
+    MoeChain c = shape;
+    c.w_router = d_w_router.data<uint16_t>();
+    c.w_gate_up = d_w_gate_up.data<uint16_t>();
+    c.w_down = d_w_down.data<uint16_t>();
+    c.w_shared_gate_up = c.shared_inter > 0 ? d_w_shared_gate_up.data<uint16_t>() : nullptr;
+    c.w_shared_down = c.shared_inter > 0 ? d_w_shared_down.data<uint16_t>() : nullptr;
+    c.bias = bias.empty() ? nullptr : d_bias.data<float>();
+    c.post_norm = d_post_norm.data<float>();
+    c.residual = d_residual.data<float>();
+    c.delta = d_delta.data<uint16_t>();
+    c.residual_out = d_residual_out.data<float>();
+    c.logits = d_logits.data<float>();
+    c.table = static_cast<RouteTable*>(d_table.raw());
+    c.h_shared = c.shared_inter > 0 ? d_h_shared.data<uint16_t>() : nullptr;
+    c.y_shared = c.shared_inter > 0 ? d_y_shared.data<float>() : nullptr;
+    c.h = d_h.data<uint16_t>();
+    c.y = d_y.data<float>();
+    c.delta_out = d_delta_out.data<uint16_t>();
+    return c;
+  }
+};
+
+void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
+  SCOPED_TRACE(::testing::Message() << m.shape.num_experts << " experts, width " << width << ", rows " << rows
+                                    << ", tile " << tile);
+  m.shape.slots = std::min(width * m.shape.top_k, m.shape.num_experts);
+  m.poison();
+  auto host_plan = plan_program(moe_chain_stages(m.host(), tile), width, current_device_sms());
+  ASSERT_TRUE(host_plan.ok()) << host_plan.status().message();
+  ASSERT_TRUE(run_program_ref(*host_plan, rows, 11).ok());
+  auto plan = plan_program(moe_chain_stages(m.device(), tile), width, current_device_sms());
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  DevicePlan dp(std::move(*plan));
+  cudaStream_t stream = cuda::context().stream;
+  ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  // The route table: the same experts in the same order, weights to f32 rounding.
+  RouteTable got;
+  ASSERT_EQ(cudaMemcpy(&got, m.d_table.raw(), sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(got.count, m.h_table.count);
+  for (int32_t u = 0; u < got.count; ++u) {
+    EXPECT_EQ(got.expert[u], m.h_table.expert[u]) << "slot " << u;
+    for (int32_t r = 0; r < rows; ++r)
+      EXPECT_NEAR(got.weight[r][u], m.h_table.weight[r][u], 1e-5f * (1.0f + m.h_table.weight[r][u]))
+          << "row " << r << ", slot " << u;
+  }
+  EXPECT_TRUE(rows_close(m.d_residual_out, m.h_residual_out, rows, m.shape.hidden, "residual_out"));
+  EXPECT_TRUE(rows_close(m.d_logits, m.h_logits, rows, m.shape.num_experts, "logits"));
+  if (m.shape.shared_inter > 0)
+    EXPECT_TRUE(rows_close(m.d_h_shared, m.h_h_shared, rows, m.shape.shared_inter, "h_shared"));
+  EXPECT_TRUE(rows_close(m.d_delta_out, m.h_delta_out, rows, m.shape.hidden, "delta_out"));
+  // Twice more, the second as a PDL dependent: the same bits, the counters back at zero.
+  const std::vector<uint16_t> first = host_copy<uint16_t>(m.d_delta_out);
+  ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+  ASSERT_EQ(launch_mono_program(dp.program(rows), stream, true), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host_copy<uint16_t>(m.d_delta_out), first);
+  EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+}
+
+TEST_F(MonoKernelGpu, MoeBlockV2Lite) {  // 64 experts, top-6 softmax, two shared experts (2 x 1408)
+  MoeChain c;
+  c.hidden = 2048;
+  c.inter = 1408;
+  c.shared_inter = 2 * 1408;
+  c.num_experts = 64;
+  c.top_k = 6;
+  c.slots = 48;
+  Moe m(c, 707);
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{4, 3}, std::pair{8, 8}}) run_moe_case(m, width, rows, 16);
+  run_moe_case(m, 2, 2, 64);
+}
+
+TEST_F(MonoKernelGpu, MoeBlockV3Routing) {  // 256 experts, noaux_tc in 8 groups of 32 (4 kept), top-8, scaled
+  MoeChain c;
+  c.hidden = 1024;
+  c.inter = 256;
+  c.shared_inter = 256;
+  c.num_experts = 256;
+  c.top_k = 8;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.scoring = Scoring::kSigmoid;
+  c.method = TopK::kNoauxTc;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.slots = 64;
+  Moe m(c, 808);
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) run_moe_case(m, width, rows, 16);
+}
+
+}  // namespace
+}  // namespace nucleus::kernels::mono
