@@ -18,6 +18,12 @@
 //    of the slice's k; the eight warps' partial products are added in a fixed
 //    order (bit-identical from launch to launch); then the epilogue writes the
 //    job's columns, and one thread fences and adds 1 to the stage's counter.
+//    A kSelect job routes one row a warp (warp-wide arg-max rounds) and writes
+//    the route table; a kCombine job sums the routed outputs by the table;
+//  - routed jobs: the copy warp waits for the route table (the select stage's
+//    counter; the only wait it makes) to learn its slot's expert, and streams
+//    nothing for a slot the rows left unused, exactly as the compute warps
+//    skip it.
 // The last CTA to finish sets the counters back to zero for the next launch.
 // A wait that lasts 10 s (a program that cannot finish) traps instead of
 // hanging (the launch then fails with cudaErrorLaunchFailure).
@@ -26,7 +32,9 @@
 // slots of 16 rows x 1,040 bytes), x (8 rows of k_max + 8 bf16, k_max the
 // widest stage), the cross-warp sums and the job's output tile. PDL: the CTAs
 // start streaming weights at once and wait for the kernel before
-// (griddepcontrol.wait) before reading activations or counters.
+// (griddepcontrol.wait) before reading activations, counters or a route
+// table. Callers keep docs/decode_program.md's constraints: every CTA
+// resident at once, and a launch sharing counters ordered after the last.
 #pragma once
 
 #include <cuda_runtime_api.h>
