@@ -531,5 +531,46 @@ TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
   EXPECT_FALSE(plan_program(st, 8, 132).ok());
 }
 
+// Stage::x_reuse: the kernel keeps x from an earlier stage only where the
+// planner found the same inputs and no writer of them in between.
+TEST(MonoProgram, PlanMarksWhereXMayBeKept) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.slots = 48;
+  HostMoe m(sc, 9);
+  auto plan = plan_program(moe_chain_stages(m.c, 16), 8, 132);
+  ASSERT_TRUE(plan.ok());
+  // router 0, select 1, shared up 2, shared down 3, routed up 4, routed down 5, combine 6
+  EXPECT_EQ(plan->stages[2].x_reuse, 1u << 0);               // the router's add + RMSNorm
+  EXPECT_EQ(plan->stages[4].x_reuse, (1u << 0) | (1u << 2));  // ... and the shared up's
+  EXPECT_EQ(plan->stages[3].x_reuse, 0u);
+  EXPECT_EQ(plan->stages[5].x_reuse, 0u);  // routed kLoad: x differs by slot
+  // Stage 0 reads A, stage 1 rewrites A, stage 2 reads A again: stage 2 must build its own x.
+  std::vector<uint16_t> w(64 * 64, 0x3f80), a(8 * 64, 0x3f80), c(8 * 64, 0x3f80), o0(8 * 64), o2(8 * 64);
+  Stage s0;
+  s0.w = w.data();
+  s0.n = 64;
+  s0.k = 64;
+  s0.x = a.data();
+  s0.x_stride = 64;
+  s0.out = o0.data();
+  s0.out_stride = 64;
+  s0.tile = 16;
+  Stage s1 = s0;
+  s1.x = c.data();
+  s1.out = a.data();
+  s1.wait_mask = 1u << 0;
+  Stage s2 = s0;
+  s2.out = o2.data();
+  s2.wait_mask = 1u << 1;
+  plan = plan_program({s0, s1, s2}, 8, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->stages[2].x_reuse, 0u);
+  std::vector<uint16_t> o1(8 * 64);
+  s1.out = o1.data();  // stage 1 now writes elsewhere: A is unchanged and stage 2 may keep stage 0's x
+  plan = plan_program({s0, s1, s2}, 8, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->stages[2].x_reuse, 1u << 0);
+}
+
 }  // namespace
 }  // namespace nucleus::kernels::mono

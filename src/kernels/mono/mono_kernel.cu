@@ -10,6 +10,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdio>
+
 #include "kernels/common/bulk_copy.cuh"
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/device_sms.h"
@@ -84,7 +86,11 @@ __device__ void wait_stages(const Program& p, uint32_t mask, int ct) {
       const int32_t target = stage_jobs(p.stages[s]);
       const uint64_t t0 = global_ns();
       while (load_acquire(p.counters + s) < target)
-        if (global_ns() - t0 > kWaitLimitNs) __trap();  // a program that cannot finish: fail, never hang
+        if (global_ns() - t0 > kWaitLimitNs) {  // a program that cannot finish: fail, never hang
+          printf("decode program: CTA %d has waited 10 s for stage %d (%d of %d jobs done); trapping\n",
+                 static_cast<int>(blockIdx.x), s, load_acquire(p.counters + s), target);
+          __trap();
+        }
     }
     __threadfence();
   }
@@ -340,15 +346,6 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
   }
 }
 
-// Whether x of (stage a, slot sa) is x of (stage b, slot sb): kLoad from the
-// same rows, or the same add + RMSNorm.
-__device__ bool same_x(const Stage& a, int32_t sa, const Stage& b, int32_t sb) {
-  if (a.prologue != b.prologue || a.k != b.k) return false;
-  if (a.prologue == Prologue::kLoad)
-    return a.x + sa * a.x_slot_stride == b.x + sb * b.x_slot_stride && a.x_stride == b.x_stride;
-  return a.residual == b.residual && a.delta == b.delta && a.norm_w == b.norm_w && a.eps == b.eps;
-}
-
 __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
                                                                    int64_t k_max) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -384,7 +381,11 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         if (lane == 0) {
           const uint64_t t0 = global_ns();
           while (load_acquire(p.counters + s.route_stage) < 1)
-            if (global_ns() - t0 > kWaitLimitNs) __trap();
+            if (global_ns() - t0 > kWaitLimitNs) {
+              printf("decode program: CTA %d's copy warp has waited 10 s for route stage %d; trapping\n",
+                     static_cast<int>(blockIdx.x), s.route_stage);
+              __trap();
+            }
           const int32_t slot = job_slot(s, job.tile);
           if (slot < __ldcg(&s.route->count)) expert = __ldcg(&s.route->expert[slot]);
         }
@@ -410,6 +411,9 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         }
       }
     }
+    // The compute warps count this CTA out only after this warp's last read
+    // of a counter (a route table's), so the reset cannot come before it.
+    asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
     return;
   }
 
@@ -436,18 +440,21 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       else combine_job(p, s, job.tile, out_tile, ct);
     } else {
       const int32_t slot = job_slot(s, job.tile);
-      // x carries over while the jobs read the same x (an add + RMSNorm job 0
-      // that writes residual_out always builds it).
+      wait_stages(p, s.wait_mask, ct);
+      const bool used = !routed(s) || slot < __ldcg(&s.route->count);
+      // x carries over within a stage (and slot, for kLoad) and from the
+      // earlier stages the planner found to build the same x from inputs
+      // nothing rewrote since (Stage::x_reuse); an add + RMSNorm job 0 that
+      // writes residual_out always builds it.
       const bool writes = s.prologue == Prologue::kAddRmsNorm && s.residual_out && job.tile == 0;
-      if (x_stage < 0 || writes || !same_x(p.stages[x_stage], x_slot, s, slot)) {
-        wait_stages(p, s.wait_mask, ct);
+      const bool carry =
+          x_stage >= 0 && !writes &&
+          (x_stage == job.stage ? s.prologue == Prologue::kAddRmsNorm || slot == x_slot : (s.x_reuse >> x_stage & 1u));
+      if (used && !carry) {
         build_x(p, s, job.tile, s.x ? s.x + slot * s.x_slot_stride : nullptr, xs, L.x_pitch, ss_smem, ct);
         x_stage = job.stage;
         x_slot = slot;
-      } else {
-        wait_stages(p, s.wait_mask, ct);  // carried x, but the job may wait for more (a route table)
       }
-      const bool used = !routed(s) || slot < __ldcg(&s.route->count);
       const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
@@ -512,8 +519,9 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     }
   }
   // The last CTA out clears the counters for the next launch (every other CTA
-  // has finished all its waits before it counts itself out).
-  compute_barrier();
+  // has finished all its waits before it counts itself out; bar 2 waits for
+  // the copy warp's).
+  asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
   if (ct == 0) {
     __threadfence();
     if (atomicAdd(p.counters + p.num_stages, 1) == static_cast<int32_t>(gridDim.x) - 1) {

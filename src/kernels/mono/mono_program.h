@@ -69,7 +69,9 @@ enum class TopK : int32_t { kGreedy = 0, kNoauxTc = 1 };
 struct alignas(16) RouteTable {
   int32_t count = 0;                            // distinct experts chosen by the step's rows
   int32_t expert[kMaxRouteSlots] = {};          // their indices, increasing
-  float weight[kMaxWidth][kMaxRouteSlots] = {};  // row r's routing weight for slot u (0: not chosen)
+  // Row r's routing weight for slot u (0: not chosen), for r < rows and u <
+  // count; entries beyond are not written.
+  float weight[kMaxWidth][kMaxRouteSlots] = {};
 };
 
 // One stage. Pointers are host pointers for the CPU reference and device
@@ -122,6 +124,11 @@ struct Stage {
   // stride n), shared [rows, n] f32 or null.
   const float* partials = nullptr;
   const float* shared = nullptr;
+  // Set by plan_program (callers leave it 0): bit t when stage t builds the
+  // same x (the same add + RMSNorm, or kLoad of the same unslotted rows) and
+  // no stage between t and this one writes what that x is made from; the
+  // kernel then keeps x from a job of stage t.
+  uint32_t x_reuse = 0;
 };
 
 // Job `tile` of stage `stage`.

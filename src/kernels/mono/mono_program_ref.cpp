@@ -71,6 +71,24 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
 
 bool overlap(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
 
+// The ranges stage s builds x from (kGemv).
+std::vector<Range> x_inputs(const Stage& s, int32_t width) {
+  std::vector<Range> r;
+  for (const Range& x : ranges(s, width))
+    if (!x.write && std::string(x.what) != "route") r.push_back(x);
+  r.push_back(range_of(s.norm_w, s.norm_w ? s.k : 0, false, "norm_w"));
+  return r;
+}
+
+// Whether stages a and b build the same x from the same inputs.
+bool same_x_inputs(const Stage& a, const Stage& b) {
+  if (a.kind != Kind::kGemv || b.kind != Kind::kGemv || a.prologue != b.prologue || a.k != b.k) return false;
+  if (a.prologue == Prologue::kLoad)
+    return !routed(a) && !routed(b) && a.x == b.x && a.x_stride == b.x_stride;
+  return a.residual == b.residual && a.delta == b.delta && a.norm_w == b.norm_w && a.eps == b.eps;
+}
+
+
 float bf16f(uint16_t h) { return bf16_to_f32(h); }
 
 // A kSelect job: the rows' routes by the CPU reference router (moe_ref.h),
@@ -292,6 +310,18 @@ StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t wid
   }
   ProgramPlan plan;
   plan.stages = stages;
+  // Where the kernel may keep x from an earlier stage's job (Stage::x_reuse).
+  for (size_t i = 0; i < stages.size(); ++i) {
+    plan.stages[i].x_reuse = 0;
+    for (size_t t = 0; t < i; ++t) {
+      if (!same_x_inputs(stages[t], stages[i])) continue;
+      bool rewritten = false;
+      for (size_t m = t + 1; m < i && !rewritten; ++m)
+        for (const Range& w : ranges(stages[m], width))
+          for (const Range& in : x_inputs(stages[i], width)) rewritten |= w.write && overlap(w, in);
+      if (!rewritten) plan.stages[i].x_reuse |= 1u << t;
+    }
+  }
   plan.width = width;
   std::vector<std::vector<Job>> queues(static_cast<size_t>(num_ctas));
   plan.cta_weight_bytes.assign(static_cast<size_t>(num_ctas), 0);
