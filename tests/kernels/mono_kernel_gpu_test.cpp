@@ -16,6 +16,8 @@
 //    256 experts in 8 groups) at smaller widths: the route table equals the
 //    reference router's on the kernel's logits, the output is close to the
 //    CPU block for that routing; repeated launches give the same bits;
+//  - the engine's weight layout: each expert through a table of pointers
+//    (stored out of order), two shared pieces, the residual copied back;
 //  - a two-layer program whose second layer's x comes from buffers the first
 //    rewrites (the x kept in shared memory must not be reused across them);
 //  - the refusals (width 3, rows above the width, more CTAs than SMs).
@@ -407,15 +409,19 @@ struct Moe {
       d_residual;
   Tensor d_residual_out, d_logits, d_y_shared, d_y, d_h_shared, d_h, d_delta_out, d_table;
 
-  Moe(MoeChain c, uint64_t seed) : shape(c) {
+  bool tables = false;
+  Tensor d_gu_rev, d_dn_rev, d_gu_table, d_dn_table, d_residual_copy;
+  std::vector<float> h_residual_copy;
+
+  Moe(MoeChain c, uint64_t seed, bool tables_ = false) : shape(c), tables(tables_) {
     const int64_t H = c.hidden, E = c.num_experts;
     auto scale = [](int64_t k) { return 1.7f / std::sqrt(static_cast<float>(k)); };
     w_router = hashed_bf16(E * H, 4.0f * scale(H), seed + 1);
     w_gate_up = hashed_bf16(E * 2 * c.inter * H, scale(H), seed + 2);
     w_down = hashed_bf16(E * H * c.inter, scale(c.inter), seed + 3);
     if (c.shared_inter > 0) {
-      w_shared_gate_up = hashed_bf16(2 * c.shared_inter * H, scale(H), seed + 4);
-      w_shared_down = hashed_bf16(H * c.shared_inter, scale(c.shared_inter), seed + 5);
+      w_shared_gate_up = hashed_bf16(c.shared_pieces * 2 * c.shared_inter * H, scale(H), seed + 4);
+      w_shared_down = hashed_bf16(c.shared_pieces * H * c.shared_inter, scale(c.shared_inter), seed + 5);
     }
     delta = random_bf16(8 * H, 1.0f, seed + 6);
     if (c.method == TopK::kNoauxTc) bias = random_f32(E, -0.1f, 0.1f, seed + 7);
@@ -424,6 +430,23 @@ struct Moe {
     d_w_router = device_copy(w_router, DType::kBF16);
     d_w_gate_up = device_copy(w_gate_up, DType::kBF16);
     d_w_down = device_copy(w_down, DType::kBF16);
+    if (tables) {  // the device program reads each expert through a table, stored in reverse order
+      const int64_t gu = 2 * c.inter * H, dn = H * c.inter;
+      std::vector<uint16_t> gu_rev(w_gate_up.size()), dn_rev(w_down.size());
+      for (int64_t e = 0; e < E; ++e) {
+        std::copy(w_gate_up.begin() + e * gu, w_gate_up.begin() + (e + 1) * gu, gu_rev.begin() + (E - 1 - e) * gu);
+        std::copy(w_down.begin() + e * dn, w_down.begin() + (e + 1) * dn, dn_rev.begin() + (E - 1 - e) * dn);
+      }
+      d_gu_rev = device_copy(gu_rev, DType::kBF16);
+      d_dn_rev = device_copy(dn_rev, DType::kBF16);
+      std::vector<uint64_t> gu_ptrs(E), dn_ptrs(E);
+      for (int64_t e = 0; e < E; ++e) {
+        gu_ptrs[e] = reinterpret_cast<uint64_t>(d_gu_rev.data<uint16_t>() + (E - 1 - e) * gu);
+        dn_ptrs[e] = reinterpret_cast<uint64_t>(d_dn_rev.data<uint16_t>() + (E - 1 - e) * dn);
+      }
+      d_gu_table = device_copy(gu_ptrs, DType::kI64);
+      d_dn_table = device_copy(dn_ptrs, DType::kI64);
+    }
     if (c.shared_inter > 0) {
       d_w_shared_gate_up = device_copy(w_shared_gate_up, DType::kBF16);
       d_w_shared_down = device_copy(w_shared_down, DType::kBF16);
@@ -438,17 +461,19 @@ struct Moe {
     const MoeChain& c = shape;
     h_residual_out.assign(8 * c.hidden, NAN);
     h_logits.assign(8 * c.num_experts, NAN);
-    h_y_shared.assign(8 * c.hidden, NAN);
+    h_y_shared.assign(c.shared_pieces * 8 * c.hidden, NAN);
+    h_residual_copy.assign(8 * c.hidden, NAN);
+    d_residual_copy = nan_filled(8 * c.hidden, DType::kF32);
     h_y.assign(static_cast<size_t>(c.slots) * 8 * c.hidden, NAN);
-    h_h_shared.assign(8 * c.shared_inter, 0x7fc0);
+    h_h_shared.assign(c.shared_pieces * 8 * c.shared_inter, 0x7fc0);
     h_h.assign(static_cast<size_t>(c.slots) * 8 * c.inter, 0x7fc0);
     h_delta_out.assign(8 * c.hidden, 0x7fc0);
     h_table = RouteTable{};
     d_residual_out = nan_filled(8 * c.hidden, DType::kF32);
     d_logits = nan_filled(8 * c.num_experts, DType::kF32);
-    d_y_shared = nan_filled(8 * c.hidden, DType::kF32);
+    d_y_shared = nan_filled(c.shared_pieces * 8 * c.hidden, DType::kF32);
     d_y = nan_filled(int64_t{c.slots} * 8 * c.hidden, DType::kF32);
-    d_h_shared = nan_filled(std::max<int64_t>(8, 8 * c.shared_inter), DType::kBF16);
+    d_h_shared = nan_filled(std::max<int64_t>(8, c.shared_pieces * 8 * c.shared_inter), DType::kBF16);
     d_h = nan_filled(int64_t{c.slots} * 8 * c.inter, DType::kBF16);
     d_delta_out = nan_filled(8 * c.hidden, DType::kBF16);
     d_table = nan_filled(static_cast<int64_t>(sizeof(RouteTable) / 4), DType::kI32);
@@ -472,6 +497,7 @@ struct Moe {
     c.h = h_h.data();
     c.y = h_y.data();
     c.delta_out = h_delta_out.data();
+    c.residual_copy_to = tables ? h_residual_copy.data() : nullptr;
     return c;
   }
   MoeChain device() {
@@ -493,6 +519,12 @@ struct Moe {
     c.h = d_h.data<uint16_t>();
     c.y = d_y.data<float>();
     c.delta_out = d_delta_out.data<uint16_t>();
+    if (tables) {
+      c.w_gate_up = c.w_down = nullptr;
+      c.gate_up_table = static_cast<const uint16_t* const*>(d_gu_table.raw());
+      c.down_table = static_cast<const uint16_t* const*>(d_dn_table.raw());
+      c.residual_copy_to = d_residual_copy.data<float>();
+    }
     return c;
   }
 };
@@ -558,9 +590,10 @@ std::vector<float> moe_from_table(const Moe& m, const RouteTable& t, int32_t row
                                           m.w_down.data() + e * H * c.inter, c.inter);
       for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
     }
-    if (c.shared_inter > 0) {
-      const std::vector<float> y = expert(x.data() + r * H, m.w_shared_gate_up.data(), m.w_shared_down.data(),
-                                          c.shared_inter);
+    for (int32_t piece = 0; c.shared_inter > 0 && piece < c.shared_pieces; ++piece) {
+      const std::vector<float> y =
+          expert(x.data() + r * H, m.w_shared_gate_up.data() + piece * 2 * c.shared_inter * H,
+                 m.w_shared_down.data() + piece * H * c.shared_inter, c.shared_inter);
       for (int64_t i = 0; i < H; ++i) acc[i] += y[i];
     }
     for (int64_t i = 0; i < H; ++i) out[r * H + i] = round_to_bf16(acc[i]);
@@ -600,6 +633,8 @@ void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
   }
   if (got.count != m.h_table.count || !std::equal(got.expert, got.expert + got.count, m.h_table.expert))
     std::printf("(routing differs from the CPU program's at a near-tie; delta_out is checked for the kernel's)\n");
+  if (m.tables)
+    EXPECT_TRUE(rows_close(m.d_residual_copy, m.h_residual_copy, rows, m.shape.hidden, "residual copied back"));
   // The output: the CPU block for the kernel's routing.
   EXPECT_TRUE(rows_close(m.d_delta_out, moe_from_table(m, got, rows), rows, m.shape.hidden, "delta_out"));
   // Twice more, the second as a PDL dependent: the same bits, the counters back at zero.
@@ -622,6 +657,19 @@ TEST_F(MonoKernelGpu, MoeBlockV2Lite) {  // 64 experts, top-6 softmax, two share
   Moe m(c, 707);
   for (auto [width, rows] : {std::pair{1, 1}, std::pair{4, 3}, std::pair{8, 8}}) run_moe_case(m, width, rows, 16);
   run_moe_case(m, 2, 2, 64);
+}
+
+TEST_F(MonoKernelGpu, MoeBlockV2LiteEngineLayout) {  // experts through weight tables, 2 shared pieces, residual copy
+  MoeChain c;
+  c.hidden = 2048;
+  c.inter = 1408;
+  c.shared_inter = 1408;
+  c.shared_pieces = 2;
+  c.num_experts = 64;
+  c.top_k = 6;
+  c.slots = 48;
+  Moe m(c, 717, /*tables=*/true);
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 5}}) run_moe_case(m, width, rows, 16);
 }
 
 TEST_F(MonoKernelGpu, MoeBlockV3Routing) {  // 256 experts, noaux_tc in 8 groups of 32 (4 kept), top-8, scaled

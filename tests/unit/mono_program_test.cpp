@@ -327,15 +327,18 @@ struct HostMoe {
   std::vector<float> residual_out, logits, y_shared, y;
   std::vector<uint16_t> h_shared, h, delta_out;
   RouteTable table;
+  bool tables = false;
+  std::vector<uint16_t> gate_up_rev, down_rev;
+  std::vector<const uint16_t*> gate_up_ptrs, down_ptrs;
 
-  HostMoe(MoeChain shape, uint64_t seed) : c(shape) {
+  HostMoe(MoeChain shape, uint64_t seed, bool tables_ = false) : c(shape), tables(tables_) {
     const int64_t H = c.hidden, E = c.num_experts;
     w_router = random_bf16(E * H, 0.3f, seed + 1);
     w_gate_up = random_bf16(E * 2 * c.inter * H, 0.2f, seed + 2);
     w_down = random_bf16(E * H * c.inter, 0.2f, seed + 3);
     if (c.shared_inter > 0) {
-      w_shared_gate_up = random_bf16(2 * c.shared_inter * H, 0.2f, seed + 4);
-      w_shared_down = random_bf16(H * c.shared_inter, 0.2f, seed + 5);
+      w_shared_gate_up = random_bf16(c.shared_pieces * 2 * c.shared_inter * H, 0.2f, seed + 4);
+      w_shared_down = random_bf16(c.shared_pieces * H * c.shared_inter, 0.2f, seed + 5);
     }
     delta = random_bf16(8 * H, 1.0f, seed + 6);
     if (c.method == TopK::kNoauxTc) bias = random_f32(E, -0.1f, 0.1f, seed + 7);
@@ -346,9 +349,9 @@ struct HostMoe {
   void poison() {
     residual_out.assign(8 * c.hidden, NAN);
     logits.assign(8 * c.num_experts, NAN);
-    y_shared.assign(8 * c.hidden, NAN);
+    y_shared.assign(c.shared_pieces * 8 * c.hidden, NAN);
     y.assign(static_cast<size_t>(c.slots) * 8 * c.hidden, NAN);
-    h_shared.assign(8 * c.shared_inter, kNanBf16);
+    h_shared.assign(c.shared_pieces * 8 * c.shared_inter, kNanBf16);
     h.assign(static_cast<size_t>(c.slots) * 8 * c.inter, kNanBf16);
     delta_out.assign(8 * c.hidden, kNanBf16);
     table = RouteTable{};
@@ -356,6 +359,22 @@ struct HostMoe {
     c.w_router = w_router.data();
     c.w_gate_up = w_gate_up.data();
     c.w_down = w_down.data();
+    if (tables) {  // each expert through its table entry, stored in reverse order
+      const int64_t E = c.num_experts, gu = 2 * c.inter * c.hidden, dn = c.hidden * c.inter;
+      gate_up_rev.resize(w_gate_up.size());
+      down_rev.resize(w_down.size());
+      gate_up_ptrs.resize(E);
+      down_ptrs.resize(E);
+      for (int64_t e = 0; e < E; ++e) {
+        std::copy(w_gate_up.begin() + e * gu, w_gate_up.begin() + (e + 1) * gu, gate_up_rev.begin() + (E - 1 - e) * gu);
+        std::copy(w_down.begin() + e * dn, w_down.begin() + (e + 1) * dn, down_rev.begin() + (E - 1 - e) * dn);
+        gate_up_ptrs[e] = gate_up_rev.data() + (E - 1 - e) * gu;
+        down_ptrs[e] = down_rev.data() + (E - 1 - e) * dn;
+      }
+      c.w_gate_up = c.w_down = nullptr;
+      c.gate_up_table = gate_up_ptrs.data();
+      c.down_table = down_ptrs.data();
+    }
     c.w_shared_gate_up = w_shared_gate_up.empty() ? nullptr : w_shared_gate_up.data();
     c.w_shared_down = w_shared_down.empty() ? nullptr : w_shared_down.data();
     c.bias = bias.empty() ? nullptr : bias.data();
@@ -430,9 +449,14 @@ PlainMoe plain_moe(const HostMoe& m, int64_t rows) {
       for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
     }
     if (c.shared_inter > 0) {
-      const std::vector<float> y = expert(x.data() + r * H, widen(m.w_shared_gate_up), widen(m.w_shared_down),
-                                          c.shared_inter);
-      for (int64_t i = 0; i < H; ++i) acc[i] += y[i];
+      const std::vector<float> sgu = widen(m.w_shared_gate_up), sdn = widen(m.w_shared_down);
+      const int64_t gu = 2 * c.shared_inter * H, dn = H * c.shared_inter;
+      for (int32_t piece = 0; piece < c.shared_pieces; ++piece) {
+        const std::vector<float> y = expert(x.data() + r * H, {sgu.begin() + piece * gu, sgu.begin() + (piece + 1) * gu},
+                                            {sdn.begin() + piece * dn, sdn.begin() + (piece + 1) * dn},
+                                            c.shared_inter);
+        for (int64_t i = 0; i < H; ++i) acc[i] += y[i];
+      }
     }
     for (int64_t i = 0; i < H; ++i) p.delta_out[r * H + i] = round_to_bf16(acc[i]);
   }
@@ -500,6 +524,40 @@ TEST(MonoProgram, MoeBlockEqualsThePlainMoe) {
         }
       }
     }
+  }
+}
+
+// The engine's layout: each expert in its own tensor (weight tables), two
+// shared pieces (DeepSeek-V2-Lite's), and the residual copied back into the
+// one residual buffer the graph keeps.
+TEST(MonoProgram, MoeBlockWithTablesPiecesAndResidualCopy) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.shared_pieces = 2;
+  sc.shared_inter = 32;
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 7}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width << ", rows " << rows);
+    sc.slots = std::min(width * sc.top_k, sc.num_experts);
+    HostMoe m(sc, 77, /*tables=*/true);
+    const PlainMoe want = plain_moe(m, rows);
+    std::vector<float> residual_buffer(8 * sc.hidden, NAN);
+    m.c.residual_copy_to = residual_buffer.data();
+    auto plan = plan_program(moe_chain_stages(m.c, 16), width, 5);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    EXPECT_EQ(plan->stages[2].slots, 2);
+    ASSERT_TRUE(run_program_ref(*plan, rows, 3).ok());
+    expect_rows(m.delta_out, want.delta_out, rows, sc.hidden, "delta_out");
+    expect_rows(residual_buffer, want.residual_out, rows, sc.hidden, "residual copied back");
+    // The copy must wait for every stage that reads the residual: without
+    // the combine's waits the plan is refused.
+    std::vector<Stage> st = moe_chain_stages(m.c, 16);
+    m.c.residual_copy_to = const_cast<float*>(m.c.residual);  // the graph's case: the residual itself
+    st = moe_chain_stages(m.c, 16);
+    EXPECT_TRUE(plan_program(st, width, 5).ok());
+    st.back().wait_mask = (1u << 1) | (1u << 5);  // no wait for the shared experts (stage 3 -> 2 reads residual)
+    auto refused = plan_program(st, width, 5);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("residual_copy_to overlaps stage 2's residual"), std::string::npos)
+        << refused.status().message();
   }
 }
 

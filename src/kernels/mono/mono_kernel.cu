@@ -341,8 +341,10 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
     const int64_t i = first + idx % cols;
     float acc = 0.0f;
     for (int u = 0; u < c; ++u) acc += w[r * c + u] * __ldcg(s.partials + u * s.x_slot_stride + r * s.n + i);
-    if (s.shared) acc += __ldcg(s.shared + r * s.n + i);
+    if (s.shared)
+      for (int u = 0; u < s.shared_slots; ++u) acc += __ldcg(s.shared + u * s.shared_slot_stride + r * s.n + i);
     reinterpret_cast<__nv_bfloat16*>(s.out)[r * s.out_stride + i] = __float2bfloat16(acc);
+    if (s.residual_copy_to) s.residual_copy_to[r * s.n + i] = __ldcg(s.residual_out + r * s.n + i);
   }
 }
 
@@ -373,25 +375,26 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const Stage& s = p.stages[job.stage];
       int32_t groups = job_groups(s, job.tile);
       const uint16_t* w = s.w;
-      if (groups > 0 && routed(s)) {
-        // The one wait for the step's results: which expert this slot streams.
-        if (!waited) pdl::wait_for_inputs();  // counters and the table are this launch's from here on
-        waited = true;
-        int32_t expert = -1;
-        if (lane == 0) {
-          const uint64_t t0 = global_ns();
-          while (load_acquire(p.counters + s.route_stage) < 1)
-            if (global_ns() - t0 > kWaitLimitNs) {
-              printf("decode program: CTA %d's copy warp has waited 10 s for route stage %d; trapping\n",
-                     static_cast<int>(blockIdx.x), s.route_stage);
-              __trap();
-            }
-          const int32_t slot = job_slot(s, job.tile);
-          if (slot < __ldcg(&s.route->count)) expert = __ldcg(&s.route->expert[slot]);
+      if (groups > 0 && slotted(s)) {
+        int32_t expert = job_slot(s, job.tile);  // no table: slot u is expert u
+        if (routed(s)) {
+          // The one wait for the step's results: which expert this slot streams.
+          if (!waited) pdl::wait_for_inputs();  // counters and the table are this launch's from here on
+          waited = true;
+          if (lane == 0) {
+            const uint64_t t0 = global_ns();
+            while (load_acquire(p.counters + s.route_stage) < 1)
+              if (global_ns() - t0 > kWaitLimitNs) {
+                printf("decode program: CTA %d's copy warp has waited 10 s for route stage %d; trapping\n",
+                       static_cast<int>(blockIdx.x), s.route_stage);
+                __trap();
+              }
+            expert = expert < __ldcg(&s.route->count) ? __ldcg(&s.route->expert[expert]) : -1;
+          }
+          expert = __shfl_sync(0xffffffffu, expert, 0);
         }
-        expert = __shfl_sync(0xffffffffu, expert, 0);
-        if (expert < 0) groups = 0;  // an unused slot
-        else w += expert * s.expert_stride;
+        if (expert < 0) groups = 0;  // an unused slot: the compute warps skip it too
+        else w = expert_weight(s, expert);
       }
       const int32_t slices = stage_slices(s);
       for (int32_t g = 0; g < groups; ++g) {
@@ -495,7 +498,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       compute_barrier();  // the output tile is complete
       if (used) {
         const int32_t cols = job_columns(s, job.tile);
-        const int64_t first = job_first_column(s, job.tile) + (routed(s) ? slot * s.out_slot_stride : 0);
+        const int64_t first = job_first_column(s, job.tile) + (slotted(s) ? slot * s.out_slot_stride : 0);
         for (int idx = ct; idx < p.rows * cols; idx += kConsumerThreads) {
           const int r = idx / cols, j = idx % cols;
           const float* t = out_tile + r * (2 * kMaxTile);

@@ -102,13 +102,17 @@ struct Stage {
   uint32_t wait_mask = 0;  // bit s: wait for every job of stage s (s < this stage's index)
   int32_t tile = 0;        // 1 ... kMaxTile (a multiple of kGroupRows wastes no MMA rows)
   // Routed kGemv and kCombine: the table, written by stage route_stage (a
-  // kSelect this stage waits for); routed kGemv: `slots` (1 ...
-  // kMaxRouteSlots) slots, expert weights expert_stride elements apart, x and
-  // out advancing by x_slot_stride / out_slot_stride elements a slot.
+  // kSelect this stage waits for). A slotted kGemv (routed, or `slots` > 1
+  // with no table: slot u is expert u, e.g. the pieces of DeepSeek's shared
+  // experts) has `slots` (1 ... kMaxRouteSlots) slots; expert e's weight is
+  // w_table[e] (a device array of [n, k] weights) when set, else w + e *
+  // expert_stride; x and out advance by x_slot_stride / out_slot_stride
+  // elements a slot.
   const RouteTable* route = nullptr;
   int32_t route_stage = -1;
   int32_t slots = 1;
   int64_t expert_stride = 0, x_slot_stride = 0, out_slot_stride = 0;
+  const uint16_t* const* w_table = nullptr;
   // kSelect: logits [rows, num_experts] f32 (row stride num_experts), bias
   // [num_experts] f32 or null (noaux_tc's e_score_correction_bias); the
   // table it writes is `table`.
@@ -121,9 +125,16 @@ struct Stage {
   int32_t norm_topk_prob = 0;
   float routed_scaling_factor = 1.0f;
   // kCombine: partials f32 [slots][rows, n] (slot stride x_slot_stride, row
-  // stride n), shared [rows, n] f32 or null.
+  // stride n); shared f32 [shared_slots][rows, n] (slot stride
+  // shared_slot_stride) or null, added after the routed sum in slot order;
+  // when residual_copy_to is set, the job also copies its columns of
+  // residual_out ([rows, n] f32, an earlier stage's) there (a graph whose
+  // residual lives in one buffer gets it back after every reader finished).
   const float* partials = nullptr;
   const float* shared = nullptr;
+  int32_t shared_slots = 1;
+  int64_t shared_slot_stride = 0;
+  float* residual_copy_to = nullptr;
   // Set by plan_program (callers leave it 0): bit t when stage t builds the
   // same x (the same add + RMSNorm, or kLoad of the same unslotted rows) and
   // no stage between t and this one writes what that x is made from; the
@@ -159,12 +170,17 @@ NUCLEUS_MONO_HD inline int64_t stage_columns(const Stage& s) {
 NUCLEUS_MONO_HD inline int32_t tiles_per_slot(const Stage& s) {
   return static_cast<int32_t>((stage_columns(s) + s.tile - 1) / s.tile);
 }
+NUCLEUS_MONO_HD inline bool routed(const Stage& s) { return s.kind == Kind::kGemv && s.route != nullptr; }
+NUCLEUS_MONO_HD inline bool slotted(const Stage& s) { return s.kind == Kind::kGemv && (s.route != nullptr || s.slots > 1); }
 NUCLEUS_MONO_HD inline int32_t stage_jobs(const Stage& s) {
   if (s.kind == Kind::kSelect) return 1;
-  return (s.kind == Kind::kGemv && s.route ? s.slots : 1) * tiles_per_slot(s);
+  return (slotted(s) ? s.slots : 1) * tiles_per_slot(s);
 }
-NUCLEUS_MONO_HD inline bool routed(const Stage& s) { return s.kind == Kind::kGemv && s.route != nullptr; }
-// Job j's slot (routed stages; 0 otherwise) and its columns [first, first + count).
+// Expert e's weight of a slotted stage.
+NUCLEUS_MONO_HD inline const uint16_t* expert_weight(const Stage& s, int64_t e) {
+  return s.w_table ? s.w_table[e] : s.w + e * s.expert_stride;
+}
+// Job j's slot (slotted stages; 0 otherwise) and its columns [first, first + count).
 NUCLEUS_MONO_HD inline int32_t job_slot(const Stage& s, int32_t j) { return j / tiles_per_slot(s); }
 NUCLEUS_MONO_HD inline int64_t job_first_column(const Stage& s, int32_t j) {
   return int64_t{j % tiles_per_slot(s)} * s.tile;

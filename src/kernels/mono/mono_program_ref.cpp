@@ -50,11 +50,16 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
   if (s.route) r.push_back(range_of(s.route, 1, false, "route"));
   if (s.kind == Kind::kCombine) {
     r.push_back(range_of(s.partials, (s.slots - 1) * s.x_slot_stride + width * s.n, false, "partials"));
-    if (s.shared) r.push_back(range_of(s.shared, width * s.n, false, "shared"));
+    if (s.shared)
+      r.push_back(range_of(s.shared, (s.shared_slots - 1) * s.shared_slot_stride + width * s.n, false, "shared"));
+    if (s.residual_copy_to) {
+      r.push_back(range_of(s.residual_out, width * s.n, false, "residual_out"));
+      r.push_back(range_of(s.residual_copy_to, width * s.n, true, "residual_copy_to"));
+    }
     r.push_back(bytes_of(s.out, ((width - 1) * s.out_stride + s.n) * 2, true, "out"));
     return r;
   }
-  const int64_t slots = routed(s) ? s.slots : 1;
+  const int64_t slots = slotted(s) ? s.slots : 1;
   if (s.prologue == Prologue::kLoad) {
     r.push_back(range_of(s.x, (slots - 1) * s.x_slot_stride + (width - 1) * s.x_stride + s.k, false, "x"));
   } else {
@@ -84,7 +89,7 @@ std::vector<Range> x_inputs(const Stage& s, int32_t width) {
 bool same_x_inputs(const Stage& a, const Stage& b) {
   if (a.kind != Kind::kGemv || b.kind != Kind::kGemv || a.prologue != b.prologue || a.k != b.k) return false;
   if (a.prologue == Prologue::kLoad)
-    return !routed(a) && !routed(b) && a.x == b.x && a.x_stride == b.x_stride;
+    return !slotted(a) && !slotted(b) && a.x == b.x && a.x_stride == b.x_stride;
   return a.residual == b.residual && a.delta == b.delta && a.norm_w == b.norm_w && a.eps == b.eps;
 }
 
@@ -129,8 +134,10 @@ void run_combine(const Stage& s, int32_t tile, int32_t rows) {
       const int64_t i = first + c;
       float acc = 0.0f;
       for (int32_t u = 0; u < t.count; ++u) acc += t.weight[r][u] * s.partials[u * s.x_slot_stride + r * s.n + i];
-      if (s.shared) acc += s.shared[r * s.n + i];
+      if (s.shared)
+        for (int32_t u = 0; u < s.shared_slots; ++u) acc += s.shared[u * s.shared_slot_stride + r * s.n + i];
       static_cast<uint16_t*>(s.out)[r * s.out_stride + i] = f32_to_bf16(acc);
+      if (s.residual_copy_to) s.residual_copy_to[r * s.n + i] = s.residual_out[r * s.n + i];
     }
 }
 
@@ -141,8 +148,8 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
   const int32_t slot = job_slot(s, tile);
   if (routed(s) && slot >= s.route->count) return;  // an unused slot
   const int64_t k = s.k;
-  const uint16_t* w = s.w + (routed(s) ? s.route->expert[slot] * s.expert_stride : 0);
-  const uint16_t* xin = s.x ? s.x + (routed(s) ? slot * s.x_slot_stride : 0) : nullptr;
+  const uint16_t* w = slotted(s) ? expert_weight(s, routed(s) ? s.route->expert[slot] : slot) : s.w;
+  const uint16_t* xin = s.x ? s.x + (slotted(s) ? slot * s.x_slot_stride : 0) : nullptr;
   std::vector<float> x(static_cast<size_t>(rows * k));
   for (int32_t r = 0; r < rows; ++r) {
     float* xr = x.data() + r * k;
@@ -166,7 +173,7 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
     return dot_ref(x.data() + r * k, wrow.data(), k);  // the CPU GEMM's order (gemm_ref.h)
   };
   const JobRows jr = job_rows(s, tile);
-  const int64_t out_base = routed(s) ? slot * s.out_slot_stride : 0;
+  const int64_t out_base = slotted(s) ? slot * s.out_slot_stride : 0;
   for (int32_t r = 0; r < rows; ++r)
     for (int32_t c = 0; c < jr.count; ++c) {
       const int64_t o = out_base + r * s.out_stride + jr.a0 + c;
@@ -192,7 +199,7 @@ int64_t job_weight_bytes(const Stage& s, int32_t job) {
 int64_t ProgramPlan::weight_bytes() const {
   int64_t b = 0;
   for (const Stage& s : stages)
-    if (s.kind == Kind::kGemv) b += (routed(s) ? s.slots : 1) * s.n * s.k * 2;
+    if (s.kind == Kind::kGemv) b += (slotted(s) ? s.slots : 1) * s.n * s.k * 2;
   return b;
 }
 
@@ -229,24 +236,29 @@ Status check_stage(const Stage& s, int index, int32_t width) {
   if (s.kind == Kind::kCombine) {
     NUCLEUS_RETURN_IF_ERROR(waits_for_route());
     if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
+    if (s.shared && (s.shared_slots < 1 || (s.shared_slots > 1 && s.shared_slot_stride < width * s.n)))
+      return bad(fmt::format("shared_slots = {}, shared_slot_stride = {}: need >= 1 slots of >= width * n", s.shared_slots,
+                             s.shared_slot_stride));
+    if (s.residual_copy_to && !s.residual_out) return bad("residual_copy_to needs residual_out (what to copy)");
     if (s.n < 1 || !s.partials || !s.out || s.out_stride < s.n || s.x_slot_stride < width * s.n)
       return bad(fmt::format("a kCombine stage needs partials with a slot stride >= width * n = {} (x_slot_stride "
                              "= {}) and out with a row stride >= n = {}",
                              width * s.n, s.x_slot_stride, s.n));
   } else {
-    if (!s.w || !aligned16(s.w)) return bad("w must be a 16-byte aligned [n, k] bf16 weight");
+    if (slotted(s) ? !s.w_table && (!s.w || !aligned16(s.w)) : !s.w || !aligned16(s.w))
+      return bad("w must be a 16-byte aligned [n, k] bf16 weight (or, slotted, a w_table)");
     if (s.n < 1 || s.k < 16 || s.k % 16 != 0 || s.k > kMaxK)
       return bad(fmt::format("n = {}, k = {}: need n >= 1 and k a multiple of 16 from 16 to {}", s.n, s.k, kMaxK));
     if (s.epilogue == Epilogue::kSiluMulBf16 && s.n % 2 != 0)
       return bad(fmt::format("n = {}: a SiLU-and-multiply stage needs gate and up halves (even n)", s.n));
-    if (s.route) {
-      NUCLEUS_RETURN_IF_ERROR(waits_for_route());
-      if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
-      if (s.expert_stride < s.n * s.k || s.expert_stride % 8 != 0)
+    if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
+    if (slotted(s)) {
+      if (s.route) NUCLEUS_RETURN_IF_ERROR(waits_for_route());
+      if (!s.w_table && (s.expert_stride < s.n * s.k || s.expert_stride % 8 != 0))
         return bad(fmt::format("expert_stride = {}: need >= n * k and a multiple of 8", s.expert_stride));
       if ((s.prologue == Prologue::kLoad && (s.x_slot_stride < width * s.x_stride || s.x_slot_stride % 8 != 0)) ||
           s.out_slot_stride < width * s.out_stride || (s.out_slot_stride * out_element_bytes(s)) % 16 != 0)
-        return bad("a routed stage's slots must not overlap: x_slot_stride >= width * x_stride, out_slot_stride >= "
+        return bad("a slotted stage's slots must not overlap: x_slot_stride >= width * x_stride, out_slot_stride >= "
                    "width * out_stride (16-byte multiples)");
     }
     if (s.prologue == Prologue::kLoad) {
@@ -492,6 +504,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     up.out = c.h_shared;
     up.out_stride = c.shared_inter;
     up.tile = tile;
+    up.slots = c.shared_pieces;  // no table: slot u is piece u
+    up.expert_stride = up.n * up.k;
+    up.out_slot_stride = kMaxWidth * c.shared_inter;
     st.push_back(up);
     Stage down;
     down.w = c.w_shared_down;
@@ -504,6 +519,10 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     down.out_stride = c.hidden;
     down.wait_mask = 1u << (st.size() - 1);
     down.tile = tile;
+    down.slots = c.shared_pieces;
+    down.expert_stride = down.n * down.k;
+    down.x_slot_stride = kMaxWidth * c.shared_inter;
+    down.out_slot_stride = kMaxWidth * c.hidden;
     st.push_back(down);
     shared_done = 1u << (st.size() - 1);
   }
@@ -523,6 +542,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   up.tile = tile;
   route(up);
   up.expert_stride = up.n * up.k;
+  up.w_table = c.gate_up_table;
   up.out_slot_stride = kMaxWidth * c.inter;
   up.wait_mask = 1u << kSelectStage;
   st.push_back(up);
@@ -538,6 +558,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   down.tile = tile;
   route(down);
   down.expert_stride = down.n * down.k;
+  down.w_table = c.down_table;
   down.x_slot_stride = kMaxWidth * c.inter;
   down.out_slot_stride = kMaxWidth * c.hidden;
   down.wait_mask = (1u << kSelectStage) | (1u << (st.size() - 1));
@@ -548,6 +569,10 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   combine.partials = c.y;
   combine.x_slot_stride = kMaxWidth * c.hidden;
   combine.shared = c.shared_inter > 0 ? c.y_shared : nullptr;
+  combine.shared_slots = c.shared_pieces;
+  combine.shared_slot_stride = kMaxWidth * c.hidden;
+  combine.residual_copy_to = c.residual_copy_to;
+  combine.residual_out = c.residual_copy_to ? c.residual_out : nullptr;
   combine.out = c.delta_out;
   combine.out_stride = c.hidden;
   combine.tile = tile;

@@ -108,14 +108,28 @@ struct MoeChain {
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f, eps = 1e-6f;
   const uint16_t *w_router = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  // Optional: the routed experts' weights by expert index ([E] arrays of
+  // pointers; w_gate_up / w_down unused then), for checkpoints that keep each
+  // expert in its own tensor.
+  const uint16_t* const* gate_up_table = nullptr;
+  const uint16_t* const* down_table = nullptr;
+  // shared_pieces shared experts of shared_inter each (DeepSeek-V2-Lite: 2 of
+  // 1408), their weights one after another: w_shared_gate_up [pieces][2
+  // shared_inter, hidden], w_shared_down [pieces][hidden, shared_inter];
+  // h_shared and y_shared hold [pieces][8, ...]. Summed in piece order after
+  // the routed experts (the order of the engine's fused shared experts).
+  int32_t shared_pieces = 1;
   const uint16_t *w_shared_gate_up = nullptr, *w_shared_down = nullptr;
+  // Optional: the combine also copies residual_out here (the graph's one
+  // residual buffer, once every stage that reads `residual` has finished).
+  float* residual_copy_to = nullptr;
   const float *bias = nullptr, *post_norm = nullptr, *residual = nullptr;
   const uint16_t* delta = nullptr;
   float* residual_out = nullptr;
   float* logits = nullptr;  // [8, E]
   RouteTable* table = nullptr;
-  uint16_t* h_shared = nullptr;  // [8, shared_inter]
-  float* y_shared = nullptr;     // [8, hidden]
+  uint16_t* h_shared = nullptr;  // [pieces][8, shared_inter]
+  float* y_shared = nullptr;     // [pieces][8, hidden]
   uint16_t* h = nullptr;         // [slots][8, inter]
   float* y = nullptr;            // [slots][8, hidden]
   uint16_t* delta_out = nullptr; // [8, hidden]
