@@ -488,8 +488,19 @@ MoeChain v3_like_moe() {  // DeepSeek-V3's routing (noaux_tc, 8 groups of 32, 4 
   return c;
 }
 
+MoeChain tiny_like_moe() {  // the shipped tiny model's routing: 8 experts, noaux_tc in 4 groups of 2, top-2
+  MoeChain c = v3_like_moe();
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.shared_inter = 32;
+  c.routed_scaling_factor = 1.0f;
+  return c;
+}
+
 TEST(MonoProgram, MoeBlockEqualsThePlainMoe) {
-  for (const MoeChain& shape : {v2_lite_like_moe(), v3_like_moe()}) {
+  for (const MoeChain& shape : {v2_lite_like_moe(), v3_like_moe(), tiny_like_moe()}) {
     struct Case {
       int32_t width, rows, tile, ctas;
     };
@@ -582,8 +593,8 @@ TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
             std::string::npos)
       << plan.status().message();
   st = ok;
-  st[1].num_experts = 48;
-  EXPECT_FALSE(plan_program(st, 8, 132).ok());  // not a multiple of 32
+  st[1].num_experts = 400;
+  EXPECT_FALSE(plan_program(st, 8, 132).ok());  // above kMaxExperts
   st = ok;
   st[1].top_k = 9;  // 8 rows x 9 > 64 slots of a table
   EXPECT_FALSE(plan_program(st, 8, 132).ok());

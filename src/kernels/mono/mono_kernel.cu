@@ -172,17 +172,19 @@ __device__ void build_x(const Program& p, const Stage& s, int32_t tile, const ui
   compute_barrier();  // x complete; ss_smem free again
 }
 
-// Routes row `row` (one warp; lanes hold experts lane, lane + 32, ...) by
-// kernels/moe/moe_ref.h's rules: writes its top_k expert ids and weights.
+// Routes row `row` (one warp; lane holds experts lane, lane + 32, ... below
+// num_experts) by kernels/moe/moe_ref.h's rules: writes its top_k expert ids
+// and weights.
 __device__ void route_row(const Stage& s, int row, int lane, int32_t* ids, float* weights) {
   constexpr int kPer = kMaxExperts / 32;
-  const int per = s.num_experts / 32;
-  const float* l = s.logits + static_cast<int64_t>(row) * s.num_experts;
+  const int E = s.num_experts;
+  const float* l = s.logits + static_cast<int64_t>(row) * E;
   float score[kPer], choice[kPer];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    score[i] = i < per ? __ldcg(l + lane + 32 * i) : -INFINITY;
+    const int e = lane + 32 * i;
+    score[i] = e < E ? __ldcg(l + e) : -INFINITY;
     mx = fmaxf(mx, score[i]);
   }
   if (s.scoring == Scoring::kSoftmax) {
@@ -190,7 +192,7 @@ __device__ void route_row(const Stage& s, int row, int lane, int32_t* ids, float
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      score[i] = i < per ? expf(score[i] - mx) : 0.0f;
+      score[i] = lane + 32 * i < E ? expf(score[i] - mx) : 0.0f;
       sum += score[i];
     }
     sum = cuda_common::warp_sum(sum);
@@ -201,34 +203,54 @@ __device__ void route_row(const Stage& s, int row, int lane, int32_t* ids, float
     for (int i = 0; i < kPer; ++i) score[i] = 1.0f / (1.0f + expf(-score[i]));
   }
 #pragma unroll
-  for (int i = 0; i < kPer; ++i)
-    choice[i] = i < per ? (s.bias ? score[i] + __ldg(s.bias + lane + 32 * i) : score[i]) : -INFINITY;
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    choice[i] = e < E ? (s.bias ? score[i] + __ldg(s.bias + e) : score[i]) : -INFINITY;
+  }
   if (s.method == TopK::kNoauxTc && s.n_group > 1) {
-    // Groups of 32 experts: group i is every lane's i-th expert. Its score is
-    // the sum of its two largest choices; the topk_group best groups stay.
-    float group[kPer];
+    // Group g holds experts [g * gs, (g + 1) * gs); its score is the sum of
+    // its two largest choices (one when gs = 1); the topk_group best groups
+    // (ties: the lower group) stay, the others' experts are never chosen.
+    const int gs = E / s.n_group;
+    float group[kMaxGroups];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float m1 = cuda_common::warp_max(choice[i]);
-      const int first = __ffs(__ballot_sync(0xffffffffu, choice[i] == m1)) - 1;
-      const float m2 = cuda_common::warp_max(lane == first ? -INFINITY : choice[i]);
-      group[i] = m1 + m2;
+    for (int g = 0; g < kMaxGroups; ++g) {
+      group[g] = -INFINITY;
+      if (g >= s.n_group) continue;
+      float v1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if ((lane + 32 * i) / gs == g && lane + 32 * i < E) v1 = fmaxf(v1, choice[i]);
+      const float m1 = cuda_common::warp_max(v1);
+      // One occurrence of m1 (the lowest expert holding it) left out for the second.
+      int first = 1 << 30;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if ((lane + 32 * i) / gs == g && lane + 32 * i < E && choice[i] == m1 && lane + 32 * i < first)
+          first = lane + 32 * i;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+      float v2 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if ((lane + 32 * i) / gs == g && lane + 32 * i < E && lane + 32 * i != first) v2 = fmaxf(v2, choice[i]);
+      group[g] = gs > 1 ? m1 + cuda_common::warp_max(v2) : m1;
     }
     uint32_t kept = 0;
-    for (int g = 0; g < s.topk_group; ++g) {
+    for (int k = 0; k < s.topk_group; ++k) {
       int best = -1;
       float best_score = 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i)
-        if (i < per && !(kept >> i & 1u) && (best < 0 || group[i] > best_score)) {
-          best = i;
-          best_score = group[i];
+      for (int g = 0; g < kMaxGroups; ++g)
+        if (g < s.n_group && !(kept >> g & 1u) && (best < 0 || group[g] > best_score)) {
+          best = g;
+          best_score = group[g];
         }
       kept |= 1u << best;
     }
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
-      if (!(kept >> i & 1u)) choice[i] = -INFINITY;
+      if (lane + 32 * i < E && !(kept >> ((lane + 32 * i) / gs) & 1u)) choice[i] = -INFINITY;
   }
   uint32_t taken = 0;
   float sum = 0.0f;
@@ -239,7 +261,7 @@ __device__ void route_row(const Stage& s, int row, int lane, int32_t* ids, float
     int e = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
-      if (i < per && !(taken >> i & 1u) && (!valid || choice[i] > v)) {
+      if (lane + 32 * i < E && !(taken >> i & 1u) && (!valid || choice[i] > v)) {
         valid = true;
         v = choice[i];
         e = lane + 32 * i;

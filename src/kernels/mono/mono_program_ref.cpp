@@ -216,16 +216,16 @@ Status check_stage(const Stage& s, int index, int32_t width) {
   };
   if (s.kind == Kind::kSelect) {
     if (!s.logits || !s.table || !aligned16(s.table)) return bad("a kSelect stage needs logits and a 16-byte aligned table");
-    if (s.num_experts < 1 || s.num_experts > kMaxExperts || s.num_experts % 32 != 0)
-      return bad(fmt::format("num_experts = {}: need a multiple of 32 up to {}", s.num_experts, kMaxExperts));
+    if (s.num_experts < 1 || s.num_experts > kMaxExperts)
+      return bad(fmt::format("num_experts = {}: need 1 ... {}", s.num_experts, kMaxExperts));
     if (s.top_k < 1 || s.top_k > s.num_experts || int64_t{width} * s.top_k > kMaxRouteSlots)
       return bad(fmt::format("top_k = {} at width {}: need width * top_k <= {}", s.top_k, width, kMaxRouteSlots));
     if (s.method == TopK::kNoauxTc) {
       if (s.scoring != Scoring::kSigmoid) return bad("noaux_tc routes sigmoid scores");
-      if (!(s.n_group == 1 || s.num_experts / s.n_group == 32) || s.num_experts % s.n_group != 0 ||
-          s.topk_group < 1 || s.topk_group > s.n_group)
-        return bad(fmt::format("n_group = {}, topk_group = {}: noaux_tc takes one group or groups of 32 experts",
-                               s.n_group, s.topk_group));
+      if (s.n_group < 1 || s.n_group > kMaxGroups || s.num_experts % s.n_group != 0 || s.topk_group < 1 ||
+          s.topk_group > s.n_group)
+        return bad(fmt::format("n_group = {}, topk_group = {}: noaux_tc takes 1 ... {} equal groups", s.n_group,
+                               s.topk_group, kMaxGroups));
     } else if (s.method != TopK::kGreedy || s.n_group != 1) {
       return bad("routing: greedy (one group) or noaux_tc");
     }
@@ -284,10 +284,9 @@ Status check_stage(const Stage& s, int index, int32_t width) {
   return ok_status();
 }
 
-StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t width, int32_t num_ctas) {
+StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width) {
   if (width != 1 && width != 2 && width != 4 && width != 8)
     return invalid_argument(fmt::format("decode program width {}: the kernel is built for 1, 2, 4 or 8 rows", width));
-  if (num_ctas < 1) return invalid_argument(fmt::format("decode program on {} CTAs", num_ctas));
   if (stages.empty() || stages.size() > static_cast<size_t>(kMaxStages))
     return invalid_argument(fmt::format("decode program of {} stages: need 1 ... {}", stages.size(), kMaxStages));
   // Which stages each stage waits for, directly or through the stages it waits for.
@@ -320,28 +319,34 @@ StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t wid
                 "(add bit {} to wait_mask)",
                 i, a.what, j, b.what, j, j));
   }
-  ProgramPlan plan;
-  plan.stages = stages;
+  std::vector<Stage> checked = stages;
   // Where the kernel may keep x from an earlier stage's job (Stage::x_reuse).
   for (size_t i = 0; i < stages.size(); ++i) {
-    plan.stages[i].x_reuse = 0;
+    checked[i].x_reuse = 0;
     for (size_t t = 0; t < i; ++t) {
       if (!same_x_inputs(stages[t], stages[i])) continue;
       bool rewritten = false;
       for (size_t m = t + 1; m < i && !rewritten; ++m)
         for (const Range& w : ranges(stages[m], width))
           for (const Range& in : x_inputs(stages[i], width)) rewritten |= w.write && overlap(w, in);
-      if (!rewritten) plan.stages[i].x_reuse |= 1u << t;
+      if (!rewritten) checked[i].x_reuse |= 1u << t;
     }
   }
+  return checked;
+}
+
+ProgramPlan deal_jobs(std::vector<Stage> stages, int32_t width, int32_t num_ctas) {
+  ProgramPlan plan;
+  plan.stages = std::move(stages);
   plan.width = width;
+  const std::vector<Stage>& st = plan.stages;
   std::vector<std::vector<Job>> queues(static_cast<size_t>(num_ctas));
   plan.cta_weight_bytes.assign(static_cast<size_t>(num_ctas), 0);
   using Load = std::pair<int64_t, int32_t>;  // (bytes so far, CTA): the smallest on top
   std::priority_queue<Load, std::vector<Load>, std::greater<Load>> least;
   for (int32_t c = 0; c < num_ctas; ++c) least.push({0, c});
-  for (size_t i = 0; i < stages.size(); ++i) {
-    const Stage& s = stages[i];
+  for (size_t i = 0; i < st.size(); ++i) {
+    const Stage& s = st[i];
     for (int32_t t = 0; t < stage_jobs(s); ++t) {
       const int64_t bytes = job_weight_bytes(s, t);
       auto [load, c] = least.top();
@@ -357,6 +362,12 @@ StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t wid
     plan.queue_start.push_back(static_cast<int32_t>(plan.jobs.size()));
   }
   return plan;
+}
+
+StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t width, int32_t num_ctas) {
+  if (num_ctas < 1) return invalid_argument(fmt::format("decode program on {} CTAs", num_ctas));
+  NUCLEUS_ASSIGN_OR_RETURN(std::vector<Stage> checked, check_program(stages, width));
+  return deal_jobs(std::move(checked), width, num_ctas);
 }
 
 Program program_view(const ProgramPlan& plan, int32_t rows, const int32_t* queue_start, const Job* jobs,
@@ -504,8 +515,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     up.out = c.h_shared;
     up.out_stride = c.shared_inter;
     up.tile = tile;
-    up.slots = c.shared_pieces;  // no table: slot u is piece u
+    up.slots = c.shared_pieces;  // no route table: slot u is piece u
     up.expert_stride = up.n * up.k;
+    up.w_table = c.shared_gate_up_table;
     up.out_slot_stride = kMaxWidth * c.shared_inter;
     st.push_back(up);
     Stage down;
@@ -521,6 +533,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     down.tile = tile;
     down.slots = c.shared_pieces;
     down.expert_stride = down.n * down.k;
+    down.w_table = c.shared_down_table;
     down.x_slot_stride = kMaxWidth * c.shared_inter;
     down.out_slot_stride = kMaxWidth * c.hidden;
     st.push_back(down);

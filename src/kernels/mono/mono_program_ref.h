@@ -38,9 +38,17 @@ Status check_stage(const Stage& s, int index, int32_t width);
 // Weight bytes job `job` of stage s streams (a routed job: if its slot is used).
 int64_t job_weight_bytes(const Stage& s, int32_t job);
 
-// Checks every stage (check_stage), width in {1, 2, 4, 8}, 1 <= num_ctas,
-// 1 <= stages <= kMaxStages, then deals each stage's jobs, in stage order, to
-// the CTA that has the fewest weight bytes so far (ties: the lowest index).
+// Checks every stage (check_stage), width in {1, 2, 4, 8}, 1 <= stages <=
+// kMaxStages, that every pair of stages sharing memory waits in the order
+// it must, and that routed stages have the slots their table can fill;
+// returns the stages with Stage::x_reuse filled in (what a Program takes).
+StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width);
+// Deals each stage's jobs, in stage order, to the CTA that has the fewest
+// weight bytes so far (ties: the lowest index). The queues depend only on
+// the stages' shapes (kind, n, k, tile, slots), not on their pointers, so a
+// caller may deal once and check the stages of each launch (check_program).
+ProgramPlan deal_jobs(std::vector<Stage> stages, int32_t width, int32_t num_ctas);
+// check_program, then deal_jobs on 1 <= num_ctas CTAs.
 StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t width, int32_t num_ctas);
 
 // The Program a launch takes for `plan` running `rows` rows (1 ... width),
@@ -120,6 +128,9 @@ struct MoeChain {
   // the routed experts (the order of the engine's fused shared experts).
   int32_t shared_pieces = 1;
   const uint16_t *w_shared_gate_up = nullptr, *w_shared_down = nullptr;
+  // Optional: the pieces' weights by piece ([pieces] arrays of pointers).
+  const uint16_t* const* shared_gate_up_table = nullptr;
+  const uint16_t* const* shared_down_table = nullptr;
   // Optional: the combine also copies residual_out here (the graph's one
   // residual buffer, once every stage that reads `residual` has finished).
   float* residual_copy_to = nullptr;
