@@ -20,6 +20,7 @@
 #include "ops/mla_prefill.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
+#include "ops/moe_program_op.h"
 #include "ops/prezero.h"
 #include "ops/rope_kv_cache_write.h"
 #include "ops/skinny.h"
@@ -288,6 +289,10 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const bool combine_norm = kind == StepKind::kDecode && !rank_.comm && !options_.cpu_bf16_emulation &&
                             combine_norm_switch != AutoSwitch::kOff;
   MoeExpertsOp* norm_in_moe = nullptr;  // the MoE op that runs the next add + norm, if any
+  // MoE blocks as decode programs (ops/moe_program_op.h): CUDA decode graphs, NUCLEUS_DECODE_PROGRAMS=1.
+  const bool decode_programs =
+      kind == StepKind::kDecode && options_.device == Device::kCuda && env_flag(Knob::kDecodePrograms);
+  static std::atomic<bool> said_why_no_program{false};
   int moe_layers = 0, folded_norms = 0;
   // The add + norm of the delta (as add_norm), or its fold into that op.
   auto add_delta_norm = [&](const std::string& name, const Tensor& weight, bool partial_delta) {
@@ -356,7 +361,43 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
               {q}, {attn_out});
     }
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
-    // FFN block.
+    // FFN block. A MoE block of a CUDA decode graph as one decode program
+    // (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h): the post-attention
+    // add + norm, router, routing and experts (shared ones fused) in one
+    // launch for steps of at most 8 rows; the op holds the separate ops for
+    // wider steps.
+    if (decode_programs && lw.moe && (lw.moe->shared || rank_.comm)) {
+      if (!said_why_no_program.exchange(true))
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}",
+                         rank_.comm ? "tensor parallelism all-reduces the delta before the norm"
+                                    : "the shared experts run as one MLP, not as pieces the program can stream");
+    } else if (decode_programs && lw.moe) {
+      const MoeWeights& m = *lw.moe;
+      kernels::MoeRoutingParams routing = moe_routing_params(c);
+      routing.shared_slots = static_cast<int64_t>(m.shared_experts.size());
+      std::vector<ExpertWeights> experts;
+      for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
+      for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
+      const int64_t inter = c.moe_intermediate_size / tp;
+      MoeProgramOp::Parts parts;
+      parts.norm = std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true);
+      parts.router = std::make_unique<LinearOp>(&m.router, false);
+      parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
+      parts.experts = std::make_unique<MoeExpertsOp>(std::move(experts), inter, routing.slots());
+      auto program = std::make_unique<MoeProgramOp>(l, std::move(parts), H, routing.shared_slots);
+      if (Status why = moe_program_supported(*program); why.ok()) {
+        const int logits = g.buffer("router_logits", c.n_routed_experts, DType::kF32);
+        const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
+        const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
+        const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
+        g.add(p + "mlp.program", std::move(program), {residual, delta},
+              {residual, delta, x_norm, logits, ids, weights, moe_scratch});
+        ++moe_layers;
+        continue;
+      } else if (!said_why_no_program.exchange(true)) {
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
+      }
+    }
     g.add(p + "post_attention_layernorm", add_norm(lw.post_attention_layernorm, true), {residual, delta},
           {residual, x_norm});
     if (lw.moe) {
