@@ -28,8 +28,8 @@ struct State {
   Tensor logits, table, h, y, h_shared, y_shared, residual_out, counters;
   Tensor gate_up_table, down_table, shared_gate_up_table, shared_down_table;  // [experts] device pointers
   Tensor queue_start[kNumWidths], jobs[kNumWidths];
-  // The checked stages of each width, by the (residual, delta) buffers a graph gives the op.
-  std::map<std::array<const void*, 2>, std::vector<mono::Stage>> checked[kNumWidths];
+  // The checked stages of each width, by the (attn_out, residual, delta) buffers a graph gives the op.
+  std::map<std::array<const void*, 3>, std::vector<mono::Stage>> checked[kNumWidths];
 };
 
 // A device array of the given weights' addresses.
@@ -42,8 +42,9 @@ Tensor pointer_table(const std::vector<const LinearWeight*>& w) {
 }
 
 // The block as a MoeChain over the op's weights and the state's buffers, for
-// a program of `width` rows on the graph's residual and delta.
-mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, float* residual, uint16_t* delta) {
+// a program of `width` rows on the graph's attn_out, residual and delta.
+mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, const uint16_t* attn_out, float* residual,
+                     uint16_t* delta) {
   const MoeProgramOp::Parts& p = op.parts();
   const kernels::MoeRoutingParams& r = p.route->params();
   const auto& ex = p.experts->experts();
@@ -63,6 +64,9 @@ mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, floa
   c.norm_topk_prob = r.norm_topk_prob;
   c.routed_scaling_factor = r.routed_scaling_factor;
   c.eps = p.norm->eps();
+  c.w_o = static_cast<const uint16_t*>(p.o_proj->weight().weight.raw());
+  c.o_k = p.o_proj->weight().in_features;
+  c.attn_out = attn_out;
   c.w_router = static_cast<const uint16_t*>(p.router->weight().weight.raw());
   c.gate_up_table = static_cast<const uint16_t* const*>(s.gate_up_table.raw());
   c.down_table = static_cast<const uint16_t* const*>(s.down_table.raw());
@@ -92,7 +96,9 @@ mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, floa
 // The held ops, as the decode graph would run them.
 void run_parts(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
   MoeProgramOp::Parts& p = op.parts();
-  p.norm->run(ctx, {in[0], in[1]}, {out[0], out[2]});
+  p.o_proj->run(ctx, {in[0]}, {out[1]});
+  if (!ctx.error.ok()) return;
+  p.norm->run(ctx, {in[1], out[1]}, {out[0], out[2]});
   if (!ctx.error.ok()) return;
   p.router->run(ctx, {out[2]}, {out[3]});
   if (!ctx.error.ok()) return;
@@ -138,7 +144,7 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   // The queues depend on the stages' shapes only (deal_jobs): one set a width.
   for (int i = 0; i < kNumWidths; ++i) {
     const mono::ProgramPlan plan =
-        mono::deal_jobs(mono::moe_chain_stages(chain(op, *s, kWidths[i], nullptr, nullptr), kTile), kWidths[i],
+        mono::deal_jobs(mono::moe_chain_stages(chain(op, *s, kWidths[i], nullptr, nullptr, nullptr), kTile), kWidths[i],
                         s->num_ctas);
     s->queue_start[i] = Tensor::empty({static_cast<int64_t>(plan.queue_start.size())}, DType::kI32, Device::kCuda);
     copy_to_device(s->queue_start[i].raw(), plan.queue_start.data(), plan.queue_start.size() * sizeof(int32_t));
@@ -155,19 +161,21 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
   if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
-  NUCLEUS_CHECK(in[0].raw() == out[0].raw() && in[1].raw() == out[1].raw(),
-                "moe_program: residual and delta must be updated in place");
+  NUCLEUS_CHECK(in[1].raw() == out[0].raw(), "moe_program: the residual must be updated in place");
   int wi = 0;
   while (kWidths[wi] < rows) ++wi;
   const int32_t width = kWidths[wi];
-  float* residual = static_cast<float*>(in[0].raw());
-  auto* delta = static_cast<uint16_t*>(in[1].raw());
-  auto it = s->checked[wi].find({residual, delta});
+  const auto* attn_out = static_cast<const uint16_t*>(in[0].raw());
+  float* residual = static_cast<float*>(in[1].raw());
+  auto* delta = static_cast<uint16_t*>(out[1].raw());
+  const std::array<const void*, 3> key{attn_out, residual, delta};
+  auto it = s->checked[wi].find(key);
   if (it == s->checked[wi].end()) {
-    auto checked = mono::check_program(mono::moe_chain_stages(chain(op, *s, width, residual, delta), kTile), width);
+    auto checked =
+        mono::check_program(mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile), width);
     if (!checked.ok())
       return ctx.fail(checked.status().with_context("moe_program (layer " + std::to_string(op.layer()) + ")"));
-    it = s->checked[wi].emplace(std::array<const void*, 2>{residual, delta}, std::move(*checked)).first;
+    it = s->checked[wi].emplace(key, std::move(*checked)).first;
   }
   mono::Program prog;
   for (size_t i = 0; i < it->second.size(); ++i) prog.stages[i] = it->second[i];

@@ -15,7 +15,7 @@ std::string MoeProgramOp::attrs() const {
 
 Status MoeProgramOp::select_backend(Device device) {
   NUCLEUS_RETURN_IF_ERROR(OpWithBackends<MoeProgramOp>::select_backend(device));
-  for (Op* part : std::initializer_list<Op*>{parts_.norm.get(), parts_.router.get(), parts_.route.get(),
+  for (Op* part : std::initializer_list<Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
                                              parts_.experts.get()}) {
     part->set_captured(captured());
     NUCLEUS_RETURN_IF_ERROR(part->select_backend(device).with_context(std::string("moe_program's ") + part->kind()));
@@ -25,14 +25,14 @@ Status MoeProgramOp::select_backend(Device device) {
 
 size_t MoeProgramOp::workspace_bytes(const StepLimits& limits) const {
   size_t b = OpWithBackends<MoeProgramOp>::workspace_bytes(limits);
-  for (const Op* part : std::initializer_list<const Op*>{parts_.norm.get(), parts_.router.get(), parts_.route.get(),
+  for (const Op* part : std::initializer_list<const Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
                                                          parts_.experts.get()})
     b = std::max(b, part->workspace_bytes(limits));
   return b;
 }
 
 Status MoeProgramOp::reserve(const StepLimits& limits, Device device) {
-  for (Op* part : std::initializer_list<Op*>{parts_.norm.get(), parts_.router.get(), parts_.route.get(),
+  for (Op* part : std::initializer_list<Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
                                              parts_.experts.get()})
     NUCLEUS_RETURN_IF_ERROR(part->reserve(limits, device));
   return OpWithBackends<MoeProgramOp>::reserve(limits, device);
@@ -40,9 +40,14 @@ Status MoeProgramOp::reserve(const StepLimits& limits, Device device) {
 
 Status moe_program_supported(const MoeProgramOp& op) {
   const MoeProgramOp::Parts& p = op.parts();
-  if (!p.norm || !p.router || !p.route || !p.experts) return unsupported("a part of the block is missing");
+  if (!p.o_proj || !p.norm || !p.router || !p.route || !p.experts) return unsupported("a part of the block is missing");
   const int64_t H = op.hidden();
   if (H % 16 != 0 || H > 8192) return unsupported("hidden size " + std::to_string(H) + " is not a multiple of 16 up to 8192");
+  const LinearWeight& o = p.o_proj->weight();
+  if (o.weight.dtype() != DType::kBF16) return unsupported(o.name + " is not bf16 (programs read bf16 weights)");
+  if (o.out_features != H || o.in_features % 16 != 0 || o.in_features > 8192)
+    return unsupported(o.name + ": an input width of " + std::to_string(o.in_features) +
+                       " (need a multiple of 16 up to 8192)");
   if (p.norm->all_reduce().comm) return unsupported("tensor parallelism all-reduces the delta before the norm");
   if (p.experts->fuses_add_rmsnorm()) return unsupported("the experts op runs the next add + norm");
   const LinearWeight& router = p.router->weight();

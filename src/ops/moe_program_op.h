@@ -1,20 +1,23 @@
-// The MoE block of a decode layer as one decode program (issue #20;
-// docs/decode_program.md; kernels/mono): what the decode graph's
-//   post_attention_layernorm, mlp.gate, mlp.route, mlp.experts
+// The attention's output projection and the MoE block of a decode layer as
+// one decode program (issue #20; docs/decode_program.md; kernels/mono): what
+// the decode graph's
+//   self_attn.o_proj, post_attention_layernorm, mlp.gate, mlp.route, mlp.experts
 // (the shared experts fused as routed experts) compute, as one launch of the
 // persistent decode-program kernel for steps of at most 8 rows:
+//   delta = attn_out . W_o^T
 //   residual += delta;  x = rmsnorm(residual) * w
 //   logits = x . W_router^T;  the route table (kernels/moe/moe_ref.h's rules)
 //   delta = sum over the chosen experts e of weight * expert_e(x) + sum of the shared experts(x)
 // (kernels/mono/mono_program_ref.h MoeChain; the routed experts' weights are
-// streamed once a step however many rows chose them). Steps of more rows run
-// the four ops above, which this op holds and dispatches to, so a graph of
-// any width keeps one node.
+// streamed once a step however many rows chose them; o_proj's weights stream
+// while the attention before it still runs, PDL). Steps of more rows run the
+// five ops above, which this op holds and dispatches to, so a graph of any
+// width keeps one node.
 //
-// Buffers: in = {residual [T, hidden] f32, delta [T, hidden] bf16 (o_proj's
-// output)}; out = {residual (in[0]), delta (in[1]: the block's output),
-// x_norm [T, hidden], router_logits [T, E] f32, topk_ids [T, slots] i32,
-// topk_weights [T, slots] f32, moe_scratch}: the last five are the held
+// Buffers: in = {attn_out [T, heads * v_head] bf16, residual [T, hidden]
+// f32}; out = {residual (in[1]), delta [T, hidden] bf16 (the block's
+// output), x_norm [T, hidden], router_logits [T, E] f32, topk_ids [T, slots]
+// i32, topk_weights [T, slots] f32, moe_scratch}: the last five are the held
 // ops' buffers (a program step leaves them untouched; nothing reads them
 // after the block). CUDA only; the decode graph uses it with
 // NUCLEUS_DECODE_PROGRAMS=1 (docs/flags.md).
@@ -36,6 +39,7 @@ class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
   // The ops the block is made of, as the decode graph would run them; the
   // experts op holds the routed experts, then `shared_pieces` shared ones.
   struct Parts {
+    std::unique_ptr<LinearOp> o_proj;
     std::unique_ptr<AddRmsNormOp> norm;
     std::unique_ptr<LinearOp> router;
     std::unique_ptr<MoeRouteOp> route;
@@ -66,8 +70,9 @@ class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
   std::shared_ptr<void> state_;
 };
 
-// OK, or why a decode program cannot serve the block: bf16 weights (router,
-// experts), hidden and the expert widths multiples of 16 up to 8192, at most
+// OK, or why a decode program cannot serve the block: bf16 weights (o_proj,
+// router, experts), hidden, o_proj's input and the expert widths multiples
+// of 16 up to 8192, at most
 // 384 routed experts, greedy routing in one group or noaux_tc in at most 8
 // groups, top_k * 8 <= 64, shared pieces of one width, one rank (no
 // all-reduce before the norm), no add + norm folded into the experts op.

@@ -1,4 +1,4 @@
-// The MoE blocks as decode programs end to end on the GPU
+// The MoE layers' o_proj and MoE blocks as decode programs end to end on the GPU
 // (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h): `nucleus generate` on the
 // shipped tiny model (bf16; its MoE layers route 8 experts by noaux_tc in 4
 // groups, top-2, one shared expert):

@@ -572,6 +572,41 @@ TEST(MonoProgram, MoeBlockWithTablesPiecesAndResidualCopy) {
   }
 }
 
+// The block from the attention's output projection: o_proj writes delta,
+// which the router and the experts' add + RMSNorm then read.
+TEST(MonoProgram, MoeBlockFromTheOutputProjection) {
+  MoeChain sc = tiny_like_moe();
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width << ", rows " << rows);
+    sc.slots = std::min(width * sc.top_k, sc.num_experts);
+    HostMoe m(sc, 55);
+    const int64_t o_k = 48, H = sc.hidden;
+    const std::vector<uint16_t> w_o = random_bf16(H * o_k, 0.3f, 91), attn_out = random_bf16(8 * o_k, 1.0f, 92);
+    std::vector<float> delta(rows * H);
+    gemm_ref(widen(attn_out).data(), o_k, widen(w_o).data(), rows, H, o_k, delta.data(), H, false);
+    for (int64_t i = 0; i < rows * H; ++i) m.delta[i] = f32_to_bf16(delta[i]);
+    const PlainMoe want = plain_moe(m, rows);  // the chain from that delta
+    round_all(delta);
+    std::fill(m.delta.begin(), m.delta.end(), kNanBf16);  // the program must write it
+    m.c.w_o = w_o.data();
+    m.c.attn_out = attn_out.data();
+    m.c.o_k = o_k;
+    auto plan = plan_program(moe_chain_stages(m.c, 16), width, 7);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    ASSERT_EQ(plan->stages.size(), 8u);  // o_proj, router, select, shared up / down, routed up / down, combine
+    ASSERT_TRUE(run_program_ref(*plan, rows, 2).ok());
+    expect_rows(m.delta, delta, rows, H, "delta (o_proj)");
+    expect_rows(m.residual_out, want.residual_out, rows, H, "residual_out");
+    expect_rows(m.delta_out, want.delta_out, rows, H, "delta_out");
+    std::vector<Stage> st = moe_chain_stages(m.c, 16);
+    st[1].wait_mask = 0;  // the router not waiting for o_proj's delta
+    auto refused = plan_program(st, width, 7);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("stage 1: its delta overlaps stage 0's out"), std::string::npos)
+        << refused.status().message();
+  }
+}
+
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
   MoeChain sc = v2_lite_like_moe();
   sc.slots = 8 * 6;

@@ -477,7 +477,24 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     s.norm_w = c.post_norm;
     s.eps = c.eps;
   };
+  // o_proj first when given: delta = bf16(attn_out . w_o^T); every stage
+  // that reads delta then waits for it.
+  uint32_t o_done = 0;
+  if (c.attn_out) {
+    Stage o;
+    o.w = c.w_o;
+    o.n = c.hidden;
+    o.k = c.o_k;
+    o.x = c.attn_out;
+    o.x_stride = c.o_k;
+    o.out = const_cast<uint16_t*>(c.delta);
+    o.out_stride = c.hidden;
+    o.tile = tile;
+    st.push_back(o);
+    o_done = 1u << 0;
+  }
   Stage router;
+  router.wait_mask = o_done;
   router.w = c.w_router;
   router.n = c.num_experts;
   router.k = c.hidden;
@@ -501,9 +518,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   select.method = c.method;
   select.norm_topk_prob = c.norm_topk_prob ? 1 : 0;
   select.routed_scaling_factor = c.routed_scaling_factor;
-  select.wait_mask = 1u << 0;
+  select.wait_mask = 1u << (st.size() - 1);  // the router
   st.push_back(select);
-  const int32_t kSelectStage = 1;
+  const int32_t kSelectStage = static_cast<int32_t>(st.size()) - 1;
   uint32_t shared_done = 0;
   if (c.shared_inter > 0) {
     Stage up;
@@ -519,6 +536,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     up.expert_stride = up.n * up.k;
     up.w_table = c.shared_gate_up_table;
     up.out_slot_stride = kMaxWidth * c.shared_inter;
+    up.wait_mask = o_done;
     st.push_back(up);
     Stage down;
     down.w = c.w_shared_down;

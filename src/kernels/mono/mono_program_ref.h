@@ -93,7 +93,9 @@ struct LayerChain {
 // The chain's four stages, every one cut into jobs of `tile` columns.
 std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile);
 
-// The MoE block of a DeepSeek decode layer (after attention) as a program:
+// The MoE block of a DeepSeek decode layer (after attention) as a program,
+// optionally starting at the attention's output projection (attn_out set):
+//   o_proj   delta = bf16(attn_out . w_o^T)                             [rows, hidden]
 //   router   logits = x . w_router^T (f32), x = rmsnorm(residual + delta) * post_norm
 //            (residual_out = residual + delta)                        [rows, E]
 //   select   the route table from the logits (greedy softmax top-k, or noaux_tc)
@@ -104,7 +106,7 @@ std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile);
 //   combine  delta_out = bf16(sum_u weight[r][u] * y[u][r] + y_shared[r])  [rows, hidden]
 // (x is rebuilt from residual + delta by every stage that reads it). Without
 // shared experts (shared_inter 0) the two shared stages and y_shared are
-// left out. Weights bf16: w_router [E, hidden], w_gate_up [E][2 inter,
+// left out; without attn_out, o_proj (delta is then an input). Weights bf16: w_router [E, hidden], w_gate_up [E][2 inter,
 // hidden], w_down [E][hidden, inter], w_shared_gate_up [2 shared_inter,
 // hidden], w_shared_down [hidden, shared_inter]; bias [E] f32 or null.
 struct MoeChain {
@@ -134,6 +136,9 @@ struct MoeChain {
   // Optional: the combine also copies residual_out here (the graph's one
   // residual buffer, once every stage that reads `residual` has finished).
   float* residual_copy_to = nullptr;
+  // Optional o_proj: w_o [hidden, o_k] bf16, attn_out [rows, o_k] bf16 (row stride o_k).
+  const uint16_t *w_o = nullptr, *attn_out = nullptr;
+  int64_t o_k = 0;
   const float *bias = nullptr, *post_norm = nullptr, *residual = nullptr;
   const uint16_t* delta = nullptr;
   float* residual_out = nullptr;
@@ -145,8 +150,8 @@ struct MoeChain {
   float* y = nullptr;            // [slots][8, hidden]
   uint16_t* delta_out = nullptr; // [8, hidden]
 };
-// The block's stages (5 without shared experts, else 7), GEMV jobs of
-// `tile` columns.
+// The block's stages (5 without shared experts, else 7; one more with
+// o_proj), GEMV jobs of `tile` columns.
 std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
 
 }  // namespace nucleus::kernels::mono

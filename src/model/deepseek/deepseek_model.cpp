@@ -360,12 +360,11 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
                                                       kv_cache_dtype_),
               {q}, {attn_out});
     }
-    g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
-    // FFN block. A MoE block of a CUDA decode graph as one decode program
-    // (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h): the post-attention
-    // add + norm, router, routing and experts (shared ones fused) in one
-    // launch for steps of at most 8 rows; the op holds the separate ops for
-    // wider steps.
+    // The output projection and a MoE block of a CUDA decode graph as one
+    // decode program (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h):
+    // o_proj, the post-attention add + norm, router, routing and experts
+    // (shared ones fused) in one launch for steps of at most 8 rows; the op
+    // holds the separate ops for wider steps.
     if (decode_programs && lw.moe && (lw.moe->shared || rank_.comm)) {
       if (!said_why_no_program.exchange(true))
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}",
@@ -380,6 +379,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
       const int64_t inter = c.moe_intermediate_size / tp;
       MoeProgramOp::Parts parts;
+      parts.o_proj = std::make_unique<LinearOp>(&aw.o_proj, false);
       parts.norm = std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true);
       parts.router = std::make_unique<LinearOp>(&m.router, false);
       parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
@@ -390,7 +390,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
         const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
         const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
-        g.add(p + "mlp.program", std::move(program), {residual, delta},
+        g.add(p + "mlp.program", std::move(program), {attn_out, residual},
               {residual, delta, x_norm, logits, ids, weights, moe_scratch});
         ++moe_layers;
         continue;
@@ -398,6 +398,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
       }
     }
+    g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
+    // FFN block.
     g.add(p + "post_attention_layernorm", add_norm(lw.post_attention_layernorm, true), {residual, delta},
           {residual, x_norm});
     if (lw.moe) {
