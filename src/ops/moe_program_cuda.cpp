@@ -28,8 +28,9 @@ struct State {
   Tensor logits, table, h, y, h_shared, y_shared, residual_out, counters;
   Tensor gate_up_table, down_table, shared_gate_up_table, shared_down_table;  // [experts] device pointers
   Tensor queue_start[kNumWidths], jobs[kNumWidths];
-  // The checked stages of each width, by the (attn_out, residual, delta) buffers a graph gives the op.
-  std::map<std::array<const void*, 3>, std::vector<mono::Stage>> checked[kNumWidths];
+  std::vector<int32_t> dealt_jobs[kNumWidths];  // stage_jobs of each stage the queues were dealt for
+  // The checked stages of each width, by the rows and the (attn_out, residual, delta) buffers of a step.
+  std::map<std::array<const void*, 4>, std::vector<mono::Stage>> checked[kNumWidths];
 };
 
 // A device array of the given weights' addresses.
@@ -151,6 +152,7 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
     s->jobs[i] = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, plan.jobs.size()) * 2)}, DType::kI32,
                                Device::kCuda);
     copy_to_device(s->jobs[i].raw(), plan.jobs.data(), plan.jobs.size() * sizeof(mono::Job));
+    for (const mono::Stage& st : plan.stages) s->dealt_jobs[i].push_back(mono::stage_jobs(st));
   }
   op.device_state() = s;
   return ok_status();
@@ -168,13 +170,19 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   const auto* attn_out = static_cast<const uint16_t*>(in[0].raw());
   float* residual = static_cast<float*>(in[1].raw());
   auto* delta = static_cast<uint16_t*>(out[1].raw());
-  const std::array<const void*, 3> key{attn_out, residual, delta};
+  // Checked over the step's rows (the graph's buffers may hold fewer rows than the width).
+  const std::array<const void*, 4> key{reinterpret_cast<const void*>(rows), attn_out, residual, delta};
   auto it = s->checked[wi].find(key);
   if (it == s->checked[wi].end()) {
-    auto checked =
-        mono::check_program(mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile), width);
-    if (!checked.ok())
-      return ctx.fail(checked.status().with_context("moe_program (layer " + std::to_string(op.layer()) + ")"));
+    const std::string where = "moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)";
+    auto checked = mono::check_program(mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile),
+                                       width, static_cast<int32_t>(rows));
+    if (!checked.ok()) return ctx.fail(checked.status().with_context(where));
+    // The queues dealt at reserve must hold exactly these stages' jobs.
+    std::vector<int32_t> jobs;
+    for (const mono::Stage& st : *checked) jobs.push_back(mono::stage_jobs(st));
+    if (jobs != s->dealt_jobs[wi])
+      return ctx.fail(internal_error(where + ": the stages differ from those the job queues were dealt for"));
     it = s->checked[wi].emplace(key, std::move(*checked)).first;
   }
   mono::Program prog;

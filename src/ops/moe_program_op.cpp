@@ -54,9 +54,9 @@ Status moe_program_supported(const MoeProgramOp& op) {
   if (router.weight.dtype() != DType::kBF16) return unsupported("the router weight is not bf16");
   const kernels::MoeRoutingParams& r = p.route->params();
   if (r.num_experts < 1 || r.num_experts > 384) return unsupported("more than 384 routed experts");
-  if (r.method == TopkMethod::kGroupLimitedGreedy || (r.method == TopkMethod::kGreedy && r.n_group != 1) ||
+  if (r.method == TopkMethod::kGroupLimitedGreedy ||
       (r.method == TopkMethod::kNoauxTc && (r.n_group > 8 || r.num_experts % r.n_group != 0)))
-    return unsupported("routing other than greedy in one group or noaux_tc in at most 8 groups");
+    return unsupported("routing other than greedy or noaux_tc in at most 8 groups");
   if (r.top_k * 8 > 64) return unsupported("top_k " + std::to_string(r.top_k) + ": 8 rows would need more than 64 slots");
   if (r.shared_slots != op.shared_pieces()) return unsupported("the route op's shared slots are not the shared pieces");
   const auto& experts = p.experts->experts();

@@ -73,7 +73,7 @@ class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
 // OK, or why a decode program cannot serve the block: bf16 weights (o_proj,
 // router, experts), hidden, o_proj's input and the expert widths multiples
 // of 16 up to 8192, at most
-// 384 routed experts, greedy routing in one group or noaux_tc in at most 8
+// 384 routed experts, greedy routing (groups unused) or noaux_tc in at most 8
 // groups, top_k * 8 <= 64, shared pieces of one width, one rank (no
 // all-reduce before the norm), no add + norm folded into the experts op.
 Status moe_program_supported(const MoeProgramOp& op);

@@ -6,8 +6,9 @@
 //    (NUCLEUS_DUMP_GRAPH's backend column), and no program on the FP8 tiny
 //    model, which it cannot serve (a warning says why);
 //  - greedy tokens of the eight reference prompts, run together (8 rows: a
-//    program of width 8), one by one (width 1), and each prompt twice (16
-//    rows: the op's separate ops), on and off, equal the Hugging Face
+//    program of width 8), at most 5 a step (widths 8 and 4 on 5 and 3 rows:
+//    pad rows), one by one (width 1), and each prompt twice (16 rows: the
+//    op's separate ops), on and off, equal the Hugging Face
 //    reference up to the first step whose reference top-2 margin is below
 //    0.05 (as gpu_reference_test).
 #include <gtest/gtest.h>
@@ -101,6 +102,13 @@ void check_programs(const std::string& model, bool served) {
     std::vector<std::vector<int>> got;
     for (const json& line : json_lines(batch.out)) got.push_back(line["token_ids"]);
     expect_reference(cases, got, std::string(env) + " batch");
+    // At most 5 sequences a step: graph sizes 1, 2, 4, 5; a 5-row step runs a program of width 8 on 5 rows
+    // (3 pad rows the kernel must not touch), the 3 left over one of width 4 on 3.
+    RunResult five = run(base + " --max-num-seqs 5 --prompts " + dir + "/prompts.jsonl", env, dir);
+    ASSERT_EQ(five.status, 0) << five.err;
+    got.clear();
+    for (const json& line : json_lines(five.out)) got.push_back(line["token_ids"]);
+    expect_reference(cases, got, std::string(env) + " at most 5 a step");
     RunResult wide = run(base + " --prompts " + dir + "/twice.jsonl", env, dir);
     ASSERT_EQ(wide.status, 0) << wide.err;
     got.clear();

@@ -607,6 +607,64 @@ TEST(MonoProgram, MoeBlockFromTheOutputProjection) {
   }
 }
 
+// A graph's buffers may hold fewer rows than the program's width (graph
+// sizes 1, 2, 4, 5: a 5-row step runs width 8): checked over the step's
+// rows, back-to-back buffers do not overlap; over the width they would.
+TEST(MonoProgram, CheckedOverTheRowsTheBuffersHold) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  HostMoe m(sc, 13);
+  const int64_t H = sc.hidden;
+  // As the graph: the residual's 5 rows, then delta's (the block's input and output), back to back.
+  std::vector<float> arena(5 * H + 5 * H / 2);
+  std::copy(m.residual.begin(), m.residual.begin() + 5 * H, arena.begin());
+  auto* delta = reinterpret_cast<uint16_t*>(arena.data() + 5 * H);
+  std::copy(m.delta.begin(), m.delta.begin() + 5 * H, delta);
+  m.c.residual = arena.data();
+  m.c.delta = delta;
+  m.c.delta_out = delta;
+  m.c.residual_copy_to = arena.data();
+  const std::vector<Stage> st = moe_chain_stages(m.c, 16);
+  const auto over_width = check_program(st, 8);  // over 8 rows the residual copy runs into delta
+  ASSERT_FALSE(over_width.ok());
+  EXPECT_NE(over_width.status().message().find("residual_copy_to overlaps out"), std::string::npos)
+      << over_width.status().message();
+  const PlainMoe want = plain_moe(m, 5);         // from m's own residual and delta, before the run
+  auto checked = check_program(st, 8, 5);       // over the 5 the buffers hold: no overlap
+  ASSERT_TRUE(checked.ok()) << checked.status().message();
+  ASSERT_TRUE(run_program_ref(deal_jobs(*checked, 8, 3), 5, 1).ok());
+  for (int64_t i = 0; i < 5 * H; ++i) {
+    ASSERT_EQ(bf16_to_f32(m.c.delta_out[i]), want.delta_out[i]) << i;
+    ASSERT_EQ(arena[i], want.residual_out[i]) << i;
+  }
+  EXPECT_EQ(check_program(st, 8, 9).status().code(), StatusCode::kInvalidArgument);  // more rows than the width
+}
+
+// What decides the stages is the weights given, not the activations: the
+// queues a caller deals with placeholder activations (null) hold the jobs of
+// the stages it later checks with real ones.
+TEST(MonoProgram, StagesDependOnWeightsNotActivations) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  HostMoe m(sc, 21);
+  const std::vector<uint16_t> w_o = random_bf16(sc.hidden * 48, 0.3f, 3);
+  MoeChain placeholder = m.c;
+  placeholder.w_o = w_o.data();
+  placeholder.o_k = 48;
+  placeholder.attn_out = nullptr;
+  placeholder.residual = nullptr;
+  placeholder.delta = nullptr;
+  MoeChain real = placeholder;
+  const std::vector<uint16_t> attn_out = random_bf16(8 * 48, 1.0f, 4);
+  real.attn_out = attn_out.data();
+  real.residual = m.c.residual;
+  real.delta = m.c.delta;
+  const std::vector<Stage> a = moe_chain_stages(placeholder, 16), b = moe_chain_stages(real, 16);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(stage_jobs(a[i]), stage_jobs(b[i])) << "stage " << i;
+}
+
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
   MoeChain sc = v2_lite_like_moe();
   sc.slots = 8 * 6;

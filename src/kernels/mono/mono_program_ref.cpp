@@ -203,7 +203,7 @@ int64_t ProgramPlan::weight_bytes() const {
   return b;
 }
 
-Status check_stage(const Stage& s, int index, int32_t width) {
+Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows) {
   auto bad = [&](const std::string& why) {
     return invalid_argument(fmt::format("decode program stage {}: {}", index, why));
   };
@@ -276,7 +276,7 @@ Status check_stage(const Stage& s, int index, int32_t width) {
     if (!s.out || s.out_stride < stage_columns(s))
       return bad(fmt::format("out needs a row stride >= {} columns (out_stride = {})", stage_columns(s), s.out_stride));
   }
-  const std::vector<Range> rs = ranges(s, width);
+  const std::vector<Range> rs = ranges(s, range_rows > 0 ? range_rows : width);
   for (size_t i = 0; i < rs.size(); ++i)
     for (size_t j = i + 1; j < rs.size(); ++j)
       if ((rs[i].write || rs[j].write) && overlap(rs[i], rs[j]))
@@ -284,7 +284,10 @@ Status check_stage(const Stage& s, int index, int32_t width) {
   return ok_status();
 }
 
-StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width) {
+StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width, int32_t range_rows) {
+  if (range_rows < 0 || range_rows > width)
+    return invalid_argument(fmt::format("decode program checked over {} rows at width {}", range_rows, width));
+  const int32_t span = range_rows > 0 ? range_rows : width;  // the rows whose memory the hazard checks cover
   if (width != 1 && width != 2 && width != 4 && width != 8)
     return invalid_argument(fmt::format("decode program width {}: the kernel is built for 1, 2, 4 or 8 rows", width));
   if (stages.empty() || stages.size() > static_cast<size_t>(kMaxStages))
@@ -292,7 +295,7 @@ StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int
   // Which stages each stage waits for, directly or through the stages it waits for.
   std::vector<uint32_t> closure(stages.size(), 0);
   for (size_t i = 0; i < stages.size(); ++i) {
-    NUCLEUS_RETURN_IF_ERROR(check_stage(stages[i], static_cast<int>(i), width));
+    NUCLEUS_RETURN_IF_ERROR(check_stage(stages[i], static_cast<int>(i), width, span));
     const Stage& s = stages[i];
     if (s.route) {  // the table its route_stage writes, which must hold every slot the table can fill
       const Stage& sel = stages[static_cast<size_t>(s.route_stage)];
@@ -311,8 +314,8 @@ StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int
     // Every earlier stage that writes what this one touches, or touches what
     // this one writes, must have finished first.
     for (size_t j = 0; j < i; ++j)
-      for (const Range& a : ranges(stages[i], width))
-        for (const Range& b : ranges(stages[j], width))
+      for (const Range& a : ranges(stages[i], span))
+        for (const Range& b : ranges(stages[j], span))
           if ((a.write || b.write) && overlap(a, b) && !(closure[i] >> j & 1u))
             return invalid_argument(fmt::format(
                 "decode program stage {}: its {} overlaps stage {}'s {} but it does not wait for stage {} "
@@ -327,8 +330,8 @@ StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int
       if (!same_x_inputs(stages[t], stages[i])) continue;
       bool rewritten = false;
       for (size_t m = t + 1; m < i && !rewritten; ++m)
-        for (const Range& w : ranges(stages[m], width))
-          for (const Range& in : x_inputs(stages[i], width)) rewritten |= w.write && overlap(w, in);
+        for (const Range& w : ranges(stages[m], span))
+          for (const Range& in : x_inputs(stages[i], span)) rewritten |= w.write && overlap(w, in);
       if (!rewritten) checked[i].x_reuse |= 1u << t;
     }
   }
@@ -480,7 +483,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   // o_proj first when given: delta = bf16(attn_out . w_o^T); every stage
   // that reads delta then waits for it.
   uint32_t o_done = 0;
-  if (c.attn_out) {
+  if (c.w_o) {
     Stage o;
     o.w = c.w_o;
     o.n = c.hidden;

@@ -32,8 +32,9 @@ struct ProgramPlan {
 // in a program of `width` rows: a null or misaligned pointer, k not a
 // multiple of 16 in 16 ... kMaxK, an odd n for kSiluMulBf16, tile outside
 // 1 ... kMaxTile, a wait on a stage that is not earlier, residual_out
-// aliasing residual, an output overlapping the stage's inputs.
-Status check_stage(const Stage& s, int index, int32_t width);
+// aliasing residual, an output overlapping the stage's inputs (over
+// range_rows rows, as check_program).
+Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows = 0);
 
 // Weight bytes job `job` of stage s streams (a routed job: if its slot is used).
 int64_t job_weight_bytes(const Stage& s, int32_t job);
@@ -42,7 +43,10 @@ int64_t job_weight_bytes(const Stage& s, int32_t job);
 // kMaxStages, that every pair of stages sharing memory waits in the order
 // it must, and that routed stages have the slots their table can fill;
 // returns the stages with Stage::x_reuse filled in (what a Program takes).
-StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width);
+// range_rows (1 ... width; 0: width): the rows whose memory the hazard
+// checks cover, for buffers that hold fewer rows than the width (a launch
+// touches rows < its `rows` only).
+StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width, int32_t range_rows = 0);
 // Deals each stage's jobs, in stage order, to the CTA that has the fewest
 // weight bytes so far (ties: the lowest index). The queues depend only on
 // the stages' shapes (kind, n, k, tile, slots), not on their pointers, so a
@@ -94,7 +98,7 @@ struct LayerChain {
 std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile);
 
 // The MoE block of a DeepSeek decode layer (after attention) as a program,
-// optionally starting at the attention's output projection (attn_out set):
+// optionally starting at the attention's output projection (w_o set):
 //   o_proj   delta = bf16(attn_out . w_o^T)                             [rows, hidden]
 //   router   logits = x . w_router^T (f32), x = rmsnorm(residual + delta) * post_norm
 //            (residual_out = residual + delta)                        [rows, E]
@@ -106,7 +110,7 @@ std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile);
 //   combine  delta_out = bf16(sum_u weight[r][u] * y[u][r] + y_shared[r])  [rows, hidden]
 // (x is rebuilt from residual + delta by every stage that reads it). Without
 // shared experts (shared_inter 0) the two shared stages and y_shared are
-// left out; without attn_out, o_proj (delta is then an input). Weights bf16: w_router [E, hidden], w_gate_up [E][2 inter,
+// left out; without w_o, o_proj (delta is then an input). Weights bf16: w_router [E, hidden], w_gate_up [E][2 inter,
 // hidden], w_down [E][hidden, inter], w_shared_gate_up [2 shared_inter,
 // hidden], w_shared_down [hidden, shared_inter]; bias [E] f32 or null.
 struct MoeChain {
@@ -136,7 +140,7 @@ struct MoeChain {
   // Optional: the combine also copies residual_out here (the graph's one
   // residual buffer, once every stage that reads `residual` has finished).
   float* residual_copy_to = nullptr;
-  // Optional o_proj: w_o [hidden, o_k] bf16, attn_out [rows, o_k] bf16 (row stride o_k).
+  // Optional o_proj (when w_o is set): w_o [hidden, o_k] bf16, attn_out [rows, o_k] bf16 (row stride o_k).
   const uint16_t *w_o = nullptr, *attn_out = nullptr;
   int64_t o_k = 0;
   const float *bias = nullptr, *post_norm = nullptr, *residual = nullptr;
