@@ -20,6 +20,9 @@
 //    (stored out of order), two shared pieces, the residual copied back;
 //  - a two-layer program whose second layer's x comes from buffers the first
 //    rewrites (the x kept in shared memory must not be reused across them);
+//  - the layer front (add + norm, q_proj, kv_a, RoPE with the latent cache
+//    write and the residual copied back) at V2-Lite's shapes: q, kv_a, the
+//    cache rows of the rows' slots (none for slot -1, nothing else written);
 //  - the refusals (width 3, rows above the width, more CTAs than SMs).
 #include <gtest/gtest.h>
 
@@ -38,6 +41,7 @@
 #include "kernels/moe/moe_ref.h"
 #include "kernels/rmsnorm/rmsnorm.cuh"
 #include "kernels/rmsnorm/rmsnorm_ref.h"
+#include "kernels/rope/rope_ref.h"
 
 namespace nucleus::kernels::mono {
 namespace {
@@ -688,6 +692,78 @@ TEST_F(MonoKernelGpu, MoeBlockV3Routing) {  // 256 experts, noaux_tc in 8 groups
   c.slots = 64;
   Moe m(c, 808);
   for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) run_moe_case(m, width, rows, 16);
+}
+
+TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
+  const int64_t H = 2048, heads = 16, head = 192, width = 576, slots = 64;
+  RopeParams rp;
+  rp.rope_dim = 64;
+  rp.theta = 10000.0;
+  const RopeTable table = make_rope_table(rp, 1 << 14);
+  const std::vector<uint16_t> w_q = random_bf16(heads * head * H, 1.7f / std::sqrt(2048.0f), 1);
+  const std::vector<uint16_t> w_kva = random_bf16(width * H, 1.7f / std::sqrt(2048.0f), 2);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 3), kv_norm = random_f32(512, 0.5f, 1.5f, 4);
+  const std::vector<float> residual = random_f32(8 * H, -2.0f, 2.0f, 5);
+  const std::vector<uint16_t> delta = random_bf16(8 * H, 1.0f, 6);
+  const std::vector<int32_t> positions = {0, 3, 17, 100, 2047, 9000, 5, 12000};
+  const std::vector<int64_t> slot_mapping = {4, 9, -1, 0, 63, 12, 20, 31};
+  Tensor d_w_q = device_copy(w_q, DType::kBF16), d_w_kva = device_copy(w_kva, DType::kBF16);
+  Tensor d_in_norm = device_copy(input_norm, DType::kF32), d_kv_norm = device_copy(kv_norm, DType::kF32);
+  Tensor d_inv = device_copy(table.inv_freq, DType::kF32), d_res = device_copy(residual, DType::kF32);
+  Tensor d_delta = device_copy(delta, DType::kBF16), d_pos = device_copy(positions, DType::kI32);
+  Tensor d_slots = device_copy(slot_mapping, DType::kI64);
+  for (auto [w, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 5}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows);
+    std::vector<float> h_res_out(8 * H, NAN), h_copy(8 * H, NAN);
+    std::vector<uint16_t> h_q(8 * heads * head, 0x7fc0), h_kv(8 * width, 0x7fc0), h_cache(slots * width, 0x7fc0);
+    Tensor d_res_out = nan_filled(8 * H, DType::kF32), d_copy = nan_filled(8 * H, DType::kF32);
+    Tensor d_q = nan_filled(8 * heads * head, DType::kBF16), d_kv = nan_filled(8 * width, DType::kBF16);
+    Tensor d_cache = nan_filled(slots * width, DType::kBF16);
+    auto chain = [&](bool device) {
+      FrontChain c;
+      c.hidden = H;
+      c.num_heads = heads;
+      c.w_q = device ? d_w_q.data<uint16_t>() : w_q.data();
+      c.w_kva = device ? d_w_kva.data<uint16_t>() : w_kva.data();
+      c.input_norm = device ? d_in_norm.data<float>() : input_norm.data();
+      c.kv_norm = device ? d_kv_norm.data<float>() : kv_norm.data();
+      c.inv_freq = device ? d_inv.data<float>() : table.inv_freq.data();
+      c.residual = device ? d_res.data<float>() : residual.data();
+      c.delta = device ? d_delta.data<uint16_t>() : delta.data();
+      c.residual_out = device ? d_res_out.data<float>() : h_res_out.data();
+      c.residual_copy_to = device ? d_copy.data<float>() : h_copy.data();
+      c.q = device ? d_q.data<uint16_t>() : h_q.data();
+      c.kv_a = device ? d_kv.data<uint16_t>() : h_kv.data();
+      c.positions = device ? d_pos.data<int32_t>() : positions.data();
+      c.slot_mapping = device ? d_slots.data<int64_t>() : slot_mapping.data();
+      c.cache = device ? d_cache.data<uint16_t>() : h_cache.data();
+      c.num_slots = slots;
+      return c;
+    };
+    auto host_plan = plan_program(front_chain_stages(chain(false), 16), w, current_device_sms());
+    ASSERT_TRUE(host_plan.ok()) << host_plan.status().message();
+    ASSERT_TRUE(run_program_ref(*host_plan, rows, 3).ok());
+    auto plan = plan_program(front_chain_stages(chain(true), 16), w, current_device_sms());
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    DevicePlan dp(std::move(*plan));
+    cudaStream_t stream = cuda::context().stream;
+    ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(rows_close(d_kv, h_kv, rows, width, "kv_a"));
+    EXPECT_TRUE(rows_close(d_q, h_q, rows, heads * head, "q"));
+    EXPECT_TRUE(rows_close(d_copy, h_copy, rows, H, "residual copied back"));
+    const std::vector<float> got = widen(host_copy<uint16_t>(d_cache)), want = widen(h_cache);
+    for (int64_t slot = 0; slot < slots; ++slot) {
+      const bool written = std::isnan(want[slot * width]) == false;
+      if (!written) {
+        EXPECT_TRUE(std::isnan(got[slot * width])) << "slot " << slot << " written but no row maps to it";
+        continue;
+      }
+      EXPECT_TRUE(all_close({got.begin() + slot * width, got.begin() + (slot + 1) * width},
+                            {want.begin() + slot * width, want.begin() + (slot + 1) * width}, 0.02f, 0.02f))
+          << "cache slot " << slot;
+    }
+  }
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "kernels/moe/moe_ref.h"
 #include "kernels/mono/mono_program_ref.h"
 #include "kernels/rmsnorm/rmsnorm_ref.h"
+#include "kernels/rope/rope_ref.h"
 
 namespace nucleus::kernels::mono {
 namespace {
@@ -663,6 +664,91 @@ TEST(MonoProgram, StagesDependOnWeightsNotActivations) {
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(stage_jobs(a[i]), stage_jobs(b[i])) << "stage " << i;
+}
+
+// The layer front (add + norm, q_proj and kv_a, RoPE with the latent cache
+// write) against the plain chain: add_rmsnorm_ref, gemm_ref, and the RoPE
+// table and RMSNorm references, at the decode graph's rounding points (bf16
+// GEMM outputs, a bf16 cache row); a row with slot -1 writes no cache row;
+// the first layer's front (no delta) writes no residual.
+TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
+  const int64_t H = 64, heads = 2, nope = 16, rope_dim = 16, lora = 32, head = nope + rope_dim, width = lora + rope_dim;
+  const int64_t slots = 40;
+  RopeParams rp;
+  rp.rope_dim = rope_dim;
+  rp.theta = 10000.0;
+  const RopeTable table = make_rope_table(rp, 1 << 14);
+  const std::vector<uint16_t> w_q = random_bf16(heads * head * H, 0.3f, 1), w_kva = random_bf16(width * H, 0.3f, 2);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 3), kv_norm = random_f32(lora, 0.5f, 1.5f, 4);
+  const std::vector<float> residual = random_f32(8 * H, -2.0f, 2.0f, 5);
+  const std::vector<uint16_t> delta = random_bf16(8 * H, 1.0f, 6);
+  const std::vector<int32_t> positions = {0, 3, 17, 100, 2047, 9000, 5, 12000};
+  const std::vector<int64_t> slot_mapping = {4, 9, -1, 0, 39, 12, 20, 31};
+  for (bool first_layer : {false, true}) {
+    for (auto [w, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) {
+      SCOPED_TRACE(::testing::Message() << (first_layer ? "first layer, " : "") << "width " << w << ", rows " << rows);
+      std::vector<float> residual_out(8 * H, NAN), residual_copy(8 * H, NAN);
+      std::vector<uint16_t> q(8 * heads * head, kNanBf16), kv_a(8 * width, kNanBf16), cache(slots * width, kNanBf16);
+      FrontChain c;
+      c.hidden = H;
+      c.num_heads = heads;
+      c.qk_nope = nope;
+      c.qk_rope = rope_dim;
+      c.kv_lora = lora;
+      c.w_q = w_q.data();
+      c.w_kva = w_kva.data();
+      c.input_norm = input_norm.data();
+      c.kv_norm = kv_norm.data();
+      c.inv_freq = table.inv_freq.data();
+      c.residual = residual.data();
+      c.delta = first_layer ? nullptr : delta.data();
+      c.residual_out = first_layer ? nullptr : residual_out.data();
+      c.residual_copy_to = residual_copy.data();
+      c.q = q.data();
+      c.kv_a = kv_a.data();
+      c.positions = positions.data();
+      c.slot_mapping = slot_mapping.data();
+      c.cache = cache.data();
+      c.num_slots = slots;
+      auto plan = plan_program(front_chain_stages(c, 16), w, 5);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, rows, 4).ok());
+      // The plain chain.
+      std::vector<float> res(residual.begin(), residual.begin() + rows * H), x(rows * H);
+      add_rmsnorm_ref(res.data(), first_layer ? nullptr : widen(delta).data(), input_norm.data(), rows, H, 1e-6f,
+                      x.data());
+      round_all(x);
+      std::vector<float> want_q(rows * heads * head), want_kv(rows * width);
+      gemm_ref(x.data(), H, widen(w_q).data(), rows, heads * head, H, want_q.data(), heads * head, false);
+      gemm_ref(x.data(), H, widen(w_kva).data(), rows, width, H, want_kv.data(), width, false);
+      round_all(want_q);
+      round_all(want_kv);
+      expect_rows(kv_a, want_kv, rows, width, "kv_a");
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < heads; ++h) apply_rope_interleaved_ref(table, positions[r], want_q.data() + r * heads * head + h * head + nope);
+        if (slot_mapping[r] < 0) continue;
+        std::vector<float> row(width);
+        rmsnorm_ref(want_kv.data() + r * width, width, kv_norm.data(), 1, lora, 1e-6f, row.data(), width);
+        std::copy(want_kv.begin() + r * width + lora, want_kv.begin() + (r + 1) * width, row.begin() + lora);
+        apply_rope_interleaved_ref(table, positions[r], row.data() + lora);
+        for (int64_t i = 0; i < width; ++i)
+          ASSERT_EQ(bf16_to_f32(cache[slot_mapping[r] * width + i]), round_to_bf16(row[i]))
+              << "cache row of row " << r << ", column " << i;
+      }
+      round_all(want_q);
+      expect_rows(q, want_q, rows, heads * head, "q (q_pe rotated)");
+      int64_t written = 0;
+      for (uint16_t v : cache) written += v != kNanBf16;
+      int64_t want_written = 0;
+      for (int64_t r = 0; r < rows; ++r) want_written += slot_mapping[r] >= 0 ? width : 0;
+      EXPECT_EQ(written, want_written) << "cache rows written beyond the rows' slots";
+      if (first_layer) {
+        EXPECT_TRUE(std::isnan(residual_copy[0])) << "the first layer's front writes no residual";
+      } else {
+        expect_rows(residual_copy, res, rows, H, "residual copied back");
+      }
+    }
+  }
 }
 
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {

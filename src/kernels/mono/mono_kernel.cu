@@ -116,8 +116,8 @@ __device__ void build_x(const Program& p, const Stage& s, int32_t tile, const ui
   auto load_v = [&](int64_t r, int64_t v, float (&f)[8]) {
     const float4* res = reinterpret_cast<const float4*>(s.residual + r * s.k + v * 8);
     const float4 a = __ldcg(res), b = __ldcg(res + 1);
-    float d[8];
-    cuda_common::bf16x8_to_f32(__ldcg(reinterpret_cast<const uint4*>(s.delta + r * s.k + v * 8)), d);
+    float d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (s.delta) cuda_common::bf16x8_to_f32(__ldcg(reinterpret_cast<const uint4*>(s.delta + r * s.k + v * 8)), d);
     f[0] = a.x + d[0];
     f[1] = a.y + d[1];
     f[2] = a.z + d[2];
@@ -349,6 +349,56 @@ __device__ void select_job(const Program& p, const Stage& s, float* scratch, int
   if (ct == 0) t->count = c;
 }
 
+// A kRopeCache job: row r (nothing for a pad row), as rope_kv_cache_kernel
+// (kernels/rope/rope_kv_cache.cu) computes a bf16 row with the kv norm fused:
+// thread t's partial sum of squares over columns t, t + 256, ..., the eight
+// warps' sums added in order, sincosf of f32(pos) * inv_freq[i].
+__device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scratch, int ct) {
+  if (r >= p.rows) return;  // uniform over the compute threads
+  const int cw = ct / 32, lane = ct % 32;
+  const uint16_t* kv = s.x + r * s.x_stride;
+  const int64_t slot = __ldcg(s.slot_mapping + r);
+  const float pos = static_cast<float>(__ldcg(s.positions + r));
+  const int half = s.qk_rope / 2, head = s.qk_nope + s.qk_rope, width = s.kv_lora + s.qk_rope;
+  auto bf = [](const uint16_t* v) { return __uint_as_float(static_cast<uint32_t>(*v) << 16); };
+  // The latent's RMSNorm (every thread takes part in the sum, whatever the slot).
+  float ss = 0.0f;
+  for (int i = ct; i < s.kv_lora; i += kConsumerThreads) {
+    const float v = bf(kv + i);
+    ss += v * v;
+  }
+  ss = cuda_common::warp_sum(ss);
+  if (lane == 0) scratch[cw] = ss;
+  compute_barrier();
+  float total = 0.0f;
+  for (int w = 0; w < kComputeWarps; ++w) total += scratch[w];
+  const float inv = rsqrtf(total / static_cast<float>(s.kv_lora) + s.eps);
+  __nv_bfloat16* row = slot >= 0 ? reinterpret_cast<__nv_bfloat16*>(s.cache) + slot * width : nullptr;
+  if (row)
+    for (int i = ct; i < s.kv_lora; i += kConsumerThreads) row[i] = __float2bfloat16(bf(kv + i) * inv * s.norm_w[i]);
+  // q_pe of every head, then k_pe.
+  for (int idx = ct; idx < (s.num_heads + 1) * half; idx += kConsumerThreads) {
+    const int h = idx / half, i = idx % half;
+    float sn, c;
+    sincosf(pos * __ldg(s.inv_freq + i), &sn, &c);
+    c *= s.attention_factor;
+    sn *= s.attention_factor;
+    if (h < s.num_heads) {
+      __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(s.q) + r * s.q_stride + h * head + s.qk_nope + 2 * i;
+      const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
+      x[0] = __float2bfloat16(a * c - b * sn);
+      x[1] = __float2bfloat16(b * c + a * sn);
+    } else if (row) {
+      const float a = bf(kv + s.kv_lora + 2 * i), b = bf(kv + s.kv_lora + 2 * i + 1);
+      row[s.kv_lora + 2 * i] = __float2bfloat16(a * c - b * sn);
+      row[s.kv_lora + 2 * i + 1] = __float2bfloat16(b * c + a * sn);
+    }
+  }
+  if (s.residual_copy_to)
+    for (int64_t i = ct; i < s.n_residual; i += kConsumerThreads)
+      s.residual_copy_to[r * s.n_residual + i] = __ldcg(s.residual_out + r * s.n_residual + i);
+}
+
 // A kCombine job: columns [first, first + cols) of every row.
 __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float* scratch, int ct) {
   const RouteTable* t = s.route;
@@ -462,6 +512,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     if (s.kind != Kind::kGemv) {
       wait_stages(p, s.wait_mask, ct);
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
+      else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
       else combine_job(p, s, job.tile, out_tile, ct);
     } else {
       const int32_t slot = job_slot(s, job.tile);

@@ -9,7 +9,7 @@
 //   acc[r, i] = sum_k x[r, k] * w[i, k]                 (f32, x and w bf16)
 // with one prologue making x:
 //   kLoad        x = the bf16 rows at `x` (row stride x_stride)
-//   kAddRmsNorm  v = residual[r, :] + f32(delta[r, :]);
+//   kAddRmsNorm  v = residual[r, :] + f32(delta[r, :])  (delta null: v = residual[r, :]);
 //                x = bf16(v * rsqrt(mean(v^2) + eps) * norm_w)   (DeepSeek RMSNorm)
 //                and, when residual_out is set, job 0 writes residual_out[r, :] = v
 // and one epilogue writing `out` (row stride out_stride):
@@ -60,7 +60,7 @@ constexpr int kMaxRouteSlots = 64;   // distinct experts a route table holds (8 
 constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi-K2)
 constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
 
-enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2 };
+enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3 };
 enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1 };
 enum class Epilogue : int32_t { kStoreBf16 = 0, kSiluMulBf16 = 1, kStoreF32 = 2 };
 enum class Scoring : int32_t { kSoftmax = 0, kSigmoid = 1 };
@@ -136,6 +136,25 @@ struct Stage {
   int32_t shared_slots = 1;
   int64_t shared_slot_stride = 0;
   float* residual_copy_to = nullptr;
+  // kRopeCache (MLA's RoPE with the latent cache write; one job a row, n =
+  // kMaxWidth jobs, tile 1; rows >= the launch's rows do nothing): for row r
+  // at position positions[r], the q_pe of every head of q ([rows, q_stride]
+  // bf16, head h at h * (qk_nope + qk_rope)) rotated in place, and, when
+  // slot_mapping[r] >= 0, cache[slot] = [bf16(rmsnorm(c_kv) * norm_w) |
+  // bf16(rope(k_pe))] with [c_kv | k_pe] = x[r, :kv_lora + qk_rope] (kv_a, row
+  // stride x_stride); RoPE on interleaved pairs with cos / sin of f32(pos) *
+  // inv_freq[i], times attention_factor (kernels/rope/rope_ref.h); cache
+  // [num_slots, kv_lora + qk_rope] bf16. With residual_copy_to set, the job
+  // also copies row r of residual_out there (row stride n_residual).
+  uint16_t* q = nullptr;
+  int64_t q_stride = 0;
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+  uint16_t* cache = nullptr;
+  int64_t num_slots = 0, n_residual = 0;
+  int32_t num_heads = 0, qk_nope = 0, qk_rope = 0, kv_lora = 0;
   // Set by plan_program (callers leave it 0): bit t when stage t builds the
   // same x (the same add + RMSNorm, or kLoad of the same unslotted rows) and
   // no stage between t and this one writes what that x is made from; the

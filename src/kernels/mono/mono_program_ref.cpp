@@ -47,6 +47,18 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
     r.push_back(range_of(s.table, 1, true, "table"));
     return r;
   }
+  if (s.kind == Kind::kRopeCache) {
+    r.push_back(range_of(s.x, (width - 1) * s.x_stride + s.kv_lora + s.qk_rope, false, "kv_a"));
+    r.push_back(range_of(s.q, (width - 1) * s.q_stride + int64_t{s.num_heads} * (s.qk_nope + s.qk_rope), true, "q"));
+    r.push_back(range_of(s.positions, width, false, "positions"));
+    r.push_back(range_of(s.slot_mapping, width, false, "slot_mapping"));
+    r.push_back(range_of(s.cache, s.num_slots * (s.kv_lora + s.qk_rope), true, "cache"));
+    if (s.residual_copy_to) {
+      r.push_back(range_of(s.residual_out, (width - 1) * s.n_residual + s.n_residual, false, "residual_out"));
+      r.push_back(range_of(s.residual_copy_to, (width - 1) * s.n_residual + s.n_residual, true, "residual_copy_to"));
+    }
+    return r;
+  }
   if (s.route) r.push_back(range_of(s.route, 1, false, "route"));
   if (s.kind == Kind::kCombine) {
     r.push_back(range_of(s.partials, (s.slots - 1) * s.x_slot_stride + width * s.n, false, "partials"));
@@ -64,7 +76,7 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
     r.push_back(range_of(s.x, (slots - 1) * s.x_slot_stride + (width - 1) * s.x_stride + s.k, false, "x"));
   } else {
     r.push_back(range_of(s.residual, width * s.k, false, "residual"));
-    r.push_back(range_of(s.delta, width * s.k, false, "delta"));
+    if (s.delta) r.push_back(range_of(s.delta, width * s.k, false, "delta"));
     if (s.residual_out) r.push_back(range_of(s.residual_out, width * s.k, true, "residual_out"));
   }
   r.push_back(bytes_of(s.out,
@@ -141,9 +153,50 @@ void run_combine(const Stage& s, int32_t tile, int32_t rows) {
     }
 }
 
+// A kRopeCache job: row `r`.
+void run_rope(const Stage& s, int32_t r, int32_t rows) {
+  if (r >= rows) return;
+  const uint16_t* kv = s.x + r * s.x_stride;
+  const float pos = static_cast<float>(s.positions[r]);
+  const int half = s.qk_rope / 2, head = s.qk_nope + s.qk_rope, width = s.kv_lora + s.qk_rope;
+  auto rotate = [&](float a, float b, int i, float* y0, float* y1) {  // as kernels/rope/rope_ref.cpp's table
+    const float angle = pos * s.inv_freq[i];
+    const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * s.attention_factor;
+    const float sn = static_cast<float>(std::sin(static_cast<double>(angle))) * s.attention_factor;
+    *y0 = a * c - b * sn;
+    *y1 = b * c + a * sn;
+  };
+  for (int h = 0; h < s.num_heads; ++h)
+    for (int i = 0; i < half; ++i) {
+      uint16_t* x = s.q + r * s.q_stride + h * head + s.qk_nope + 2 * i;
+      float y0, y1;
+      rotate(bf16f(x[0]), bf16f(x[1]), i, &y0, &y1);
+      x[0] = f32_to_bf16(y0);
+      x[1] = f32_to_bf16(y1);
+    }
+  const int64_t slot = s.slot_mapping[r];
+  if (slot >= 0) {
+    uint16_t* row = s.cache + slot * width;
+    double ss = 0.0;
+    for (int i = 0; i < s.kv_lora; ++i) ss += static_cast<double>(bf16f(kv[i])) * bf16f(kv[i]);
+    const auto inv = static_cast<float>(1.0 / std::sqrt(ss / s.kv_lora + s.eps));
+    for (int i = 0; i < s.kv_lora; ++i) row[i] = f32_to_bf16(bf16f(kv[i]) * inv * s.norm_w[i]);
+    for (int i = 0; i < half; ++i) {
+      float y0, y1;
+      rotate(bf16f(kv[s.kv_lora + 2 * i]), bf16f(kv[s.kv_lora + 2 * i + 1]), i, &y0, &y1);
+      row[s.kv_lora + 2 * i] = f32_to_bf16(y0);
+      row[s.kv_lora + 2 * i + 1] = f32_to_bf16(y1);
+    }
+  }
+  if (s.residual_copy_to)
+    for (int64_t i = 0; i < s.n_residual; ++i)
+      s.residual_copy_to[r * s.n_residual + i] = s.residual_out[r * s.n_residual + i];
+}
+
 // One job of the CPU reference.
 void run_job(const Stage& s, int32_t tile, int32_t rows) {
   if (s.kind == Kind::kSelect) return run_select(s, rows);
+  if (s.kind == Kind::kRopeCache) return run_rope(s, tile, rows);
   if (s.kind == Kind::kCombine) return run_combine(s, tile, rows);
   const int32_t slot = job_slot(s, tile);
   if (routed(s) && slot >= s.route->count) return;  // an unused slot
@@ -159,7 +212,7 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
     }
     double ss = 0.0;
     for (int64_t i = 0; i < k; ++i) {
-      xr[i] = s.residual[r * k + i] + bf16f(s.delta[r * k + i]);
+      xr[i] = s.residual[r * k + i] + (s.delta ? bf16f(s.delta[r * k + i]) : 0.0f);
       ss += static_cast<double>(xr[i]) * xr[i];
     }
     if (tile == 0 && s.residual_out)
@@ -232,8 +285,22 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
     if (!(s.routed_scaling_factor > 0.0f)) return bad("routed_scaling_factor must be positive");
     return ok_status();
   }
-  if (s.tile < 1 || s.tile > kMaxTile) return bad(fmt::format("tile = {}: need 1 ... {}", s.tile, kMaxTile));
-  if (s.kind == Kind::kCombine) {
+  if (s.kind == Kind::kRopeCache) {
+    if (s.n != kMaxWidth || s.tile != 1) return bad("a kRopeCache stage has one job a row: n = kMaxWidth, tile = 1");
+    if (!s.q || !s.x || !s.positions || !s.slot_mapping || !s.inv_freq || !s.norm_w || !s.cache || s.num_slots < 1)
+      return bad("a kRopeCache stage needs q, x (kv_a), positions, slot_mapping, inv_freq, norm_w and the cache");
+    if (s.num_heads < 1 || s.qk_nope < 0 || s.qk_rope < 2 || s.qk_rope % 2 != 0 || s.qk_rope > 128 || s.kv_lora < 1 ||
+        s.kv_lora > 1024 || s.q_stride < int64_t{s.num_heads} * (s.qk_nope + s.qk_rope) ||
+        s.x_stride < s.kv_lora + s.qk_rope)
+      return bad(fmt::format("heads {}, qk_nope {}, qk_rope {}, kv_lora {}: need an even qk_rope up to 128, kv_lora up "
+                             "to 1024 and row strides that hold them",
+                             s.num_heads, s.qk_nope, s.qk_rope, s.kv_lora));
+    if (!(s.eps > 0.0f)) return bad("eps must be positive");
+    if (s.residual_copy_to && (!s.residual_out || s.n_residual < 1))
+      return bad("residual_copy_to needs residual_out and n_residual");
+  } else if (s.tile < 1 || s.tile > kMaxTile) {
+    return bad(fmt::format("tile = {}: need 1 ... {}", s.tile, kMaxTile));
+  } else if (s.kind == Kind::kCombine) {
     NUCLEUS_RETURN_IF_ERROR(waits_for_route());
     if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
     if (s.shared && (s.shared_slots < 1 || (s.shared_slots > 1 && s.shared_slot_stride < width * s.n)))
@@ -266,9 +333,10 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
         return bad(fmt::format("x must be 16-byte aligned with a row stride >= k and a multiple of 8 (x_stride = {})",
                                s.x_stride));
     } else {
-      if (!s.residual || !s.delta || !s.norm_w || !aligned16(s.residual) || !aligned16(s.delta) ||
+      if (!s.residual || !s.norm_w || !aligned16(s.residual) || (s.delta && !aligned16(s.delta)) ||
           !aligned16(s.norm_w) || (s.residual_out && !aligned16(s.residual_out)))
-        return bad("an add + RMSNorm prologue needs 16-byte aligned residual, delta, norm_w and residual_out");
+        return bad("an add + RMSNorm prologue needs 16-byte aligned residual, delta (or none), norm_w and residual_out");
+      if (!s.delta && s.residual_out) return bad("residual_out without a delta (nothing to add)");
       if (s.residual_out == s.residual)
         return bad("residual_out is residual: the stage's other jobs still read it while job 0 writes");
       if (!(s.eps > 0.0f)) return bad("eps must be positive");
@@ -614,6 +682,56 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   combine.wait_mask = (1u << kSelectStage) | (1u << (st.size() - 1)) | shared_done;
   st.push_back(combine);
   return st;
+}
+
+std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
+  const int64_t head = c.qk_nope + c.qk_rope, width = c.kv_lora + c.qk_rope;
+  Stage q;
+  q.w = c.w_q;
+  q.n = c.num_heads * head;
+  q.k = c.hidden;
+  q.prologue = Prologue::kAddRmsNorm;
+  q.residual = c.residual;
+  q.delta = c.delta;
+  q.norm_w = c.input_norm;
+  q.eps = c.eps;
+  q.residual_out = c.delta ? c.residual_out : nullptr;
+  q.out = c.q;
+  q.out_stride = q.n;
+  q.tile = tile;
+  Stage kv = q;
+  kv.w = c.w_kva;
+  kv.n = width;
+  kv.residual_out = nullptr;
+  kv.out = c.kv_a;
+  kv.out_stride = width;
+  Stage rope;
+  rope.kind = Kind::kRopeCache;
+  rope.n = kMaxWidth;
+  rope.tile = 1;
+  rope.q = c.q;
+  rope.q_stride = q.n;
+  rope.x = c.kv_a;
+  rope.x_stride = width;
+  rope.norm_w = c.kv_norm;
+  rope.eps = c.eps;
+  rope.positions = c.positions;
+  rope.slot_mapping = c.slot_mapping;
+  rope.inv_freq = c.inv_freq;
+  rope.attention_factor = c.attention_factor;
+  rope.cache = c.cache;
+  rope.num_slots = c.num_slots;
+  rope.num_heads = c.num_heads;
+  rope.qk_nope = c.qk_nope;
+  rope.qk_rope = c.qk_rope;
+  rope.kv_lora = c.kv_lora;
+  rope.wait_mask = (1u << 0) | (1u << 1);
+  if (c.residual_copy_to && c.delta) {
+    rope.residual_copy_to = c.residual_copy_to;
+    rope.residual_out = c.residual_out;
+    rope.n_residual = c.hidden;
+  }
+  return {q, kv, rope};
 }
 
 }  // namespace nucleus::kernels::mono

@@ -158,4 +158,31 @@ struct MoeChain {
 // o_proj), GEMV jobs of `tile` columns.
 std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
 
+// The front of an MLA decode layer without a q LoRA (DeepSeek-V2-Lite's) as a
+// program:
+//   q      x . w_q^T, x = rmsnorm(residual + delta) * input_norm   [rows, heads * (qk_nope + qk_rope)]
+//          (residual_out = residual + delta; delta null: the first layer, x = rmsnorm(residual) * w)
+//   kv_a   x . w_kva^T                                              [rows, kv_lora + qk_rope]
+//   rope   q_pe rotated in place; cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
+//          residual_out copied to residual_copy_to when set
+// (kRopeCache: kernels/rope/rope_ref.h's rotation; the decode attention then
+// reads q and the cache).
+struct FrontChain {
+  int64_t hidden = 0;
+  int32_t num_heads = 0, qk_nope = 128, qk_rope = 64, kv_lora = 512;
+  float eps = 1e-6f, attention_factor = 1.0f;
+  const uint16_t *w_q = nullptr, *w_kva = nullptr;
+  const float *input_norm = nullptr, *kv_norm = nullptr, *inv_freq = nullptr;
+  const float* residual = nullptr;
+  const uint16_t* delta = nullptr;
+  float* residual_out = nullptr;     // null without a delta
+  float* residual_copy_to = nullptr;
+  uint16_t *q = nullptr, *kv_a = nullptr;
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  uint16_t* cache = nullptr;
+  int64_t num_slots = 0;
+};
+std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile);
+
 }  // namespace nucleus::kernels::mono
