@@ -20,8 +20,8 @@
 //    (stored out of order), two shared pieces, the residual copied back;
 //  - a two-layer program whose second layer's x comes from buffers the first
 //    rewrites (the x kept in shared memory must not be reused across them);
-//  - the layer front (add + norm, q_proj, kv_a, RoPE with the latent cache
-//    write and the residual copied back) at V2-Lite's shapes: q, kv_a, the
+//  - the layer front (add + norm, q_proj or V3's q LoRA, kv_a, RoPE with the
+//    latent cache write, the residual copied back) at V2-Lite's shapes: q, kv_a, the
 //    cache rows of the rows' slots (none for slot -1, nothing else written);
 //  - the refusals (width 3, rows above the width, more CTAs than SMs).
 #include <gtest/gtest.h>
@@ -29,6 +29,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "core/cuda/context.h"
 #include "core/device.h"
@@ -712,8 +713,18 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
   Tensor d_inv = device_copy(table.inv_freq, DType::kF32), d_res = device_copy(residual, DType::kF32);
   Tensor d_delta = device_copy(delta, DType::kBF16), d_pos = device_copy(positions, DType::kI32);
   Tensor d_slots = device_copy(slot_mapping, DType::kI64);
-  for (auto [w, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 5}}) {
-    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows);
+  // With a q LoRA as DeepSeek-V3's (q_lora 1536) on the same shapes otherwise.
+  const int64_t q_lora = 1536;
+  const std::vector<uint16_t> w_qa = random_bf16(q_lora * H, 1.7f / std::sqrt(2048.0f), 11);
+  const std::vector<uint16_t> w_qb = random_bf16(heads * head * q_lora, 1.7f / std::sqrt(1536.0f), 12);
+  const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 13);
+  Tensor d_w_qa = device_copy(w_qa, DType::kBF16), d_w_qb = device_copy(w_qb, DType::kBF16);
+  Tensor d_q_a_norm = device_copy(q_a_norm, DType::kF32);
+  for (auto [w, rows, lora] : {std::tuple{1, 1, false}, std::tuple{8, 8, false}, std::tuple{8, 5, false},
+                               std::tuple{1, 1, true}, std::tuple{8, 7, true}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << (lora ? ", q LoRA" : ""));
+    std::vector<uint16_t> h_q_a(8 * q_lora, 0x7fc0);
+    Tensor d_q_a = nan_filled(8 * q_lora, DType::kBF16);
     std::vector<float> h_res_out(8 * H, NAN), h_copy(8 * H, NAN);
     std::vector<uint16_t> h_q(8 * heads * head, 0x7fc0), h_kv(8 * width, 0x7fc0), h_cache(slots * width, 0x7fc0);
     Tensor d_res_out = nan_filled(8 * H, DType::kF32), d_copy = nan_filled(8 * H, DType::kF32);
@@ -725,6 +736,13 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
       c.num_heads = heads;
       c.w_q = device ? d_w_q.data<uint16_t>() : w_q.data();
       c.w_kva = device ? d_w_kva.data<uint16_t>() : w_kva.data();
+      if (lora) {
+        c.q_lora = q_lora;
+        c.w_qa = device ? d_w_qa.data<uint16_t>() : w_qa.data();
+        c.w_qb = device ? d_w_qb.data<uint16_t>() : w_qb.data();
+        c.q_a_norm = device ? d_q_a_norm.data<float>() : q_a_norm.data();
+        c.q_a = device ? d_q_a.data<uint16_t>() : h_q_a.data();
+      }
       c.input_norm = device ? d_in_norm.data<float>() : input_norm.data();
       c.kv_norm = device ? d_kv_norm.data<float>() : kv_norm.data();
       c.inv_freq = device ? d_inv.data<float>() : table.inv_freq.data();

@@ -670,7 +670,8 @@ TEST(MonoProgram, StagesDependOnWeightsNotActivations) {
 // write) against the plain chain: add_rmsnorm_ref, gemm_ref, and the RoPE
 // table and RMSNorm references, at the decode graph's rounding points (bf16
 // GEMM outputs, a bf16 cache row); a row with slot -1 writes no cache row;
-// the first layer's front (no delta) writes no residual.
+// the first layer's front (no delta) writes no residual; with a q LoRA,
+// q_a, its RMSNorm (a plain-norm prologue) and q_b.
 TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
   const int64_t H = 64, heads = 2, nope = 16, rope_dim = 16, lora = 32, head = nope + rope_dim, width = lora + rope_dim;
   const int64_t slots = 40;
@@ -684,9 +685,15 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
   const std::vector<uint16_t> delta = random_bf16(8 * H, 1.0f, 6);
   const std::vector<int32_t> positions = {0, 3, 17, 100, 2047, 9000, 5, 12000};
   const std::vector<int64_t> slot_mapping = {4, 9, -1, 0, 39, 12, 20, 31};
-  for (bool first_layer : {false, true}) {
+  const int64_t q_lora = 32;
+  const std::vector<uint16_t> w_qa = random_bf16(q_lora * H, 0.3f, 7), w_qb = random_bf16(heads * head * q_lora, 0.3f, 8);
+  const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 9);
+  for (int variant = 0; variant < 3; ++variant) {  // 0: the first layer, 1: a later one, 2: a later one with a q LoRA
+    const bool first_layer = variant == 0, with_lora = variant == 2;
     for (auto [w, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) {
-      SCOPED_TRACE(::testing::Message() << (first_layer ? "first layer, " : "") << "width " << w << ", rows " << rows);
+      SCOPED_TRACE(::testing::Message() << (first_layer ? "first layer, " : "") << (with_lora ? "q LoRA, " : "") << "width "
+                                        << w << ", rows " << rows);
+      std::vector<uint16_t> q_a(8 * q_lora, kNanBf16);
       std::vector<float> residual_out(8 * H, NAN), residual_copy(8 * H, NAN);
       std::vector<uint16_t> q(8 * heads * head, kNanBf16), kv_a(8 * width, kNanBf16), cache(slots * width, kNanBf16);
       FrontChain c;
@@ -697,6 +704,13 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       c.kv_lora = lora;
       c.w_q = w_q.data();
       c.w_kva = w_kva.data();
+      if (with_lora) {
+        c.q_lora = q_lora;
+        c.w_qa = w_qa.data();
+        c.w_qb = w_qb.data();
+        c.q_a_norm = q_a_norm.data();
+        c.q_a = q_a.data();
+      }
       c.input_norm = input_norm.data();
       c.kv_norm = kv_norm.data();
       c.inv_freq = table.inv_freq.data();
@@ -719,7 +733,16 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
                       x.data());
       round_all(x);
       std::vector<float> want_q(rows * heads * head), want_kv(rows * width);
-      gemm_ref(x.data(), H, widen(w_q).data(), rows, heads * head, H, want_q.data(), heads * head, false);
+      if (with_lora) {
+        std::vector<float> qa(rows * q_lora), qn(rows * q_lora);
+        gemm_ref(x.data(), H, widen(w_qa).data(), rows, q_lora, H, qa.data(), q_lora, false);
+        round_all(qa);
+        rmsnorm_ref(qa.data(), q_lora, q_a_norm.data(), rows, q_lora, 1e-6f, qn.data(), q_lora);
+        round_all(qn);
+        gemm_ref(qn.data(), q_lora, widen(w_qb).data(), rows, heads * head, q_lora, want_q.data(), heads * head, false);
+      } else {
+        gemm_ref(x.data(), H, widen(w_q).data(), rows, heads * head, H, want_q.data(), heads * head, false);
+      }
       gemm_ref(x.data(), H, widen(w_kva).data(), rows, width, H, want_kv.data(), width, false);
       round_all(want_q);
       round_all(want_kv);

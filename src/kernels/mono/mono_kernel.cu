@@ -111,9 +111,14 @@ __device__ void build_x(const Program& p, const Stage& s, int32_t tile, const ui
     compute_barrier();
     return;
   }
-  // residual + delta, twice: once for the sums of squares (and residual_out),
-  // once to normalise (the rows are in L2; registers could not hold them).
+  // residual + delta (kRmsNorm: the x row), twice: once for the sums of
+  // squares (and residual_out), once to normalise (the rows are in L2;
+  // registers could not hold them).
   auto load_v = [&](int64_t r, int64_t v, float (&f)[8]) {
+    if (s.prologue == Prologue::kRmsNorm) {
+      cuda_common::bf16x8_to_f32(__ldcg(reinterpret_cast<const uint4*>(x + r * s.x_stride + v * 8)), f);
+      return;
+    }
     const float4* res = reinterpret_cast<const float4*>(s.residual + r * s.k + v * 8);
     const float4 a = __ldcg(res), b = __ldcg(res + 1);
     float d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
@@ -138,7 +143,7 @@ __device__ void build_x(const Program& p, const Stage& s, int32_t tile, const ui
       load_v(r, v, f);
 #pragma unroll
       for (int j = 0; j < 8; ++j) ss[r] += f[j] * f[j];
-      if (tile == 0 && s.residual_out) {
+      if (tile == 0 && s.residual_out && s.prologue == Prologue::kAddRmsNorm) {
         float4* out = reinterpret_cast<float4*>(s.residual_out + r * s.k + v * 8);
         out[0] = make_float4(f[0], f[1], f[2], f[3]);
         out[1] = make_float4(f[4], f[5], f[6], f[7]);

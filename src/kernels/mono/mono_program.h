@@ -9,6 +9,7 @@
 //   acc[r, i] = sum_k x[r, k] * w[i, k]                 (f32, x and w bf16)
 // with one prologue making x:
 //   kLoad        x = the bf16 rows at `x` (row stride x_stride)
+//   kRmsNorm     x = bf16(rmsnorm(f32(x rows at `x`)) * norm_w)   (e.g. q_a_layernorm)
 //   kAddRmsNorm  v = residual[r, :] + f32(delta[r, :])  (delta null: v = residual[r, :]);
 //                x = bf16(v * rsqrt(mean(v^2) + eps) * norm_w)   (DeepSeek RMSNorm)
 //                and, when residual_out is set, job 0 writes residual_out[r, :] = v
@@ -61,7 +62,7 @@ constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi
 constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
 
 enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3 };
-enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1 };
+enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1, kRmsNorm = 2 };
 enum class Epilogue : int32_t { kStoreBf16 = 0, kSiluMulBf16 = 1, kStoreF32 = 2 };
 enum class Scoring : int32_t { kSoftmax = 0, kSigmoid = 1 };
 enum class TopK : int32_t { kGreedy = 0, kNoauxTc = 1 };
@@ -84,7 +85,8 @@ struct Stage {
   const uint16_t* w = nullptr;
   int64_t n = 0, k = 0;
   Prologue prologue = Prologue::kLoad;
-  // kLoad: [rows, k] bf16, row stride x_stride (% 8 == 0), 16-byte aligned.
+  // kLoad, kRmsNorm: [rows, k] bf16, row stride x_stride (% 8 == 0), 16-byte
+  // aligned (kRmsNorm also takes norm_w and eps).
   const uint16_t* x = nullptr;
   int64_t x_stride = 0;
   // kAddRmsNorm: residual [rows, k] f32 and delta [rows, k] bf16 (row

@@ -72,7 +72,7 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
     return r;
   }
   const int64_t slots = slotted(s) ? s.slots : 1;
-  if (s.prologue == Prologue::kLoad) {
+  if (s.prologue != Prologue::kAddRmsNorm) {
     r.push_back(range_of(s.x, (slots - 1) * s.x_slot_stride + (width - 1) * s.x_stride + s.k, false, "x"));
   } else {
     r.push_back(range_of(s.residual, width * s.k, false, "residual"));
@@ -100,8 +100,9 @@ std::vector<Range> x_inputs(const Stage& s, int32_t width) {
 // Whether stages a and b build the same x from the same inputs.
 bool same_x_inputs(const Stage& a, const Stage& b) {
   if (a.kind != Kind::kGemv || b.kind != Kind::kGemv || a.prologue != b.prologue || a.k != b.k) return false;
-  if (a.prologue == Prologue::kLoad)
-    return !slotted(a) && !slotted(b) && a.x == b.x && a.x_stride == b.x_stride;
+  if (a.prologue != Prologue::kAddRmsNorm)
+    return !slotted(a) && !slotted(b) && a.x == b.x && a.x_stride == b.x_stride &&
+           (a.prologue == Prologue::kLoad || (a.norm_w == b.norm_w && a.eps == b.eps));
   return a.residual == b.residual && a.delta == b.delta && a.norm_w == b.norm_w && a.eps == b.eps;
 }
 
@@ -208,6 +209,16 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
     float* xr = x.data() + r * k;
     if (s.prologue == Prologue::kLoad) {
       for (int64_t i = 0; i < k; ++i) xr[i] = bf16f(xin[r * s.x_stride + i]);
+      continue;
+    }
+    if (s.prologue == Prologue::kRmsNorm) {  // as rmsnorm_ref on the bf16 row, rounded to bf16
+      double ss = 0.0;
+      for (int64_t i = 0; i < k; ++i) {
+        xr[i] = bf16f(xin[r * s.x_stride + i]);
+        ss += static_cast<double>(xr[i]) * xr[i];
+      }
+      const auto inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(k) + s.eps));
+      for (int64_t i = 0; i < k; ++i) xr[i] = round_to_bf16(xr[i] * inv * s.norm_w[i]);
       continue;
     }
     double ss = 0.0;
@@ -328,7 +339,9 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
         return bad("a slotted stage's slots must not overlap: x_slot_stride >= width * x_stride, out_slot_stride >= "
                    "width * out_stride (16-byte multiples)");
     }
-    if (s.prologue == Prologue::kLoad) {
+    if (s.prologue == Prologue::kRmsNorm && (!s.norm_w || !aligned16(s.norm_w) || !(s.eps > 0.0f)))
+      return bad("an RMSNorm prologue needs a 16-byte aligned norm_w and a positive eps");
+    if (s.prologue != Prologue::kAddRmsNorm) {
       if (!s.x || !aligned16(s.x) || s.x_stride < s.k || s.x_stride % 8 != 0)
         return bad(fmt::format("x must be 16-byte aligned with a row stride >= k and a multiple of 8 (x_stride = {})",
                                s.x_stride));
@@ -686,9 +699,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
 
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   const int64_t head = c.qk_nope + c.qk_rope, width = c.kv_lora + c.qk_rope;
-  Stage q;
-  q.w = c.w_q;
-  q.n = c.num_heads * head;
+  Stage q;  // q_proj, or with a q LoRA q_a_proj
+  q.w = c.q_lora > 0 ? c.w_qa : c.w_q;
+  q.n = c.q_lora > 0 ? c.q_lora : c.num_heads * head;
   q.k = c.hidden;
   q.prologue = Prologue::kAddRmsNorm;
   q.residual = c.residual;
@@ -696,7 +709,7 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   q.norm_w = c.input_norm;
   q.eps = c.eps;
   q.residual_out = c.delta ? c.residual_out : nullptr;
-  q.out = c.q;
+  q.out = c.q_lora > 0 ? c.q_a : c.q;
   q.out_stride = q.n;
   q.tile = tile;
   Stage kv = q;
@@ -705,16 +718,33 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   kv.residual_out = nullptr;
   kv.out = c.kv_a;
   kv.out_stride = width;
+  std::vector<Stage> st = {q, kv};
+  if (c.q_lora > 0) {  // q = rmsnorm(q_a) * q_a_norm . w_qb^T
+    Stage qb;
+    qb.w = c.w_qb;
+    qb.n = c.num_heads * head;
+    qb.k = c.q_lora;
+    qb.prologue = Prologue::kRmsNorm;
+    qb.x = c.q_a;
+    qb.x_stride = c.q_lora;
+    qb.norm_w = c.q_a_norm;
+    qb.eps = c.q_a_eps;
+    qb.out = c.q;
+    qb.out_stride = qb.n;
+    qb.tile = tile;
+    qb.wait_mask = 1u << 0;
+    st.push_back(qb);
+  }
   Stage rope;
   rope.kind = Kind::kRopeCache;
   rope.n = kMaxWidth;
   rope.tile = 1;
   rope.q = c.q;
-  rope.q_stride = q.n;
+  rope.q_stride = c.num_heads * head;
   rope.x = c.kv_a;
   rope.x_stride = width;
   rope.norm_w = c.kv_norm;
-  rope.eps = c.eps;
+  rope.eps = c.kv_eps;
   rope.positions = c.positions;
   rope.slot_mapping = c.slot_mapping;
   rope.inv_freq = c.inv_freq;
@@ -725,13 +755,14 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   rope.qk_nope = c.qk_nope;
   rope.qk_rope = c.qk_rope;
   rope.kv_lora = c.kv_lora;
-  rope.wait_mask = (1u << 0) | (1u << 1);
+  rope.wait_mask = (1u << st.size()) - 1;  // the GEMVs (q_b waited for q_a)
   if (c.residual_copy_to && c.delta) {
     rope.residual_copy_to = c.residual_copy_to;
     rope.residual_out = c.residual_out;
     rope.n_residual = c.hidden;
   }
-  return {q, kv, rope};
+  st.push_back(rope);
+  return st;
 }
 
 }  // namespace nucleus::kernels::mono

@@ -158,9 +158,10 @@ struct MoeChain {
 // o_proj), GEMV jobs of `tile` columns.
 std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
 
-// The front of an MLA decode layer without a q LoRA (DeepSeek-V2-Lite's) as a
-// program:
+// The front of an MLA decode layer as a program:
 //   q      x . w_q^T, x = rmsnorm(residual + delta) * input_norm   [rows, heads * (qk_nope + qk_rope)]
+//          (with a q LoRA, q_lora > 0: q_a = x . w_qa^T [rows, q_lora], then
+//          q = bf16(rmsnorm(q_a) * q_a_norm) . w_qb^T)
 //          (residual_out = residual + delta; delta null: the first layer, x = rmsnorm(residual) * w)
 //   kv_a   x . w_kva^T                                              [rows, kv_lora + qk_rope]
 //   rope   q_pe rotated in place; cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
@@ -170,8 +171,13 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
 struct FrontChain {
   int64_t hidden = 0;
   int32_t num_heads = 0, qk_nope = 128, qk_rope = 64, kv_lora = 512;
-  float eps = 1e-6f, attention_factor = 1.0f;
+  float eps = 1e-6f, kv_eps = 1e-6f, attention_factor = 1.0f;  // input norm's, kv norm's
   const uint16_t *w_q = nullptr, *w_kva = nullptr;
+  int64_t q_lora = 0;  // > 0: w_qa [q_lora, hidden], q_a_norm [q_lora] f32, w_qb [heads * head, q_lora], q_a [8, q_lora]
+  const uint16_t *w_qa = nullptr, *w_qb = nullptr;
+  const float* q_a_norm = nullptr;
+  float q_a_eps = 1e-6f;
+  uint16_t* q_a = nullptr;
   const float *input_norm = nullptr, *kv_norm = nullptr, *inv_freq = nullptr;
   const float* residual = nullptr;
   const uint16_t* delta = nullptr;

@@ -20,6 +20,7 @@
 #include "ops/mla_prefill.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
+#include "ops/front_program_op.h"
 #include "ops/moe_program_op.h"
 #include "ops/prezero.h"
 #include "ops/rope_kv_cache_write.h"
@@ -292,7 +293,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   // MoE blocks as decode programs (ops/moe_program_op.h): CUDA decode graphs, NUCLEUS_DECODE_PROGRAMS=1.
   const bool decode_programs =
       kind == StepKind::kDecode && options_.device == Device::kCuda && env_flag(Knob::kDecodePrograms);
-  static std::atomic<bool> said_why_no_program{false};
+  static std::atomic<bool> said_why_no_program{false}, said_why_no_front{false};
   int moe_layers = 0, folded_norms = 0;
   // The add + norm of the delta (as add_norm), or its fold into that op.
   auto add_delta_norm = [&](const std::string& name, const Tensor& weight, bool partial_delta) {
@@ -309,12 +310,52 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
     const std::string p = "layers." + std::to_string(l) + ".";
-    // Attention block.
-    if (l > 0 || mtp)
+    // Attention block. Its front (the input add + norm, the q projections,
+    // kv_a, RoPE and the cache write) as one decode program in CUDA decode
+    // graphs with NUCLEUS_DECODE_PROGRAMS=1 (ops/front_program_op.h): a bf16
+    // cache, the kv norm fused, one rank, the main model (not MTP), the input
+    // norm not folded into the MoE op before.
+    const bool fuse_kv_norm = env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
+    bool front_in_program = false;
+    if (decode_programs && !mtp && !norm_in_moe && !rank_.comm && !width_builds_ &&
+        mode != AttentionMode::kExpanded && fuse_kv_norm && kv_cache_dtype_ == KvCacheDtype::kBF16) {
+      FrontProgramOp::Parts parts;
+      parts.norm = std::make_unique<AddRmsNormOp>(lw.input_layernorm, eps, /*has_delta=*/l > 0);
+      if (aw.q_a_proj) {
+        parts.q_a = std::make_unique<LinearOp>(&*aw.q_a_proj, false);
+        parts.q_a_norm = std::make_unique<RmsNormOp>(aw.q_a_layernorm, eps);
+        parts.q_b = std::make_unique<LinearOp>(&*aw.q_b_proj, false);
+      } else {
+        parts.q_proj = std::make_unique<LinearOp>(&*aw.q_proj, false);
+      }
+      parts.kv_a = std::make_unique<LinearOp>(&aw.kv_a_proj, false);
+      parts.rope = std::make_unique<RopeKvCacheWriteOp>(
+          l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
+          static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
+      parts.rope->fuse_kv_norm(aw.kv_a_layernorm, eps);
+      auto front = std::make_unique<FrontProgramOp>(l, std::move(parts), H);
+      if (Status why = front_program_supported(*front); why.ok()) {
+        std::vector<int> outs = {residual, x_norm, q, kv_a};
+        if (aw.q_a_proj) outs.push_back(g.buffer("q_a", c.q_lora_rank, act));
+        if (l > 0)
+          g.add(p + "self_attn.front_program", std::move(front), {residual, delta}, outs);
+        else
+          g.add(p + "self_attn.front_program", std::move(front), {residual}, outs);
+        front_in_program = true;
+      } else if (!said_why_no_front.exchange(true)) {
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the attention fronts run the separate ops: {}", why.message());
+      }
+    }
+    if (front_in_program) {
+      g.add(p + "self_attn.attn_decode",
+            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
+            {attn_out, q_lat, o_lat});
+    } else if (l > 0 || mtp) {
       add_delta_norm(p + "input_layernorm", lw.input_layernorm, /*partial_delta=*/l > 0);
-    else
+    } else {
       g.add(p + "input_layernorm", add_norm(lw.input_layernorm, false), {residual}, {residual, x_norm});
-    if (kind == StepKind::kDecode && width_builds_) {
+    }
+    if (!front_in_program && kind == StepKind::kDecode && width_builds_) {
       // The whole front end as one op (width builds); attention reads its q_full.
       const int q_a = g.buffer("q_a", std::max<int64_t>(c.q_lora_rank, 8), act);
       const int q_full = g.buffer("mla_q_full", nh * c.kv_cache_width(), act);
@@ -328,7 +369,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       g.add(p + "self_attn.attn_decode",
             std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q, q_full},
             {attn_out, q_lat, o_lat});
-    } else {
+    } else if (!front_in_program) {
       if (aw.q_a_proj) {
         const int q_a = g.buffer("q_a", c.q_lora_rank, act);
         g.add(p + "self_attn.q_a_proj", std::make_unique<LinearOp>(&*aw.q_a_proj, false), {x_norm}, {q_a});
@@ -343,7 +384,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
           static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
       // kv_a_layernorm: inside the RoPE + cache-write op (NUCLEUS_FUSE_KV_A_NORM, default), or its own op.
-      if (env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff)
+      if (fuse_kv_norm)
         rope_op->fuse_kv_norm(aw.kv_a_layernorm, eps);
       else
         g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
