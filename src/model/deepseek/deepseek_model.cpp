@@ -114,7 +114,14 @@ StatusOr<BuiltGraph> DeepseekModel::build_graph(StepKind kind) {
   NUCLEUS_ASSIGN_OR_RETURN(SplitKPassReport sk, apply_splitk_pass(g, options_.device));
   if (sk.redirected + sk.reselected > 0)
     NUCLEUS_LOG_INFO("split-K pass: {} decode GEMMs write f32, {} kept off split-K", sk.redirected, sk.reselected);
-  if (options_.enable_prezero) {
+  // The prezero pass rewrites the layers' add + norm donors by name; decode
+  // programs (NUCLEUS_DECODE_PROGRAMS) hold those ops inside them.
+  bool programs = false;
+  for (const Node& n : g.nodes())
+    programs |= std::string(n.op->kind()) == "front_program" || std::string(n.op->kind()) == "moe_program";
+  if (options_.enable_prezero && programs && rank_.shard.rank == 0)
+    NUCLEUS_LOG_WARN("prezero pass skipped: the decode graph runs decode programs (NUCLEUS_DECODE_PROGRAMS=1)");
+  if (options_.enable_prezero && !programs) {
     NUCLEUS_ASSIGN_OR_RETURN(PrezeroPassReport r, apply_prezero_pass(g));
     if (rank_.shard.rank == 0)  // every rank's graph is alike
       NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
