@@ -729,7 +729,9 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
     std::vector<uint16_t> h_q(8 * heads * head, 0x7fc0), h_kv(8 * width, 0x7fc0), h_cache(slots * width, 0x7fc0);
     Tensor d_res_out = nan_filled(8 * H, DType::kF32), d_copy = nan_filled(8 * H, DType::kF32);
     Tensor d_q = nan_filled(8 * heads * head, DType::kBF16), d_kv = nan_filled(8 * width, DType::kBF16);
-    Tensor d_cache = nan_filled(slots * width, DType::kBF16);
+    // The cache with a poisoned guard row before and after it (a write through slot -1 would land before).
+    Tensor d_cache_guarded = nan_filled((slots + 2) * width, DType::kBF16);
+    uint16_t* d_cache_rows = d_cache_guarded.data<uint16_t>() + width;
     auto chain = [&](bool device) {
       FrontChain c;
       c.hidden = H;
@@ -754,7 +756,7 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
       c.kv_a = device ? d_kv.data<uint16_t>() : h_kv.data();
       c.positions = device ? d_pos.data<int32_t>() : positions.data();
       c.slot_mapping = device ? d_slots.data<int64_t>() : slot_mapping.data();
-      c.cache = device ? d_cache.data<uint16_t>() : h_cache.data();
+      c.cache = device ? d_cache_rows : h_cache.data();
       c.num_slots = slots;
       return c;
     };
@@ -770,11 +772,20 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
     EXPECT_TRUE(rows_close(d_kv, h_kv, rows, width, "kv_a"));
     EXPECT_TRUE(rows_close(d_q, h_q, rows, heads * head, "q"));
     EXPECT_TRUE(rows_close(d_copy, h_copy, rows, H, "residual copied back"));
-    const std::vector<float> got = widen(host_copy<uint16_t>(d_cache)), want = widen(h_cache);
+    const std::vector<float> guarded = widen(host_copy<uint16_t>(d_cache_guarded)), want = widen(h_cache);
+    for (int64_t i = 0; i < width; ++i) {
+      EXPECT_TRUE(std::isnan(guarded[i])) << "the guard row before the cache was written";
+      EXPECT_TRUE(std::isnan(guarded[(slots + 1) * width + i])) << "the guard row after the cache was written";
+    }
+    const std::vector<float> got(guarded.begin() + width, guarded.begin() + (slots + 1) * width);
     for (int64_t slot = 0; slot < slots; ++slot) {
       const bool written = std::isnan(want[slot * width]) == false;
       if (!written) {
-        EXPECT_TRUE(std::isnan(got[slot * width])) << "slot " << slot << " written but no row maps to it";
+        for (int64_t i = 0; i < width; ++i)
+          if (!std::isnan(got[slot * width + i])) {
+            ADD_FAILURE() << "slot " << slot << " column " << i << " written but no row maps to it";
+            break;
+          }
         continue;
       }
       EXPECT_TRUE(all_close({got.begin() + slot * width, got.begin() + (slot + 1) * width},

@@ -774,6 +774,28 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
   }
 }
 
+// Jobs that stream no weights (a combine's columns, a RoPE row) are dealt to
+// distinct CTAs, not piled on the least loaded one (each still costs a wait,
+// barriers and a fence).
+TEST(MonoProgram, JobsWithoutWeightsSpreadOverCtas) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.slots = 48;
+  HostMoe m(sc, 3);
+  auto plan = plan_program(moe_chain_stages(m.c, 8), 8, 132);  // combine: 64 / 8 = 8 jobs
+  ASSERT_TRUE(plan.ok());
+  const int32_t combine = static_cast<int32_t>(plan->stages.size()) - 1;
+  std::set<int32_t> ctas;
+  int32_t jobs = 0;
+  for (int32_t c = 0; c < plan->num_ctas(); ++c)
+    for (int32_t q = plan->queue_start[c]; q < plan->queue_start[c + 1]; ++q)
+      if (plan->jobs[q].stage == combine) {
+        ++jobs;
+        ctas.insert(c);
+      }
+  EXPECT_EQ(jobs, 8);
+  EXPECT_EQ(ctas.size(), 8u) << "combine jobs share CTAs";
+}
+
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
   MoeChain sc = v2_lite_like_moe();
   sc.slots = 8 * 6;

@@ -357,7 +357,7 @@ __device__ void select_job(const Program& p, const Stage& s, float* scratch, int
 // A kRopeCache job: row r (nothing for a pad row), as rope_kv_cache_kernel
 // (kernels/rope/rope_kv_cache.cu) computes a bf16 row with the kv norm fused:
 // thread t's partial sum of squares over columns t, t + 256, ..., the eight
-// warps' sums added in order, sincosf of f32(pos) * inv_freq[i].
+// warps' sums added as block_sum adds them, sincosf of f32(pos) * inv_freq[i].
 __device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scratch, int ct) {
   if (r >= p.rows) return;  // uniform over the compute threads
   const int cw = ct / 32, lane = ct % 32;
@@ -375,8 +375,9 @@ __device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scr
   ss = cuda_common::warp_sum(ss);
   if (lane == 0) scratch[cw] = ss;
   compute_barrier();
-  float total = 0.0f;
-  for (int w = 0; w < kComputeWarps; ++w) total += scratch[w];
+  // The eight warps' sums added as cuda_common::block_sum adds them (the plain
+  // kernel's order: a cache row is the same bits whichever kernel wrote it).
+  const float total = cuda_common::warp_sum(lane < kComputeWarps ? scratch[lane] : 0.0f);
   const float inv = rsqrtf(total / static_cast<float>(s.kv_lora) + s.eps);
   __nv_bfloat16* row = slot >= 0 ? reinterpret_cast<__nv_bfloat16*>(s.cache) + slot * width : nullptr;
   if (row)

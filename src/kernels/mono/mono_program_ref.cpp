@@ -436,8 +436,11 @@ ProgramPlan deal_jobs(std::vector<Stage> stages, int32_t width, int32_t num_ctas
       auto [load, c] = least.top();
       least.pop();
       queues[static_cast<size_t>(c)].push_back({static_cast<int32_t>(i), t});
-      plan.cta_weight_bytes[static_cast<size_t>(c)] = load + bytes;
-      least.push({load + bytes, c});
+      plan.cta_weight_bytes[static_cast<size_t>(c)] += bytes;
+      // Every job also costs its wait, barriers and fence: jobs that stream
+      // nothing (a combine, a RoPE row) spread over CTAs instead of piling up
+      // on the least loaded one.
+      least.push({load + bytes + kJobCostBytes, c});
     }
   }
   plan.queue_start.push_back(0);
