@@ -10,7 +10,10 @@
 //   program/T  one launch of the program, jobs of T columns, one CTA per SM
 // and, per m, q_proj + kv_a alone (14.9 MB) through the skinny kernel and as a
 // one-stage program (% of roofline on that GEMV's bytes).
-// Second table, the MoE block of a V2-Lite layer (mono_program_ref.h
+// Second table, the attention front of a V2-Lite layer (FrontChain: add +
+// RMSNorm, q_proj, kv_a, RoPE + cache write) against add_rmsnorm, two skinny
+// GEMMs and rope_kv_cache_write (bytes: the two weights).
+// Third table, the MoE block of a V2-Lite layer (mono_program_ref.h
 // MoeChain: post-attention add + RMSNorm, router 64 x 2048, top-6 softmax
 // routing, two shared experts, 64 routed experts of 1408, the weighted sum):
 //   ops        what the decode graph runs: add_rmsnorm, the skinny router
@@ -33,6 +36,8 @@
 #include <cstring>
 #include <deque>
 #include <set>
+#include <tuple>
+#include <cmath>
 #include <ctime>
 #include <string>
 #include <vector>
@@ -47,6 +52,7 @@
 #include "kernels/mono/mono_kernel.cuh"
 #include "kernels/mono/mono_program_ref.h"
 #include "kernels/rmsnorm/rmsnorm.cuh"
+#include "kernels/rope/rope_kv_cache.cuh"
 #include "graph/step_resources.h"
 #include "ops/moe_ops.h"
 
@@ -287,6 +293,125 @@ int main(int argc, char** argv) {
       single("front GEMV alone: program/16", std::to_string(mono::mono_ring_slots(view(0))),
              bench::median_us_per_launch(
                  kCopies, [&](int i) { return mono::launch_mono_program(view(i), stream, true) == cudaSuccess; }));
+    }
+  }
+  // The attention front of a V2-Lite layer (FrontChain): input add + RMSNorm, q_proj 3072 x 2048, kv_a 576 x
+  // 2048, RoPE + the latent cache write (kv norm fused), against the plain chain the decode graph runs.
+  {
+    constexpr int64_t kHeads = 16, kQ = 3072, kKv = 576, kSlots = 4096;
+    std::vector<float> inv(32);
+    for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / 64.0f);
+    Tensor d_inv = Tensor::empty({32}, DType::kF32, Device::kCuda);
+    copy_to_device(d_inv.raw(), inv.data(), inv.size() * 4);
+    Tensor kv_norm = f32_tensor(512, 0.5f, 1.5f), cache = bench::random_bf16(kSlots * kKv, 0);
+    std::vector<int32_t> pos_h(kRows);
+    std::vector<int64_t> slot_h(kRows);
+    for (int64_t r = 0; r < kRows; ++r) {
+      pos_h[r] = static_cast<int32_t>(1000 + 37 * r);
+      slot_h[r] = 64 * r + 5;
+    }
+    Tensor pos = Tensor::empty({kRows}, DType::kI32, Device::kCuda), slots = Tensor::empty({kRows}, DType::kI64, Device::kCuda);
+    copy_to_device(pos.raw(), pos_h.data(), pos_h.size() * 4);
+    copy_to_device(slots.raw(), slot_h.data(), slot_h.size() * 8);
+    Tensor q = bench::random_bf16(kRows * kQ, 0), kv = bench::random_bf16(kRows * kKv, 0);
+    std::vector<Tensor> wq, wkv;
+    for (int i = 0; i < kCopies; ++i) {
+      wq.push_back(bench::random_bf16(kQ * kHidden, 0.04f));
+      wkv.push_back(bench::random_bf16(kKv * kHidden, 0.04f));
+    }
+    const double front_bytes = static_cast<double>((kQ + kKv) * kHidden * 2);
+    std::printf("\n| m | attention front | us | GB/s | %% of roofline | vs plain |\n|---|---|---|---|---|---|\n");
+    for (int64_t m : ms) {
+      const double plain = bench::median_us_per_launch(kCopies, [&](int i) {
+        AddRmsNormParams n;
+        n.residual = ptr<float>(residual);
+        n.delta = delta.raw();
+        n.w = ptr<float>(input_norm);
+        n.rows = m;
+        n.width = kHidden;
+        n.out = ptr<__nv_bfloat16>(x_norm);
+        n.pdl = true;
+        bool ok = launch_add_rmsnorm(n, stream) == cudaSuccess;
+        for (auto [w, out, nn] : {std::tuple{&wq[i], &q, kQ}, std::tuple{&wkv[i], &kv, kKv}}) {
+          SkinnyGemmArgs a;
+          a.x = ptr<__nv_bfloat16>(x_norm);
+          a.x_stride = kHidden;
+          a.w = ptr<__nv_bfloat16>(*w);
+          a.out = out->raw();
+          a.out_stride = nn;
+          a.m = m;
+          a.n = nn;
+          a.k = kHidden;
+          a.pdl = true;
+          ok = ok && launch_skinny_gemm(a, stream) == cudaSuccess;
+        }
+        RopeKvCacheParams r;
+        r.q = ptr<__nv_bfloat16>(q);
+        r.q_stride = kQ;
+        r.kv_a = ptr<__nv_bfloat16>(kv);
+        r.kv_stride = kKv;
+        r.kv_norm_w = ptr<float>(kv_norm);
+        r.kv_norm_eps = 1e-6f;
+        r.positions = ptr<int32_t>(pos);
+        r.slot_mapping = ptr<int64_t>(slots);
+        r.inv_freq = ptr<float>(d_inv);
+        r.cache = cache.raw();
+        r.num_tokens = m;
+        r.num_heads = kHeads;
+        r.qk_nope = 128;
+        r.qk_rope = 64;
+        r.kv_lora = 512;
+        r.pdl = true;
+        return ok && launch_rope_kv_cache_write(r, stream) == cudaSuccess;
+      });
+      auto row = [&](const char* what, double us, double base) {
+        const double gbs = front_bytes / (us * 1e-6) / 1e9;
+        std::printf("| %ld | %s | %.2f | %.0f | %.1f%% | %s |\n", long(m), what, us, gbs,
+                    100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec,
+                    base > 0 ? (std::to_string(base / us).substr(0, 4) + "x").c_str() : "");
+        std::fflush(stdout);
+      };
+      row("plain", plain, -1);
+      std::vector<mono::ProgramPlan> plans;
+      std::vector<Tensor> qs, js, cs;
+      for (int i = 0; i < kCopies; ++i) {
+        mono::FrontChain fc;
+        fc.hidden = kHidden;
+        fc.num_heads = kHeads;
+        fc.w_q = ptr<uint16_t>(wq[i]);
+        fc.w_kva = ptr<uint16_t>(wkv[i]);
+        fc.input_norm = ptr<float>(input_norm);
+        fc.kv_norm = ptr<float>(kv_norm);
+        fc.inv_freq = ptr<float>(d_inv);
+        fc.residual = ptr<float>(residual);
+        fc.delta = ptr<uint16_t>(delta);
+        fc.residual_out = ptr<float>(residual_mid);
+        fc.residual_copy_to = ptr<float>(residual_out);
+        fc.q = ptr<uint16_t>(q);
+        fc.kv_a = ptr<uint16_t>(kv);
+        fc.positions = ptr<int32_t>(pos);
+        fc.slot_mapping = ptr<int64_t>(slots);
+        fc.cache = ptr<uint16_t>(cache);
+        fc.num_slots = kSlots;
+        auto plan = mono::plan_program(mono::front_chain_stages(fc, 16), static_cast<int32_t>(m), c.num_sms);
+        if (!plan.ok()) {
+          std::fprintf(stderr, "mono_bench: %s\n", plan.status().to_string().c_str());
+          return 1;
+        }
+        plans.push_back(std::move(*plan));
+        qs.push_back(Tensor::empty({static_cast<int64_t>(plans.back().queue_start.size())}, DType::kI32, Device::kCuda));
+        copy_to_device(qs.back().raw(), plans.back().queue_start.data(), plans.back().queue_start.size() * 4);
+        js.push_back(Tensor::empty({static_cast<int64_t>(plans.back().jobs.size() * 2)}, DType::kI32, Device::kCuda));
+        copy_to_device(js.back().raw(), plans.back().jobs.data(), plans.back().jobs.size() * sizeof(mono::Job));
+        cs.push_back(Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda));
+        zero_device(cs.back());
+      }
+      const double prog = bench::median_us_per_launch(kCopies, [&](int i) {
+        const mono::Program p = mono::program_view(plans[i], static_cast<int32_t>(m), ptr<int32_t>(qs[i]),
+                                                   static_cast<const mono::Job*>(js[i].raw()), ptr<int32_t>(cs[i]));
+        return mono::launch_mono_program(p, stream, true) == cudaSuccess;
+      });
+      row("program/16", prog, plain);
     }
   }
   // The MoE block.
