@@ -49,6 +49,11 @@ Status front_program_supported(const FrontProgramOp& op) {
   const int64_t H = op.hidden();
   if (H % 16 != 0 || H > 8192) return unsupported("hidden size " + std::to_string(H) + " is not a multiple of 16 up to 8192");
   if (p.norm->all_reduce().comm) return unsupported("tensor parallelism all-reduces the delta before the norm");
+  if (p.norm->weight().dtype() != DType::kF32 || p.norm->weight().numel() != H)
+    return unsupported("the input norm's weight is not f32 [hidden]");
+  if (p.q_a_norm && p.q_a_norm->weight().dtype() != DType::kF32) return unsupported("q_a_layernorm's weight is not f32");
+  if (p.rope->kv_norm_weight().defined() && p.rope->kv_norm_weight().dtype() != DType::kF32)
+    return unsupported("kv_a_layernorm's weight is not f32");
   for (const LinearOp* l : {p.q_proj.get(), p.q_a.get(), p.q_b.get(), p.kv_a.get()}) {
     if (!l) continue;
     const LinearWeight& w = l->weight();

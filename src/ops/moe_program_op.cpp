@@ -49,6 +49,8 @@ Status moe_program_supported(const MoeProgramOp& op) {
     return unsupported(o.name + ": an input width of " + std::to_string(o.in_features) +
                        " (need a multiple of 16 up to 8192)");
   if (p.norm->all_reduce().comm) return unsupported("tensor parallelism all-reduces the delta before the norm");
+  if (p.norm->weight().dtype() != DType::kF32 || p.norm->weight().numel() != H)
+    return unsupported("the post-attention norm's weight is not f32 [hidden]");
   if (p.experts->fuses_add_rmsnorm()) return unsupported("the experts op runs the next add + norm");
   const LinearWeight& router = p.router->weight();
   if (router.weight.dtype() != DType::kBF16) return unsupported("the router weight is not bf16");
