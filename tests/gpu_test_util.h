@@ -48,10 +48,11 @@ Tensor device_copy(const std::vector<T>& host, DType dtype) {
   return t;
 }
 
-// A device buffer of `count` elements filled with a poison byte pattern.
+// A device buffer of `count` elements filled with a poison byte pattern
+// (0x7f bytes: an e4m3 NaN, and a huge finite f32 / bf16 value).
 inline Tensor device_poisoned(int64_t count, DType dtype) {
   Tensor t = Tensor::empty({count}, dtype, Device::kCuda);
-  std::vector<uint8_t> poison(t.nbytes(), 0x7f);  // NaN in f32, bf16 and fp8
+  std::vector<uint8_t> poison(t.nbytes(), 0x7f);  // NaN in fp8; ~3.39e38 (finite) in f32 and bf16
   copy_to_device(t.raw(), poison.data(), poison.size());
   return t;
 }

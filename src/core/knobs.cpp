@@ -233,6 +233,13 @@ constexpr KnobInfo kKnobs[] = {
      "in the cache) instead of as its own RMSNorm op (auto and 1: fused; 0: its own op, the graph before the "
      "switch); read when the graphs are built; a malformed value is refused at start-up",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodePrograms), "NUCLEUS_DECODE_PROGRAMS", KnobType::kFlag, "", "0",
+     "CUDA decode graphs run each layer's attention front (input add + norm, q projections, kv_a, RoPE + cache "
+     "write) and each MoE layer's o_proj and MoE block (post-attention add + norm, router, routing, routed and "
+     "shared experts) as decode programs, one launch each, the persistent kernel of docs/decode_program.md, for steps of at most 8 "
+     "rows (the separate ops for wider ones); bf16 weights, one rank; else the separate ops with a warning; "
+     "read when a graph is built",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

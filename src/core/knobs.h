@@ -69,6 +69,7 @@ enum class Knob {
   kMlaDecodeFp8RegisterConvert,
   kMlaDecodeWgmma,
   kFuseKvANorm,
+  kDecodePrograms,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -67,6 +67,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   ldmatrix_x4(smem_u32(p), r[0], r[1], r[2], r[3]);
 }
 
+// ldmatrix.sync.aligned.m8n8.x2.shared.b16: two 8x8 b16 matrices; lanes
+// 8i..8i+7 (i = 0, 1) give the row addresses of matrix i (the addresses of
+// lanes 16..31 are not read), r_i receives matrix i in the fragment layout.
+__device__ __forceinline__ void ldmatrix_x2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr) : "memory");
+}
 // The same, each matrix transposed (.trans): lane l holds column l / 4,
 // rows 2 (l % 4), +1 — the B fragment of a row-major [k, n] tile.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,

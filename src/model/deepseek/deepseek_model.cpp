@@ -20,6 +20,8 @@
 #include "ops/mla_prefill.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
+#include "ops/front_program_op.h"
+#include "ops/moe_program_op.h"
 #include "ops/prezero.h"
 #include "ops/rope_kv_cache_write.h"
 #include "ops/skinny.h"
@@ -112,7 +114,14 @@ StatusOr<BuiltGraph> DeepseekModel::build_graph(StepKind kind) {
   NUCLEUS_ASSIGN_OR_RETURN(SplitKPassReport sk, apply_splitk_pass(g, options_.device));
   if (sk.redirected + sk.reselected > 0)
     NUCLEUS_LOG_INFO("split-K pass: {} decode GEMMs write f32, {} kept off split-K", sk.redirected, sk.reselected);
-  if (options_.enable_prezero) {
+  // The prezero pass rewrites the layers' add + norm donors by name; decode
+  // programs (NUCLEUS_DECODE_PROGRAMS) hold those ops inside them.
+  bool programs = false;
+  for (const Node& n : g.nodes())
+    programs |= std::string(n.op->kind()) == "front_program" || std::string(n.op->kind()) == "moe_program";
+  if (options_.enable_prezero && programs && rank_.shard.rank == 0)
+    NUCLEUS_LOG_WARN("prezero pass skipped: the decode graph runs decode programs (NUCLEUS_DECODE_PROGRAMS=1)");
+  if (options_.enable_prezero && !programs) {
     NUCLEUS_ASSIGN_OR_RETURN(PrezeroPassReport r, apply_prezero_pass(g));
     if (rank_.shard.rank == 0)  // every rank's graph is alike
       NUCLEUS_LOG_INFO("prezero pass: {} donors, {} consumers in the decode graph", r.donors, r.consumers);
@@ -288,6 +297,10 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const bool combine_norm = kind == StepKind::kDecode && !rank_.comm && !options_.cpu_bf16_emulation &&
                             combine_norm_switch != AutoSwitch::kOff;
   MoeExpertsOp* norm_in_moe = nullptr;  // the MoE op that runs the next add + norm, if any
+  // MoE blocks as decode programs (ops/moe_program_op.h): CUDA decode graphs, NUCLEUS_DECODE_PROGRAMS=1.
+  const bool decode_programs =
+      kind == StepKind::kDecode && options_.device == Device::kCuda && env_flag(Knob::kDecodePrograms);
+  static std::atomic<bool> said_why_no_program{false}, said_why_no_front{false};
   int moe_layers = 0, folded_norms = 0;
   // The add + norm of the delta (as add_norm), or its fold into that op.
   auto add_delta_norm = [&](const std::string& name, const Tensor& weight, bool partial_delta) {
@@ -304,12 +317,52 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     const LayerWeights& lw = weights_.layers[l];
     const AttentionWeights& aw = lw.attn;
     const std::string p = "layers." + std::to_string(l) + ".";
-    // Attention block.
-    if (l > 0 || mtp)
+    // Attention block. Its front (the input add + norm, the q projections,
+    // kv_a, RoPE and the cache write) as one decode program in CUDA decode
+    // graphs with NUCLEUS_DECODE_PROGRAMS=1 (ops/front_program_op.h): a bf16
+    // cache, the kv norm fused, one rank, the main model (not MTP), the input
+    // norm not folded into the MoE op before.
+    const bool fuse_kv_norm = env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
+    bool front_in_program = false;
+    if (decode_programs && !mtp && !norm_in_moe && !rank_.comm && !width_builds_ &&
+        mode != AttentionMode::kExpanded && fuse_kv_norm && kv_cache_dtype_ == KvCacheDtype::kBF16) {
+      FrontProgramOp::Parts parts;
+      parts.norm = std::make_unique<AddRmsNormOp>(lw.input_layernorm, eps, /*has_delta=*/l > 0);
+      if (aw.q_a_proj) {
+        parts.q_a = std::make_unique<LinearOp>(&*aw.q_a_proj, false);
+        parts.q_a_norm = std::make_unique<RmsNormOp>(aw.q_a_layernorm, eps);
+        parts.q_b = std::make_unique<LinearOp>(&*aw.q_b_proj, false);
+      } else {
+        parts.q_proj = std::make_unique<LinearOp>(&*aw.q_proj, false);
+      }
+      parts.kv_a = std::make_unique<LinearOp>(&aw.kv_a_proj, false);
+      parts.rope = std::make_unique<RopeKvCacheWriteOp>(
+          l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
+          static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
+      parts.rope->fuse_kv_norm(aw.kv_a_layernorm, eps);
+      auto front = std::make_unique<FrontProgramOp>(l, std::move(parts), H);
+      if (Status why = front_program_supported(*front); why.ok()) {
+        std::vector<int> outs = {residual, x_norm, q, kv_a};
+        if (aw.q_a_proj) outs.push_back(g.buffer("q_a", c.q_lora_rank, act));
+        if (l > 0)
+          g.add(p + "self_attn.front_program", std::move(front), {residual, delta}, outs);
+        else
+          g.add(p + "self_attn.front_program", std::move(front), {residual}, outs);
+        front_in_program = true;
+      } else if (!said_why_no_front.exchange(true)) {
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the attention fronts run the separate ops: {}", why.message());
+      }
+    }
+    if (front_in_program) {
+      g.add(p + "self_attn.attn_decode",
+            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
+            {attn_out, q_lat, o_lat});
+    } else if (l > 0 || mtp) {
       add_delta_norm(p + "input_layernorm", lw.input_layernorm, /*partial_delta=*/l > 0);
-    else
+    } else {
       g.add(p + "input_layernorm", add_norm(lw.input_layernorm, false), {residual}, {residual, x_norm});
-    if (kind == StepKind::kDecode && width_builds_) {
+    }
+    if (!front_in_program && kind == StepKind::kDecode && width_builds_) {
       // The whole front end as one op (width builds); attention reads its q_full.
       const int q_a = g.buffer("q_a", std::max<int64_t>(c.q_lora_rank, 8), act);
       const int q_full = g.buffer("mla_q_full", nh * c.kv_cache_width(), act);
@@ -323,7 +376,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       g.add(p + "self_attn.attn_decode",
             std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q, q_full},
             {attn_out, q_lat, o_lat});
-    } else {
+    } else if (!front_in_program) {
       if (aw.q_a_proj) {
         const int q_a = g.buffer("q_a", c.q_lora_rank, act);
         g.add(p + "self_attn.q_a_proj", std::make_unique<LinearOp>(&*aw.q_a_proj, false), {x_norm}, {q_a});
@@ -338,7 +391,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           l, &rope_, dims, rope_inv_freq_device_.defined() ? rope_inv_freq_device_.data<float>() : nullptr,
           static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
       // kv_a_layernorm: inside the RoPE + cache-write op (NUCLEUS_FUSE_KV_A_NORM, default), or its own op.
-      if (env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff)
+      if (fuse_kv_norm)
         rope_op->fuse_kv_norm(aw.kv_a_layernorm, eps);
       else
         g.add(p + "self_attn.kv_a_layernorm", std::make_unique<RmsNormOp>(aw.kv_a_layernorm, eps), {kv_a}, {kv_a});
@@ -354,6 +407,44 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
               std::make_unique<MlaPrefillAttentionOp>(l, &aw.kv_b_proj, dims, mode, options_.prefill_context_chunk,
                                                       kv_cache_dtype_),
               {q}, {attn_out});
+    }
+    // The output projection and a MoE block of a CUDA decode graph as one
+    // decode program (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h):
+    // o_proj, the post-attention add + norm, router, routing and experts
+    // (shared ones fused) in one launch for steps of at most 8 rows; the op
+    // holds the separate ops for wider steps.
+    if (decode_programs && lw.moe && (lw.moe->shared || rank_.comm)) {
+      if (!said_why_no_program.exchange(true))
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}",
+                         rank_.comm ? "tensor parallelism all-reduces the delta before the norm"
+                                    : "the shared experts run as one MLP, not as pieces the program can stream");
+    } else if (decode_programs && lw.moe) {
+      const MoeWeights& m = *lw.moe;
+      kernels::MoeRoutingParams routing = moe_routing_params(c);
+      routing.shared_slots = static_cast<int64_t>(m.shared_experts.size());
+      std::vector<ExpertWeights> experts;
+      for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
+      for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
+      const int64_t inter = c.moe_intermediate_size / tp;
+      MoeProgramOp::Parts parts;
+      parts.o_proj = std::make_unique<LinearOp>(&aw.o_proj, false);
+      parts.norm = std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true);
+      parts.router = std::make_unique<LinearOp>(&m.router, false);
+      parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
+      parts.experts = std::make_unique<MoeExpertsOp>(std::move(experts), inter, routing.slots());
+      auto program = std::make_unique<MoeProgramOp>(l, std::move(parts), H, routing.shared_slots);
+      if (Status why = moe_program_supported(*program); why.ok()) {
+        const int logits = g.buffer("router_logits", c.n_routed_experts, DType::kF32);
+        const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
+        const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
+        const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
+        g.add(p + "mlp.program", std::move(program), {attn_out, residual},
+              {residual, delta, x_norm, logits, ids, weights, moe_scratch});
+        ++moe_layers;
+        continue;
+      } else if (!said_why_no_program.exchange(true)) {
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
+      }
     }
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.

@@ -1,0 +1,649 @@
+// The decode-program kernel (mono_kernel.cuh). The order every CTA keeps:
+//   copy warp:    for each chunk of its queue: wait for the slot to be empty
+//                 (its previous round's eight arrivals), announce the bytes on
+//                 the slot's full barrier, issue one bulk copy per weight row.
+//   compute warps: for each job: wait for its stages, x into shared memory;
+//                 for each chunk: wait full, MMAs, arrive empty; per group the
+//                 eight warps' sums; then the epilogue, a fence and the
+//                 counter.
+#include "kernels/mono/mono_kernel.cuh"
+
+#include <cuda_bf16.h>
+
+#include <cstdio>
+
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/common/device_sms.h"
+#include "kernels/common/pdl.cuh"
+#include "kernels/common/ptx.cuh"
+
+namespace nucleus::kernels::mono {
+
+namespace {
+
+constexpr int kComputeWarps = 8;
+constexpr int kThreads = 32 * (1 + kComputeWarps);  // warp 0 copies, warps 1 ... 8 compute
+constexpr int kConsumerThreads = kComputeWarps * 32;
+static_assert(kComputeWarps * 64 == kSliceK, "each compute warp takes 64 k of a slice");
+constexpr int kRowPitch = kSliceK * 2 + 16;         // bytes a weight row takes in a slot (+16: conflict-free ldmatrix)
+constexpr int kSlotBytes = kGroupRows * kRowPitch;  // 16,640
+constexpr int kMaxSlots = 12, kMinSlots = 3;
+constexpr int kRedFloats = 2 * kComputeWarps * 128;            // two buffers of the eight warps' 16 x 8 sums
+constexpr int kTileFloats = kMaxWidth * 2 * kMaxTile;           // the job's output tile [row][slot]
+constexpr int kSsFloats = kComputeWarps * kMaxWidth;            // per-warp sums of squares
+constexpr size_t kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum a CTA
+constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;
+
+int64_t widest_k(const Program& p) {
+  int64_t k = 16;
+  for (int s = 0; s < p.num_stages; ++s) k = p.stages[s].k > k ? p.stages[s].k : k;
+  return k;
+}
+
+// Shared-memory carve-up, the same on host and device.
+struct Layout {
+  int slots = 0;
+  int64_t x_pitch = 0;  // elements of one row of x
+  size_t ring = 0, full = 0, empty = 0, red = 0, tile = 0, ss = 0, x = 0, total = 0;
+};
+__host__ __device__ inline Layout layout(int slots, int64_t k_max) {
+  Layout l;
+  l.slots = slots;
+  l.x_pitch = k_max + 8;
+  l.ring = 0;
+  l.full = l.ring + static_cast<size_t>(slots) * kSlotBytes;
+  l.empty = l.full + kMaxSlots * 8;
+  l.red = l.empty + kMaxSlots * 8;
+  l.tile = l.red + kRedFloats * 4;
+  l.ss = l.tile + kTileFloats * 4;
+  l.x = l.ss + kSsFloats * 4;
+  l.total = l.x + static_cast<size_t>(kMaxWidth) * l.x_pitch * 2;
+  return l;
+}
+
+__device__ __forceinline__ void compute_barrier() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kComputeWarps * 32) : "memory");
+}
+__device__ __forceinline__ int32_t load_acquire(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16(f)); }
+
+// Compute thread ct waits until every job of the stages in `mask` has
+// finished; every compute thread must call it.
+__device__ void wait_stages(const Program& p, uint32_t mask, int ct) {
+  if (ct == 0 && mask != 0) {
+    for (int s = 0; s < p.num_stages; ++s) {
+      if (!(mask >> s & 1u)) continue;
+      const int32_t target = stage_jobs(p.stages[s]);
+      const uint64_t t0 = global_ns();
+      while (load_acquire(p.counters + s) < target)
+        if (global_ns() - t0 > kWaitLimitNs) {  // a program that cannot finish: fail, never hang
+          printf("decode program: CTA %d has waited 10 s for stage %d (%d of %d jobs done); trapping\n",
+                 static_cast<int>(blockIdx.x), s, load_acquire(p.counters + s), target);
+          __trap();
+        }
+    }
+    __threadfence();
+  }
+  compute_barrier();
+}
+
+// x of stage s for rows < p.rows into xs (row pitch `pitch` elements).
+__device__ void build_x(const Program& p, const Stage& s, int32_t tile, const uint16_t* x, uint16_t* xs, int64_t pitch,
+                        float* ss_smem, int ct) {
+  const int64_t kv = s.k / 8;  // 16-byte vectors a row
+  const int rows = p.rows;
+  if (s.prologue == Prologue::kLoad) {
+    for (int64_t idx = ct; idx < rows * kv; idx += kConsumerThreads) {
+      const int64_t r = idx / kv, v = idx % kv;
+      const uint4 val = __ldcg(reinterpret_cast<const uint4*>(x + r * s.x_stride + v * 8));
+      *reinterpret_cast<uint4*>(xs + r * pitch + v * 8) = val;
+    }
+    compute_barrier();
+    return;
+  }
+  // residual + delta (kRmsNorm: the x row), twice: once for the sums of
+  // squares (and residual_out), once to normalise (the rows are in L2;
+  // registers could not hold them).
+  auto load_v = [&](int64_t r, int64_t v, float (&f)[8]) {
+    if (s.prologue == Prologue::kRmsNorm) {
+      cuda_common::bf16x8_to_f32(__ldcg(reinterpret_cast<const uint4*>(x + r * s.x_stride + v * 8)), f);
+      return;
+    }
+    const float4* res = reinterpret_cast<const float4*>(s.residual + r * s.k + v * 8);
+    const float4 a = __ldcg(res), b = __ldcg(res + 1);
+    float d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (s.delta) cuda_common::bf16x8_to_f32(__ldcg(reinterpret_cast<const uint4*>(s.delta + r * s.k + v * 8)), d);
+    f[0] = a.x + d[0];
+    f[1] = a.y + d[1];
+    f[2] = a.z + d[2];
+    f[3] = a.w + d[3];
+    f[4] = b.x + d[4];
+    f[5] = b.y + d[5];
+    f[6] = b.z + d[6];
+    f[7] = b.w + d[7];
+  };
+  const int warp = ct / 32, lane = ct % 32;
+  float ss[kMaxWidth];
+#pragma unroll
+  for (int r = 0; r < kMaxWidth; ++r) {
+    ss[r] = 0.0f;
+    if (r >= rows) continue;
+    for (int64_t v = ct; v < kv; v += kConsumerThreads) {
+      float f[8];
+      load_v(r, v, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss[r] += f[j] * f[j];
+      if (tile == 0 && s.residual_out && s.prologue == Prologue::kAddRmsNorm) {
+        float4* out = reinterpret_cast<float4*>(s.residual_out + r * s.k + v * 8);
+        out[0] = make_float4(f[0], f[1], f[2], f[3]);
+        out[1] = make_float4(f[4], f[5], f[6], f[7]);
+      }
+    }
+    ss[r] = cuda_common::warp_sum(ss[r]);
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < kMaxWidth; ++r) ss_smem[warp * kMaxWidth + r] = ss[r];
+  compute_barrier();
+#pragma unroll
+  for (int r = 0; r < kMaxWidth; ++r) {
+    if (r >= rows) continue;
+    float total = 0.0f;
+    for (int w = 0; w < kComputeWarps; ++w) total += ss_smem[w * kMaxWidth + r];
+    const float inv = rsqrtf(total / static_cast<float>(s.k) + s.eps);
+    for (int64_t v = ct; v < kv; v += kConsumerThreads) {
+      float f[8];
+      load_v(r, v, f);
+      const float4* nw = reinterpret_cast<const float4*>(s.norm_w + v * 8);
+      const float4 w0 = __ldg(nw), w1 = __ldg(nw + 1);
+      uint4 packed;
+      packed.x = cuda_common::pack_bf16x2(f[0] * inv * w0.x, f[1] * inv * w0.y);
+      packed.y = cuda_common::pack_bf16x2(f[2] * inv * w0.z, f[3] * inv * w0.w);
+      packed.z = cuda_common::pack_bf16x2(f[4] * inv * w1.x, f[5] * inv * w1.y);
+      packed.w = cuda_common::pack_bf16x2(f[6] * inv * w1.z, f[7] * inv * w1.w);
+      *reinterpret_cast<uint4*>(xs + r * pitch + v * 8) = packed;
+    }
+  }
+  compute_barrier();  // x complete; ss_smem free again
+}
+
+// Routes row `row` (one warp; lane holds experts lane, lane + 32, ... below
+// num_experts) by kernels/moe/moe_ref.h's rules: writes its top_k expert ids
+// and weights.
+__device__ void route_row(const Stage& s, int row, int lane, int32_t* ids, float* weights) {
+  constexpr int kPer = kMaxExperts / 32;
+  const int E = s.num_experts;
+  const float* l = s.logits + static_cast<int64_t>(row) * E;
+  float score[kPer], choice[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    score[i] = e < E ? __ldcg(l + e) : -INFINITY;
+    mx = fmaxf(mx, score[i]);
+  }
+  if (s.scoring == Scoring::kSoftmax) {
+    mx = cuda_common::warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      score[i] = lane + 32 * i < E ? expf(score[i] - mx) : 0.0f;
+      sum += score[i];
+    }
+    sum = cuda_common::warp_sum(sum);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) score[i] /= sum;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) score[i] = 1.0f / (1.0f + expf(-score[i]));
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    choice[i] = e < E ? (s.bias ? score[i] + __ldg(s.bias + e) : score[i]) : -INFINITY;
+  }
+  if (s.method == TopK::kNoauxTc && s.n_group > 1) {
+    // Group g holds experts [g * gs, (g + 1) * gs); its score is the sum of
+    // its two largest choices (one when gs = 1); the topk_group best groups
+    // (ties: the lower group) stay, the others' experts are never chosen.
+    const int gs = E / s.n_group;
+    float group[kMaxGroups];
+#pragma unroll
+    for (int g = 0; g < kMaxGroups; ++g) {
+      group[g] = -INFINITY;
+      if (g >= s.n_group) continue;
+      float v1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if ((lane + 32 * i) / gs == g && lane + 32 * i < E) v1 = fmaxf(v1, choice[i]);
+      const float m1 = cuda_common::warp_max(v1);
+      // One occurrence of m1 (the lowest expert holding it) left out for the second.
+      int first = 1 << 30;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if ((lane + 32 * i) / gs == g && lane + 32 * i < E && choice[i] == m1 && lane + 32 * i < first)
+          first = lane + 32 * i;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+      float v2 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i)
+        if ((lane + 32 * i) / gs == g && lane + 32 * i < E && lane + 32 * i != first) v2 = fmaxf(v2, choice[i]);
+      group[g] = gs > 1 ? m1 + cuda_common::warp_max(v2) : m1;
+    }
+    uint32_t kept = 0;
+    for (int k = 0; k < s.topk_group; ++k) {
+      int best = -1;
+      float best_score = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kMaxGroups; ++g)
+        if (g < s.n_group && !(kept >> g & 1u) && (best < 0 || group[g] > best_score)) {
+          best = g;
+          best_score = group[g];
+        }
+      kept |= 1u << best;
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < E && !(kept >> ((lane + 32 * i) / gs) & 1u)) choice[i] = -INFINITY;
+  }
+  uint32_t taken = 0;
+  float sum = 0.0f;
+  for (int c = 0; c < s.top_k; ++c) {
+    // This lane's best untaken expert, then the warp's (ties: the lower index).
+    bool valid = false;
+    float v = 0.0f;
+    int e = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (lane + 32 * i < E && !(taken >> i & 1u) && (!valid || choice[i] > v)) {
+        valid = true;
+        v = choice[i];
+        e = lane + 32 * i;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const bool ovalid = __shfl_xor_sync(0xffffffffu, valid, o);
+      const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, e, o);
+      if (ovalid && (!valid || ov > v || (ov == v && oe < e))) {
+        valid = true;
+        v = ov;
+        e = oe;
+      }
+    }
+    float w = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (e == lane + 32 * i) {
+        taken |= 1u << i;
+        w = score[i];
+      }
+    w = __shfl_sync(0xffffffffu, w, e % 32);
+    if (lane == 0) {
+      ids[c] = e;
+      weights[c] = w;
+    }
+    sum += w;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    for (int c = 0; c < s.top_k; ++c) {
+      float w = weights[c];
+      if (s.method == TopK::kNoauxTc) {
+        if (s.norm_topk_prob) w /= (sum + 1e-20f);
+        w *= s.routed_scaling_factor;
+      } else if (s.top_k > 1 && s.norm_topk_prob) {
+        w /= (sum + 1e-20f);
+      } else {
+        w *= s.routed_scaling_factor;
+      }
+      weights[c] = w;
+    }
+  }
+}
+
+// A kSelect job: each row's route (one warp a row), then the table.
+__device__ void select_job(const Program& p, const Stage& s, float* scratch, int ct) {
+  const int cw = ct / 32, lane = ct % 32;
+  int32_t* ids = reinterpret_cast<int32_t*>(scratch);  // [rows * top_k]
+  float* weights = scratch + kMaxRouteSlots;            // [rows * top_k]
+  int32_t* list = ids + 2 * kMaxRouteSlots;             // the distinct experts, increasing
+  int32_t* count = list + kMaxRouteSlots;
+  if (cw < p.rows) route_row(s, cw, lane, ids + cw * s.top_k, weights + cw * s.top_k);
+  compute_barrier();
+  const int n = p.rows * s.top_k;
+  if (ct == 0) {  // at most 64 ids: an insertion sort, duplicates dropped
+    int c = 0;
+    for (int i = 0; i < n; ++i) {
+      const int32_t e = ids[i];
+      int j = c;
+      bool dup = false;
+      for (int m = 0; m < c; ++m) dup |= list[m] == e;
+      if (dup) continue;
+      while (j > 0 && list[j - 1] > e) {
+        list[j] = list[j - 1];
+        --j;
+      }
+      list[j] = e;
+      ++c;
+    }
+    *count = c;
+  }
+  compute_barrier();
+  const int c = *count;
+  RouteTable* t = s.table;
+  for (int idx = ct; idx < p.rows * c; idx += kConsumerThreads) {
+    const int r = idx / c, u = idx % c;
+    float w = 0.0f;
+    for (int j = 0; j < s.top_k; ++j)
+      if (ids[r * s.top_k + j] == list[u]) w = weights[r * s.top_k + j];
+    t->weight[r][u] = w;
+  }
+  for (int u = ct; u < c; u += kConsumerThreads) t->expert[u] = list[u];
+  if (ct == 0) t->count = c;
+}
+
+// A kRopeCache job: row r (nothing for a pad row), as rope_kv_cache_kernel
+// (kernels/rope/rope_kv_cache.cu) computes a bf16 row with the kv norm fused:
+// thread t's partial sum of squares over columns t, t + 256, ..., the eight
+// warps' sums added as block_sum adds them, sincosf of f32(pos) * inv_freq[i].
+__device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scratch, int ct) {
+  if (r >= p.rows) return;  // uniform over the compute threads
+  const int cw = ct / 32, lane = ct % 32;
+  const uint16_t* kv = s.x + r * s.x_stride;
+  const int64_t slot = __ldcg(s.slot_mapping + r);
+  const float pos = static_cast<float>(__ldcg(s.positions + r));
+  const int half = s.qk_rope / 2, head = s.qk_nope + s.qk_rope, width = s.kv_lora + s.qk_rope;
+  auto bf = [](const uint16_t* v) { return __uint_as_float(static_cast<uint32_t>(*v) << 16); };
+  // The latent's RMSNorm (every thread takes part in the sum, whatever the slot).
+  float ss = 0.0f;
+  for (int i = ct; i < s.kv_lora; i += kConsumerThreads) {
+    const float v = bf(kv + i);
+    ss += v * v;
+  }
+  ss = cuda_common::warp_sum(ss);
+  if (lane == 0) scratch[cw] = ss;
+  compute_barrier();
+  // The eight warps' sums added as cuda_common::block_sum adds them (the plain
+  // kernel's order: a cache row is the same bits whichever kernel wrote it).
+  const float total = cuda_common::warp_sum(lane < kComputeWarps ? scratch[lane] : 0.0f);
+  const float inv = rsqrtf(total / static_cast<float>(s.kv_lora) + s.eps);
+  __nv_bfloat16* row = slot >= 0 ? reinterpret_cast<__nv_bfloat16*>(s.cache) + slot * width : nullptr;
+  if (row)
+    for (int i = ct; i < s.kv_lora; i += kConsumerThreads) row[i] = __float2bfloat16(bf(kv + i) * inv * s.norm_w[i]);
+  // q_pe of every head, then k_pe.
+  for (int idx = ct; idx < (s.num_heads + 1) * half; idx += kConsumerThreads) {
+    const int h = idx / half, i = idx % half;
+    float sn, c;
+    sincosf(pos * __ldg(s.inv_freq + i), &sn, &c);
+    c *= s.attention_factor;
+    sn *= s.attention_factor;
+    if (h < s.num_heads) {
+      __nv_bfloat16* x = reinterpret_cast<__nv_bfloat16*>(s.q) + r * s.q_stride + h * head + s.qk_nope + 2 * i;
+      const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
+      x[0] = __float2bfloat16(a * c - b * sn);
+      x[1] = __float2bfloat16(b * c + a * sn);
+    } else if (row) {
+      const float a = bf(kv + s.kv_lora + 2 * i), b = bf(kv + s.kv_lora + 2 * i + 1);
+      row[s.kv_lora + 2 * i] = __float2bfloat16(a * c - b * sn);
+      row[s.kv_lora + 2 * i + 1] = __float2bfloat16(b * c + a * sn);
+    }
+  }
+  if (s.residual_copy_to)
+    for (int64_t i = ct; i < s.n_residual; i += kConsumerThreads)
+      s.residual_copy_to[r * s.n_residual + i] = __ldcg(s.residual_out + r * s.n_residual + i);
+}
+
+// A kCombine job: columns [first, first + cols) of every row.
+__device__ void combine_job(const Program& p, const Stage& s, int32_t job, float* scratch, int ct) {
+  const RouteTable* t = s.route;
+  const int c = __ldcg(&t->count);
+  float* w = scratch;  // [rows][count]
+  for (int idx = ct; idx < p.rows * c; idx += kConsumerThreads) w[idx] = __ldcg(&t->weight[idx / c][idx % c]);
+  compute_barrier();
+  const int32_t cols = job_columns(s, job);
+  const int64_t first = job_first_column(s, job);
+  for (int idx = ct; idx < p.rows * cols; idx += kConsumerThreads) {
+    const int r = idx / cols;
+    const int64_t i = first + idx % cols;
+    float acc = 0.0f;
+    for (int u = 0; u < c; ++u) acc += w[r * c + u] * __ldcg(s.partials + u * s.x_slot_stride + r * s.n + i);
+    if (s.shared)
+      for (int u = 0; u < s.shared_slots; ++u) acc += __ldcg(s.shared + u * s.shared_slot_stride + r * s.n + i);
+    reinterpret_cast<__nv_bfloat16*>(s.out)[r * s.out_stride + i] = __float2bfloat16(acc);
+    if (s.residual_copy_to) s.residual_copy_to[r * s.n + i] = __ldcg(s.residual_out + r * s.n + i);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
+                                                                   int64_t k_max) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Layout L = layout(slots, k_max);
+  const uint32_t ring = ptx::smem_u32(smem + L.ring);
+  const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < slots; ++i) {
+      ptx::mbarrier_init(full + 8 * i, 1);
+      ptx::mbarrier_init(empty + 8 * i, kComputeWarps);
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+  pdl::launch_dependents();
+  const int32_t q0 = p.queue_start[blockIdx.x], q1 = p.queue_start[blockIdx.x + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp == 0) {  // the copy warp
+    const uint64_t policy = ptx::l2_evict_first_policy();
+    uint32_t chunk = 0;
+    bool waited = false;
+    for (int32_t q = q0; q < q1; ++q) {
+      const Job job = p.jobs[q];
+      const Stage& s = p.stages[job.stage];
+      int32_t groups = job_groups(s, job.tile);
+      const uint16_t* w = s.w;
+      if (groups > 0 && slotted(s)) {
+        int32_t expert = job_slot(s, job.tile);  // no table: slot u is expert u
+        if (routed(s)) {
+          // The one wait for the step's results: which expert this slot streams.
+          if (!waited) pdl::wait_for_inputs();  // counters and the table are this launch's from here on
+          waited = true;
+          if (lane == 0) {
+            const uint64_t t0 = global_ns();
+            while (load_acquire(p.counters + s.route_stage) < 1)
+              if (global_ns() - t0 > kWaitLimitNs) {
+                printf("decode program: CTA %d's copy warp has waited 10 s for route stage %d; trapping\n",
+                       static_cast<int>(blockIdx.x), s.route_stage);
+                __trap();
+              }
+            expert = expert < __ldcg(&s.route->count) ? __ldcg(&s.route->expert[expert]) : -1;
+          }
+          expert = __shfl_sync(0xffffffffu, expert, 0);
+        }
+        if (expert < 0) groups = 0;  // an unused slot: the compute warps skip it too
+        else w = expert_weight(s, expert);
+      }
+      const int32_t slices = stage_slices(s);
+      for (int32_t g = 0; g < groups; ++g) {
+        const GroupRows gr = job_group(s, job.tile, g);
+        for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
+          const uint32_t slot = chunk % slots, round = chunk / slots;
+          const int32_t kc = slice_columns(s, sl);
+          if (lane == 0) {
+            if (round > 0) ptx::mbarrier_wait_parity(empty + 8 * slot, (round - 1) & 1u);
+            ptx::mbarrier_arrive_expect_tx(full + 8 * slot, static_cast<uint32_t>(gr.count * kc * 2));
+          }
+          __syncwarp();
+          if (lane < gr.count)
+            ptx::bulk_copy_g2s(ring + slot * kSlotBytes + lane * kRowPitch,
+                               w + (gr.first_row + lane) * s.k + slice_first(sl), static_cast<uint32_t>(kc * 2),
+                               full + 8 * slot, policy);
+        }
+      }
+    }
+    // The compute warps count this CTA out only after this warp's last read
+    // of a counter (a route table's), so the reset cannot come before it.
+    asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
+    return;
+  }
+
+  // The compute warps.
+  const int ct = threadIdx.x - 32, cw = ct / 32;
+  float* red = reinterpret_cast<float*>(smem + L.red);
+  float* out_tile = reinterpret_cast<float*>(smem + L.tile);
+  float* ss_smem = reinterpret_cast<float*>(smem + L.ss);
+  uint16_t* xs = reinterpret_cast<uint16_t*>(smem + L.x);
+  const uint32_t xs_u32 = ptx::smem_u32(xs);
+  pdl::wait_for_inputs();  // the kernel before has finished: activations and counters are final
+  // ldmatrix addresses: A (16 weight rows x 16 k) as four 8x8 matrices, B (8
+  // rows of x x 16 k) as two.
+  const int a_row = ((lane / 8) & 1) * 8 + lane % 8, a_col = (lane / 16) * 8;
+  const int b_row = lane % 8, b_col = ((lane / 8) & 1) * 8;
+  uint32_t chunk = 0, group_count = 0;
+  int32_t x_stage = -1, x_slot = 0;  // whose x xs holds
+  for (int32_t q = q0; q < q1; ++q) {
+    const Job job = p.jobs[q];
+    const Stage& s = p.stages[job.stage];
+    if (s.kind != Kind::kGemv) {
+      wait_stages(p, s.wait_mask, ct);
+      if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
+      else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
+      else combine_job(p, s, job.tile, out_tile, ct);
+    } else {
+      const int32_t slot = job_slot(s, job.tile);
+      wait_stages(p, s.wait_mask, ct);
+      const bool used = !routed(s) || slot < __ldcg(&s.route->count);
+      // x carries over within a stage (and slot, for kLoad) and from the
+      // earlier stages the planner found to build the same x from inputs
+      // nothing rewrote since (Stage::x_reuse); an add + RMSNorm job 0 that
+      // writes residual_out always builds it.
+      const bool writes = s.prologue == Prologue::kAddRmsNorm && s.residual_out && job.tile == 0;
+      const bool carry =
+          x_stage >= 0 && !writes &&
+          (x_stage == job.stage ? s.prologue == Prologue::kAddRmsNorm || slot == x_slot : (s.x_reuse >> x_stage & 1u));
+      if (used && !carry) {
+        build_x(p, s, job.tile, s.x ? s.x + slot * s.x_slot_stride : nullptr, xs, L.x_pitch, ss_smem, ct);
+        x_stage = job.stage;
+        x_slot = slot;
+      }
+      const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
+      for (int32_t g = 0; g < groups; ++g) {
+        const GroupRows gr = job_group(s, job.tile, g);
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
+          const uint32_t rs = chunk % slots, round = chunk / slots;
+          const int32_t kc = slice_columns(s, sl);
+          ptx::mbarrier_wait_parity(full + 8 * rs, round & 1u);
+          const uint32_t a_base = ring + rs * kSlotBytes + a_row * kRowPitch + a_col * 2;
+          const uint32_t b_base = xs_u32 + static_cast<uint32_t>((b_row * L.x_pitch + slice_first(sl) + b_col) * 2);
+#pragma unroll
+          for (int st = 0; st < 4; ++st) {
+            const int kk = cw * 64 + st * 16;
+            if (kk < kc) {
+              uint32_t a[4], b0, b1;
+              ptx::ldmatrix_x4(a_base + kk * 2, a[0], a[1], a[2], a[3]);
+              ptx::ldmatrix_x2(b_base + kk * 2, b0, b1);
+              ptx::mma_m16n8k16_bf16(acc, a, b0, b1);
+            }
+          }
+          __syncwarp();
+          if (lane == 0) ptx::mbarrier_arrive_expect_tx(empty + 8 * rs, 0);  // the slot may be refilled
+        }
+        // The eight warps' 16 x 8 sums, added in warp order by threads 0 ... 127.
+        float* rb = red + (group_count & 1u) * (kComputeWarps * 128);
+        *reinterpret_cast<float4*>(rb + cw * 128 + lane * 4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        compute_barrier();
+        if (ct < 128) {
+          float total = 0.0f;
+          for (int w = 0; w < kComputeWarps; ++w) total += rb[w * 128 + ct];
+          // Fragment element ct % 4 of lane ct / 4: row g (+8 for elements 2, 3), row of x 2 t (+1 for odd elements).
+          const int fl = ct / 4, e = ct % 4;
+          const int row = fl / 4 + (e >= 2 ? 8 : 0), xrow = 2 * (fl % 4) + (e & 1);
+          if (row < gr.count && xrow < p.rows) out_tile[xrow * (2 * kMaxTile) + gr.slot + row] = total;
+        }
+        ++group_count;
+      }
+      compute_barrier();  // the output tile is complete
+      if (used) {
+        const int32_t cols = job_columns(s, job.tile);
+        const int64_t first = job_first_column(s, job.tile) + (slotted(s) ? slot * s.out_slot_stride : 0);
+        for (int idx = ct; idx < p.rows * cols; idx += kConsumerThreads) {
+          const int r = idx / cols, j = idx % cols;
+          const float* t = out_tile + r * (2 * kMaxTile);
+          if (s.epilogue == Epilogue::kStoreF32) {
+            static_cast<float*>(s.out)[r * s.out_stride + first + j] = t[j];
+            continue;
+          }
+          float v = t[j];
+          if (s.epilogue == Epilogue::kSiluMulBf16) {
+            const float gate = bf16_round(t[j]), up = bf16_round(t[kMaxTile + j]);
+            v = gate / (1.0f + expf(-gate)) * up;
+          }
+          static_cast<__nv_bfloat16*>(s.out)[r * s.out_stride + first + j] = __float2bfloat16(v);
+        }
+      }
+    }
+    compute_barrier();  // every column written (and the shared scratch free for the next job)
+    if (ct == 0) {
+      __threadfence();
+      atomicAdd(p.counters + job.stage, 1);
+    }
+  }
+  // The last CTA out clears the counters for the next launch (every other CTA
+  // has finished all its waits before it counts itself out; bar 2 waits for
+  // the copy warp's).
+  asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
+  if (ct == 0) {
+    __threadfence();
+    if (atomicAdd(p.counters + p.num_stages, 1) == static_cast<int32_t>(gridDim.x) - 1) {
+      __threadfence();  // the reset after every CTA's last increment
+      for (int s = 0; s <= p.num_stages; ++s) atomicExch(p.counters + s, 0);
+      __threadfence();
+    }
+  }
+}
+
+int slots_for(const Program& p) {
+  const int64_t k = widest_k(p);
+  const size_t left = kSmemLimit - layout(0, k).total;
+  int slots = static_cast<int>(left / kSlotBytes);
+  return slots > kMaxSlots ? kMaxSlots : slots;
+}
+
+}  // namespace
+
+int mono_ring_slots(const Program& p) { return slots_for(p); }
+
+size_t mono_kernel_smem_bytes(const Program& p) { return layout(slots_for(p), widest_k(p)).total; }
+
+cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl) {
+  if ((p.width != 1 && p.width != 2 && p.width != 4 && p.width != 8) || p.rows < 1 || p.rows > p.width ||
+      p.num_stages < 1 || p.num_stages > kMaxStages || !p.queue_start || !p.jobs || !p.counters || p.num_ctas < 1 ||
+      p.num_ctas > current_device_sms())
+    return cudaErrorInvalidValue;
+  const int slots = slots_for(p);
+  if (slots < kMinSlots) return cudaErrorInvalidValue;
+  const cudaError_t attr = cuda_common::once_per_device([] {
+    return cudaFuncSetAttribute(mono_program_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmemLimit));
+  });
+  if (attr != cudaSuccess) return attr;
+  const size_t smem = layout(slots, widest_k(p)).total;
+  const cudaError_t e =
+      pdl::launch(mono_program_kernel, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
+                  widest_k(p));
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+}  // namespace nucleus::kernels::mono

@@ -1,0 +1,61 @@
+// The persistent kernel that runs a decode program (mono_program.h) on
+// Hopper (sm_90a): one CTA per SM, each running its job queue.
+//
+// A CTA is one copy warp and eight compute warps:
+//  - the copy warp streams the weight chunks of every job of its queue, in
+//    queue order, into a ring of shared-memory slots (cp.async.bulk, one bulk
+//    copy per weight row, completion on an mbarrier per slot; an L2
+//    evict-first policy). Weights depend on nothing the step computes, so it
+//    never waits for a job's inputs: while the compute warps wait for the
+//    stage before, the next stage's weights are already arriving (up to
+//    mono_ring_slots chunks ahead);
+//  - the compute warps, per job: wait until every job of the stages in its
+//    wait_mask has finished (one thread polls those stages' counters with
+//    ld.acquire.gpu), build x (the step's rows, at most 8) in shared memory
+//    by the stage's prologue, then per 16-row group of weight rows and 512-k
+//    slice run mma.sync m16n8k16 (the weight rows as A from the slot, the
+//    rows of x as B: "swap AB", so 1 ... 8 rows cost the same), each warp 64
+//    of the slice's k; the eight warps' partial products are added in a fixed
+//    order (bit-identical from launch to launch); then the epilogue writes the
+//    job's columns, and one thread fences and adds 1 to the stage's counter.
+//    A kSelect job routes one row a warp (warp-wide arg-max rounds) and writes
+//    the route table; a kCombine job sums the routed outputs by the table;
+//  - routed jobs: the copy warp waits for the route table (the select stage's
+//    counter; the only wait it makes) to learn its slot's expert, and streams
+//    nothing for a slot the rows left unused, exactly as the compute warps
+//    skip it.
+// The last CTA to finish sets the counters back to zero for the next launch.
+// A wait that lasts 10 s (a program that cannot finish) traps instead of
+// hanging (the launch then fails with cudaErrorLaunchFailure).
+//
+// Shared memory: mono_kernel_smem_bytes(p): the ring (mono_ring_slots(p)
+// slots of 16 rows x 1,040 bytes), x (8 rows of k_max + 8 bf16, k_max the
+// widest stage), the cross-warp sums and the job's output tile. PDL: the CTAs
+// start streaming weights at once and wait for the kernel before
+// (griddepcontrol.wait) before reading activations, counters or a route
+// table. Callers keep docs/decode_program.md's constraints: every CTA
+// resident at once, and a launch sharing counters ordered after the last.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/mono/mono_program.h"
+
+namespace nucleus::kernels::mono {
+
+// Ring slots the kernel uses for `p` (3 ... 12: as many as fit beside x).
+int mono_ring_slots(const Program& p);
+// Dynamic shared memory of a launch of `p`, bytes.
+size_t mono_kernel_smem_bytes(const Program& p);
+
+// Launches `p` on `stream` (a programmatic dependent of the kernel before when
+// `pdl`). Errors: cudaErrorInvalidValue for a program the kernel cannot run
+// (width not 1, 2, 4 or 8, rows outside 1 ... width, no stages or more than
+// kMaxStages, null queues or counters, num_ctas above the SMs: every CTA must
+// be resident at once), launch errors. The plan must come from plan_program
+// (mono_program_ref.h), which checks every stage.
+cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl);
+
+}  // namespace nucleus::kernels::mono

@@ -1,0 +1,274 @@
+// A decode program: the stages of a decode step laid out as per-CTA job
+// queues for one persistent kernel (issue #20, the decode monokernel's
+// streaming core; seed 003). Plain C++: the host plans and checks a program
+// (plan_program), the CPU runs it as the reference (run_program_ref,
+// mono_program_ref.h) and the CUDA kernel runs the same queues
+// (mono_kernel.cuh). docs/decode_program.md has the design.
+//
+// A kGemv stage is a GEMV over the step's rows r < rows (rows <= width <= 8):
+//   acc[r, i] = sum_k x[r, k] * w[i, k]                 (f32, x and w bf16)
+// with one prologue making x:
+//   kLoad        x = the bf16 rows at `x` (row stride x_stride)
+//   kRmsNorm     x = bf16(rmsnorm(f32(x rows at `x`)) * norm_w)   (e.g. q_a_layernorm)
+//   kAddRmsNorm  v = residual[r, :] + f32(delta[r, :])  (delta null: v = residual[r, :]);
+//                x = bf16(v * rsqrt(mean(v^2) + eps) * norm_w)   (DeepSeek RMSNorm)
+//                and, when residual_out is set, job 0 writes residual_out[r, :] = v
+// and one epilogue writing `out` (row stride out_stride):
+//   kStoreBf16   out[r, i] = bf16(acc[r, i])                      i < n
+//   kStoreF32    out[r, i] = acc[r, i] (f32)                      i < n
+//   kSiluMulBf16 out[r, j] = bf16(silu(g) * u), g = bf16(acc[r, j]),
+//                u = bf16(acc[r, n/2 + j])                        j < n/2
+// (the rounding points of the plain chain: a bf16 GEMM output, then
+// kernels/activation/silu_mul). A stage is cut into jobs of `tile` output
+// columns (weight rows; for kSiluMulBf16 `tile` pairs of gate/up rows); a job
+// starts once every job of the stages in its wait_mask has finished.
+//
+// Mixture of experts: a kSelect stage (one job) routes the rows from their
+// router logits (kernels/moe/moe_ref.h's rules: greedy softmax top-k, or
+// noaux_tc on sigmoid scores with a bias) into a RouteTable: the distinct
+// experts the rows chose, in increasing index, and each row's weight for
+// each. A routed kGemv stage (route set) has `slots` slots of jobs; slot u
+// computes the stage with the weights of the table's u-th expert (w +
+// expert * expert_stride) on x + u * x_slot_stride into out + u *
+// out_slot_stride, and does nothing when u >= the table's count. A kCombine
+// stage sums the routed outputs with the rows' weights, in the table's order
+// (increasing expert index), then adds the shared experts' output:
+//   out[r, i] = bf16(sum_u weight[r][u] * partials[u][r, i] + shared[r, i])
+//
+// Weights are read once, in chunks of kGroupRows weight rows by kSliceK
+// columns of k (job_group, slice_columns), so the kernel's copy warp streams a
+// CTA's chunks back to back across job and stage boundaries: weights depend on
+// nothing a step computes, except a routed stage's, which wait for the table.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define NUCLEUS_MONO_HD __host__ __device__
+#else
+#define NUCLEUS_MONO_HD
+#endif
+
+namespace nucleus::kernels::mono {
+
+constexpr int kMaxStages = 16;  // stages a program holds (wait_mask is 16 bits)
+constexpr int kMaxWidth = 8;    // rows a step of the program has at most (the MMA's n)
+constexpr int kMaxTile = 64;    // output columns (pairs for kSiluMulBf16) a job owns at most
+constexpr int kGroupRows = 16;  // weight rows of a chunk (the MMA's m)
+constexpr int kSliceK = 512;    // k columns of a chunk
+constexpr int64_t kMaxK = 8192; // the widest x a stage reads (x sits in shared memory, 8 rows)
+constexpr int kMaxRouteSlots = 64;   // distinct experts a route table holds (8 rows x top-8)
+constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi-K2)
+constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
+
+enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3 };
+enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1, kRmsNorm = 2 };
+enum class Epilogue : int32_t { kStoreBf16 = 0, kSiluMulBf16 = 1, kStoreF32 = 2 };
+enum class Scoring : int32_t { kSoftmax = 0, kSigmoid = 1 };
+enum class TopK : int32_t { kGreedy = 0, kNoauxTc = 1 };
+
+// What a kSelect stage writes (global memory, read by the routed stages).
+struct alignas(16) RouteTable {
+  int32_t count = 0;                            // distinct experts chosen by the step's rows
+  int32_t expert[kMaxRouteSlots] = {};          // their indices, increasing
+  // Row r's routing weight for slot u (0: not chosen), for r < rows and u <
+  // count; entries beyond are not written.
+  float weight[kMaxWidth][kMaxRouteSlots] = {};
+};
+
+// One stage. Pointers are host pointers for the CPU reference and device
+// pointers for the kernel; bf16 is stored as uint16_t.
+struct Stage {
+  Kind kind = Kind::kGemv;
+  // kGemv: w [n, k] bf16, contiguous (row stride k), 16-byte aligned; k % 16
+  // == 0, k <= kMaxK; kSiluMulBf16: n even. kCombine: n = the columns.
+  const uint16_t* w = nullptr;
+  int64_t n = 0, k = 0;
+  Prologue prologue = Prologue::kLoad;
+  // kLoad, kRmsNorm: [rows, k] bf16, row stride x_stride (% 8 == 0), 16-byte
+  // aligned (kRmsNorm also takes norm_w and eps).
+  const uint16_t* x = nullptr;
+  int64_t x_stride = 0;
+  // kAddRmsNorm: residual [rows, k] f32 and delta [rows, k] bf16 (row
+  // strides k), norm_w [k] f32; residual_out [rows, k] f32 (not residual;
+  // null: not written) gets residual + delta. 16-byte aligned.
+  const float* residual = nullptr;
+  const uint16_t* delta = nullptr;
+  const float* norm_w = nullptr;
+  float eps = 1e-6f;
+  float* residual_out = nullptr;
+  Epilogue epilogue = Epilogue::kStoreBf16;
+  // kGemv: [rows, n] (kSiluMulBf16: [rows, n / 2]) bf16, or f32 for
+  // kStoreF32, row stride out_stride; kCombine: [rows, n] bf16.
+  void* out = nullptr;
+  int64_t out_stride = 0;
+  uint32_t wait_mask = 0;  // bit s: wait for every job of stage s (s < this stage's index)
+  int32_t tile = 0;        // 1 ... kMaxTile (a multiple of kGroupRows wastes no MMA rows)
+  // Routed kGemv and kCombine: the table, written by stage route_stage (a
+  // kSelect this stage waits for). A slotted kGemv (routed, or `slots` > 1
+  // with no table: slot u is expert u, e.g. the pieces of DeepSeek's shared
+  // experts) has `slots` (1 ... kMaxRouteSlots) slots; expert e's weight is
+  // w_table[e] (a device array of [n, k] weights) when set, else w + e *
+  // expert_stride; x and out advance by x_slot_stride / out_slot_stride
+  // elements a slot.
+  const RouteTable* route = nullptr;
+  int32_t route_stage = -1;
+  int32_t slots = 1;
+  int64_t expert_stride = 0, x_slot_stride = 0, out_slot_stride = 0;
+  const uint16_t* const* w_table = nullptr;
+  // kSelect: logits [rows, num_experts] f32 (row stride num_experts), bias
+  // [num_experts] f32 or null (noaux_tc's e_score_correction_bias); the
+  // table it writes is `table`.
+  const float* logits = nullptr;
+  const float* bias = nullptr;
+  RouteTable* table = nullptr;
+  int32_t num_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+  Scoring scoring = Scoring::kSoftmax;
+  TopK method = TopK::kGreedy;
+  int32_t norm_topk_prob = 0;
+  float routed_scaling_factor = 1.0f;
+  // kCombine: partials f32 [slots][rows, n] (slot stride x_slot_stride, row
+  // stride n); shared f32 [shared_slots][rows, n] (slot stride
+  // shared_slot_stride) or null, added after the routed sum in slot order;
+  // when residual_copy_to is set, the job also copies its columns of
+  // residual_out ([rows, n] f32, an earlier stage's) there (a graph whose
+  // residual lives in one buffer gets it back after every reader finished).
+  const float* partials = nullptr;
+  const float* shared = nullptr;
+  int32_t shared_slots = 1;
+  int64_t shared_slot_stride = 0;
+  float* residual_copy_to = nullptr;
+  // kRopeCache (MLA's RoPE with the latent cache write; one job a row, n =
+  // kMaxWidth jobs, tile 1; rows >= the launch's rows do nothing): for row r
+  // at position positions[r], the q_pe of every head of q ([rows, q_stride]
+  // bf16, head h at h * (qk_nope + qk_rope)) rotated in place, and, when
+  // slot_mapping[r] >= 0, cache[slot] = [bf16(rmsnorm(c_kv) * norm_w) |
+  // bf16(rope(k_pe))] with [c_kv | k_pe] = x[r, :kv_lora + qk_rope] (kv_a, row
+  // stride x_stride); RoPE on interleaved pairs with cos / sin of f32(pos) *
+  // inv_freq[i], times attention_factor (kernels/rope/rope_ref.h); cache
+  // [num_slots, kv_lora + qk_rope] bf16. With residual_copy_to set, the job
+  // also copies row r of residual_out there (row stride n_residual).
+  uint16_t* q = nullptr;
+  int64_t q_stride = 0;
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  const float* inv_freq = nullptr;
+  float attention_factor = 1.0f;
+  uint16_t* cache = nullptr;
+  int64_t num_slots = 0, n_residual = 0;
+  int32_t num_heads = 0, qk_nope = 0, qk_rope = 0, kv_lora = 0;
+  // Set by plan_program (callers leave it 0): bit t when stage t builds the
+  // same x (the same add + RMSNorm, or kLoad of the same unslotted rows) and
+  // no stage between t and this one writes what that x is made from; the
+  // kernel then keeps x from a job of stage t.
+  uint32_t x_reuse = 0;
+};
+
+// Job `tile` of stage `stage`.
+struct Job {
+  int32_t stage = 0;
+  int32_t tile = 0;
+};
+
+// What one launch runs. queue_start [num_ctas + 1] and jobs index CTA c's
+// queue as jobs[queue_start[c] .. queue_start[c + 1]); counters
+// [num_stages + 1] int32 are zero before the first launch and zero again
+// after each (the kernel's last CTA clears them).
+struct Program {
+  Stage stages[kMaxStages];
+  int32_t num_stages = 0;
+  int32_t width = 0;  // the build's rows (1, 2, 4 or 8)
+  int32_t rows = 0;   // rows this launch computes (1 ... width); rows >= `rows` are pad rows, never read or written
+  int32_t num_ctas = 0;
+  const int32_t* queue_start = nullptr;
+  const Job* jobs = nullptr;
+  int32_t* counters = nullptr;
+};
+
+// Output columns of stage s (kSiluMulBf16: n / 2, its gate/up pairs).
+NUCLEUS_MONO_HD inline int64_t stage_columns(const Stage& s) {
+  return s.epilogue == Epilogue::kSiluMulBf16 ? s.n / 2 : s.n;
+}
+NUCLEUS_MONO_HD inline int32_t tiles_per_slot(const Stage& s) {
+  return static_cast<int32_t>((stage_columns(s) + s.tile - 1) / s.tile);
+}
+NUCLEUS_MONO_HD inline bool routed(const Stage& s) { return s.kind == Kind::kGemv && s.route != nullptr; }
+NUCLEUS_MONO_HD inline bool slotted(const Stage& s) { return s.kind == Kind::kGemv && (s.route != nullptr || s.slots > 1); }
+NUCLEUS_MONO_HD inline int32_t stage_jobs(const Stage& s) {
+  if (s.kind == Kind::kSelect) return 1;
+  return (slotted(s) ? s.slots : 1) * tiles_per_slot(s);
+}
+// Expert e's weight of a slotted stage.
+NUCLEUS_MONO_HD inline const uint16_t* expert_weight(const Stage& s, int64_t e) {
+  return s.w_table ? s.w_table[e] : s.w + e * s.expert_stride;
+}
+// Job j's slot (slotted stages; 0 otherwise) and its columns [first, first + count).
+NUCLEUS_MONO_HD inline int32_t job_slot(const Stage& s, int32_t j) { return j / tiles_per_slot(s); }
+NUCLEUS_MONO_HD inline int64_t job_first_column(const Stage& s, int32_t j) {
+  return int64_t{j % tiles_per_slot(s)} * s.tile;
+}
+NUCLEUS_MONO_HD inline int32_t job_columns(const Stage& s, int32_t j) {
+  const int64_t left = stage_columns(s) - job_first_column(s, j);
+  return static_cast<int32_t>(left < s.tile ? left : s.tile);
+}
+// Bytes of one element of a kGemv stage's out.
+NUCLEUS_MONO_HD inline int64_t out_element_bytes(const Stage& s) { return s.epilogue == Epilogue::kStoreF32 ? 4 : 2; }
+// Weight rows [a0, a0 + count) of job `tile` (of its expert's weight in a
+// routed stage), and for kSiluMulBf16 also [b0, b0 + count) (the up rows of
+// the same columns).
+struct JobRows {
+  int64_t a0 = 0, b0 = 0;
+  int32_t count = 0;
+  bool two = false;
+};
+NUCLEUS_MONO_HD inline JobRows job_rows(const Stage& s, int32_t tile) {
+  JobRows r;
+  r.a0 = job_first_column(s, tile);
+  r.count = job_columns(s, tile);
+  r.two = s.epilogue == Epilogue::kSiluMulBf16;
+  r.b0 = r.two ? s.n / 2 + r.a0 : 0;
+  return r;
+}
+// k slices of a stage: kSliceK columns each, the last one what is left.
+NUCLEUS_MONO_HD inline int32_t stage_slices(const Stage& s) {
+  return static_cast<int32_t>((s.k + kSliceK - 1) / kSliceK);
+}
+// Row groups of a job: each range cut into groups of kGroupRows rows (the
+// last group of a range may be shorter).
+NUCLEUS_MONO_HD inline int32_t job_groups(const Stage& s, int32_t tile) {
+  if (s.kind != Kind::kGemv) return 0;  // kSelect and kCombine stream no weights
+  const JobRows jr = job_rows(s, tile);
+  const int32_t one = (jr.count + kGroupRows - 1) / kGroupRows;
+  return jr.two ? 2 * one : one;
+}
+// Chunks of a job, group-major: chunk c is slice c % slices of group c / slices.
+NUCLEUS_MONO_HD inline int32_t job_chunks(const Stage& s, int32_t tile) {
+  return job_groups(s, tile) * stage_slices(s);
+}
+// Row group g of job `tile`: its first weight row, its row count (1 ...
+// kGroupRows) and the job's local output slot of its first row (range a:
+// 0 ...; range b: kMaxTile ...).
+struct GroupRows {
+  int64_t first_row = 0;
+  int32_t count = 0;
+  int32_t slot = 0;
+};
+NUCLEUS_MONO_HD inline GroupRows job_group(const Stage& s, int32_t tile, int32_t g) {
+  const JobRows jr = job_rows(s, tile);
+  const int32_t one = (jr.count + kGroupRows - 1) / kGroupRows;
+  const bool second = g >= one;
+  const int32_t local = (second ? g - one : g) * kGroupRows;
+  GroupRows gr;
+  gr.first_row = (second ? jr.b0 : jr.a0) + local;
+  gr.count = jr.count - local < kGroupRows ? jr.count - local : kGroupRows;
+  gr.slot = (second ? kMaxTile : 0) + local;
+  return gr;
+}
+// The k columns [first, first + count) of slice `slice`.
+NUCLEUS_MONO_HD inline int64_t slice_first(int32_t slice) { return int64_t{slice} * kSliceK; }
+NUCLEUS_MONO_HD inline int32_t slice_columns(const Stage& s, int32_t slice) {
+  const int64_t left = s.k - slice_first(slice);
+  return static_cast<int32_t>(left < kSliceK ? left : kSliceK);
+}
+
+}  // namespace nucleus::kernels::mono

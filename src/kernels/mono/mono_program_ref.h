@@ -1,0 +1,197 @@
+// The host side of a decode program (mono_program.h): checking stages,
+// planning the per-CTA job queues, and the CPU reference that runs a plan.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "kernels/mono/mono_program.h"
+
+namespace nucleus::kernels::mono {
+
+// A program's stages with their jobs laid out on num_ctas CTAs (host memory).
+// CTA c runs jobs[queue_start[c] .. queue_start[c + 1]) in order; every queue
+// is sorted by stage, which with waits on earlier stages only makes the
+// program deadlock-free whenever all CTAs are resident at once.
+// cta_weight_bytes[c]: the weight bytes CTA c streams.
+struct ProgramPlan {
+  std::vector<Stage> stages;
+  int32_t width = 0;
+  std::vector<int32_t> queue_start;
+  std::vector<Job> jobs;
+  std::vector<int64_t> cta_weight_bytes;
+
+  int32_t num_ctas() const { return static_cast<int32_t>(queue_start.size()) - 1; }
+  // Every stage's weight bytes (each weight read once; a routed stage's as if
+  // every slot were used).
+  int64_t weight_bytes() const;
+};
+
+// OK, or invalid_argument naming stage `index` and the field it cannot take
+// in a program of `width` rows: a null or misaligned pointer, k not a
+// multiple of 16 in 16 ... kMaxK, an odd n for kSiluMulBf16, tile outside
+// 1 ... kMaxTile, a wait on a stage that is not earlier, residual_out
+// aliasing residual, an output overlapping the stage's inputs (over
+// range_rows rows, as check_program).
+Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows = 0);
+
+// Weight bytes job `job` of stage s streams (a routed job: if its slot is used).
+int64_t job_weight_bytes(const Stage& s, int32_t job);
+
+// Checks every stage (check_stage), width in {1, 2, 4, 8}, 1 <= stages <=
+// kMaxStages, that every pair of stages sharing memory waits in the order
+// it must, and that routed stages have the slots their table can fill;
+// returns the stages with Stage::x_reuse filled in (what a Program takes).
+// range_rows (1 ... width; 0: width): the rows whose memory the hazard
+// checks cover, for buffers that hold fewer rows than the width (a launch
+// touches rows < its `rows` only).
+StatusOr<std::vector<Stage>> check_program(const std::vector<Stage>& stages, int32_t width, int32_t range_rows = 0);
+// What a job costs the dealing besides its weight bytes (its wait, barriers
+// and fence, ~0.2 us of streaming on one SM).
+constexpr int64_t kJobCostBytes = 8192;
+// Deals each stage's jobs, in stage order, to the CTA that has the least cost
+// so far (weight bytes plus kJobCostBytes a job; ties: the lowest index). The queues depend only on
+// the stages' shapes (kind, n, k, tile, slots), not on their pointers, so a
+// caller may deal once and check the stages of each launch (check_program).
+ProgramPlan deal_jobs(std::vector<Stage> stages, int32_t width, int32_t num_ctas);
+// check_program, then deal_jobs on 1 <= num_ctas CTAs.
+StatusOr<ProgramPlan> plan_program(const std::vector<Stage>& stages, int32_t width, int32_t num_ctas);
+
+// The Program a launch takes for `plan` running `rows` rows (1 ... width),
+// with the queues and counters at the given addresses (device copies of
+// plan.queue_start / plan.jobs for the kernel, the plan's own for the CPU).
+Program program_view(const ProgramPlan& plan, int32_t rows, const int32_t* queue_start, const Job* jobs,
+                     int32_t* counters);
+
+// The CPU reference: runs `plan` on `rows` rows over host buffers (the
+// stages' pointers), picking at every step a CTA at random (seed) among those
+// whose next job's waits are met, so any order the kernel may take is one
+// this can take. Each job computes what mono_program.h says in f32, every dot
+// product in dot_ref's order (kernels/gemm/gemm_ref.h). Returns
+// failed_precondition naming the stuck CTAs and their stages if no CTA can
+// run while jobs remain (a deadlock the kernel would hang on); plan_program
+// never makes such a plan.
+Status run_program_ref(const ProgramPlan& plan, int32_t rows, uint64_t seed);
+
+// The attention-free GEMV chain of a DeepSeek decode layer without a q LoRA
+// (DeepSeek-V2-Lite's shape: hidden 2048, q_proj + kv_a_proj 3072 + 576
+// rows, o_proj 2048 x 2048, shared experts 2 x 1408), as a program for the
+// kernel's tests and benchmarks. Stages (all bf16 but residuals f32 [rows,
+// hidden] and norm weights f32 [hidden]):
+//   0  front = rmsnorm(residual_in + delta_in) * input_norm . w_front^T   [rows, front_n]
+//      (residual_mid = residual_in + delta_in)
+//   1  o = front[:, :o_k] . w_o^T                   [rows, hidden]  (front stands in for attention)
+//   2  h = silu(g) * u, [g | u] = rmsnorm(residual_mid + o) * post_norm . w_gate_up^T
+//      (residual_out = residual_mid + o)            [rows, inter]
+//   3  delta_out = h . w_down^T                     [rows, hidden]
+// Weights: w_front [front_n, hidden], w_o [hidden, o_k], w_gate_up
+// [2 inter, hidden] (gate rows, then up rows), w_down [hidden, inter].
+struct LayerChain {
+  int64_t hidden = 0, front_n = 0, o_k = 0, inter = 0;  // o_k <= front_n
+  float eps = 1e-6f;
+  const uint16_t *w_front = nullptr, *w_o = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  const float *input_norm = nullptr, *post_norm = nullptr;
+  const float* residual_in = nullptr;
+  const uint16_t* delta_in = nullptr;
+  float *residual_mid = nullptr, *residual_out = nullptr;
+  uint16_t *front = nullptr, *o = nullptr, *h = nullptr, *delta_out = nullptr;
+};
+// The chain's four stages, every one cut into jobs of `tile` columns.
+std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile);
+
+// The MoE block of a DeepSeek decode layer (after attention) as a program,
+// optionally starting at the attention's output projection (w_o set):
+//   o_proj   delta = bf16(attn_out . w_o^T)                             [rows, hidden]
+//   router   logits = x . w_router^T (f32), x = rmsnorm(residual + delta) * post_norm
+//            (residual_out = residual + delta)                        [rows, E]
+//   select   the route table from the logits (greedy softmax top-k, or noaux_tc)
+//   shared   h_shared = silu(g) * u of x . w_shared_gate_up^T          [rows, shared_inter]
+//            y_shared = h_shared . w_shared_down^T (f32)               [rows, hidden]
+//   routed   h[u] = silu(g) * u of x . w_gate_up[e_u]^T                [slots][8, inter]
+//            y[u] = h[u] . w_down[e_u]^T (f32)                         [slots][8, hidden]
+//   combine  delta_out = bf16(sum_u weight[r][u] * y[u][r] + y_shared[r])  [rows, hidden]
+// (x is rebuilt from residual + delta by every stage that reads it). Without
+// shared experts (shared_inter 0) the two shared stages and y_shared are
+// left out; without w_o, o_proj (delta is then an input). Weights bf16: w_router [E, hidden], w_gate_up [E][2 inter,
+// hidden], w_down [E][hidden, inter], w_shared_gate_up [2 shared_inter,
+// hidden], w_shared_down [hidden, shared_inter]; bias [E] f32 or null.
+struct MoeChain {
+  int64_t hidden = 0, inter = 0, shared_inter = 0;
+  int32_t slots = 0;  // routed slots: at least min(width * top_k, num_experts)
+  int32_t num_experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+  Scoring scoring = Scoring::kSoftmax;
+  TopK method = TopK::kGreedy;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f, eps = 1e-6f;
+  const uint16_t *w_router = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  // Optional: the routed experts' weights by expert index ([E] arrays of
+  // pointers; w_gate_up / w_down unused then), for checkpoints that keep each
+  // expert in its own tensor.
+  const uint16_t* const* gate_up_table = nullptr;
+  const uint16_t* const* down_table = nullptr;
+  // shared_pieces shared experts of shared_inter each (DeepSeek-V2-Lite: 2 of
+  // 1408), their weights one after another: w_shared_gate_up [pieces][2
+  // shared_inter, hidden], w_shared_down [pieces][hidden, shared_inter];
+  // h_shared and y_shared hold [pieces][8, ...]. Summed in piece order after
+  // the routed experts (the order of the engine's fused shared experts).
+  int32_t shared_pieces = 1;
+  const uint16_t *w_shared_gate_up = nullptr, *w_shared_down = nullptr;
+  // Optional: the pieces' weights by piece ([pieces] arrays of pointers).
+  const uint16_t* const* shared_gate_up_table = nullptr;
+  const uint16_t* const* shared_down_table = nullptr;
+  // Optional: the combine also copies residual_out here (the graph's one
+  // residual buffer, once every stage that reads `residual` has finished).
+  float* residual_copy_to = nullptr;
+  // Optional o_proj (when w_o is set): w_o [hidden, o_k] bf16, attn_out [rows, o_k] bf16 (row stride o_k).
+  const uint16_t *w_o = nullptr, *attn_out = nullptr;
+  int64_t o_k = 0;
+  const float *bias = nullptr, *post_norm = nullptr, *residual = nullptr;
+  const uint16_t* delta = nullptr;
+  float* residual_out = nullptr;
+  float* logits = nullptr;  // [8, E]
+  RouteTable* table = nullptr;
+  uint16_t* h_shared = nullptr;  // [pieces][8, shared_inter]
+  float* y_shared = nullptr;     // [pieces][8, hidden]
+  uint16_t* h = nullptr;         // [slots][8, inter]
+  float* y = nullptr;            // [slots][8, hidden]
+  uint16_t* delta_out = nullptr; // [8, hidden]
+};
+// The block's stages (5 without shared experts, else 7; one more with
+// o_proj), GEMV jobs of `tile` columns.
+std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
+
+// The front of an MLA decode layer as a program:
+//   q      x . w_q^T, x = rmsnorm(residual + delta) * input_norm   [rows, heads * (qk_nope + qk_rope)]
+//          (with a q LoRA, q_lora > 0: q_a = x . w_qa^T [rows, q_lora], then
+//          q = bf16(rmsnorm(q_a) * q_a_norm) . w_qb^T)
+//          (residual_out = residual + delta; delta null: the first layer, x = rmsnorm(residual) * w)
+//   kv_a   x . w_kva^T                                              [rows, kv_lora + qk_rope]
+//   rope   q_pe rotated in place; cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
+//          residual_out copied to residual_copy_to when set
+// (kRopeCache: kernels/rope/rope_ref.h's rotation; the decode attention then
+// reads q and the cache).
+struct FrontChain {
+  int64_t hidden = 0;
+  int32_t num_heads = 0, qk_nope = 128, qk_rope = 64, kv_lora = 512;
+  float eps = 1e-6f, kv_eps = 1e-6f, attention_factor = 1.0f;  // input norm's, kv norm's
+  const uint16_t *w_q = nullptr, *w_kva = nullptr;
+  int64_t q_lora = 0;  // > 0: w_qa [q_lora, hidden], q_a_norm [q_lora] f32, w_qb [heads * head, q_lora], q_a [8, q_lora]
+  const uint16_t *w_qa = nullptr, *w_qb = nullptr;
+  const float* q_a_norm = nullptr;
+  float q_a_eps = 1e-6f;
+  uint16_t* q_a = nullptr;
+  const float *input_norm = nullptr, *kv_norm = nullptr, *inv_freq = nullptr;
+  const float* residual = nullptr;
+  const uint16_t* delta = nullptr;
+  float* residual_out = nullptr;     // null without a delta
+  float* residual_copy_to = nullptr;
+  uint16_t *q = nullptr, *kv_a = nullptr;
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  uint16_t* cache = nullptr;
+  int64_t num_slots = 0;
+};
+std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile);
+
+}  // namespace nucleus::kernels::mono

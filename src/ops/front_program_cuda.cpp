@@ -1,0 +1,181 @@
+// CUDA backend of the front_program op (ops/front_program_cuda.h).
+#include "ops/front_program_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <vector>
+
+#include "core/cuda/context.h"
+#include "core/device.h"
+#include "kernels/common/device_sms.h"
+#include "kernels/mono/mono_kernel.cuh"
+#include "kernels/mono/mono_program_ref.h"
+#include "ops/mla_attention.h"
+#include "ops/skinny.h"
+
+namespace nucleus::cuda_ops {
+
+namespace {
+
+namespace mono = kernels::mono;
+
+constexpr int32_t kTile = 16;
+constexpr int32_t kWidths[] = {1, 2, 4, 8};
+constexpr int kNumWidths = 4;
+
+struct State {
+  int32_t num_ctas = 0;
+  Tensor residual_out, counters;
+  Tensor queue_start[kNumWidths], jobs[kNumWidths];
+  std::vector<int32_t> dealt_jobs[kNumWidths];
+  // The checked stages of each width, by the step's rows and buffers.
+  std::map<std::vector<const void*>, std::vector<mono::Stage>> checked[kNumWidths];
+};
+
+struct Step {  // a step's buffers (null at reserve: the stages' shapes do not depend on them)
+  float* residual = nullptr;
+  const uint16_t* delta = nullptr;
+  uint16_t *q = nullptr, *kv_a = nullptr, *q_a = nullptr;
+  const int32_t* positions = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  uint16_t* cache = nullptr;
+  int64_t num_slots = 1;
+};
+
+mono::FrontChain chain(const FrontProgramOp& op, const State& s, const Step& st) {
+  const FrontProgramOp::Parts& p = op.parts();
+  const RopeKvCacheWriteOp& r = *p.rope;
+  mono::FrontChain c;
+  c.hidden = op.hidden();
+  c.num_heads = static_cast<int32_t>(r.dims().num_heads);
+  c.qk_nope = static_cast<int32_t>(r.dims().qk_nope);
+  c.qk_rope = static_cast<int32_t>(r.dims().qk_rope);
+  c.kv_lora = static_cast<int32_t>(r.dims().kv_lora);
+  c.eps = p.norm->eps();
+  c.kv_eps = r.kv_norm_eps();
+  c.attention_factor = r.attention_factor();
+  if (p.q_a) {
+    c.q_lora = p.q_a->weight().out_features;
+    c.w_qa = static_cast<const uint16_t*>(p.q_a->weight().weight.raw());
+    c.w_qb = static_cast<const uint16_t*>(p.q_b->weight().weight.raw());
+    c.q_a_norm = p.q_a_norm->weight().data<float>();
+    c.q_a_eps = p.q_a_norm->eps();
+    c.q_a = st.q_a;
+  } else {
+    c.w_q = static_cast<const uint16_t*>(p.q_proj->weight().weight.raw());
+  }
+  c.w_kva = static_cast<const uint16_t*>(p.kv_a->weight().weight.raw());
+  c.input_norm = p.norm->weight().data<float>();
+  c.kv_norm = r.kv_norm_weight().data<float>();
+  c.inv_freq = r.inv_freq_device();
+  c.residual = st.residual;
+  c.delta = op.has_delta() ? st.delta : nullptr;
+  c.residual_out = op.has_delta() ? s.residual_out.data<float>() : nullptr;
+  c.residual_copy_to = op.has_delta() ? st.residual : nullptr;
+  c.q = st.q;
+  c.kv_a = st.kv_a;
+  c.positions = st.positions;
+  c.slot_mapping = st.slot_mapping;
+  c.cache = st.cache;
+  c.num_slots = st.num_slots;
+  return c;
+}
+
+void run_parts(FrontProgramOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  FrontProgramOp::Parts& p = op.parts();
+  p.norm->run(ctx, op.has_delta() ? TensorList{in[0], in[1]} : TensorList{in[0]}, {out[0], out[1]});
+  if (!ctx.error.ok()) return;
+  if (p.q_a) {
+    p.q_a->run(ctx, {out[1]}, {out[4]});
+    if (!ctx.error.ok()) return;
+    p.q_a_norm->run(ctx, {out[4]}, {out[4]});
+    if (!ctx.error.ok()) return;
+    p.q_b->run(ctx, {out[4]}, {out[2]});
+  } else {
+    p.q_proj->run(ctx, {out[1]}, {out[2]});
+  }
+  if (!ctx.error.ok()) return;
+  p.kv_a->run(ctx, {out[1]}, {out[3]});
+  if (!ctx.error.ok()) return;
+  p.rope->run(ctx, {out[2], out[3]}, {out[2]});
+}
+
+}  // namespace
+
+Status front_program_supports(const FrontProgramOp& op) { return front_program_supported(op); }
+
+Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Device device) {
+  (void)limits;
+  if (device != Device::kCuda || op.device_state()) return ok_status();
+  auto s = std::make_shared<State>();
+  s->num_ctas = kernels::current_device_sms();
+  s->residual_out = Tensor::empty({mono::kMaxWidth * op.hidden()}, DType::kF32, Device::kCuda);
+  s->counters = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
+  zero_device(s->counters);
+  for (int i = 0; i < kNumWidths; ++i) {
+    const mono::ProgramPlan plan =
+        mono::deal_jobs(mono::front_chain_stages(chain(op, *s, Step{}), kTile), kWidths[i], s->num_ctas);
+    s->queue_start[i] = Tensor::empty({static_cast<int64_t>(plan.queue_start.size())}, DType::kI32, Device::kCuda);
+    copy_to_device(s->queue_start[i].raw(), plan.queue_start.data(), plan.queue_start.size() * sizeof(int32_t));
+    s->jobs[i] = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, plan.jobs.size()) * 2)}, DType::kI32,
+                               Device::kCuda);
+    copy_to_device(s->jobs[i].raw(), plan.jobs.data(), plan.jobs.size() * sizeof(mono::Job));
+    for (const mono::Stage& st : plan.stages) s->dealt_jobs[i].push_back(mono::stage_jobs(st));
+  }
+  op.device_state() = s;
+  return ok_status();
+}
+
+void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const int64_t rows = in[0].dim(0);
+  if (rows == 0) return;
+  auto* s = static_cast<State*>(op.device_state().get());
+  if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
+  NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "front_program: the residual must be updated in place");
+  const KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.parts().rope->cache_dtype(), "front_program");
+  int wi = 0;
+  while (kWidths[wi] < rows) ++wi;
+  const int32_t width = kWidths[wi];
+  Step st;
+  st.residual = static_cast<float*>(in[0].raw());
+  st.delta = op.has_delta() ? static_cast<const uint16_t*>(in[1].raw()) : nullptr;
+  st.q = static_cast<uint16_t*>(out[2].raw());
+  st.kv_a = static_cast<uint16_t*>(out[3].raw());
+  st.q_a = op.parts().q_a ? static_cast<uint16_t*>(out[4].raw()) : nullptr;
+  st.positions = ctx.dev->positions;
+  st.slot_mapping = ctx.dev->slot_mapping;
+  st.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
+  st.num_slots = kv.num_slots();
+  const std::vector<const void*> key{reinterpret_cast<const void*>(rows), st.residual, st.delta, st.q, st.kv_a,
+                                     st.q_a, st.positions, st.slot_mapping, st.cache};
+  auto it = s->checked[wi].find(key);
+  if (it == s->checked[wi].end()) {
+    const std::string where =
+        "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)";
+    auto checked =
+        mono::check_program(mono::front_chain_stages(chain(op, *s, st), kTile), width, static_cast<int32_t>(rows));
+    if (!checked.ok()) return ctx.fail(checked.status().with_context(where));
+    std::vector<int32_t> jobs;
+    for (const mono::Stage& x : *checked) jobs.push_back(mono::stage_jobs(x));
+    if (jobs != s->dealt_jobs[wi])
+      return ctx.fail(internal_error(where + ": the stages differ from those the job queues were dealt for"));
+    it = s->checked[wi].emplace(key, std::move(*checked)).first;
+  }
+  mono::Program prog;
+  for (size_t i = 0; i < it->second.size(); ++i) prog.stages[i] = it->second[i];
+  prog.num_stages = static_cast<int32_t>(it->second.size());
+  prog.width = width;
+  prog.rows = static_cast<int32_t>(rows);
+  prog.num_ctas = s->num_ctas;
+  prog.queue_start = s->queue_start[wi].data<int32_t>();
+  prog.jobs = static_cast<const mono::Job*>(s->jobs[wi].raw());
+  prog.counters = s->counters.data<int32_t>();
+  const cudaError_t e = mono::launch_mono_program(prog, cuda::context().stream, skinny_pdl());
+  if (e != cudaSuccess)
+    ctx.fail(internal_error("front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) +
+                            " rows): " + cudaGetErrorString(e)));
+}
+
+}  // namespace nucleus::cuda_ops

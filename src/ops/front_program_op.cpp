@@ -1,0 +1,92 @@
+#include "ops/front_program_op.h"
+
+#include <algorithm>
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/front_program_cuda.h"
+#endif
+
+namespace nucleus {
+
+std::string FrontProgramOp::attrs() const {
+  return "layer=" + std::to_string(layer_) + (has_delta() ? "" : " first");
+}
+
+Status FrontProgramOp::select_backend(Device device) {
+  NUCLEUS_RETURN_IF_ERROR(OpWithBackends<FrontProgramOp>::select_backend(device));
+  for (Op* part : std::initializer_list<Op*>{parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(),
+                                             parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(),
+                                             parts_.rope.get()}) {
+    if (!part) continue;
+    part->set_captured(captured());
+    NUCLEUS_RETURN_IF_ERROR(part->select_backend(device).with_context(std::string("front_program's ") + part->kind()));
+  }
+  return ok_status();
+}
+
+size_t FrontProgramOp::workspace_bytes(const StepLimits& limits) const {
+  size_t b = OpWithBackends<FrontProgramOp>::workspace_bytes(limits);
+  for (const Op* part : std::initializer_list<const Op*>{parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(),
+                                                         parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(),
+                                                         parts_.rope.get()})
+    if (part) b = std::max(b, part->workspace_bytes(limits));
+  return b;
+}
+
+Status FrontProgramOp::reserve(const StepLimits& limits, Device device) {
+  for (Op* part : std::initializer_list<Op*>{parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(),
+                                             parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(),
+                                             parts_.rope.get()})
+    if (part) NUCLEUS_RETURN_IF_ERROR(part->reserve(limits, device));
+  return OpWithBackends<FrontProgramOp>::reserve(limits, device);
+}
+
+Status front_program_supported(const FrontProgramOp& op) {
+  const FrontProgramOp::Parts& p = op.parts();
+  const bool lora = p.q_a != nullptr;
+  if (!p.norm || !p.kv_a || !p.rope || (lora ? !p.q_a_norm || !p.q_b : !p.q_proj))
+    return unsupported("a part of the front is missing");
+  const int64_t H = op.hidden();
+  if (H % 16 != 0 || H > 8192) return unsupported("hidden size " + std::to_string(H) + " is not a multiple of 16 up to 8192");
+  if (p.norm->all_reduce().comm) return unsupported("tensor parallelism all-reduces the delta before the norm");
+  if (p.norm->weight().dtype() != DType::kF32 || p.norm->weight().numel() != H)
+    return unsupported("the input norm's weight is not f32 [hidden]");
+  if (p.q_a_norm && p.q_a_norm->weight().dtype() != DType::kF32) return unsupported("q_a_layernorm's weight is not f32");
+  if (p.rope->kv_norm_weight().defined() && p.rope->kv_norm_weight().dtype() != DType::kF32)
+    return unsupported("kv_a_layernorm's weight is not f32");
+  for (const LinearOp* l : {p.q_proj.get(), p.q_a.get(), p.q_b.get(), p.kv_a.get()}) {
+    if (!l) continue;
+    const LinearWeight& w = l->weight();
+    if (w.weight.dtype() != DType::kBF16) return unsupported(w.name + " is not bf16 (programs read bf16 weights)");
+    if (l != p.q_b.get() && w.in_features != H) return unsupported(w.name + " does not read the hidden state");
+  }
+  if (lora) {
+    const int64_t q_lora = p.q_a->weight().out_features;
+    if (q_lora % 16 != 0 || q_lora > 8192 || p.q_b->weight().in_features != q_lora || p.q_a_norm->width() != q_lora)
+      return unsupported("q_lora_rank " + std::to_string(q_lora) + " (need a multiple of 16 up to 8192)");
+  }
+  const RopeKvCacheWriteOp& r = *p.rope;
+  if (!r.kv_norm_weight().defined()) return unsupported("kv_a_layernorm is not fused into the RoPE op (NUCLEUS_FUSE_KV_A_NORM=0)");
+  if (r.cache_dtype() != KvCacheDtype::kBF16) return unsupported("the KV cache is not bf16");
+  if (!r.inv_freq_device()) return unsupported("no device RoPE frequencies");
+  const kernels::MlaDims& d = r.dims();
+  if (d.qk_rope < 2 || d.qk_rope % 2 != 0 || d.qk_rope > 128 || d.kv_lora < 1 || d.kv_lora > 1024)
+    return unsupported("qk_rope " + std::to_string(d.qk_rope) + ", kv_lora " + std::to_string(d.kv_lora) +
+                       " (need an even qk_rope up to 128 and kv_lora up to 1024)");
+  if ((lora ? p.q_b : p.q_proj)->weight().out_features != d.num_heads * (d.qk_nope + d.qk_rope) ||
+      p.kv_a->weight().out_features != d.kv_lora + d.qk_rope)
+    return unsupported("q_proj / kv_a widths do not match the attention's dims");
+  return ok_status();
+}
+
+const std::vector<Backend<FrontProgramOp>>& FrontProgramOp::backends() {
+  static const std::vector<Backend<FrontProgramOp>> list = {
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_program", Device::kCuda, cuda_ops::front_program_supports, cuda_ops::front_program, nullptr,
+       cuda_ops::front_program_reserve},
+#endif
+  };
+  return list;
+}
+
+}  // namespace nucleus

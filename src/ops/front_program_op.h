@@ -1,0 +1,72 @@
+// The front of an MLA decode layer as one decode program (issue #20;
+// docs/decode_program.md; kernels/mono FrontChain): what the decode graph's
+//   input_layernorm, self_attn.q_proj (with a q LoRA: q_a_proj,
+//   q_a_layernorm, q_b_proj), self_attn.kv_a_proj_with_mqa,
+//   self_attn.rope_kv_cache_write (kv_a_layernorm fused)
+// compute, as one launch of the decode-program kernel for steps of at most 8
+// rows:
+//   residual += delta (not for the first layer);  x = rmsnorm(residual) * w
+//   q = x . W_q^T (q = rmsnorm(x . W_qa^T) * w_qa . W_qb^T), q_pe rotated;  kv_a = x . W_kva^T
+//   cache[layer, slot] = [rmsnorm(c_kv) * w_kv | rope(k_pe)]   (slot -1: none)
+// Steps of more rows run the ops above, which this op holds.
+//
+// Buffers: in = {residual [T, hidden] f32, delta [T, hidden] bf16} ({residual}
+// for the first layer); out = {residual (in[0]), x_norm [T, hidden] bf16 (the
+// held ops' scratch), q [T, heads * (qk_nope + qk_rope)] bf16, kv_a [T,
+// kv_lora + qk_rope] bf16[, q_a [T, q_lora] bf16 with a q LoRA]}. CUDA only;
+// the decode graph uses it with
+// NUCLEUS_DECODE_PROGRAMS=1 (docs/flags.md).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/basic_ops.h"
+#include "ops/linear_op.h"
+#include "ops/op.h"
+#include "ops/rope_kv_cache_write.h"
+
+namespace nucleus {
+
+class FrontProgramOp : public OpWithBackends<FrontProgramOp> {
+ public:
+  struct Parts {
+    std::unique_ptr<AddRmsNormOp> norm;          // input_layernorm (has_delta unless the first layer)
+    std::unique_ptr<LinearOp> q_proj;            // without a q LoRA
+    std::unique_ptr<LinearOp> q_a;               // with a q LoRA: q_a_proj, q_a_layernorm, q_b_proj
+    std::unique_ptr<RmsNormOp> q_a_norm;
+    std::unique_ptr<LinearOp> q_b;
+    std::unique_ptr<LinearOp> kv_a;
+    std::unique_ptr<RopeKvCacheWriteOp> rope;    // with kv_a_layernorm fused
+  };
+  FrontProgramOp(int64_t layer, Parts parts, int64_t hidden)
+      : layer_(layer), parts_(std::move(parts)), hidden_(hidden) {}
+  const char* kind() const override { return "front_program"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<FrontProgramOp>>& backends();
+  Status select_backend(Device device) override;
+  size_t workspace_bytes(const StepLimits& limits) const override;
+  Status reserve(const StepLimits& limits, Device device) override;
+
+  int64_t layer() const { return layer_; }
+  const Parts& parts() const { return parts_; }
+  Parts& parts() { return parts_; }
+  int64_t hidden() const { return hidden_; }
+  bool has_delta() const { return parts_.norm && parts_.norm->has_delta(); }
+  std::shared_ptr<void>& device_state() { return state_; }
+
+ private:
+  int64_t layer_;
+  Parts parts_;
+  int64_t hidden_;
+  std::shared_ptr<void> state_;
+};
+
+// OK, or why a decode program cannot serve the front: bf16 q and kv_a
+// weights (q_lora a multiple of 16 up to 8192), hidden a multiple of 16 up to 8192, the kv norm fused into the
+// RoPE op, a bf16 cache, an even qk_rope up to 128, kv_lora up to 1024, one
+// rank.
+Status front_program_supported(const FrontProgramOp& op);
+
+}  // namespace nucleus

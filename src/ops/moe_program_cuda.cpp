@@ -1,0 +1,212 @@
+// CUDA backend of the moe_program op (ops/moe_program_cuda.h).
+#include "ops/moe_program_cuda.h"
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <map>
+
+#include "core/cuda/context.h"
+#include "core/device.h"
+#include "kernels/common/device_sms.h"
+#include "kernels/mono/mono_kernel.cuh"
+#include "kernels/mono/mono_program_ref.h"
+#include "ops/skinny.h"
+
+namespace nucleus::cuda_ops {
+
+namespace {
+
+namespace mono = kernels::mono;
+
+constexpr int32_t kTile = 16;  // columns a GEMV job owns (docs/decode_program.md)
+constexpr int32_t kWidths[] = {1, 2, 4, 8};
+constexpr int kNumWidths = 4;
+
+struct State {
+  int32_t num_ctas = 0;
+  Tensor logits, table, h, y, h_shared, y_shared, residual_out, counters;
+  Tensor gate_up_table, down_table, shared_gate_up_table, shared_down_table;  // [experts] device pointers
+  Tensor queue_start[kNumWidths], jobs[kNumWidths];
+  std::vector<int32_t> dealt_jobs[kNumWidths];  // stage_jobs of each stage the queues were dealt for
+  // The checked stages of each width, by the rows and the (attn_out, residual, delta) buffers of a step.
+  std::map<std::array<const void*, 4>, std::vector<mono::Stage>> checked[kNumWidths];
+};
+
+// A device array of the given weights' addresses.
+Tensor pointer_table(const std::vector<const LinearWeight*>& w) {
+  std::vector<uint64_t> ptrs(w.size());
+  for (size_t i = 0; i < w.size(); ++i) ptrs[i] = reinterpret_cast<uint64_t>(w[i]->weight.raw());
+  Tensor t = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, ptrs.size()))}, DType::kI64, Device::kCuda);
+  if (!ptrs.empty()) copy_to_device(t.raw(), ptrs.data(), ptrs.size() * sizeof(uint64_t));
+  return t;
+}
+
+// The block as a MoeChain over the op's weights and the state's buffers, for
+// a program of `width` rows on the graph's attn_out, residual and delta.
+mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, const uint16_t* attn_out, float* residual,
+                     uint16_t* delta) {
+  const MoeProgramOp::Parts& p = op.parts();
+  const kernels::MoeRoutingParams& r = p.route->params();
+  const auto& ex = p.experts->experts();
+  const int64_t E = r.num_experts;
+  mono::MoeChain c;
+  c.hidden = op.hidden();
+  c.inter = ex[0].down->in_features;
+  c.shared_pieces = static_cast<int32_t>(std::max<int64_t>(1, op.shared_pieces()));
+  c.shared_inter = op.shared_pieces() > 0 ? ex[E].down->in_features : 0;
+  c.slots = static_cast<int32_t>(std::min<int64_t>(width * r.top_k, E));
+  c.num_experts = static_cast<int32_t>(E);
+  c.top_k = static_cast<int32_t>(r.top_k);
+  c.n_group = static_cast<int32_t>(r.method == TopkMethod::kNoauxTc ? r.n_group : 1);
+  c.topk_group = static_cast<int32_t>(r.method == TopkMethod::kNoauxTc ? r.topk_group : 1);
+  c.scoring = r.scoring == ScoringFunc::kSigmoid ? mono::Scoring::kSigmoid : mono::Scoring::kSoftmax;
+  c.method = r.method == TopkMethod::kNoauxTc ? mono::TopK::kNoauxTc : mono::TopK::kGreedy;
+  c.norm_topk_prob = r.norm_topk_prob;
+  c.routed_scaling_factor = r.routed_scaling_factor;
+  c.eps = p.norm->eps();
+  c.w_o = static_cast<const uint16_t*>(p.o_proj->weight().weight.raw());
+  c.o_k = p.o_proj->weight().in_features;
+  c.attn_out = attn_out;
+  c.w_router = static_cast<const uint16_t*>(p.router->weight().weight.raw());
+  c.gate_up_table = static_cast<const uint16_t* const*>(s.gate_up_table.raw());
+  c.down_table = static_cast<const uint16_t* const*>(s.down_table.raw());
+  if (op.shared_pieces() == 1) {  // one piece: a plain stage
+    c.w_shared_gate_up = static_cast<const uint16_t*>(ex[E].gate_up->weight.raw());
+    c.w_shared_down = static_cast<const uint16_t*>(ex[E].down->weight.raw());
+  } else if (op.shared_pieces() > 1) {
+    c.shared_gate_up_table = static_cast<const uint16_t* const*>(s.shared_gate_up_table.raw());
+    c.shared_down_table = static_cast<const uint16_t* const*>(s.shared_down_table.raw());
+  }
+  c.bias = p.route->bias().defined() ? p.route->bias().data<float>() : nullptr;
+  c.post_norm = p.norm->weight().data<float>();
+  c.residual = residual;
+  c.delta = delta;
+  c.residual_out = s.residual_out.data<float>();
+  c.logits = s.logits.data<float>();
+  c.table = static_cast<mono::RouteTable*>(s.table.raw());
+  c.h_shared = static_cast<uint16_t*>(s.h_shared.raw());
+  c.y_shared = s.y_shared.data<float>();
+  c.h = static_cast<uint16_t*>(s.h.raw());
+  c.y = s.y.data<float>();
+  c.delta_out = delta;
+  c.residual_copy_to = residual;
+  return c;
+}
+
+// The held ops, as the decode graph would run them.
+void run_parts(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  MoeProgramOp::Parts& p = op.parts();
+  p.o_proj->run(ctx, {in[0]}, {out[1]});
+  if (!ctx.error.ok()) return;
+  p.norm->run(ctx, {in[1], out[1]}, {out[0], out[2]});
+  if (!ctx.error.ok()) return;
+  p.router->run(ctx, {out[2]}, {out[3]});
+  if (!ctx.error.ok()) return;
+  p.route->run(ctx, {out[3]}, {out[4], out[5]});
+  if (!ctx.error.ok()) return;
+  p.experts->run(ctx, {out[2], out[4], out[5]}, {out[1], out[6]});
+}
+
+}  // namespace
+
+Status moe_program_supports(const MoeProgramOp& op) { return moe_program_supported(op); }
+
+Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device device) {
+  (void)limits;
+  if (device != Device::kCuda || op.device_state()) return ok_status();
+  auto s = std::make_shared<State>();
+  const MoeProgramOp::Parts& p = op.parts();
+  const kernels::MoeRoutingParams& r = p.route->params();
+  const auto& ex = p.experts->experts();
+  const int64_t E = r.num_experts, H = op.hidden(), inter = ex[0].down->in_features;
+  const int64_t pieces = std::max<int64_t>(1, op.shared_pieces());
+  const int64_t shared_inter = op.shared_pieces() > 0 ? ex[E].down->in_features : 16;
+  const int64_t slots = std::min<int64_t>(mono::kMaxWidth * r.top_k, E);
+  s->num_ctas = kernels::current_device_sms();
+  s->logits = Tensor::empty({mono::kMaxWidth * E}, DType::kF32, Device::kCuda);
+  s->table = Tensor::empty({static_cast<int64_t>(sizeof(mono::RouteTable) / 4)}, DType::kI32, Device::kCuda);
+  s->h = Tensor::empty({slots * mono::kMaxWidth * inter}, DType::kBF16, Device::kCuda);
+  s->y = Tensor::empty({slots * mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
+  s->h_shared = Tensor::empty({pieces * mono::kMaxWidth * shared_inter}, DType::kBF16, Device::kCuda);
+  s->y_shared = Tensor::empty({pieces * mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
+  s->residual_out = Tensor::empty({mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
+  s->counters = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
+  zero_device(s->counters);
+  std::vector<const LinearWeight*> gu, dn, sgu, sdn;
+  for (int64_t e = 0; e < static_cast<int64_t>(ex.size()); ++e) {
+    (e < E ? gu : sgu).push_back(ex[e].gate_up);
+    (e < E ? dn : sdn).push_back(ex[e].down);
+  }
+  s->gate_up_table = pointer_table(gu);
+  s->down_table = pointer_table(dn);
+  s->shared_gate_up_table = pointer_table(sgu);
+  s->shared_down_table = pointer_table(sdn);
+  // The queues depend on the stages' shapes only (deal_jobs): one set a width.
+  for (int i = 0; i < kNumWidths; ++i) {
+    const mono::ProgramPlan plan =
+        mono::deal_jobs(mono::moe_chain_stages(chain(op, *s, kWidths[i], nullptr, nullptr, nullptr), kTile), kWidths[i],
+                        s->num_ctas);
+    s->queue_start[i] = Tensor::empty({static_cast<int64_t>(plan.queue_start.size())}, DType::kI32, Device::kCuda);
+    copy_to_device(s->queue_start[i].raw(), plan.queue_start.data(), plan.queue_start.size() * sizeof(int32_t));
+    s->jobs[i] = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, plan.jobs.size()) * 2)}, DType::kI32,
+                               Device::kCuda);
+    copy_to_device(s->jobs[i].raw(), plan.jobs.data(), plan.jobs.size() * sizeof(mono::Job));
+    for (const mono::Stage& st : plan.stages) s->dealt_jobs[i].push_back(mono::stage_jobs(st));
+  }
+  op.device_state() = s;
+  return ok_status();
+}
+
+void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const TensorList& out) {
+  const int64_t rows = in[0].dim(0);
+  if (rows == 0) return;
+  auto* s = static_cast<State*>(op.device_state().get());
+  if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
+  NUCLEUS_CHECK(in[1].raw() == out[0].raw(), "moe_program: the residual must be updated in place");
+  int wi = 0;
+  while (kWidths[wi] < rows) ++wi;
+  const int32_t width = kWidths[wi];
+  const auto* attn_out = static_cast<const uint16_t*>(in[0].raw());
+  float* residual = static_cast<float*>(in[1].raw());
+  auto* delta = static_cast<uint16_t*>(out[1].raw());
+  // Checked over the step's rows (the graph's buffers may hold fewer rows than the width).
+  const std::array<const void*, 4> key{reinterpret_cast<const void*>(rows), attn_out, residual, delta};
+  auto it = s->checked[wi].find(key);
+  if (it == s->checked[wi].end()) {
+    const std::string where = "moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)";
+    auto checked = mono::check_program(mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile),
+                                       width, static_cast<int32_t>(rows));
+    if (!checked.ok()) return ctx.fail(checked.status().with_context(where));
+    // The queues dealt at reserve must hold exactly these stages' jobs.
+    std::vector<int32_t> jobs;
+    for (const mono::Stage& st : *checked) jobs.push_back(mono::stage_jobs(st));
+    if (jobs != s->dealt_jobs[wi])
+      return ctx.fail(internal_error(where + ": the stages differ from those the job queues were dealt for"));
+    it = s->checked[wi].emplace(key, std::move(*checked)).first;
+  }
+  mono::Program prog;
+  for (size_t i = 0; i < it->second.size(); ++i) prog.stages[i] = it->second[i];
+  prog.num_stages = static_cast<int32_t>(it->second.size());
+  prog.width = width;
+  prog.rows = static_cast<int32_t>(rows);
+  prog.num_ctas = s->num_ctas;
+  prog.queue_start = s->queue_start[wi].data<int32_t>();
+  prog.jobs = static_cast<const mono::Job*>(s->jobs[wi].raw());
+  prog.counters = s->counters.data<int32_t>();
+  cudaStream_t stream = cuda::context().stream;
+  const cudaError_t e = mono::launch_mono_program(prog, stream, skinny_pdl());
+  if (e != cudaSuccess)
+    return ctx.fail(internal_error("moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) +
+                                   " rows): " + cudaGetErrorString(e)));
+  if (ctx.stats) {  // the routed experts the step activated (benchmarks; syncs)
+    mono::RouteTable t;
+    if (cudaMemcpyAsync(&t, s->table.raw(), sizeof(t), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess)
+      return ctx.fail(internal_error("moe_program: reading the route table for the step's statistics failed"));
+    ctx.stats->moe_layers += 1;
+    ctx.stats->experts_activated += t.count;
+  }
+}
+
+}  // namespace nucleus::cuda_ops

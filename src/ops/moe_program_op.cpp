@@ -1,0 +1,93 @@
+#include "ops/moe_program_op.h"
+
+#include <algorithm>
+
+#ifdef NUCLEUS_HAVE_CUDA
+#include "ops/moe_program_cuda.h"
+#endif
+
+namespace nucleus {
+
+std::string MoeProgramOp::attrs() const {
+  return "layer=" + std::to_string(layer_) + " experts=" + std::to_string(parts_.experts->experts().size()) +
+         " (shared " + std::to_string(shared_pieces_) + ") top_k=" + std::to_string(parts_.route->params().top_k);
+}
+
+Status MoeProgramOp::select_backend(Device device) {
+  NUCLEUS_RETURN_IF_ERROR(OpWithBackends<MoeProgramOp>::select_backend(device));
+  for (Op* part : std::initializer_list<Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
+                                             parts_.experts.get()}) {
+    part->set_captured(captured());
+    NUCLEUS_RETURN_IF_ERROR(part->select_backend(device).with_context(std::string("moe_program's ") + part->kind()));
+  }
+  return ok_status();
+}
+
+size_t MoeProgramOp::workspace_bytes(const StepLimits& limits) const {
+  size_t b = OpWithBackends<MoeProgramOp>::workspace_bytes(limits);
+  for (const Op* part : std::initializer_list<const Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
+                                                         parts_.experts.get()})
+    b = std::max(b, part->workspace_bytes(limits));
+  return b;
+}
+
+Status MoeProgramOp::reserve(const StepLimits& limits, Device device) {
+  for (Op* part : std::initializer_list<Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
+                                             parts_.experts.get()})
+    NUCLEUS_RETURN_IF_ERROR(part->reserve(limits, device));
+  return OpWithBackends<MoeProgramOp>::reserve(limits, device);
+}
+
+Status moe_program_supported(const MoeProgramOp& op) {
+  const MoeProgramOp::Parts& p = op.parts();
+  if (!p.o_proj || !p.norm || !p.router || !p.route || !p.experts) return unsupported("a part of the block is missing");
+  const int64_t H = op.hidden();
+  if (H % 16 != 0 || H > 8192) return unsupported("hidden size " + std::to_string(H) + " is not a multiple of 16 up to 8192");
+  const LinearWeight& o = p.o_proj->weight();
+  if (o.weight.dtype() != DType::kBF16) return unsupported(o.name + " is not bf16 (programs read bf16 weights)");
+  if (o.out_features != H || o.in_features % 16 != 0 || o.in_features > 8192)
+    return unsupported(o.name + ": an input width of " + std::to_string(o.in_features) +
+                       " (need a multiple of 16 up to 8192)");
+  if (p.norm->all_reduce().comm) return unsupported("tensor parallelism all-reduces the delta before the norm");
+  if (p.norm->weight().dtype() != DType::kF32 || p.norm->weight().numel() != H)
+    return unsupported("the post-attention norm's weight is not f32 [hidden]");
+  if (p.experts->fuses_add_rmsnorm()) return unsupported("the experts op runs the next add + norm");
+  const LinearWeight& router = p.router->weight();
+  if (router.weight.dtype() != DType::kBF16) return unsupported("the router weight is not bf16");
+  const kernels::MoeRoutingParams& r = p.route->params();
+  if (r.num_experts < 1 || r.num_experts > 384) return unsupported("more than 384 routed experts");
+  if (r.method == TopkMethod::kGroupLimitedGreedy ||
+      (r.method == TopkMethod::kNoauxTc && (r.n_group > 8 || r.num_experts % r.n_group != 0)))
+    return unsupported("routing other than greedy or noaux_tc in at most 8 groups");
+  if (r.top_k * 8 > 64) return unsupported("top_k " + std::to_string(r.top_k) + ": 8 rows would need more than 64 slots");
+  if (r.shared_slots != op.shared_pieces()) return unsupported("the route op's shared slots are not the shared pieces");
+  const auto& experts = p.experts->experts();
+  if (static_cast<int64_t>(experts.size()) != r.num_experts + op.shared_pieces())
+    return unsupported("the experts op does not hold the routed experts and the shared pieces");
+  for (size_t e = 0; e < experts.size(); ++e) {
+    const LinearWeight& gu = *experts[e].gate_up;
+    const LinearWeight& dn = *experts[e].down;
+    if (gu.weight.dtype() != DType::kBF16 || dn.weight.dtype() != DType::kBF16)
+      return unsupported(gu.name + " is not bf16 (programs read bf16 weights)");
+    const int64_t inter = dn.in_features;
+    if (inter % 16 != 0 || inter > 8192 || gu.out_features != 2 * inter || gu.in_features != H || dn.out_features != H)
+      return unsupported(gu.name + ": an expert of width " + std::to_string(inter) +
+                         " (need a multiple of 16 up to 8192 and [2 inter, hidden] / [hidden, inter])");
+    const bool shared = static_cast<int64_t>(e) >= r.num_experts;
+    const LinearWeight& same = *experts[shared ? r.num_experts : 0].down;
+    if (inter != same.in_features) return unsupported("experts of different widths");
+  }
+  return ok_status();
+}
+
+const std::vector<Backend<MoeProgramOp>>& MoeProgramOp::backends() {
+  static const std::vector<Backend<MoeProgramOp>> list = {
+#ifdef NUCLEUS_HAVE_CUDA
+      {"cuda_program", Device::kCuda, cuda_ops::moe_program_supports, cuda_ops::moe_program, nullptr,
+       cuda_ops::moe_program_reserve},
+#endif
+  };
+  return list;
+}
+
+}  // namespace nucleus

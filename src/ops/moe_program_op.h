@@ -1,0 +1,81 @@
+// The attention's output projection and the MoE block of a decode layer as
+// one decode program (issue #20; docs/decode_program.md; kernels/mono): what
+// the decode graph's
+//   self_attn.o_proj, post_attention_layernorm, mlp.gate, mlp.route, mlp.experts
+// (the shared experts fused as routed experts) compute, as one launch of the
+// persistent decode-program kernel for steps of at most 8 rows:
+//   delta = attn_out . W_o^T
+//   residual += delta;  x = rmsnorm(residual) * w
+//   logits = x . W_router^T;  the route table (kernels/moe/moe_ref.h's rules)
+//   delta = sum over the chosen experts e of weight * expert_e(x) + sum of the shared experts(x)
+// (kernels/mono/mono_program_ref.h MoeChain; the routed experts' weights are
+// streamed once a step however many rows chose them; o_proj's weights stream
+// while the attention before it still runs, PDL). Steps of more rows run the
+// five ops above, which this op holds and dispatches to, so a graph of any
+// width keeps one node.
+//
+// Buffers: in = {attn_out [T, heads * v_head] bf16, residual [T, hidden]
+// f32}; out = {residual (in[1]), delta [T, hidden] bf16 (the block's
+// output), x_norm [T, hidden], router_logits [T, E] f32, topk_ids [T, slots]
+// i32, topk_weights [T, slots] f32, moe_scratch}: the last five are the held
+// ops' buffers (a program step leaves them untouched; nothing reads them
+// after the block). CUDA only; the decode graph uses it with
+// NUCLEUS_DECODE_PROGRAMS=1 (docs/flags.md).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ops/basic_ops.h"
+#include "ops/linear_op.h"
+#include "ops/moe_ops.h"
+#include "ops/op.h"
+
+namespace nucleus {
+
+class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
+ public:
+  // The ops the block is made of, as the decode graph would run them; the
+  // experts op holds the routed experts, then `shared_pieces` shared ones.
+  struct Parts {
+    std::unique_ptr<LinearOp> o_proj;
+    std::unique_ptr<AddRmsNormOp> norm;
+    std::unique_ptr<LinearOp> router;
+    std::unique_ptr<MoeRouteOp> route;
+    std::unique_ptr<MoeExpertsOp> experts;
+  };
+  MoeProgramOp(int64_t layer, Parts parts, int64_t hidden, int64_t shared_pieces)
+      : layer_(layer), parts_(std::move(parts)), hidden_(hidden), shared_pieces_(shared_pieces) {}
+  const char* kind() const override { return "moe_program"; }
+  std::string attrs() const override;
+  static const std::vector<Backend<MoeProgramOp>>& backends();
+  // The op's backend and the held ops' (each for the same device and capture).
+  Status select_backend(Device device) override;
+  size_t workspace_bytes(const StepLimits& limits) const override;
+  Status reserve(const StepLimits& limits, Device device) override;
+
+  int64_t layer() const { return layer_; }
+  const Parts& parts() const { return parts_; }
+  Parts& parts() { return parts_; }
+  int64_t hidden() const { return hidden_; }
+  int64_t shared_pieces() const { return shared_pieces_; }
+  // Backend-owned state (the program's buffers and queues), made by reserve.
+  std::shared_ptr<void>& device_state() { return state_; }
+
+ private:
+  int64_t layer_;
+  Parts parts_;
+  int64_t hidden_, shared_pieces_;
+  std::shared_ptr<void> state_;
+};
+
+// OK, or why a decode program cannot serve the block: bf16 weights (o_proj,
+// router, experts), hidden, o_proj's input and the expert widths multiples
+// of 16 up to 8192, at most
+// 384 routed experts, greedy routing (groups unused) or noaux_tc in at most 8
+// groups, top_k * 8 <= 64, shared pieces of one width, one rank (no
+// all-reduce before the norm), no add + norm folded into the experts op.
+Status moe_program_supported(const MoeProgramOp& op);
+
+}  // namespace nucleus

@@ -1,0 +1,133 @@
+// The MoE layers' o_proj and MoE blocks as decode programs end to end on the GPU
+// (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h): `nucleus generate` on the
+// shipped tiny model (bf16; its MoE layers route 8 experts by noaux_tc in 4
+// groups, top-2, one shared expert):
+//  - the decode graph reports cuda_program exactly when the switch is on
+//    (NUCLEUS_DUMP_GRAPH's backend column), and no program on the FP8 tiny
+//    model, which it cannot serve (a warning says why);
+//  - greedy tokens of the eight reference prompts, run together (8 rows: a
+//    program of width 8), at most 5 a step (widths 8 and 4 on 5 and 3 rows:
+//    pad rows), one by one (width 1), and each prompt twice (16 rows: the
+//    op's separate ops), on and off, equal the Hugging Face
+//    reference up to the first step whose reference top-2 margin is below
+//    0.05 (as gpu_reference_test).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gpu_test_util.h"
+#include "test_util.h"
+
+namespace nucleus {
+namespace {
+
+using nlohmann::json;
+
+constexpr float kMarginThreshold = 0.05f;
+
+struct RunResult {
+  int status = -1;
+  std::string out, err;
+};
+
+RunResult run(const std::string& args, const std::string& env, const std::string& dir) {
+  const char* bin = std::getenv("NUCLEUS_BIN");
+  const std::string err_file = dir + "/stderr.txt";
+  const std::string cmd = "env " + env + " " + (bin ? bin : "nucleus") + " " + args + " 2>" + err_file;
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream e(err_file);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+std::vector<json> json_lines(const std::string& s) {
+  std::vector<json> out;
+  std::stringstream ss(s);
+  std::string line;
+  while (std::getline(ss, line))
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+void expect_reference(const json& cases, const std::vector<std::vector<int>>& got, const std::string& what) {
+  ASSERT_EQ(got.size() % cases.size(), 0u) << what;
+  for (size_t j = 0; j < got.size(); ++j) {
+    const json& c = cases[j % cases.size()];
+    const auto greedy = c["greedy_token_ids"].get<std::vector<int>>();
+    const auto margins = c["greedy_top2_margins"].get<std::vector<float>>();
+    size_t s = 0;
+    for (; s < greedy.size() && s < got[j].size() && margins[s] >= kMarginThreshold; ++s)
+      EXPECT_EQ(got[j][s], greedy[s]) << what << ": prompt " << j << " step " << s;
+    std::printf("%s prompt %zu: %zu steps compared\n", what.c_str(), j, s);
+  }
+}
+
+void check_programs(const std::string& model, bool served) {
+  ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device";
+  std::ifstream in(testing::model_path("ref/cases.json"));
+  const json cases = json::parse(in)[model];
+  const std::string dir = testing::make_temp_dir("nucleus_programs");
+  {
+    std::ofstream f(dir + "/prompts.jsonl"), twice(dir + "/twice.jsonl");
+    for (const json& c : cases) f << json{{"prompt_token_ids", c["prompt_token_ids"]}}.dump() << "\n";
+    for (int k = 0; k < 2; ++k)
+      for (const json& c : cases) twice << json{{"prompt_token_ids", c["prompt_token_ids"]}}.dump() << "\n";
+  }
+  const std::string base = "generate --device cuda --model " + testing::model_path(model) +
+                           " --max-tokens 32 --ignore-eos --temperature 0 --json";
+  for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1", "NUCLEUS_DECODE_PROGRAMS=0"}) {
+    const bool on = std::string(env).back() == '1';
+    RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", std::string(env) + " NUCLEUS_DUMP_GRAPH=1", dir);
+    ASSERT_EQ(batch.status, 0) << batch.err;
+    EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on && served) << env << ": the decode graph";
+    if (on && !served) {
+      EXPECT_NE(batch.err.find("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops"), std::string::npos)
+          << batch.err;
+    }
+    std::vector<std::vector<int>> got;
+    for (const json& line : json_lines(batch.out)) got.push_back(line["token_ids"]);
+    expect_reference(cases, got, std::string(env) + " batch");
+    // At most 5 sequences a step: graph sizes 1, 2, 4, 5; a 5-row step runs a program of width 8 on 5 rows
+    // (3 pad rows the kernel must not touch), the 3 left over one of width 4 on 3.
+    RunResult five = run(base + " --max-num-seqs 5 --prompts " + dir + "/prompts.jsonl", env, dir);
+    ASSERT_EQ(five.status, 0) << five.err;
+    got.clear();
+    for (const json& line : json_lines(five.out)) got.push_back(line["token_ids"]);
+    expect_reference(cases, got, std::string(env) + " at most 5 a step");
+    RunResult wide = run(base + " --prompts " + dir + "/twice.jsonl", env, dir);
+    ASSERT_EQ(wide.status, 0) << wide.err;
+    got.clear();
+    for (const json& line : json_lines(wide.out)) got.push_back(line["token_ids"]);
+    expect_reference(cases, got, std::string(env) + " 16 rows");
+    got.clear();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::ofstream(dir + "/one.jsonl") << json{{"prompt_token_ids", cases[i]["prompt_token_ids"]}}.dump() << "\n";
+      RunResult one = run(base + " --prompts " + dir + "/one.jsonl", env, dir);
+      ASSERT_EQ(one.status, 0) << one.err;
+      got.push_back(json_lines(one.out).at(0)["token_ids"]);
+    }
+    expect_reference(cases, got, std::string(env) + " single");
+  }
+}
+
+TEST(GpuDecodeProgram, MoeBlocksOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3", /*served=*/true); }
+
+TEST(GpuDecodeProgram, Fp8ModelKeepsTheSeparateOps) { check_programs("tiny-dsv3-fp8", /*served=*/false); }
+
+}  // namespace
+}  // namespace nucleus

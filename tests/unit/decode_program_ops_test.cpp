@@ -1,0 +1,230 @@
+// Which MoE blocks and attention fronts the decode-program ops
+// (ops/moe_program_op.h, ops/front_program_op.h) can serve. MoE blocks:
+// moe_program_supported on blocks built as the decode graph builds them
+// (bf16 weights described on the host, no data): the shipped tiny model's
+// and DeepSeek-V2-Lite's and V3's routing are accepted; FP8 weights, an
+// o_proj input wider than the kernel's x, greedy routing in groups, top-k
+// above 8, a folded add + norm and experts of mixed widths are refused with
+// the reason. Fronts: with and without a q LoRA accepted; FP8 weights, an
+// FP8 cache, an unfused kv norm, no device RoPE frequencies refused.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <memory>
+
+#include "core/tensor.h"
+#include "ops/front_program_op.h"
+#include "ops/moe_program_op.h"
+
+namespace nucleus {
+namespace {
+
+struct Block {
+  int64_t hidden = 256, o_k = 4 * 64, inter = 192, experts = 8, shared = 1, top_k = 2;
+  DType dtype = DType::kBF16;
+  std::deque<LinearWeight> w;  // stable addresses
+  Tensor norm = Tensor::empty({256}, DType::kF32);
+
+  const LinearWeight* linear(const std::string& name, int64_t out, int64_t in) {
+    LinearWeight lw;
+    lw.name = name;
+    lw.out_features = out;
+    lw.in_features = in;
+    lw.weight = Tensor::empty({out, in}, dtype);
+    w.push_back(std::move(lw));
+    return &w.back();
+  }
+  std::unique_ptr<MoeProgramOp> op(kernels::MoeRoutingParams r) {
+    r.num_experts = experts;
+    r.top_k = top_k;
+    r.shared_slots = shared;
+    std::vector<ExpertWeights> ex;
+    for (int64_t e = 0; e < experts + shared; ++e)
+      ex.push_back({linear("e" + std::to_string(e) + ".gate_up", 2 * inter, hidden),
+                    linear("e" + std::to_string(e) + ".down", hidden, inter)});
+    MoeProgramOp::Parts p;
+    p.o_proj = std::make_unique<LinearOp>(linear("o_proj", hidden, o_k), false);
+    p.norm = std::make_unique<AddRmsNormOp>(norm, 1e-6f, true);
+    p.router = std::make_unique<LinearOp>(linear("gate", experts, hidden), false);
+    p.route = std::make_unique<MoeRouteOp>(r, Tensor());
+    p.experts = std::make_unique<MoeExpertsOp>(std::move(ex), inter, r.slots());
+    return std::make_unique<MoeProgramOp>(1, std::move(p), hidden, shared);
+  }
+};
+
+kernels::MoeRoutingParams noaux(int64_t groups, int64_t kept) {
+  kernels::MoeRoutingParams r;
+  r.scoring = ScoringFunc::kSigmoid;
+  r.method = TopkMethod::kNoauxTc;
+  r.n_group = groups;
+  r.topk_group = kept;
+  r.norm_topk_prob = true;
+  return r;
+}
+
+::testing::AssertionResult refused(const MoeProgramOp& op, const std::string& why) {
+  const Status s = moe_program_supported(op);
+  if (s.ok()) return ::testing::AssertionFailure() << "accepted; expected a refusal naming '" << why << "'";
+  if (s.message().find(why) == std::string::npos) return ::testing::AssertionFailure() << "refused with: " << s.message();
+  return ::testing::AssertionSuccess();
+}
+
+TEST(MoeProgramOp, AcceptsTheShippedTinyModelV2LiteAndV3Routing) {
+  Block tiny;  // models/tiny-dsv3: 8 experts, noaux_tc in 4 groups (2 kept), top-2, one shared expert
+  EXPECT_TRUE(moe_program_supported(*tiny.op(noaux(4, 2))).ok());
+  Block v2_lite;  // 64 experts of 1408, greedy softmax top-6, two shared pieces, o_proj 2048 x 2048
+  v2_lite.hidden = v2_lite.o_k = 2048;
+  v2_lite.norm = Tensor::empty({2048}, DType::kF32);
+  v2_lite.inter = 1408;
+  v2_lite.experts = 64;
+  v2_lite.shared = 2;
+  v2_lite.top_k = 6;
+  const Status s = moe_program_supported(*v2_lite.op(kernels::MoeRoutingParams{}));
+  EXPECT_TRUE(s.ok()) << s.message();
+  Block v3;  // V3's routing at a smaller hidden: 256 experts, noaux_tc in 8 groups (4 kept), top-8
+  v3.experts = 256;
+  v3.top_k = 8;
+  EXPECT_TRUE(moe_program_supported(*v3.op(noaux(8, 4))).ok());
+}
+
+TEST(MoeProgramOp, RefusesWhatTheProgramCannotRun) {
+  {
+    Block b;
+    b.dtype = DType::kF8E4M3;
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "is not bf16"));
+  }
+  {
+    Block b;  // V3's o_proj: 128 heads x 128 = 16384 inputs, wider than x in shared memory
+    b.o_k = 16384;
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "an input width of 16384"));
+  }
+  {
+    Block b;
+    kernels::MoeRoutingParams r;
+    r.method = TopkMethod::kGroupLimitedGreedy;  // DeepSeek-V2's routing
+    r.n_group = 4;
+    r.topk_group = 2;
+    EXPECT_TRUE(refused(*b.op(r), "routing other than greedy or noaux_tc"));
+  }
+  {
+    Block b;
+    b.top_k = 9;
+    b.experts = 16;
+    EXPECT_TRUE(refused(*b.op(kernels::MoeRoutingParams{}), "top_k 9"));
+  }
+  {
+    Block b;
+    b.experts = 400;
+    EXPECT_TRUE(refused(*b.op(kernels::MoeRoutingParams{}), "more than 384 routed experts"));
+  }
+  {
+    Block b;
+    b.inter = 200;  // not a multiple of 16
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "an expert of width 200"));
+  }
+  {
+    Block b;
+    auto op = b.op(noaux(4, 2));
+    op->parts().experts->fuse_add_rmsnorm(b.norm, 1e-6f);
+    EXPECT_TRUE(refused(*op, "the experts op runs the next add + norm"));
+  }
+  {
+    Block b;
+    b.hidden = 8208;
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "hidden size 8208"));
+  }
+}
+
+struct Front {
+  int64_t hidden = 256, heads = 4, q_lora = 128;
+  DType dtype = DType::kBF16;
+  KvCacheDtype cache = KvCacheDtype::kBF16;
+  bool fuse_kv_norm = true;
+  const float* inv_freq = reinterpret_cast<const float*>(uintptr_t{1} << 32);  // a device address (never read here)
+  std::deque<LinearWeight> w;
+  Tensor norm = Tensor::empty({256}, DType::kF32), q_norm = Tensor::empty({128}, DType::kF32),
+         kv_norm = Tensor::empty({512}, DType::kF32);
+  kernels::RopeTable table;
+
+  const LinearWeight* linear(const std::string& name, int64_t out, int64_t in) {
+    LinearWeight lw;
+    lw.name = name;
+    lw.out_features = out;
+    lw.in_features = in;
+    lw.weight = Tensor::empty({out, in}, dtype);
+    w.push_back(std::move(lw));
+    return &w.back();
+  }
+  std::unique_ptr<FrontProgramOp> op() {
+    kernels::MlaDims d;
+    d.num_heads = heads;
+    d.qk_nope = 128;
+    d.qk_rope = 64;
+    d.v_head = 128;
+    d.kv_lora = 512;
+    FrontProgramOp::Parts p;
+    p.norm = std::make_unique<AddRmsNormOp>(norm, 1e-6f, true);
+    if (q_lora > 0) {
+      p.q_a = std::make_unique<LinearOp>(linear("q_a_proj", q_lora, hidden), false);
+      p.q_a_norm = std::make_unique<RmsNormOp>(q_norm, 1e-6f);
+      p.q_b = std::make_unique<LinearOp>(linear("q_b_proj", heads * 192, q_lora), false);
+    } else {
+      p.q_proj = std::make_unique<LinearOp>(linear("q_proj", heads * 192, hidden), false);
+    }
+    p.kv_a = std::make_unique<LinearOp>(linear("kv_a_proj_with_mqa", 576, hidden), false);
+    p.rope = std::make_unique<RopeKvCacheWriteOp>(1, &table, d, inv_freq, 1.0f, cache);
+    if (fuse_kv_norm) p.rope->fuse_kv_norm(kv_norm, 1e-6f);
+    return std::make_unique<FrontProgramOp>(1, std::move(p), hidden);
+  }
+};
+
+TEST(FrontProgramOp, AcceptsFrontsWithAndWithoutAQLora) {
+  Front tiny;  // models/tiny-dsv3: hidden 256, 4 heads, q_lora 128
+  Status s = front_program_supported(*tiny.op());
+  EXPECT_TRUE(s.ok()) << s.message();
+  Front v2_lite;  // no q LoRA, 16 heads
+  v2_lite.hidden = 2048;
+  v2_lite.norm = Tensor::empty({2048}, DType::kF32);
+  v2_lite.heads = 16;
+  v2_lite.q_lora = 0;
+  s = front_program_supported(*v2_lite.op());
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
+  auto refused_front = [](Front& f, const std::string& why) {
+    const Status s = front_program_supported(*f.op());
+    if (s.ok()) return ::testing::AssertionFailure() << "accepted; expected '" << why << "'";
+    if (s.message().find(why) == std::string::npos) return ::testing::AssertionFailure() << "refused with: " << s.message();
+    return ::testing::AssertionSuccess();
+  };
+  {
+    Front f;
+    f.dtype = DType::kF8E4M3;
+    EXPECT_TRUE(refused_front(f, "is not bf16"));
+  }
+  {
+    Front f;
+    f.cache = KvCacheDtype::kFp8E4M3;
+    EXPECT_TRUE(refused_front(f, "the KV cache is not bf16"));
+  }
+  {
+    Front f;
+    f.fuse_kv_norm = false;
+    EXPECT_TRUE(refused_front(f, "NUCLEUS_FUSE_KV_A_NORM=0"));
+  }
+  {
+    Front f;
+    f.inv_freq = nullptr;
+    EXPECT_TRUE(refused_front(f, "no device RoPE frequencies"));
+  }
+  {
+    Front f;
+    f.q_lora = 120;
+    f.q_norm = Tensor::empty({120}, DType::kF32);
+    EXPECT_TRUE(refused_front(f, "q_lora_rank 120"));
+  }
+}
+
+}  // namespace
+}  // namespace nucleus

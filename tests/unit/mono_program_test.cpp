@@ -1,0 +1,869 @@
+// The host side of the decode program (kernels/mono/mono_program_ref.h):
+//  - the CPU reference, run in random orders of the CTAs' queues, gives the
+//    plain chain of CPU ops bit for bit (the layer chain at rows 1 ... 8 of
+//    widths 1, 4 and 8, tiles that do and do not divide the columns, 1 to 132
+//    CTAs), and writes nothing in the pad rows;
+//  - the plan deals every job once, each queue in stage order, and balances
+//    the weight bytes to within one job (DeepSeek-V2-Lite's chain on 132
+//    CTAs);
+//  - plan_program refuses what the kernel cannot run, naming the stage and the
+//    field, and every missing wait between stages that share memory;
+//  - the MoE block (router, route table, shared and routed experts, combine)
+//    gives the plain CPU MoE bit for bit, with DeepSeek-V2's greedy softmax
+//    routing and V3's noaux_tc (groups, bias, normalised and scaled weights),
+//    widths 1, 4 and 8, and its plan refuses too few slots or a routed stage
+//    that does not wait for its table;
+//  - the reference reports a deadlock instead of hanging.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "core/dtype.h"
+#include "kernels/activation/silu_mul_ref.h"
+#include "kernels/gemm/gemm_ref.h"
+#include "kernels/moe/moe_ref.h"
+#include "kernels/mono/mono_program_ref.h"
+#include "kernels/rmsnorm/rmsnorm_ref.h"
+#include "kernels/rope/rope_ref.h"
+
+namespace nucleus::kernels::mono {
+namespace {
+
+constexpr uint16_t kNanBf16 = 0x7fc0;
+
+std::vector<uint16_t> random_bf16(size_t n, float scale, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+std::vector<float> random_f32(size_t n, float lo, float hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+std::vector<float> widen(const std::vector<uint16_t>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_f32(v[i]);
+  return f;
+}
+void round_all(std::vector<float>& v) {
+  for (float& x : v) x = round_to_bf16(x);
+}
+
+// The chain's buffers on the host, 8 rows of everything.
+struct HostChain {
+  int64_t hidden, front_n, o_k, inter;
+  std::vector<uint16_t> w_front, w_o, w_gate_up, w_down, delta_in;
+  std::vector<float> input_norm, post_norm, residual_in;
+  std::vector<float> residual_mid, residual_out;
+  std::vector<uint16_t> front, o, h, delta_out;
+
+  HostChain(int64_t hidden_, int64_t front_n_, int64_t o_k_, int64_t inter_, uint64_t seed)
+      : hidden(hidden_), front_n(front_n_), o_k(o_k_), inter(inter_) {
+    w_front = random_bf16(front_n * hidden, 0.2f, seed + 1);
+    w_o = random_bf16(hidden * o_k, 0.2f, seed + 2);
+    w_gate_up = random_bf16(2 * inter * hidden, 0.2f, seed + 3);
+    w_down = random_bf16(hidden * inter, 0.2f, seed + 4);
+    delta_in = random_bf16(8 * hidden, 1.0f, seed + 5);
+    input_norm = random_f32(hidden, 0.5f, 1.5f, seed + 6);
+    post_norm = random_f32(hidden, 0.5f, 1.5f, seed + 7);
+    residual_in = random_f32(8 * hidden, -2.0f, 2.0f, seed + 8);
+    poison();
+  }
+  void poison() {
+    residual_mid.assign(8 * hidden, NAN);
+    residual_out.assign(8 * hidden, NAN);
+    front.assign(8 * front_n, kNanBf16);
+    o.assign(8 * hidden, kNanBf16);
+    h.assign(8 * inter, kNanBf16);
+    delta_out.assign(8 * hidden, kNanBf16);
+  }
+  LayerChain chain() {
+    LayerChain c;
+    c.hidden = hidden;
+    c.front_n = front_n;
+    c.o_k = o_k;
+    c.inter = inter;
+    c.w_front = w_front.data();
+    c.w_o = w_o.data();
+    c.w_gate_up = w_gate_up.data();
+    c.w_down = w_down.data();
+    c.input_norm = input_norm.data();
+    c.post_norm = post_norm.data();
+    c.residual_in = residual_in.data();
+    c.delta_in = delta_in.data();
+    c.residual_mid = residual_mid.data();
+    c.residual_out = residual_out.data();
+    c.front = front.data();
+    c.o = o.data();
+    c.h = h.data();
+    c.delta_out = delta_out.data();
+    return c;
+  }
+};
+
+// What the plain chain of CPU ops gives for the first `rows` rows, at the
+// decode graph's rounding points (bf16 activations, f32 residual).
+struct Plain {
+  std::vector<float> residual_mid, residual_out, front, o, h, delta_out;
+};
+Plain plain_chain(const HostChain& c, int64_t rows) {
+  Plain p;
+  const int64_t H = c.hidden;
+  p.residual_mid.assign(c.residual_in.begin(), c.residual_in.begin() + rows * H);
+  const std::vector<float> delta = widen(c.delta_in);
+  std::vector<float> x(rows * H);
+  add_rmsnorm_ref(p.residual_mid.data(), delta.data(), c.input_norm.data(), rows, H, 1e-6f, x.data());
+  round_all(x);
+  p.front.resize(rows * c.front_n);
+  gemm_ref(x.data(), H, widen(c.w_front).data(), rows, c.front_n, H, p.front.data(), c.front_n, false);
+  round_all(p.front);
+  p.o.resize(rows * H);
+  gemm_ref(p.front.data(), c.front_n, widen(c.w_o).data(), rows, H, c.o_k, p.o.data(), H, false);
+  round_all(p.o);
+  p.residual_out = p.residual_mid;
+  add_rmsnorm_ref(p.residual_out.data(), p.o.data(), c.post_norm.data(), rows, H, 1e-6f, x.data());
+  round_all(x);
+  std::vector<float> gate_up(rows * 2 * c.inter);
+  gemm_ref(x.data(), H, widen(c.w_gate_up).data(), rows, 2 * c.inter, H, gate_up.data(), 2 * c.inter, false);
+  round_all(gate_up);
+  p.h.resize(rows * c.inter);
+  silu_mul_ref(gate_up.data(), rows, c.inter, p.h.data());
+  round_all(p.h);
+  p.delta_out.resize(rows * H);
+  gemm_ref(p.h.data(), c.inter, widen(c.w_down).data(), rows, H, c.inter, p.delta_out.data(), H, false);
+  round_all(p.delta_out);
+  return p;
+}
+
+// got's first rows * cols values equal want's bit for bit (NaN never equal),
+// and the pad rows after them still hold the poison.
+template <typename T>
+void expect_rows(const std::vector<T>& got, const std::vector<float>& want, int64_t rows, int64_t cols,
+                 const char* what) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    float g;
+    if constexpr (std::is_same_v<T, uint16_t>)
+      g = bf16_to_f32(got[i]);
+    else
+      g = got[i];
+    if (!(g == want[i]) && ++bad <= 3) ADD_FAILURE() << what << "[" << i / cols << ", " << i % cols << "] = " << g
+                                                     << ", the plain chain " << want[i];
+  }
+  EXPECT_EQ(bad, 0) << what;
+  for (int64_t i = rows * cols; i < 8 * cols; ++i) {
+    bool poisoned;
+    if constexpr (std::is_same_v<T, uint16_t>)
+      poisoned = got[i] == kNanBf16;
+    else
+      poisoned = std::isnan(got[i]);
+    if (!poisoned) {
+      ADD_FAILURE() << what << ": pad row " << i / cols << " was written";
+      break;
+    }
+  }
+}
+
+TEST(MonoProgram, ReferenceEqualsThePlainChain) {
+  HostChain c(/*hidden=*/64, /*front_n=*/96, /*o_k=*/64, /*inter=*/48, /*seed=*/11);
+  struct Case {
+    int32_t width, rows, tile, ctas;
+  };
+  const Case cases[] = {{1, 1, 16, 1},  {1, 1, 7, 132}, {4, 4, 64, 5},  {4, 3, 16, 132},
+                        {8, 8, 16, 3},  {8, 1, 32, 7},  {8, 5, 7, 132}, {2, 2, 48, 2}};
+  for (const Case& k : cases) {
+    const Plain want = plain_chain(c, k.rows);
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      SCOPED_TRACE(testing::Message() << "width " << k.width << ", rows " << k.rows << ", tile " << k.tile << ", "
+                                      << k.ctas << " CTAs, order " << seed);
+      c.poison();
+      auto plan = plan_program(layer_chain_stages(c.chain(), k.tile), k.width, k.ctas);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, k.rows, seed).ok());
+      expect_rows(c.residual_mid, want.residual_mid, k.rows, c.hidden, "residual_mid");
+      expect_rows(c.front, want.front, k.rows, c.front_n, "front");
+      expect_rows(c.o, want.o, k.rows, c.hidden, "o");
+      expect_rows(c.residual_out, want.residual_out, k.rows, c.hidden, "residual_out");
+      expect_rows(c.h, want.h, k.rows, c.inter, "h");
+      expect_rows(c.delta_out, want.delta_out, k.rows, c.hidden, "delta_out");
+    }
+  }
+}
+
+// A LayerChain at DeepSeek-V2-Lite's dimensions over distinct fake addresses
+// (plan_program never reads the buffers).
+LayerChain v2_lite_chain_at_fake_addresses() {
+  LayerChain c;
+  c.hidden = 2048;
+  c.front_n = 3072 + 576;
+  c.o_k = 2048;
+  c.inter = 2 * 1408;
+  uintptr_t next = uintptr_t{1} << 32;
+  auto take = [&](size_t bytes) {
+    const uintptr_t p = next;
+    next += (bytes + 4095) / 4096 * 4096;
+    return p;
+  };
+  c.w_front = reinterpret_cast<const uint16_t*>(take(c.front_n * c.hidden * 2));
+  c.w_o = reinterpret_cast<const uint16_t*>(take(c.hidden * c.o_k * 2));
+  c.w_gate_up = reinterpret_cast<const uint16_t*>(take(2 * c.inter * c.hidden * 2));
+  c.w_down = reinterpret_cast<const uint16_t*>(take(c.hidden * c.inter * 2));
+  c.input_norm = reinterpret_cast<const float*>(take(c.hidden * 4));
+  c.post_norm = reinterpret_cast<const float*>(take(c.hidden * 4));
+  c.residual_in = reinterpret_cast<const float*>(take(8 * c.hidden * 4));
+  c.delta_in = reinterpret_cast<const uint16_t*>(take(8 * c.hidden * 2));
+  c.residual_mid = reinterpret_cast<float*>(take(8 * c.hidden * 4));
+  c.residual_out = reinterpret_cast<float*>(take(8 * c.hidden * 4));
+  c.front = reinterpret_cast<uint16_t*>(take(8 * c.front_n * 2));
+  c.o = reinterpret_cast<uint16_t*>(take(8 * c.hidden * 2));
+  c.h = reinterpret_cast<uint16_t*>(take(8 * c.inter * 2));
+  c.delta_out = reinterpret_cast<uint16_t*>(take(8 * c.hidden * 2));
+  return c;
+}
+
+TEST(MonoProgram, PlanDealsEveryJobOnceInStageOrderAndBalancesBytes) {
+  const LayerChain c = v2_lite_chain_at_fake_addresses();
+  for (int32_t tile : {16, 64}) {
+    SCOPED_TRACE(testing::Message() << "tile " << tile);
+    const std::vector<Stage> stages = layer_chain_stages(c, tile);
+    auto plan = plan_program(stages, 8, 132);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    ASSERT_EQ(plan->num_ctas(), 132);
+    std::set<std::pair<int32_t, int32_t>> seen;
+    int64_t biggest_job = 0, total = 0;
+    for (int32_t cta = 0; cta < 132; ++cta) {
+      int32_t stage = 0;
+      for (int32_t q = plan->queue_start[cta]; q < plan->queue_start[cta + 1]; ++q) {
+        const Job& j = plan->jobs[q];
+        EXPECT_GE(j.stage, stage) << "CTA " << cta << "'s queue goes back to an earlier stage";
+        stage = j.stage;
+        EXPECT_TRUE(seen.insert({j.stage, j.tile}).second) << "job " << j.stage << "/" << j.tile << " dealt twice";
+        const JobRows jr = job_rows(stages[j.stage], j.tile);
+        biggest_job = std::max<int64_t>(biggest_job, int64_t{jr.count} * (jr.two ? 2 : 1) * stages[j.stage].k * 2);
+      }
+      total += plan->cta_weight_bytes[cta];
+    }
+    size_t jobs = 0;
+    for (const Stage& s : stages) jobs += stage_jobs(s);
+    EXPECT_EQ(seen.size(), jobs);
+    EXPECT_EQ(total, plan->weight_bytes());
+    EXPECT_EQ(plan->weight_bytes(), (3648 * 2048 + 2048 * 2048 + 5632 * 2048 + 2048 * 2816) * int64_t{2});
+    const auto [lo, hi] = std::minmax_element(plan->cta_weight_bytes.begin(), plan->cta_weight_bytes.end());
+    EXPECT_LE(*hi - *lo, biggest_job);
+  }
+}
+
+TEST(MonoProgram, PlanRefusesWhatTheKernelCannotRun) {
+  const LayerChain c = v2_lite_chain_at_fake_addresses();
+  auto refused = [&](std::vector<Stage> st, const std::string& needle, int32_t width = 8, int32_t ctas = 132) {
+    auto plan = plan_program(st, width, ctas);
+    if (plan.ok()) return ::testing::AssertionFailure() << "accepted; expected a refusal naming '" << needle << "'";
+    if (plan.status().code() != StatusCode::kInvalidArgument || plan.status().message().find(needle) == std::string::npos)
+      return ::testing::AssertionFailure() << "refused with: " << plan.status().message();
+    return ::testing::AssertionSuccess();
+  };
+  const std::vector<Stage> ok = layer_chain_stages(c, 16);
+  ASSERT_TRUE(plan_program(ok, 8, 132).ok());
+  auto with = [&](int stage, auto edit) {
+    std::vector<Stage> st = ok;
+    edit(st[stage]);
+    return st;
+  };
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.k = 2040; }), "stage 1: n = 2048, k = 2040"));
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.k = 8208; }), "k a multiple of 16 from 16 to 8192"));
+  EXPECT_TRUE(refused(with(2, [](Stage& s) { s.n = 5631; }), "stage 2: n = 5631: a SiLU-and-multiply stage"));
+  EXPECT_TRUE(refused(with(0, [](Stage& s) { s.tile = 0; }), "stage 0: tile = 0"));
+  EXPECT_TRUE(refused(with(0, [](Stage& s) { s.tile = 65; }), "tile = 65"));
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.wait_mask = 1u << 1; }), "stage 1: wait_mask names this stage"));
+  EXPECT_TRUE(refused(with(0, [](Stage& s) { s.residual_out = const_cast<float*>(s.residual); }),
+                      "residual_out is residual"));
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.out = const_cast<uint16_t*>(s.x) + 8; }), "x overlaps out"));
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.x_stride = 2047; }), "x_stride = 2047"));
+  EXPECT_TRUE(refused(with(3, [](Stage& s) { s.w = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(s.w) + 2); }),
+                      "stage 3: w must be a 16-byte aligned"));
+  // Stage 1 reads stage 0's output: without the wait it would race.
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.wait_mask = 0; }),
+                      "stage 1: its x overlaps stage 0's out but it does not wait for stage 0"));
+  // Stage 3 writes where stage 0 reads (a write after read), waiting only transitively: accepted.
+  EXPECT_TRUE(plan_program(with(3, [&](Stage& s) { s.out = const_cast<uint16_t*>(c.delta_in); }), 8, 132).ok());
+  // ... but not without the chain of waits.
+  EXPECT_TRUE(refused(with(3, [&](Stage& s) {
+                        s.out = const_cast<uint16_t*>(c.delta_in);
+                        s.wait_mask = 0;
+                        s.x = reinterpret_cast<const uint16_t*>(uintptr_t{1} << 40);
+                      }),
+                      "stage 3: its out overlaps stage 0's delta but it does not wait for stage 0"));
+  EXPECT_TRUE(refused(ok, "width 3", /*width=*/3));
+  EXPECT_TRUE(refused(ok, "on 0 CTAs", 8, /*ctas=*/0));
+  EXPECT_TRUE(refused({}, "0 stages"));
+  std::vector<Stage> many(17, ok[1]);
+  EXPECT_TRUE(refused(many, "17 stages"));
+}
+
+TEST(MonoProgram, ReferenceReportsADeadlock) {
+  HostChain c(64, 96, 64, 48, 5);
+  auto plan = plan_program(layer_chain_stages(c.chain(), 16), 8, 1);
+  ASSERT_TRUE(plan.ok());
+  std::reverse(plan->jobs.begin(), plan->jobs.end());  // stage 3 first: it waits for stage 2, behind it
+  const Status s = run_program_ref(*plan, 8, 1);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("deadlock"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("CTA 0 at stage 3"), std::string::npos) << s.message();
+  EXPECT_EQ(run_program_ref(*plan, 9, 1).code(), StatusCode::kInvalidArgument);  // more rows than the width
+}
+
+// The MoE block's buffers on the host, 8 rows of every activation.
+struct HostMoe {
+  MoeChain c;
+  std::vector<uint16_t> w_router, w_gate_up, w_down, w_shared_gate_up, w_shared_down, delta;
+  std::vector<float> bias, post_norm, residual;
+  std::vector<float> residual_out, logits, y_shared, y;
+  std::vector<uint16_t> h_shared, h, delta_out;
+  RouteTable table;
+  bool tables = false;
+  std::vector<uint16_t> gate_up_rev, down_rev;
+  std::vector<const uint16_t*> gate_up_ptrs, down_ptrs;
+
+  HostMoe(MoeChain shape, uint64_t seed, bool tables_ = false) : c(shape), tables(tables_) {
+    const int64_t H = c.hidden, E = c.num_experts;
+    w_router = random_bf16(E * H, 0.3f, seed + 1);
+    w_gate_up = random_bf16(E * 2 * c.inter * H, 0.2f, seed + 2);
+    w_down = random_bf16(E * H * c.inter, 0.2f, seed + 3);
+    if (c.shared_inter > 0) {
+      w_shared_gate_up = random_bf16(c.shared_pieces * 2 * c.shared_inter * H, 0.2f, seed + 4);
+      w_shared_down = random_bf16(c.shared_pieces * H * c.shared_inter, 0.2f, seed + 5);
+    }
+    delta = random_bf16(8 * H, 1.0f, seed + 6);
+    if (c.method == TopK::kNoauxTc) bias = random_f32(E, -0.1f, 0.1f, seed + 7);
+    post_norm = random_f32(H, 0.5f, 1.5f, seed + 8);
+    residual = random_f32(8 * H, -2.0f, 2.0f, seed + 9);
+    poison();
+  }
+  void poison() {
+    residual_out.assign(8 * c.hidden, NAN);
+    logits.assign(8 * c.num_experts, NAN);
+    y_shared.assign(c.shared_pieces * 8 * c.hidden, NAN);
+    y.assign(static_cast<size_t>(c.slots) * 8 * c.hidden, NAN);
+    h_shared.assign(c.shared_pieces * 8 * c.shared_inter, kNanBf16);
+    h.assign(static_cast<size_t>(c.slots) * 8 * c.inter, kNanBf16);
+    delta_out.assign(8 * c.hidden, kNanBf16);
+    table = RouteTable{};
+    table.count = -1;
+    c.w_router = w_router.data();
+    c.w_gate_up = w_gate_up.data();
+    c.w_down = w_down.data();
+    if (tables) {  // each expert through its table entry, stored in reverse order
+      const int64_t E = c.num_experts, gu = 2 * c.inter * c.hidden, dn = c.hidden * c.inter;
+      gate_up_rev.resize(w_gate_up.size());
+      down_rev.resize(w_down.size());
+      gate_up_ptrs.resize(E);
+      down_ptrs.resize(E);
+      for (int64_t e = 0; e < E; ++e) {
+        std::copy(w_gate_up.begin() + e * gu, w_gate_up.begin() + (e + 1) * gu, gate_up_rev.begin() + (E - 1 - e) * gu);
+        std::copy(w_down.begin() + e * dn, w_down.begin() + (e + 1) * dn, down_rev.begin() + (E - 1 - e) * dn);
+        gate_up_ptrs[e] = gate_up_rev.data() + (E - 1 - e) * gu;
+        down_ptrs[e] = down_rev.data() + (E - 1 - e) * dn;
+      }
+      c.w_gate_up = c.w_down = nullptr;
+      c.gate_up_table = gate_up_ptrs.data();
+      c.down_table = down_ptrs.data();
+    }
+    c.w_shared_gate_up = w_shared_gate_up.empty() ? nullptr : w_shared_gate_up.data();
+    c.w_shared_down = w_shared_down.empty() ? nullptr : w_shared_down.data();
+    c.bias = bias.empty() ? nullptr : bias.data();
+    c.post_norm = post_norm.data();
+    c.residual = residual.data();
+    c.delta = delta.data();
+    c.residual_out = residual_out.data();
+    c.logits = logits.data();
+    c.table = &table;
+    c.h_shared = h_shared.empty() ? nullptr : h_shared.data();
+    c.y_shared = c.shared_inter > 0 ? y_shared.data() : nullptr;
+    c.h = h.data();
+    c.y = y.data();
+    c.delta_out = delta_out.data();
+  }
+};
+
+MoeRoutingParams routing_of(const MoeChain& c) {
+  MoeRoutingParams p;
+  p.scoring = c.scoring == Scoring::kSigmoid ? ScoringFunc::kSigmoid : ScoringFunc::kSoftmax;
+  p.method = c.method == TopK::kNoauxTc ? TopkMethod::kNoauxTc : TopkMethod::kGreedy;
+  p.num_experts = c.num_experts;
+  p.top_k = c.top_k;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  p.norm_topk_prob = c.norm_topk_prob;
+  p.routed_scaling_factor = c.routed_scaling_factor;
+  return p;
+}
+
+// The plain CPU MoE block for the first `rows` rows: its routing (ids,
+// weights), logits, residual_out and delta_out (bf16 values).
+struct PlainMoe {
+  std::vector<int32_t> ids;
+  std::vector<float> weights, logits, residual_out, delta_out;
+};
+PlainMoe plain_moe(const HostMoe& m, int64_t rows) {
+  const MoeChain& c = m.c;
+  const int64_t H = c.hidden, E = c.num_experts;
+  PlainMoe p;
+  p.residual_out.assign(m.residual.begin(), m.residual.begin() + rows * H);
+  std::vector<float> x(rows * H);
+  add_rmsnorm_ref(p.residual_out.data(), widen(m.delta).data(), m.post_norm.data(), rows, H, c.eps, x.data());
+  round_all(x);
+  p.logits.resize(rows * E);
+  gemm_ref(x.data(), H, widen(m.w_router).data(), rows, E, H, p.logits.data(), E, false);
+  p.ids.resize(rows * c.top_k);
+  p.weights.resize(rows * c.top_k);
+  moe_route_ref(routing_of(c), p.logits.data(), m.bias.empty() ? nullptr : m.bias.data(), rows, p.ids.data(),
+                p.weights.data());
+  // One SwiGLU expert on one row, at the decode graph's rounding points.
+  auto expert = [&](const float* xr, const std::vector<float>& gate_up, const std::vector<float>& down, int64_t inter) {
+    std::vector<float> gu(2 * inter), h(inter), y(H);
+    gemm_ref(xr, H, gate_up.data(), 1, 2 * inter, H, gu.data(), 2 * inter, false);
+    round_all(gu);
+    silu_mul_ref(gu.data(), 1, inter, h.data());
+    round_all(h);
+    gemm_ref(h.data(), inter, down.data(), 1, H, inter, y.data(), H, false);
+    return y;
+  };
+  const std::vector<float> gate_up = widen(m.w_gate_up), down = widen(m.w_down);
+  p.delta_out.assign(rows * H, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<std::pair<int32_t, float>> chosen;
+    for (int64_t j = 0; j < c.top_k; ++j) chosen.push_back({p.ids[r * c.top_k + j], p.weights[r * c.top_k + j]});
+    std::sort(chosen.begin(), chosen.end());
+    std::vector<float> acc(H, 0.0f);
+    for (auto [e, w] : chosen) {
+      const std::vector<float> ge(gate_up.begin() + e * 2 * c.inter * H, gate_up.begin() + (e + 1) * 2 * c.inter * H);
+      const std::vector<float> de(down.begin() + e * H * c.inter, down.begin() + (e + 1) * H * c.inter);
+      const std::vector<float> y = expert(x.data() + r * H, ge, de, c.inter);
+      for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
+    }
+    if (c.shared_inter > 0) {
+      const std::vector<float> sgu = widen(m.w_shared_gate_up), sdn = widen(m.w_shared_down);
+      const int64_t gu = 2 * c.shared_inter * H, dn = H * c.shared_inter;
+      for (int32_t piece = 0; piece < c.shared_pieces; ++piece) {
+        const std::vector<float> y = expert(x.data() + r * H, {sgu.begin() + piece * gu, sgu.begin() + (piece + 1) * gu},
+                                            {sdn.begin() + piece * dn, sdn.begin() + (piece + 1) * dn},
+                                            c.shared_inter);
+        for (int64_t i = 0; i < H; ++i) acc[i] += y[i];
+      }
+    }
+    for (int64_t i = 0; i < H; ++i) p.delta_out[r * H + i] = round_to_bf16(acc[i]);
+  }
+  return p;
+}
+
+MoeChain v2_lite_like_moe() {  // DeepSeek-V2-Lite's routing, small widths
+  MoeChain c;
+  c.hidden = 64;
+  c.inter = 32;
+  c.shared_inter = 48;
+  c.num_experts = 64;
+  c.top_k = 6;
+  return c;
+}
+MoeChain v3_like_moe() {  // DeepSeek-V3's routing (noaux_tc, 8 groups of 32, 4 kept, top-8), small widths
+  MoeChain c;
+  c.hidden = 64;
+  c.inter = 16;
+  c.shared_inter = 0;
+  c.num_experts = 256;
+  c.top_k = 8;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.scoring = Scoring::kSigmoid;
+  c.method = TopK::kNoauxTc;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  return c;
+}
+
+MoeChain tiny_like_moe() {  // the shipped tiny model's routing: 8 experts, noaux_tc in 4 groups of 2, top-2
+  MoeChain c = v3_like_moe();
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.shared_inter = 32;
+  c.routed_scaling_factor = 1.0f;
+  return c;
+}
+
+TEST(MonoProgram, MoeBlockEqualsThePlainMoe) {
+  for (const MoeChain& shape : {v2_lite_like_moe(), v3_like_moe(), tiny_like_moe()}) {
+    struct Case {
+      int32_t width, rows, tile, ctas;
+    };
+    for (const Case k : {Case{1, 1, 16, 1}, Case{4, 3, 7, 132}, Case{8, 8, 16, 7}, Case{8, 5, 64, 3}}) {
+      MoeChain sc = shape;
+      sc.slots = std::min(k.width * sc.top_k, sc.num_experts);
+      HostMoe m(sc, 31);
+      const PlainMoe want = plain_moe(m, k.rows);
+      for (uint64_t seed = 1; seed <= 2; ++seed) {
+        SCOPED_TRACE(::testing::Message() << sc.num_experts << " experts, width " << k.width << ", rows " << k.rows
+                                          << ", tile " << k.tile << ", " << k.ctas << " CTAs, order " << seed);
+        m.poison();
+        auto plan = plan_program(moe_chain_stages(m.c, k.tile), k.width, k.ctas);
+        ASSERT_TRUE(plan.ok()) << plan.status().message();
+        ASSERT_TRUE(run_program_ref(*plan, k.rows, seed).ok());
+        expect_rows(m.residual_out, want.residual_out, k.rows, sc.hidden, "residual_out");
+        expect_rows(m.logits, want.logits, k.rows, sc.num_experts, "logits");
+        expect_rows(m.delta_out, want.delta_out, k.rows, sc.hidden, "delta_out");
+        // The table: the distinct chosen experts, increasing, and each row's weight for each.
+        std::vector<int32_t> distinct(want.ids);
+        std::sort(distinct.begin(), distinct.end());
+        distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+        ASSERT_EQ(m.table.count, static_cast<int32_t>(distinct.size()));
+        for (int32_t u = 0; u < m.table.count; ++u) {
+          EXPECT_EQ(m.table.expert[u], distinct[u]);
+          for (int32_t r = 0; r < k.rows; ++r) {
+            float w = 0.0f;
+            for (int32_t j = 0; j < sc.top_k; ++j)
+              if (want.ids[r * sc.top_k + j] == distinct[u]) w = want.weights[r * sc.top_k + j];
+            EXPECT_EQ(m.table.weight[r][u], w) << "row " << r << ", slot " << u;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The engine's layout: each expert in its own tensor (weight tables), two
+// shared pieces (DeepSeek-V2-Lite's), and the residual copied back into the
+// one residual buffer the graph keeps.
+TEST(MonoProgram, MoeBlockWithTablesPiecesAndResidualCopy) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.shared_pieces = 2;
+  sc.shared_inter = 32;
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 7}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width << ", rows " << rows);
+    sc.slots = std::min(width * sc.top_k, sc.num_experts);
+    HostMoe m(sc, 77, /*tables=*/true);
+    const PlainMoe want = plain_moe(m, rows);
+    std::vector<float> residual_buffer(8 * sc.hidden, NAN);
+    m.c.residual_copy_to = residual_buffer.data();
+    auto plan = plan_program(moe_chain_stages(m.c, 16), width, 5);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    EXPECT_EQ(plan->stages[2].slots, 2);
+    ASSERT_TRUE(run_program_ref(*plan, rows, 3).ok());
+    expect_rows(m.delta_out, want.delta_out, rows, sc.hidden, "delta_out");
+    expect_rows(residual_buffer, want.residual_out, rows, sc.hidden, "residual copied back");
+    // The copy must wait for every stage that reads the residual: without
+    // the combine's waits the plan is refused.
+    std::vector<Stage> st = moe_chain_stages(m.c, 16);
+    m.c.residual_copy_to = const_cast<float*>(m.c.residual);  // the graph's case: the residual itself
+    st = moe_chain_stages(m.c, 16);
+    EXPECT_TRUE(plan_program(st, width, 5).ok());
+    st.back().wait_mask = (1u << 1) | (1u << 5);  // no wait for the shared experts (stage 3 -> 2 reads residual)
+    auto refused = plan_program(st, width, 5);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("residual_copy_to overlaps stage 2's residual"), std::string::npos)
+        << refused.status().message();
+  }
+}
+
+// The block from the attention's output projection: o_proj writes delta,
+// which the router and the experts' add + RMSNorm then read.
+TEST(MonoProgram, MoeBlockFromTheOutputProjection) {
+  MoeChain sc = tiny_like_moe();
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width << ", rows " << rows);
+    sc.slots = std::min(width * sc.top_k, sc.num_experts);
+    HostMoe m(sc, 55);
+    const int64_t o_k = 48, H = sc.hidden;
+    const std::vector<uint16_t> w_o = random_bf16(H * o_k, 0.3f, 91), attn_out = random_bf16(8 * o_k, 1.0f, 92);
+    std::vector<float> delta(rows * H);
+    gemm_ref(widen(attn_out).data(), o_k, widen(w_o).data(), rows, H, o_k, delta.data(), H, false);
+    for (int64_t i = 0; i < rows * H; ++i) m.delta[i] = f32_to_bf16(delta[i]);
+    const PlainMoe want = plain_moe(m, rows);  // the chain from that delta
+    round_all(delta);
+    std::fill(m.delta.begin(), m.delta.end(), kNanBf16);  // the program must write it
+    m.c.w_o = w_o.data();
+    m.c.attn_out = attn_out.data();
+    m.c.o_k = o_k;
+    auto plan = plan_program(moe_chain_stages(m.c, 16), width, 7);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    ASSERT_EQ(plan->stages.size(), 8u);  // o_proj, router, select, shared up / down, routed up / down, combine
+    ASSERT_TRUE(run_program_ref(*plan, rows, 2).ok());
+    expect_rows(m.delta, delta, rows, H, "delta (o_proj)");
+    expect_rows(m.residual_out, want.residual_out, rows, H, "residual_out");
+    expect_rows(m.delta_out, want.delta_out, rows, H, "delta_out");
+    std::vector<Stage> st = moe_chain_stages(m.c, 16);
+    st[1].wait_mask = 0;  // the router not waiting for o_proj's delta
+    auto refused = plan_program(st, width, 7);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.status().message().find("stage 1: its delta overlaps stage 0's out"), std::string::npos)
+        << refused.status().message();
+  }
+}
+
+// A graph's buffers may hold fewer rows than the program's width (graph
+// sizes 1, 2, 4, 5: a 5-row step runs width 8): checked over the step's
+// rows, back-to-back buffers do not overlap; over the width they would.
+TEST(MonoProgram, CheckedOverTheRowsTheBuffersHold) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  HostMoe m(sc, 13);
+  const int64_t H = sc.hidden;
+  // As the graph: the residual's 5 rows, then delta's (the block's input and output), back to back.
+  std::vector<float> arena(5 * H + 5 * H / 2);
+  std::copy(m.residual.begin(), m.residual.begin() + 5 * H, arena.begin());
+  auto* delta = reinterpret_cast<uint16_t*>(arena.data() + 5 * H);
+  std::copy(m.delta.begin(), m.delta.begin() + 5 * H, delta);
+  m.c.residual = arena.data();
+  m.c.delta = delta;
+  m.c.delta_out = delta;
+  m.c.residual_copy_to = arena.data();
+  const std::vector<Stage> st = moe_chain_stages(m.c, 16);
+  const auto over_width = check_program(st, 8);  // over 8 rows the residual copy runs into delta
+  ASSERT_FALSE(over_width.ok());
+  EXPECT_NE(over_width.status().message().find("residual_copy_to overlaps out"), std::string::npos)
+      << over_width.status().message();
+  const PlainMoe want = plain_moe(m, 5);         // from m's own residual and delta, before the run
+  auto checked = check_program(st, 8, 5);       // over the 5 the buffers hold: no overlap
+  ASSERT_TRUE(checked.ok()) << checked.status().message();
+  ASSERT_TRUE(run_program_ref(deal_jobs(*checked, 8, 3), 5, 1).ok());
+  for (int64_t i = 0; i < 5 * H; ++i) {
+    ASSERT_EQ(bf16_to_f32(m.c.delta_out[i]), want.delta_out[i]) << i;
+    ASSERT_EQ(arena[i], want.residual_out[i]) << i;
+  }
+  EXPECT_EQ(check_program(st, 8, 9).status().code(), StatusCode::kInvalidArgument);  // more rows than the width
+}
+
+// What decides the stages is the weights given, not the activations: the
+// queues a caller deals with placeholder activations (null) hold the jobs of
+// the stages it later checks with real ones.
+TEST(MonoProgram, StagesDependOnWeightsNotActivations) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  HostMoe m(sc, 21);
+  const std::vector<uint16_t> w_o = random_bf16(sc.hidden * 48, 0.3f, 3);
+  MoeChain placeholder = m.c;
+  placeholder.w_o = w_o.data();
+  placeholder.o_k = 48;
+  placeholder.attn_out = nullptr;
+  placeholder.residual = nullptr;
+  placeholder.delta = nullptr;
+  MoeChain real = placeholder;
+  const std::vector<uint16_t> attn_out = random_bf16(8 * 48, 1.0f, 4);
+  real.attn_out = attn_out.data();
+  real.residual = m.c.residual;
+  real.delta = m.c.delta;
+  const std::vector<Stage> a = moe_chain_stages(placeholder, 16), b = moe_chain_stages(real, 16);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(stage_jobs(a[i]), stage_jobs(b[i])) << "stage " << i;
+}
+
+// The layer front (add + norm, q_proj and kv_a, RoPE with the latent cache
+// write) against the plain chain: add_rmsnorm_ref, gemm_ref, and the RoPE
+// table and RMSNorm references, at the decode graph's rounding points (bf16
+// GEMM outputs, a bf16 cache row); a row with slot -1 writes no cache row;
+// the first layer's front (no delta) writes no residual; with a q LoRA,
+// q_a, its RMSNorm (a plain-norm prologue) and q_b.
+TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
+  const int64_t H = 64, heads = 2, nope = 16, rope_dim = 16, lora = 32, head = nope + rope_dim, width = lora + rope_dim;
+  const int64_t slots = 40;
+  RopeParams rp;
+  rp.rope_dim = rope_dim;
+  rp.theta = 10000.0;
+  const RopeTable table = make_rope_table(rp, 1 << 14);
+  const std::vector<uint16_t> w_q = random_bf16(heads * head * H, 0.3f, 1), w_kva = random_bf16(width * H, 0.3f, 2);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 3), kv_norm = random_f32(lora, 0.5f, 1.5f, 4);
+  const std::vector<float> residual = random_f32(8 * H, -2.0f, 2.0f, 5);
+  const std::vector<uint16_t> delta = random_bf16(8 * H, 1.0f, 6);
+  const std::vector<int32_t> positions = {0, 3, 17, 100, 2047, 9000, 5, 12000};
+  const std::vector<int64_t> slot_mapping = {4, 9, -1, 0, 39, 12, 20, 31};
+  const int64_t q_lora = 32;
+  const std::vector<uint16_t> w_qa = random_bf16(q_lora * H, 0.3f, 7), w_qb = random_bf16(heads * head * q_lora, 0.3f, 8);
+  const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 9);
+  for (int variant = 0; variant < 3; ++variant) {  // 0: the first layer, 1: a later one, 2: a later one with a q LoRA
+    const bool first_layer = variant == 0, with_lora = variant == 2;
+    for (auto [w, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) {
+      SCOPED_TRACE(::testing::Message() << (first_layer ? "first layer, " : "") << (with_lora ? "q LoRA, " : "") << "width "
+                                        << w << ", rows " << rows);
+      std::vector<uint16_t> q_a(8 * q_lora, kNanBf16);
+      std::vector<float> residual_out(8 * H, NAN), residual_copy(8 * H, NAN);
+      std::vector<uint16_t> q(8 * heads * head, kNanBf16), kv_a(8 * width, kNanBf16), cache(slots * width, kNanBf16);
+      FrontChain c;
+      c.hidden = H;
+      c.num_heads = heads;
+      c.qk_nope = nope;
+      c.qk_rope = rope_dim;
+      c.kv_lora = lora;
+      c.w_q = w_q.data();
+      c.w_kva = w_kva.data();
+      if (with_lora) {
+        c.q_lora = q_lora;
+        c.w_qa = w_qa.data();
+        c.w_qb = w_qb.data();
+        c.q_a_norm = q_a_norm.data();
+        c.q_a = q_a.data();
+      }
+      c.input_norm = input_norm.data();
+      c.kv_norm = kv_norm.data();
+      c.inv_freq = table.inv_freq.data();
+      c.residual = residual.data();
+      c.delta = first_layer ? nullptr : delta.data();
+      c.residual_out = first_layer ? nullptr : residual_out.data();
+      c.residual_copy_to = residual_copy.data();
+      c.q = q.data();
+      c.kv_a = kv_a.data();
+      c.positions = positions.data();
+      c.slot_mapping = slot_mapping.data();
+      c.cache = cache.data();
+      c.num_slots = slots;
+      auto plan = plan_program(front_chain_stages(c, 16), w, 5);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, rows, 4).ok());
+      // The plain chain.
+      std::vector<float> res(residual.begin(), residual.begin() + rows * H), x(rows * H);
+      add_rmsnorm_ref(res.data(), first_layer ? nullptr : widen(delta).data(), input_norm.data(), rows, H, 1e-6f,
+                      x.data());
+      round_all(x);
+      std::vector<float> want_q(rows * heads * head), want_kv(rows * width);
+      if (with_lora) {
+        std::vector<float> qa(rows * q_lora), qn(rows * q_lora);
+        gemm_ref(x.data(), H, widen(w_qa).data(), rows, q_lora, H, qa.data(), q_lora, false);
+        round_all(qa);
+        rmsnorm_ref(qa.data(), q_lora, q_a_norm.data(), rows, q_lora, 1e-6f, qn.data(), q_lora);
+        round_all(qn);
+        gemm_ref(qn.data(), q_lora, widen(w_qb).data(), rows, heads * head, q_lora, want_q.data(), heads * head, false);
+      } else {
+        gemm_ref(x.data(), H, widen(w_q).data(), rows, heads * head, H, want_q.data(), heads * head, false);
+      }
+      gemm_ref(x.data(), H, widen(w_kva).data(), rows, width, H, want_kv.data(), width, false);
+      round_all(want_q);
+      round_all(want_kv);
+      expect_rows(kv_a, want_kv, rows, width, "kv_a");
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t h = 0; h < heads; ++h) apply_rope_interleaved_ref(table, positions[r], want_q.data() + r * heads * head + h * head + nope);
+        if (slot_mapping[r] < 0) continue;
+        std::vector<float> row(width);
+        rmsnorm_ref(want_kv.data() + r * width, width, kv_norm.data(), 1, lora, 1e-6f, row.data(), width);
+        std::copy(want_kv.begin() + r * width + lora, want_kv.begin() + (r + 1) * width, row.begin() + lora);
+        apply_rope_interleaved_ref(table, positions[r], row.data() + lora);
+        for (int64_t i = 0; i < width; ++i)
+          ASSERT_EQ(bf16_to_f32(cache[slot_mapping[r] * width + i]), round_to_bf16(row[i]))
+              << "cache row of row " << r << ", column " << i;
+      }
+      round_all(want_q);
+      expect_rows(q, want_q, rows, heads * head, "q (q_pe rotated)");
+      int64_t written = 0;
+      for (uint16_t v : cache) written += v != kNanBf16;
+      int64_t want_written = 0;
+      for (int64_t r = 0; r < rows; ++r) want_written += slot_mapping[r] >= 0 ? width : 0;
+      EXPECT_EQ(written, want_written) << "cache rows written beyond the rows' slots";
+      if (first_layer) {
+        EXPECT_TRUE(std::isnan(residual_copy[0])) << "the first layer's front writes no residual";
+      } else {
+        expect_rows(residual_copy, res, rows, H, "residual copied back");
+      }
+    }
+  }
+}
+
+// Jobs that stream no weights (a combine's columns, a RoPE row) are dealt to
+// distinct CTAs, not piled on the least loaded one (each still costs a wait,
+// barriers and a fence).
+TEST(MonoProgram, JobsWithoutWeightsSpreadOverCtas) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.slots = 48;
+  HostMoe m(sc, 3);
+  auto plan = plan_program(moe_chain_stages(m.c, 8), 8, 132);  // combine: 64 / 8 = 8 jobs
+  ASSERT_TRUE(plan.ok());
+  const int32_t combine = static_cast<int32_t>(plan->stages.size()) - 1;
+  std::set<int32_t> ctas;
+  int32_t jobs = 0;
+  for (int32_t c = 0; c < plan->num_ctas(); ++c)
+    for (int32_t q = plan->queue_start[c]; q < plan->queue_start[c + 1]; ++q)
+      if (plan->jobs[q].stage == combine) {
+        ++jobs;
+        ctas.insert(c);
+      }
+  EXPECT_EQ(jobs, 8);
+  EXPECT_EQ(ctas.size(), 8u) << "combine jobs share CTAs";
+}
+
+TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.slots = 8 * 6;
+  HostMoe m(sc, 5);
+  const std::vector<Stage> ok = moe_chain_stages(m.c, 16);
+  ASSERT_TRUE(plan_program(ok, 8, 132).ok());
+  m.c.slots = 47;  // 8 rows of top-6 can choose 48 experts
+  auto plan = plan_program(moe_chain_stages(m.c, 16), 8, 132);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("47 slots, but 8 rows of top-6 routing can choose 48"), std::string::npos)
+      << plan.status().message();
+  EXPECT_TRUE(plan_program(moe_chain_stages(m.c, 16), 4, 132).ok());  // 4 rows choose at most 24
+  std::vector<Stage> st = ok;
+  st[4].wait_mask = 0;  // routed up: no wait for the table
+  plan = plan_program(st, 8, 132);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_NE(plan.status().message().find("stage 4: route_stage = 1: must be an earlier kSelect stage named in "
+                                         "wait_mask"),
+            std::string::npos)
+      << plan.status().message();
+  st = ok;
+  st[1].num_experts = 400;
+  EXPECT_FALSE(plan_program(st, 8, 132).ok());  // above kMaxExperts
+  st = ok;
+  st[1].top_k = 9;  // 8 rows x 9 > 64 slots of a table
+  EXPECT_FALSE(plan_program(st, 8, 132).ok());
+}
+
+// Stage::x_reuse: the kernel keeps x from an earlier stage only where the
+// planner found the same inputs and no writer of them in between.
+TEST(MonoProgram, PlanMarksWhereXMayBeKept) {
+  MoeChain sc = v2_lite_like_moe();
+  sc.slots = 48;
+  HostMoe m(sc, 9);
+  auto plan = plan_program(moe_chain_stages(m.c, 16), 8, 132);
+  ASSERT_TRUE(plan.ok());
+  // router 0, select 1, shared up 2, shared down 3, routed up 4, routed down 5, combine 6
+  EXPECT_EQ(plan->stages[2].x_reuse, 1u << 0);               // the router's add + RMSNorm
+  EXPECT_EQ(plan->stages[4].x_reuse, (1u << 0) | (1u << 2));  // ... and the shared up's
+  EXPECT_EQ(plan->stages[3].x_reuse, 0u);
+  EXPECT_EQ(plan->stages[5].x_reuse, 0u);  // routed kLoad: x differs by slot
+  // Stage 0 reads A, stage 1 rewrites A, stage 2 reads A again: stage 2 must build its own x.
+  std::vector<uint16_t> w(64 * 64, 0x3f80), a(8 * 64, 0x3f80), c(8 * 64, 0x3f80), o0(8 * 64), o2(8 * 64);
+  Stage s0;
+  s0.w = w.data();
+  s0.n = 64;
+  s0.k = 64;
+  s0.x = a.data();
+  s0.x_stride = 64;
+  s0.out = o0.data();
+  s0.out_stride = 64;
+  s0.tile = 16;
+  Stage s1 = s0;
+  s1.x = c.data();
+  s1.out = a.data();
+  s1.wait_mask = 1u << 0;
+  Stage s2 = s0;
+  s2.out = o2.data();
+  s2.wait_mask = 1u << 1;
+  plan = plan_program({s0, s1, s2}, 8, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->stages[2].x_reuse, 0u);
+  std::vector<uint16_t> o1(8 * 64);
+  s1.out = o1.data();  // stage 1 now writes elsewhere: A is unchanged and stage 2 may keep stage 0's x
+  plan = plan_program({s0, s1, s2}, 8, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->stages[2].x_reuse, 1u << 0);
+}
+
+}  // namespace
+}  // namespace nucleus::kernels::mono
