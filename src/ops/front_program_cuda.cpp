@@ -3,16 +3,13 @@
 
 #include <cuda_runtime_api.h>
 
-#include <map>
 #include <vector>
 
 #include "core/cuda/context.h"
 #include "core/device.h"
-#include "kernels/common/device_sms.h"
-#include "kernels/mono/mono_kernel.cuh"
 #include "kernels/mono/mono_program_ref.h"
 #include "ops/mla_attention.h"
-#include "ops/skinny.h"
+#include "ops/decode_program_cuda.h"
 
 namespace nucleus::cuda_ops {
 
@@ -20,17 +17,11 @@ namespace {
 
 namespace mono = kernels::mono;
 
-constexpr int32_t kTile = 16;
-constexpr int32_t kWidths[] = {1, 2, 4, 8};
-constexpr int kNumWidths = 4;
+constexpr int32_t kTile = 16;  // columns a GEMV job owns (docs/decode_program.md)
 
 struct State {
-  int32_t num_ctas = 0;
-  Tensor residual_out, counters;
-  Tensor queue_start[kNumWidths], jobs[kNumWidths];
-  std::vector<int32_t> dealt_jobs[kNumWidths];
-  // The checked stages of each width, by the step's rows and buffers.
-  std::map<std::vector<const void*>, std::vector<mono::Stage>> checked[kNumWidths];
+  DecodeProgramRunner runner;
+  Tensor residual_out;  // [8, hidden] f32: the new residual, copied back by the RoPE stage
 };
 
 struct Step {  // a step's buffers (null at reserve: the stages' shapes do not depend on them)
@@ -109,20 +100,9 @@ Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Devic
   (void)limits;
   if (device != Device::kCuda || op.device_state()) return ok_status();
   auto s = std::make_shared<State>();
-  s->num_ctas = kernels::current_device_sms();
   s->residual_out = Tensor::empty({mono::kMaxWidth * op.hidden()}, DType::kF32, Device::kCuda);
-  s->counters = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
-  zero_device(s->counters);
-  for (int i = 0; i < kNumWidths; ++i) {
-    const mono::ProgramPlan plan =
-        mono::deal_jobs(mono::front_chain_stages(chain(op, *s, Step{}), kTile), kWidths[i], s->num_ctas);
-    s->queue_start[i] = Tensor::empty({static_cast<int64_t>(plan.queue_start.size())}, DType::kI32, Device::kCuda);
-    copy_to_device(s->queue_start[i].raw(), plan.queue_start.data(), plan.queue_start.size() * sizeof(int32_t));
-    s->jobs[i] = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, plan.jobs.size()) * 2)}, DType::kI32,
-                               Device::kCuda);
-    copy_to_device(s->jobs[i].raw(), plan.jobs.data(), plan.jobs.size() * sizeof(mono::Job));
-    for (const mono::Stage& st : plan.stages) s->dealt_jobs[i].push_back(mono::stage_jobs(st));
-  }
+  const State& state = *s;
+  s->runner.reserve([&](int32_t) { return mono::front_chain_stages(chain(op, state, Step{}), kTile); });
   op.device_state() = s;
   return ok_status();
 }
@@ -135,9 +115,6 @@ void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, con
   NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "front_program: the residual must be updated in place");
   const KvCache& kv = *ctx.kv_cache;
   check_cache_dtype(kv, op.parts().rope->cache_dtype(), "front_program");
-  int wi = 0;
-  while (kWidths[wi] < rows) ++wi;
-  const int32_t width = kWidths[wi];
   Step st;
   st.residual = static_cast<float*>(in[0].raw());
   st.delta = op.has_delta() ? static_cast<const uint16_t*>(in[1].raw()) : nullptr;
@@ -148,34 +125,9 @@ void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, con
   st.slot_mapping = ctx.dev->slot_mapping;
   st.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
   st.num_slots = kv.num_slots();
-  const std::vector<const void*> key{reinterpret_cast<const void*>(rows), st.residual, st.delta, st.q, st.kv_a,
-                                     st.q_a, st.positions, st.slot_mapping, st.cache};
-  auto it = s->checked[wi].find(key);
-  if (it == s->checked[wi].end()) {
-    const std::string where =
-        "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)";
-    auto checked =
-        mono::check_program(mono::front_chain_stages(chain(op, *s, st), kTile), width, static_cast<int32_t>(rows));
-    if (!checked.ok()) return ctx.fail(checked.status().with_context(where));
-    std::vector<int32_t> jobs;
-    for (const mono::Stage& x : *checked) jobs.push_back(mono::stage_jobs(x));
-    if (jobs != s->dealt_jobs[wi])
-      return ctx.fail(internal_error(where + ": the stages differ from those the job queues were dealt for"));
-    it = s->checked[wi].emplace(key, std::move(*checked)).first;
-  }
-  mono::Program prog;
-  for (size_t i = 0; i < it->second.size(); ++i) prog.stages[i] = it->second[i];
-  prog.num_stages = static_cast<int32_t>(it->second.size());
-  prog.width = width;
-  prog.rows = static_cast<int32_t>(rows);
-  prog.num_ctas = s->num_ctas;
-  prog.queue_start = s->queue_start[wi].data<int32_t>();
-  prog.jobs = static_cast<const mono::Job*>(s->jobs[wi].raw());
-  prog.counters = s->counters.data<int32_t>();
-  const cudaError_t e = mono::launch_mono_program(prog, cuda::context().stream, skinny_pdl());
-  if (e != cudaSuccess)
-    ctx.fail(internal_error("front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) +
-                            " rows): " + cudaGetErrorString(e)));
+  s->runner.launch(ctx, rows, {st.residual, st.delta, st.q, st.kv_a, st.q_a, st.positions, st.slot_mapping, st.cache},
+                   [&](int32_t) { return mono::front_chain_stages(chain(op, *s, st), kTile); },
+                   "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");
 }
 
 }  // namespace nucleus::cuda_ops

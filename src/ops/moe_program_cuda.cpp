@@ -3,15 +3,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <map>
 
 #include "core/cuda/context.h"
 #include "core/device.h"
-#include "kernels/common/device_sms.h"
-#include "kernels/mono/mono_kernel.cuh"
 #include "kernels/mono/mono_program_ref.h"
-#include "ops/skinny.h"
+#include "ops/decode_program_cuda.h"
 
 namespace nucleus::cuda_ops {
 
@@ -20,17 +16,11 @@ namespace {
 namespace mono = kernels::mono;
 
 constexpr int32_t kTile = 16;  // columns a GEMV job owns (docs/decode_program.md)
-constexpr int32_t kWidths[] = {1, 2, 4, 8};
-constexpr int kNumWidths = 4;
 
 struct State {
-  int32_t num_ctas = 0;
-  Tensor logits, table, h, y, h_shared, y_shared, residual_out, counters;
+  DecodeProgramRunner runner;
+  Tensor logits, table, h, y, h_shared, y_shared, residual_out;
   Tensor gate_up_table, down_table, shared_gate_up_table, shared_down_table;  // [experts] device pointers
-  Tensor queue_start[kNumWidths], jobs[kNumWidths];
-  std::vector<int32_t> dealt_jobs[kNumWidths];  // stage_jobs of each stage the queues were dealt for
-  // The checked stages of each width, by the rows and the (attn_out, residual, delta) buffers of a step.
-  std::map<std::array<const void*, 4>, std::vector<mono::Stage>> checked[kNumWidths];
 };
 
 // A device array of the given weights' addresses.
@@ -123,7 +113,6 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   const int64_t pieces = std::max<int64_t>(1, op.shared_pieces());
   const int64_t shared_inter = op.shared_pieces() > 0 ? ex[E].down->in_features : 16;
   const int64_t slots = std::min<int64_t>(mono::kMaxWidth * r.top_k, E);
-  s->num_ctas = kernels::current_device_sms();
   s->logits = Tensor::empty({mono::kMaxWidth * E}, DType::kF32, Device::kCuda);
   s->table = Tensor::empty({static_cast<int64_t>(sizeof(mono::RouteTable) / 4)}, DType::kI32, Device::kCuda);
   s->h = Tensor::empty({slots * mono::kMaxWidth * inter}, DType::kBF16, Device::kCuda);
@@ -131,8 +120,6 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   s->h_shared = Tensor::empty({pieces * mono::kMaxWidth * shared_inter}, DType::kBF16, Device::kCuda);
   s->y_shared = Tensor::empty({pieces * mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
   s->residual_out = Tensor::empty({mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
-  s->counters = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
-  zero_device(s->counters);
   std::vector<const LinearWeight*> gu, dn, sgu, sdn;
   for (int64_t e = 0; e < static_cast<int64_t>(ex.size()); ++e) {
     (e < E ? gu : sgu).push_back(ex[e].gate_up);
@@ -142,18 +129,10 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   s->down_table = pointer_table(dn);
   s->shared_gate_up_table = pointer_table(sgu);
   s->shared_down_table = pointer_table(sdn);
-  // The queues depend on the stages' shapes only (deal_jobs): one set a width.
-  for (int i = 0; i < kNumWidths; ++i) {
-    const mono::ProgramPlan plan =
-        mono::deal_jobs(mono::moe_chain_stages(chain(op, *s, kWidths[i], nullptr, nullptr, nullptr), kTile), kWidths[i],
-                        s->num_ctas);
-    s->queue_start[i] = Tensor::empty({static_cast<int64_t>(plan.queue_start.size())}, DType::kI32, Device::kCuda);
-    copy_to_device(s->queue_start[i].raw(), plan.queue_start.data(), plan.queue_start.size() * sizeof(int32_t));
-    s->jobs[i] = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, plan.jobs.size()) * 2)}, DType::kI32,
-                               Device::kCuda);
-    copy_to_device(s->jobs[i].raw(), plan.jobs.data(), plan.jobs.size() * sizeof(mono::Job));
-    for (const mono::Stage& st : plan.stages) s->dealt_jobs[i].push_back(mono::stage_jobs(st));
-  }
+  const State& state = *s;
+  s->runner.reserve([&](int32_t width) {
+    return mono::moe_chain_stages(chain(op, state, width, nullptr, nullptr, nullptr), kTile);
+  });
   op.device_state() = s;
   return ok_status();
 }
@@ -164,41 +143,15 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   auto* s = static_cast<State*>(op.device_state().get());
   if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
   NUCLEUS_CHECK(in[1].raw() == out[0].raw(), "moe_program: the residual must be updated in place");
-  int wi = 0;
-  while (kWidths[wi] < rows) ++wi;
-  const int32_t width = kWidths[wi];
   const auto* attn_out = static_cast<const uint16_t*>(in[0].raw());
   float* residual = static_cast<float*>(in[1].raw());
   auto* delta = static_cast<uint16_t*>(out[1].raw());
-  // Checked over the step's rows (the graph's buffers may hold fewer rows than the width).
-  const std::array<const void*, 4> key{reinterpret_cast<const void*>(rows), attn_out, residual, delta};
-  auto it = s->checked[wi].find(key);
-  if (it == s->checked[wi].end()) {
-    const std::string where = "moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)";
-    auto checked = mono::check_program(mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile),
-                                       width, static_cast<int32_t>(rows));
-    if (!checked.ok()) return ctx.fail(checked.status().with_context(where));
-    // The queues dealt at reserve must hold exactly these stages' jobs.
-    std::vector<int32_t> jobs;
-    for (const mono::Stage& st : *checked) jobs.push_back(mono::stage_jobs(st));
-    if (jobs != s->dealt_jobs[wi])
-      return ctx.fail(internal_error(where + ": the stages differ from those the job queues were dealt for"));
-    it = s->checked[wi].emplace(key, std::move(*checked)).first;
-  }
-  mono::Program prog;
-  for (size_t i = 0; i < it->second.size(); ++i) prog.stages[i] = it->second[i];
-  prog.num_stages = static_cast<int32_t>(it->second.size());
-  prog.width = width;
-  prog.rows = static_cast<int32_t>(rows);
-  prog.num_ctas = s->num_ctas;
-  prog.queue_start = s->queue_start[wi].data<int32_t>();
-  prog.jobs = static_cast<const mono::Job*>(s->jobs[wi].raw());
-  prog.counters = s->counters.data<int32_t>();
+  const bool launched = s->runner.launch(
+      ctx, rows, {attn_out, residual, delta},
+      [&](int32_t width) { return mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile); },
+      "moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");
+  if (!launched) return;
   cudaStream_t stream = cuda::context().stream;
-  const cudaError_t e = mono::launch_mono_program(prog, stream, skinny_pdl());
-  if (e != cudaSuccess)
-    return ctx.fail(internal_error("moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) +
-                                   " rows): " + cudaGetErrorString(e)));
   if (ctx.stats) {  // the routed experts the step activated (benchmarks; syncs)
     mono::RouteTable t;
     if (cudaMemcpyAsync(&t, s->table.raw(), sizeof(t), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||

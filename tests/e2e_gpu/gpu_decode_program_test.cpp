@@ -22,46 +22,21 @@
 #include <sstream>
 
 #include "gpu_test_util.h"
+#include "nucleus_cli.h"
 #include "test_util.h"
 
 namespace nucleus {
 namespace {
 
 using nlohmann::json;
+using testing::RunResult;
 
 constexpr float kMarginThreshold = 0.05f;
 
-struct RunResult {
-  int status = -1;
-  std::string out, err;
-};
+using testing::json_lines;
 
 RunResult run(const std::string& args, const std::string& env, const std::string& dir) {
-  const char* bin = std::getenv("NUCLEUS_BIN");
-  const std::string err_file = dir + "/stderr.txt";
-  const std::string cmd = "env " + env + " " + (bin ? bin : "nucleus") + " " + args + " 2>" + err_file;
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream e(err_file);
-  std::stringstream ss;
-  ss << e.rdbuf();
-  r.err = ss.str();
-  return r;
-}
-
-std::vector<json> json_lines(const std::string& s) {
-  std::vector<json> out;
-  std::stringstream ss(s);
-  std::string line;
-  while (std::getline(ss, line))
-    if (!line.empty()) out.push_back(json::parse(line));
-  return out;
+  return testing::run_nucleus(args, env, dir);
 }
 
 void expect_reference(const json& cases, const std::vector<std::vector<int>>& got, const std::string& what) {
