@@ -80,6 +80,34 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw());
 }
 
+// A plan's queues and counters on the device, and the Program of a launch.
+struct DevicePlan {
+  mono::ProgramPlan plan;
+  Tensor queue_start, jobs, counters;
+  explicit DevicePlan(mono::ProgramPlan p) : plan(std::move(p)) {
+    queue_start = Tensor::empty({static_cast<int64_t>(plan.queue_start.size())}, DType::kI32, Device::kCuda);
+    copy_to_device(queue_start.raw(), plan.queue_start.data(), plan.queue_start.size() * 4);
+    jobs = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, plan.jobs.size()) * 2)}, DType::kI32, Device::kCuda);
+    copy_to_device(jobs.raw(), plan.jobs.data(), plan.jobs.size() * sizeof(mono::Job));
+    counters = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
+    zero_device(counters);
+  }
+  mono::Program program(int32_t rows) const {
+    return mono::program_view(plan, rows, ptr<int32_t>(queue_start), static_cast<const mono::Job*>(jobs.raw()),
+                              ptr<int32_t>(counters));
+  }
+};
+
+// plan_program on the device, or null (the error printed).
+std::unique_ptr<DevicePlan> device_plan(const std::vector<mono::Stage>& stages, int64_t width, int num_sms) {
+  auto plan = mono::plan_program(stages, static_cast<int32_t>(width), num_sms);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "mono_bench: %s\n", plan.status().to_string().c_str());
+    return nullptr;
+  }
+  return std::make_unique<DevicePlan>(std::move(*plan));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -183,11 +211,7 @@ int main(int argc, char** argv) {
     plain_us = base;
     for (int64_t tile : tiles) {
       // One plan (queues, counters) per weight copy.
-      struct Copy {
-        mono::ProgramPlan plan;
-        Tensor queue_start, jobs, counters;
-      };
-      std::vector<Copy> copies(kCopies);
+      std::vector<std::unique_ptr<DevicePlan>> copies;
       const int width = static_cast<int>(m);
       bool planned = true;
       for (int i = 0; i < kCopies; ++i) {
@@ -210,30 +234,18 @@ int main(int argc, char** argv) {
         lc.o = ptr<uint16_t>(o);
         lc.h = ptr<uint16_t>(h);
         lc.delta_out = ptr<uint16_t>(delta_out);
-        auto plan = mono::plan_program(mono::layer_chain_stages(lc, static_cast<int32_t>(tile)), width, c.num_sms);
-        if (!plan.ok()) {
-          std::fprintf(stderr, "mono_bench: %s\n", plan.status().to_string().c_str());
+        copies.push_back(device_plan(mono::layer_chain_stages(lc, static_cast<int32_t>(tile)), width, c.num_sms));
+        if (!copies.back()) {
           planned = false;
           break;
         }
-        Copy& cp = copies[i];
-        cp.plan = std::move(*plan);
-        cp.queue_start = Tensor::empty({static_cast<int64_t>(cp.plan.queue_start.size())}, DType::kI32, Device::kCuda);
-        copy_to_device(cp.queue_start.raw(), cp.plan.queue_start.data(), cp.plan.queue_start.size() * 4);
-        cp.jobs = Tensor::empty({static_cast<int64_t>(cp.plan.jobs.size() * 2)}, DType::kI32, Device::kCuda);
-        copy_to_device(cp.jobs.raw(), cp.plan.jobs.data(), cp.plan.jobs.size() * sizeof(mono::Job));
-        cp.counters = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
-        zero_device(cp.counters);
       }
       const std::string name = "program/" + std::to_string(tile);
       if (!planned) {
         row(name, "", -1);
         continue;
       }
-      auto program = [&](int i) {
-        return mono::program_view(copies[i].plan, width, ptr<int32_t>(copies[i].queue_start),
-                                  static_cast<const mono::Job*>(copies[i].jobs.raw()), ptr<int32_t>(copies[i].counters));
-      };
+      auto program = [&](int i) { return copies[i]->program(width); };
       const double us = bench::median_us_per_launch(
           kCopies, [&](int i) { return mono::launch_mono_program(program(i), stream, true) == cudaSuccess; });
       row(name, std::to_string(mono::mono_ring_slots(program(0))), us);
@@ -261,8 +273,7 @@ int main(int argc, char** argv) {
              return launch_skinny_gemm(a, stream) == cudaSuccess;
            }));
     {
-      std::vector<mono::ProgramPlan> plans;
-      std::vector<Tensor> qs, js, cs;
+      std::vector<std::unique_ptr<DevicePlan>> plans;
       for (int i = 0; i < kCopies; ++i) {
         mono::Stage st;
         st.w = ptr<uint16_t>(w[i].front);
@@ -273,23 +284,10 @@ int main(int argc, char** argv) {
         st.out = ptr<uint16_t>(front);
         st.out_stride = kFront;
         st.tile = 16;
-        auto plan = mono::plan_program({st}, static_cast<int32_t>(m), c.num_sms);
-        if (!plan.ok()) {
-          std::fprintf(stderr, "mono_bench: %s\n", plan.status().to_string().c_str());
-          return 1;
-        }
-        plans.push_back(std::move(*plan));
-        qs.push_back(Tensor::empty({static_cast<int64_t>(plans.back().queue_start.size())}, DType::kI32, Device::kCuda));
-        copy_to_device(qs.back().raw(), plans.back().queue_start.data(), plans.back().queue_start.size() * 4);
-        js.push_back(Tensor::empty({static_cast<int64_t>(plans.back().jobs.size() * 2)}, DType::kI32, Device::kCuda));
-        copy_to_device(js.back().raw(), plans.back().jobs.data(), plans.back().jobs.size() * sizeof(mono::Job));
-        cs.push_back(Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda));
-        zero_device(cs.back());
+        plans.push_back(device_plan({st}, m, c.num_sms));
+        if (!plans.back()) return 1;
       }
-      auto view = [&](int i) {
-        return mono::program_view(plans[i], static_cast<int32_t>(m), ptr<int32_t>(qs[i]),
-                                  static_cast<const mono::Job*>(js[i].raw()), ptr<int32_t>(cs[i]));
-      };
+      auto view = [&](int i) { return plans[i]->program(static_cast<int32_t>(m)); };
       single("front GEMV alone: program/16", std::to_string(mono::mono_ring_slots(view(0))),
              bench::median_us_per_launch(
                  kCopies, [&](int i) { return mono::launch_mono_program(view(i), stream, true) == cudaSuccess; }));
@@ -372,8 +370,7 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       };
       row("plain", plain, -1);
-      std::vector<mono::ProgramPlan> plans;
-      std::vector<Tensor> qs, js, cs;
+      std::vector<std::unique_ptr<DevicePlan>> plans;
       for (int i = 0; i < kCopies; ++i) {
         mono::FrontChain fc;
         fc.hidden = kHidden;
@@ -393,23 +390,11 @@ int main(int argc, char** argv) {
         fc.slot_mapping = ptr<int64_t>(slots);
         fc.cache = ptr<uint16_t>(cache);
         fc.num_slots = kSlots;
-        auto plan = mono::plan_program(mono::front_chain_stages(fc, 16), static_cast<int32_t>(m), c.num_sms);
-        if (!plan.ok()) {
-          std::fprintf(stderr, "mono_bench: %s\n", plan.status().to_string().c_str());
-          return 1;
-        }
-        plans.push_back(std::move(*plan));
-        qs.push_back(Tensor::empty({static_cast<int64_t>(plans.back().queue_start.size())}, DType::kI32, Device::kCuda));
-        copy_to_device(qs.back().raw(), plans.back().queue_start.data(), plans.back().queue_start.size() * 4);
-        js.push_back(Tensor::empty({static_cast<int64_t>(plans.back().jobs.size() * 2)}, DType::kI32, Device::kCuda));
-        copy_to_device(js.back().raw(), plans.back().jobs.data(), plans.back().jobs.size() * sizeof(mono::Job));
-        cs.push_back(Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda));
-        zero_device(cs.back());
+        plans.push_back(device_plan(mono::front_chain_stages(fc, 16), m, c.num_sms));
+        if (!plans.back()) return 1;
       }
       const double prog = bench::median_us_per_launch(kCopies, [&](int i) {
-        const mono::Program p = mono::program_view(plans[i], static_cast<int32_t>(m), ptr<int32_t>(qs[i]),
-                                                   static_cast<const mono::Job*>(js[i].raw()), ptr<int32_t>(cs[i]));
-        return mono::launch_mono_program(p, stream, true) == cudaSuccess;
+        return mono::launch_mono_program(plans[i]->program(static_cast<int32_t>(m)), stream, true) == cudaSuccess;
       });
       row("program/16", prog, plain);
     }
@@ -524,19 +509,9 @@ int main(int argc, char** argv) {
       int distinct = 0;
       double ops_us = -1;
       for (int64_t tile : tiles) {
-        auto plan = mono::plan_program(mono::moe_chain_stages(mc, static_cast<int32_t>(tile)), static_cast<int32_t>(m), c.num_sms);
-        if (!plan.ok()) {
-          std::fprintf(stderr, "mono_bench: %s\n", plan.status().to_string().c_str());
-          return 1;
-        }
-        Tensor qs = Tensor::empty({static_cast<int64_t>(plan->queue_start.size())}, DType::kI32, Device::kCuda);
-        copy_to_device(qs.raw(), plan->queue_start.data(), plan->queue_start.size() * 4);
-        Tensor js = Tensor::empty({static_cast<int64_t>(plan->jobs.size() * 2)}, DType::kI32, Device::kCuda);
-        copy_to_device(js.raw(), plan->jobs.data(), plan->jobs.size() * sizeof(mono::Job));
-        Tensor cs = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
-        zero_device(cs);
-        const mono::Program prog = mono::program_view(*plan, static_cast<int32_t>(m), ptr<int32_t>(qs),
-                                                      static_cast<const mono::Job*>(js.raw()), ptr<int32_t>(cs));
+        const std::unique_ptr<DevicePlan> dp = device_plan(mono::moe_chain_stages(mc, static_cast<int32_t>(tile)), m, c.num_sms);
+        if (!dp) return 1;
+        const mono::Program prog = dp->program(static_cast<int32_t>(m));
         if (distinct == 0) {
           NUCLEUS_CHECK(mono::launch_mono_program(prog, stream, false) == cudaSuccess, "program");
           NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
