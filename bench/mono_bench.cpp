@@ -20,6 +20,8 @@
 //              GEMM (f32 logits), MoeRouteOp and MoeExpertsOp (cuda_grouped,
 //              the shared experts as routed ones: 66 experts, top-8)
 //   program/T  the block as one program
+// Then the MoE block followed by the next layer's front, as two programs and
+// as one (what a program boundary costs).
 // Bytes: the router, the shared experts and the routed experts the step
 // activates (from the program's route table), each once (one copy of the
 // weights: a step touches 104-560 MB, past the 50 MB L2). The block's delta
@@ -530,6 +532,74 @@ int main(int argc, char** argv) {
         const double gbs = moe_bytes / (us * 1e-6) / 1e9;
         std::printf("| %ld | program/%ld | %d | %.1f | %.2f | %.0f | %.1f%% | %.2fx |\n", long(m), long(tile), distinct,
                     moe_bytes / 1e6, us, gbs, 100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec, ops_us / us);
+        std::fflush(stdout);
+      }
+      // What a program boundary costs: this MoE block then the next layer's front (add + norm of the block's
+      // residual and output, q_proj, kv_a, RoPE + cache write) as two launches, and as one program.
+      {
+        constexpr int64_t kHeads = 16, kQ = 3072, kKv = 576, kSlots = 4096;
+        static Tensor wq = bench::random_bf16(kQ * kHidden, 0.04f), wkv = bench::random_bf16(kKv * kHidden, 0.04f);
+        static Tensor kv_norm = f32_tensor(512, 0.5f, 1.5f), cache = bench::random_bf16(kSlots * kKv, 0);
+        static Tensor q = bench::random_bf16(kRows * kQ, 0), kv = bench::random_bf16(kRows * kKv, 0);
+        static Tensor res2 = f32_tensor(kRows * kHidden, 0, 0), d_inv = [] {
+          std::vector<float> inv(32);
+          for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / 64.0f);
+          Tensor t = Tensor::empty({32}, DType::kF32, Device::kCuda);
+          copy_to_device(t.raw(), inv.data(), inv.size() * 4);
+          return t;
+        }();
+        static Tensor pos = [] {
+          std::vector<int32_t> h(kRows);
+          for (int64_t r = 0; r < kRows; ++r) h[r] = static_cast<int32_t>(1000 + 37 * r);
+          Tensor t = Tensor::empty({kRows}, DType::kI32, Device::kCuda);
+          copy_to_device(t.raw(), h.data(), h.size() * 4);
+          return t;
+        }();
+        static Tensor slot = [] {
+          std::vector<int64_t> h(kRows);
+          for (int64_t r = 0; r < kRows; ++r) h[r] = 64 * r + 5;
+          Tensor t = Tensor::empty({kRows}, DType::kI64, Device::kCuda);
+          copy_to_device(t.raw(), h.data(), h.size() * 8);
+          return t;
+        }();
+        mono::FrontChain fc;
+        fc.hidden = kHidden;
+        fc.num_heads = kHeads;
+        fc.w_q = ptr<uint16_t>(wq);
+        fc.w_kva = ptr<uint16_t>(wkv);
+        fc.input_norm = ptr<float>(input_norm);
+        fc.kv_norm = ptr<float>(kv_norm);
+        fc.inv_freq = ptr<float>(d_inv);
+        fc.residual = ptr<float>(residual_out);  // the block's new residual
+        fc.delta = ptr<uint16_t>(delta_out);     // the block's output
+        fc.residual_out = ptr<float>(res2);
+        fc.q = ptr<uint16_t>(q);
+        fc.kv_a = ptr<uint16_t>(kv);
+        fc.positions = ptr<int32_t>(pos);
+        fc.slot_mapping = ptr<int64_t>(slot);
+        fc.cache = ptr<uint16_t>(cache);
+        fc.num_slots = kSlots;
+        const std::vector<mono::Stage> moe = mono::moe_chain_stages(mc, 16), front = mono::front_chain_stages(fc, 16);
+        std::vector<mono::Stage> both = moe;
+        const auto n_moe = static_cast<uint32_t>(moe.size());
+        for (mono::Stage st : front) {
+          st.wait_mask <<= n_moe;
+          if (st.kind == mono::Kind::kGemv) st.wait_mask |= 1u << (n_moe - 1);  // after the combine
+          both.push_back(st);
+        }
+        const auto moe_plan = device_plan(moe, m, c.num_sms), front_plan = device_plan(front, m, c.num_sms),
+                   both_plan = device_plan(both, m, c.num_sms);
+        if (!moe_plan || !front_plan || !both_plan) return 1;
+        const int32_t rows = static_cast<int32_t>(m);
+        const double two = bench::median_us_per_launch(1, [&](int) {
+          return mono::launch_mono_program(moe_plan->program(rows), stream, true) == cudaSuccess &&
+                 mono::launch_mono_program(front_plan->program(rows), stream, true) == cudaSuccess;
+        });
+        const double one = bench::median_us_per_launch(
+            1, [&](int) { return mono::launch_mono_program(both_plan->program(rows), stream, true) == cudaSuccess; });
+        std::printf("| %ld | MoE block + next front: two programs | %d | | %.2f | | | |\n", long(m), distinct, two);
+        std::printf("| %ld | MoE block + next front: one program | %d | | %.2f | | | %.2fx |\n", long(m), distinct, one,
+                    two / one);
         std::fflush(stdout);
       }
     }

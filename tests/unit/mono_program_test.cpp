@@ -796,6 +796,76 @@ TEST(MonoProgram, JobsWithoutWeightsSpreadOverCtas) {
   EXPECT_EQ(ctas.size(), 8u) << "combine jobs share CTAs";
 }
 
+// A MoE block and the next layer's front as one program (the front waiting
+// for the combine) computes what the two programs compute one after the
+// other: the boundary fusion mono_bench measures.
+TEST(MonoProgram, MoeBlockAndNextFrontAsOneProgram) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  const int64_t H = sc.hidden, heads = 2, nope = 16, rope_dim = 16, lora = 32, head = nope + rope_dim;
+  const int64_t width = lora + rope_dim, slots = 16;
+  RopeParams rp;
+  rp.rope_dim = rope_dim;
+  const RopeTable table = make_rope_table(rp, 1 << 12);
+  const std::vector<uint16_t> w_q = random_bf16(heads * head * H, 0.3f, 1), w_kva = random_bf16(width * H, 0.3f, 2);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 3), kv_norm = random_f32(lora, 0.5f, 1.5f, 4);
+  const std::vector<int32_t> positions = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int64_t> slot_mapping = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<uint16_t> q[2], kv[2], cache[2];
+  std::vector<float> res2[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    HostMoe m(sc, 41);
+    q[fused].assign(8 * heads * head, kNanBf16);
+    kv[fused].assign(8 * width, kNanBf16);
+    cache[fused].assign(slots * width, kNanBf16);
+    res2[fused].assign(8 * H, NAN);
+    FrontChain f;
+    f.hidden = H;
+    f.num_heads = heads;
+    f.qk_nope = nope;
+    f.qk_rope = rope_dim;
+    f.kv_lora = lora;
+    f.w_q = w_q.data();
+    f.w_kva = w_kva.data();
+    f.input_norm = input_norm.data();
+    f.kv_norm = kv_norm.data();
+    f.inv_freq = table.inv_freq.data();
+    f.residual = m.c.residual_out;  // the block's new residual and output
+    f.delta = m.c.delta_out;
+    f.residual_out = res2[fused].data();
+    f.q = q[fused].data();
+    f.kv_a = kv[fused].data();
+    f.positions = positions.data();
+    f.slot_mapping = slot_mapping.data();
+    f.cache = cache[fused].data();
+    f.num_slots = slots;
+    const std::vector<Stage> moe = moe_chain_stages(m.c, 16), front = front_chain_stages(f, 16);
+    if (fused) {
+      std::vector<Stage> both = moe;
+      for (Stage st : front) {
+        st.wait_mask <<= moe.size();
+        if (st.kind == Kind::kGemv) st.wait_mask |= 1u << (moe.size() - 1);
+        both.push_back(st);
+      }
+      auto plan = plan_program(both, 8, 7);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, 6, 3).ok());
+      // Without the wait on the combine the front would read delta_out too early: refused.
+      both[moe.size()].wait_mask = 0;
+      EXPECT_FALSE(plan_program(both, 8, 7).ok());
+    } else {
+      auto a = plan_program(moe, 8, 7), b = plan_program(front, 8, 7);
+      ASSERT_TRUE(a.ok() && b.ok());
+      ASSERT_TRUE(run_program_ref(*a, 6, 3).ok());
+      ASSERT_TRUE(run_program_ref(*b, 6, 3).ok());
+    }
+  }
+  for (int64_t i = 0; i < 6 * heads * head; ++i) ASSERT_EQ(q[0][i], q[1][i]) << "q " << i;
+  for (int64_t i = 0; i < 6 * width; ++i) ASSERT_EQ(kv[0][i], kv[1][i]) << "kv_a " << i;
+  EXPECT_EQ(cache[0], cache[1]);
+  for (int64_t i = 0; i < 6 * H; ++i) ASSERT_EQ(res2[0][i], res2[1][i]) << "residual " << i;
+}
+
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {
   MoeChain sc = v2_lite_like_moe();
   sc.slots = 8 * 6;
