@@ -1,7 +1,5 @@
 #include "ops/front_program_op.h"
 
-#include <algorithm>
-
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/front_program_cuda.h"
 #endif
@@ -10,35 +8,6 @@ namespace nucleus {
 
 std::string FrontProgramOp::attrs() const {
   return "layer=" + std::to_string(layer_) + (has_delta() ? "" : " first");
-}
-
-Status FrontProgramOp::select_backend(Device device) {
-  NUCLEUS_RETURN_IF_ERROR(OpWithBackends<FrontProgramOp>::select_backend(device));
-  for (Op* part : std::initializer_list<Op*>{parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(),
-                                             parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(),
-                                             parts_.rope.get()}) {
-    if (!part) continue;
-    part->set_captured(captured());
-    NUCLEUS_RETURN_IF_ERROR(part->select_backend(device).with_context(std::string("front_program's ") + part->kind()));
-  }
-  return ok_status();
-}
-
-size_t FrontProgramOp::workspace_bytes(const StepLimits& limits) const {
-  size_t b = OpWithBackends<FrontProgramOp>::workspace_bytes(limits);
-  for (const Op* part : std::initializer_list<const Op*>{parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(),
-                                                         parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(),
-                                                         parts_.rope.get()})
-    if (part) b = std::max(b, part->workspace_bytes(limits));
-  return b;
-}
-
-Status FrontProgramOp::reserve(const StepLimits& limits, Device device) {
-  for (Op* part : std::initializer_list<Op*>{parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(),
-                                             parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(),
-                                             parts_.rope.get()})
-    if (part) NUCLEUS_RETURN_IF_ERROR(part->reserve(limits, device));
-  return OpWithBackends<FrontProgramOp>::reserve(limits, device);
 }
 
 Status front_program_supported(const FrontProgramOp& op) {

@@ -29,7 +29,7 @@
 
 namespace nucleus {
 
-class FrontProgramOp : public OpWithBackends<FrontProgramOp> {
+class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
  public:
   struct Parts {
     std::unique_ptr<AddRmsNormOp> norm;          // input_layernorm (has_delta unless the first layer)
@@ -45,9 +45,6 @@ class FrontProgramOp : public OpWithBackends<FrontProgramOp> {
   const char* kind() const override { return "front_program"; }
   std::string attrs() const override;
   static const std::vector<Backend<FrontProgramOp>>& backends();
-  Status select_backend(Device device) override;
-  size_t workspace_bytes(const StepLimits& limits) const override;
-  Status reserve(const StepLimits& limits, Device device) override;
 
   int64_t layer() const { return layer_; }
   const Parts& parts() const { return parts_; }
@@ -55,6 +52,11 @@ class FrontProgramOp : public OpWithBackends<FrontProgramOp> {
   int64_t hidden() const { return hidden_; }
   bool has_delta() const { return parts_.norm && parts_.norm->has_delta(); }
   std::shared_ptr<void>& device_state() { return state_; }
+
+ protected:
+  std::vector<Op*> held() const override {
+    return {parts_.norm.get(), parts_.q_proj.get(), parts_.q_a.get(), parts_.q_a_norm.get(), parts_.q_b.get(), parts_.kv_a.get(), parts_.rope.get()};
+  }
 
  private:
   int64_t layer_;

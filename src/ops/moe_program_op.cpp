@@ -1,7 +1,5 @@
 #include "ops/moe_program_op.h"
 
-#include <algorithm>
-
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/moe_program_cuda.h"
 #endif
@@ -11,31 +9,6 @@ namespace nucleus {
 std::string MoeProgramOp::attrs() const {
   return "layer=" + std::to_string(layer_) + " experts=" + std::to_string(parts_.experts->experts().size()) +
          " (shared " + std::to_string(shared_pieces_) + ") top_k=" + std::to_string(parts_.route->params().top_k);
-}
-
-Status MoeProgramOp::select_backend(Device device) {
-  NUCLEUS_RETURN_IF_ERROR(OpWithBackends<MoeProgramOp>::select_backend(device));
-  for (Op* part : std::initializer_list<Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
-                                             parts_.experts.get()}) {
-    part->set_captured(captured());
-    NUCLEUS_RETURN_IF_ERROR(part->select_backend(device).with_context(std::string("moe_program's ") + part->kind()));
-  }
-  return ok_status();
-}
-
-size_t MoeProgramOp::workspace_bytes(const StepLimits& limits) const {
-  size_t b = OpWithBackends<MoeProgramOp>::workspace_bytes(limits);
-  for (const Op* part : std::initializer_list<const Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
-                                                         parts_.experts.get()})
-    b = std::max(b, part->workspace_bytes(limits));
-  return b;
-}
-
-Status MoeProgramOp::reserve(const StepLimits& limits, Device device) {
-  for (Op* part : std::initializer_list<Op*>{parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(),
-                                             parts_.experts.get()})
-    NUCLEUS_RETURN_IF_ERROR(part->reserve(limits, device));
-  return OpWithBackends<MoeProgramOp>::reserve(limits, device);
 }
 
 Status moe_program_supported(const MoeProgramOp& op) {

@@ -34,7 +34,7 @@
 
 namespace nucleus {
 
-class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
+class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
  public:
   // The ops the block is made of, as the decode graph would run them; the
   // experts op holds the routed experts, then `shared_pieces` shared ones.
@@ -50,10 +50,6 @@ class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
   const char* kind() const override { return "moe_program"; }
   std::string attrs() const override;
   static const std::vector<Backend<MoeProgramOp>>& backends();
-  // The op's backend and the held ops' (each for the same device and capture).
-  Status select_backend(Device device) override;
-  size_t workspace_bytes(const StepLimits& limits) const override;
-  Status reserve(const StepLimits& limits, Device device) override;
 
   int64_t layer() const { return layer_; }
   const Parts& parts() const { return parts_; }
@@ -62,6 +58,11 @@ class MoeProgramOp : public OpWithBackends<MoeProgramOp> {
   int64_t shared_pieces() const { return shared_pieces_; }
   // Backend-owned state (the program's buffers and queues), made by reserve.
   std::shared_ptr<void>& device_state() { return state_; }
+
+ protected:
+  std::vector<Op*> held() const override {
+    return {parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(), parts_.experts.get()};
+  }
 
  private:
   int64_t layer_;

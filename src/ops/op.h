@@ -9,6 +9,7 @@
 // NUCLEUS_FORCE_KERNEL=<family>=<backend>[,...] forces a backend for A/B runs.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <string>
@@ -260,6 +261,38 @@ class OpWithBackends : public Op {
     step_plan_ = b.make_plan ? b.make_plan(static_cast<const Derived&>(*this)) : nullptr;
   }
   const Backend<Derived>* chosen_ = nullptr;
+};
+
+// Base for ops that hold other ops and run them for the steps their own
+// backend does not serve (the decode-program ops): backend selection (for the
+// same device and capture), workspace (the largest) and reserve reach the held
+// ops too. Derived::held() lists them; null entries are skipped.
+template <typename Derived>
+class OpHoldingOps : public OpWithBackends<Derived> {
+ public:
+  Status select_backend(Device device) override {
+    NUCLEUS_RETURN_IF_ERROR(OpWithBackends<Derived>::select_backend(device));
+    for (Op* op : held()) {
+      if (!op) continue;
+      op->set_captured(this->captured());
+      NUCLEUS_RETURN_IF_ERROR(op->select_backend(device).with_context(std::string(this->kind()) + "'s " + op->kind()));
+    }
+    return ok_status();
+  }
+  size_t workspace_bytes(const StepLimits& limits) const override {
+    size_t b = OpWithBackends<Derived>::workspace_bytes(limits);
+    for (const Op* op : held())
+      if (op) b = std::max(b, op->workspace_bytes(limits));
+    return b;
+  }
+  Status reserve(const StepLimits& limits, Device device) override {
+    for (Op* op : held())
+      if (op) NUCLEUS_RETURN_IF_ERROR(op->reserve(limits, device));
+    return OpWithBackends<Derived>::reserve(limits, device);
+  }
+
+ protected:
+  virtual std::vector<Op*> held() const = 0;
 };
 
 }  // namespace nucleus

@@ -625,8 +625,6 @@ int slots_for(const Program& p) {
 
 int mono_ring_slots(const Program& p) { return slots_for(p); }
 
-size_t mono_kernel_smem_bytes(const Program& p) { return layout(slots_for(p), widest_k(p)).total; }
-
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl) {
   if ((p.width != 1 && p.width != 2 && p.width != 4 && p.width != 8) || p.rows < 1 || p.rows > p.width ||
       p.num_stages < 1 || p.num_stages > kMaxStages || !p.queue_start || !p.jobs || !p.counters || p.num_ctas < 1 ||

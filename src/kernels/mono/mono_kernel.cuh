@@ -28,7 +28,7 @@
 // A wait that lasts 10 s (a program that cannot finish) traps instead of
 // hanging (the launch then fails with cudaErrorLaunchFailure).
 //
-// Shared memory: mono_kernel_smem_bytes(p): the ring (mono_ring_slots(p)
+// Shared memory: the ring (mono_ring_slots(p)
 // slots of 16 rows x 1,040 bytes), x (8 rows of k_max + 8 bf16, k_max the
 // widest stage), the cross-warp sums and the job's output tile. PDL: the CTAs
 // start streaming weights at once and wait for the kernel before
@@ -47,8 +47,6 @@ namespace nucleus::kernels::mono {
 
 // Ring slots the kernel uses for `p` (3 ... 12: as many as fit beside x).
 int mono_ring_slots(const Program& p);
-// Dynamic shared memory of a launch of `p`, bytes.
-size_t mono_kernel_smem_bytes(const Program& p);
 
 // Launches `p` on `stream` (a programmatic dependent of the kernel before when
 // `pdl`). Errors: cudaErrorInvalidValue for a program the kernel cannot run

@@ -241,10 +241,6 @@ NUCLEUS_MONO_HD inline int32_t job_groups(const Stage& s, int32_t tile) {
   const int32_t one = (jr.count + kGroupRows - 1) / kGroupRows;
   return jr.two ? 2 * one : one;
 }
-// Chunks of a job, group-major: chunk c is slice c % slices of group c / slices.
-NUCLEUS_MONO_HD inline int32_t job_chunks(const Stage& s, int32_t tile) {
-  return job_groups(s, tile) * stage_slices(s);
-}
 // Row group g of job `tile`: its first weight row, its row count (1 ...
 // kGroupRows) and the job's local output slot of its first row (range a:
 // 0 ...; range b: kMaxTile ...).
