@@ -70,6 +70,7 @@ enum class Knob {
   kMlaDecodeWgmma,
   kFuseKvANorm,
   kDecodePrograms,
+  kDecodeProgramJoin,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -24,17 +24,7 @@ struct State {
   Tensor residual_out;  // [8, hidden] f32: the new residual, copied back by the RoPE stage
 };
 
-struct Step {  // a step's buffers (null at reserve: the stages' shapes do not depend on them)
-  float* residual = nullptr;
-  const uint16_t* delta = nullptr;
-  uint16_t *q = nullptr, *kv_a = nullptr, *q_a = nullptr;
-  const int32_t* positions = nullptr;
-  const int64_t* slot_mapping = nullptr;
-  uint16_t* cache = nullptr;
-  int64_t num_slots = 1;
-};
-
-mono::FrontChain chain(const FrontProgramOp& op, const State& s, const Step& st) {
+mono::FrontChain chain(const FrontProgramOp& op, const State& s, const FrontProgramBuffers& st) {
   const FrontProgramOp::Parts& p = op.parts();
   const RopeKvCacheWriteOp& r = *p.rope;
   mono::FrontChain c;
@@ -94,6 +84,34 @@ void run_parts(FrontProgramOp& op, OpContext& ctx, const TensorList& in, const T
 
 }  // namespace
 
+FrontProgramBuffers front_program_buffers(const FrontProgramOp& op, const OpContext& ctx, const TensorList& in,
+                                          const TensorList& out) {
+  NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "front_program: the residual must be updated in place");
+  const KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.parts().rope->cache_dtype(), "front_program");
+  FrontProgramBuffers b;
+  b.residual = static_cast<float*>(in[0].raw());
+  b.delta = op.has_delta() ? static_cast<const uint16_t*>(in[1].raw()) : nullptr;
+  b.q = static_cast<uint16_t*>(out[2].raw());
+  b.kv_a = static_cast<uint16_t*>(out[3].raw());
+  b.q_a = op.parts().q_a ? static_cast<uint16_t*>(out[4].raw()) : nullptr;
+  b.positions = ctx.dev->positions;
+  b.slot_mapping = ctx.dev->slot_mapping;
+  b.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
+  b.num_slots = kv.num_slots();
+  return b;
+}
+
+std::vector<mono::Stage> front_program_stages(const FrontProgramOp& op, const FrontProgramBuffers& b) {
+  const auto* s = static_cast<const State*>(op.device_state().get());
+  NUCLEUS_CHECK(s != nullptr, "front_program (layer {}): stages asked for before reserve", op.layer());
+  return mono::front_chain_stages(chain(op, *s, b), kTile);
+}
+
+std::vector<const void*> front_program_buffer_key(const FrontProgramBuffers& b) {
+  return {b.residual, b.delta, b.q, b.kv_a, b.q_a, b.positions, b.slot_mapping, b.cache};
+}
+
 Status front_program_supports(const FrontProgramOp& op) { return front_program_supported(op); }
 
 Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Device device) {
@@ -101,9 +119,8 @@ Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Devic
   if (device != Device::kCuda || op.device_state()) return ok_status();
   auto s = std::make_shared<State>();
   s->residual_out = Tensor::empty({mono::kMaxWidth * op.hidden()}, DType::kF32, Device::kCuda);
-  const State& state = *s;
-  s->runner.reserve([&](int32_t) { return mono::front_chain_stages(chain(op, state, Step{}), kTile); });
   op.device_state() = s;
+  s->runner.reserve([&](int32_t) { return front_program_stages(op, FrontProgramBuffers{}); });
   return ok_status();
 }
 
@@ -112,21 +129,8 @@ void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, con
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
   if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
-  NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "front_program: the residual must be updated in place");
-  const KvCache& kv = *ctx.kv_cache;
-  check_cache_dtype(kv, op.parts().rope->cache_dtype(), "front_program");
-  Step st;
-  st.residual = static_cast<float*>(in[0].raw());
-  st.delta = op.has_delta() ? static_cast<const uint16_t*>(in[1].raw()) : nullptr;
-  st.q = static_cast<uint16_t*>(out[2].raw());
-  st.kv_a = static_cast<uint16_t*>(out[3].raw());
-  st.q_a = op.parts().q_a ? static_cast<uint16_t*>(out[4].raw()) : nullptr;
-  st.positions = ctx.dev->positions;
-  st.slot_mapping = ctx.dev->slot_mapping;
-  st.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
-  st.num_slots = kv.num_slots();
-  s->runner.launch(ctx, rows, {st.residual, st.delta, st.q, st.kv_a, st.q_a, st.positions, st.slot_mapping, st.cache},
-                   [&](int32_t) { return mono::front_chain_stages(chain(op, *s, st), kTile); },
+  const FrontProgramBuffers b = front_program_buffers(op, ctx, in, out);
+  s->runner.launch(ctx, rows, front_program_buffer_key(b), [&](int32_t) { return front_program_stages(op, b); },
                    "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");
 }
 

@@ -52,6 +52,7 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   int64_t hidden() const { return hidden_; }
   bool has_delta() const { return parts_.norm && parts_.norm->has_delta(); }
   std::shared_ptr<void>& device_state() { return state_; }
+  const std::shared_ptr<void>& device_state() const { return state_; }
 
  protected:
   std::vector<Op*> held() const override {

@@ -136,7 +136,7 @@ TEST(MoeProgramOp, RefusesWhatTheProgramCannotRun) {
 }
 
 struct Front {
-  int64_t hidden = 256, heads = 4, q_lora = 128;
+  int64_t layer = 1, hidden = 256, heads = 4, q_lora = 128;
   DType dtype = DType::kBF16;
   KvCacheDtype cache = KvCacheDtype::kBF16;
   bool fuse_kv_norm = true;
@@ -172,9 +172,9 @@ struct Front {
       p.q_proj = std::make_unique<LinearOp>(linear("q_proj", heads * 192, hidden), false);
     }
     p.kv_a = std::make_unique<LinearOp>(linear("kv_a_proj_with_mqa", 576, hidden), false);
-    p.rope = std::make_unique<RopeKvCacheWriteOp>(1, &table, d, inv_freq, 1.0f, cache);
+    p.rope = std::make_unique<RopeKvCacheWriteOp>(layer, &table, d, inv_freq, 1.0f, cache);
     if (fuse_kv_norm) p.rope->fuse_kv_norm(kv_norm, 1e-6f);
-    return std::make_unique<FrontProgramOp>(1, std::move(p), hidden);
+    return std::make_unique<FrontProgramOp>(layer, std::move(p), hidden);
   }
 };
 
@@ -223,6 +223,46 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
     f.q_lora = 120;
     f.q_norm = Tensor::empty({120}, DType::kF32);
     EXPECT_TRUE(refused_front(f, "q_lora_rank 120"));
+  }
+}
+
+// NUCLEUS_DECODE_PROGRAM_JOIN: a MoE program takes the next layer's front
+// (one launch a layer boundary) only when that front is one a program serves,
+// of the next layer, reading the block's delta at the same hidden size.
+TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
+  Block b;  // layer 1
+  auto op = b.op(noaux(4, 2));
+  Front next;
+  next.layer = 2;
+  op->set_next_front(next.op());
+  Status s = moe_program_supported(*op);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_NE(op->attrs().find("+front of layer 2"), std::string::npos) << op->attrs();
+  {
+    Front same;  // layer 1: not the next layer's
+    op->set_next_front(same.op());
+    EXPECT_TRUE(refused(*op, "the joined front is not the next layer's (layer 1"));
+  }
+  {
+    Front wide;
+    wide.layer = 2;
+    wide.hidden = 512;
+    wide.norm = Tensor::empty({512}, DType::kF32);
+    op->set_next_front(wide.op());
+    EXPECT_TRUE(refused(*op, "hidden 512"));
+  }
+  {
+    Front fp8;
+    fp8.layer = 2;
+    fp8.dtype = DType::kF8E4M3;
+    op->set_next_front(fp8.op());
+    EXPECT_TRUE(refused(*op, "the joined front: q_a_proj is not bf16"));
+    // The model takes a refused front back and adds it as its own op.
+    std::unique_ptr<FrontProgramOp> back = op->take_next_front();
+    ASSERT_NE(back, nullptr);
+    EXPECT_EQ(back->layer(), 2);
+    EXPECT_EQ(op->next_front(), nullptr);
+    EXPECT_TRUE(moe_program_supported(*op).ok());
   }
 }
 

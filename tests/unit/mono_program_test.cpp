@@ -841,12 +841,13 @@ TEST(MonoProgram, MoeBlockAndNextFrontAsOneProgram) {
     f.num_slots = slots;
     const std::vector<Stage> moe = moe_chain_stages(m.c, 16), front = front_chain_stages(f, 16);
     if (fused) {
-      std::vector<Stage> both = moe;
-      for (Stage st : front) {
-        st.wait_mask <<= moe.size();
-        if (st.kind == Kind::kGemv) st.wait_mask |= 1u << (moe.size() - 1);
-        both.push_back(st);
-      }
+      std::vector<Stage> both = join_programs(moe, front);
+      ASSERT_EQ(both.size(), moe.size() + front.size());
+      // The front's first stages wait for the combine only (it waits for every other stage of the block).
+      const auto combine = static_cast<uint32_t>(moe.size() - 1);
+      EXPECT_EQ(both[moe.size()].wait_mask, 1u << combine);
+      EXPECT_EQ(both[moe.size() + 1].wait_mask, 1u << combine);
+      EXPECT_EQ(both.back().wait_mask, front.back().wait_mask << moe.size());
       auto plan = plan_program(both, 8, 7);
       ASSERT_TRUE(plan.ok()) << plan.status().message();
       ASSERT_TRUE(run_program_ref(*plan, 6, 3).ok());
@@ -864,6 +865,46 @@ TEST(MonoProgram, MoeBlockAndNextFrontAsOneProgram) {
   for (int64_t i = 0; i < 6 * width; ++i) ASSERT_EQ(kv[0][i], kv[1][i]) << "kv_a " << i;
   EXPECT_EQ(cache[0], cache[1]);
   for (int64_t i = 0; i < 6 * H; ++i) ASSERT_EQ(res2[0][i], res2[1][i]) << "residual " << i;
+}
+
+// join_programs moves the second program's waits and route table past the
+// first's stages: two MoE blocks one after the other (the second reading the
+// first's residual and output) as one program compute what the two compute,
+// and more than kMaxStages stages are refused.
+TEST(MonoProgram, JoinedProgramsEqualTheTwoInTurn) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  const int64_t H = sc.hidden;
+  std::vector<uint16_t> out[2];
+  std::vector<float> res[2];
+  for (int joined = 0; joined < 2; ++joined) {
+    HostMoe a(sc, 51), b(sc, 52);
+    b.c.residual = a.c.residual_out;  // the second block reads the first's residual and output
+    b.c.delta = a.c.delta_out;
+    const std::vector<Stage> first = moe_chain_stages(a.c, 16), second = moe_chain_stages(b.c, 16);
+    if (joined) {
+      const std::vector<Stage> both = join_programs(first, second);
+      for (size_t i = 0; i < second.size(); ++i) {
+        const Stage& st = both[first.size() + i];
+        if (second[i].route_stage >= 0) EXPECT_EQ(st.route_stage, second[i].route_stage + static_cast<int32_t>(first.size()));
+        if (second[i].wait_mask == 0) EXPECT_EQ(st.wait_mask, 1u << (first.size() - 1)) << "stage " << i;
+      }
+      auto plan = plan_program(both, 8, 9);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, 7, 5).ok());
+      // Three blocks are more stages than a program holds.
+      EXPECT_FALSE(check_program(join_programs(both, second), 8).ok());
+    } else {
+      auto p1 = plan_program(first, 8, 9), p2 = plan_program(second, 8, 9);
+      ASSERT_TRUE(p1.ok() && p2.ok());
+      ASSERT_TRUE(run_program_ref(*p1, 7, 5).ok());
+      ASSERT_TRUE(run_program_ref(*p2, 7, 5).ok());
+    }
+    out[joined].assign(b.c.delta_out, b.c.delta_out + 7 * H);
+    res[joined].assign(b.c.residual_out, b.c.residual_out + 7 * H);
+  }
+  for (int64_t i = 0; i < 7 * H; ++i) ASSERT_EQ(out[0][i], out[1][i]) << "delta " << i;
+  for (int64_t i = 0; i < 7 * H; ++i) ASSERT_EQ(res[0][i], res[1][i]) << "residual " << i;
 }
 
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {

@@ -700,6 +700,29 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   return st;
 }
 
+std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second) {
+  const auto n = static_cast<uint32_t>(first.size());
+  // first's sinks: the stages no later stage of first waits for, directly or
+  // through others. Waiting for them is waiting for all of first, with the
+  // fewest counters to poll.
+  std::vector<uint32_t> closure(n, 0);
+  uint32_t waited = 0;
+  for (uint32_t i = 0; i < n && i < 32; ++i) {
+    for (uint32_t j = 0; j < i; ++j)
+      if (first[i].wait_mask >> j & 1u) closure[i] |= (1u << j) | closure[j];
+    waited |= closure[i];
+  }
+  const uint32_t sinks = (n >= 32 ? ~0u : (1u << n) - 1) & ~waited;
+  for (Stage st : second) {
+    st.wait_mask = st.wait_mask == 0 ? sinks : (n >= 32 ? 0u : st.wait_mask << n);
+    if (st.route_stage >= 0) st.route_stage += static_cast<int32_t>(n);
+    st.x_reuse = 0;
+    first.push_back(st);
+  }
+  for (Stage& st : first) st.x_reuse = 0;
+  return first;
+}
+
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   const int64_t head = c.qk_nope + c.qk_rope, width = c.kv_lora + c.qk_rope;
   Stage q;  // q_proj, or with a q LoRA q_a_proj

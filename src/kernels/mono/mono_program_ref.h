@@ -74,6 +74,16 @@ Program program_view(const ProgramPlan& plan, int32_t rows, const int32_t* queue
 // never makes such a plan.
 Status run_program_ref(const ProgramPlan& plan, int32_t rows, uint64_t seed);
 
+// Two programs as one: `second`'s stages follow `first`'s, their waits and
+// route_stage moved past first's stages, and every stage of second that
+// waits for nothing in second waits for every stage of first (what a kernel
+// boundary between the two would order; second's weights still stream while
+// first runs) through first's sinks, the stages no other stage of first
+// waits for (a MoE block's: its combine). E.g. a MoE block and the next layer's front (one launch a
+// layer boundary). The result has first.size() + second.size() stages;
+// check_program refuses more than kMaxStages. x_reuse is cleared (check_program sets it).
+std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second);
+
 // The attention-free GEMV chain of a DeepSeek decode layer without a q LoRA
 // (DeepSeek-V2-Lite's shape: hidden 2048, q_proj + kv_a_proj 3072 + 576
 // rows, o_proj 2048 x 2048, shared experts 2 x 1408), as a program for the
