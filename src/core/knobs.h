@@ -71,6 +71,7 @@ enum class Knob {
   kFuseKvANorm,
   kDecodePrograms,
   kDecodeProgramJoin,
+  kDecodeProgramAbsorb,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -101,9 +101,9 @@ void run_parts(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const Ten
 
 // The joined front's buffers within the op's (ops/moe_program_op.h).
 TensorList front_in(const TensorList& out) { return {out[0], out[1]}; }
-TensorList front_out(const MoeProgramOp& op, const TensorList& out) {
-  TensorList o = {out[0], out[2], out[7], out[8]};
-  if (op.next_front()->parts().q_a) o.push_back(out[9]);
+TensorList front_out(const TensorList& out) {
+  TensorList o = {out[0], out[2]};
+  for (size_t i = 7; i < out.size(); ++i) o.push_back(out[i]);  // q, kv_a[, q_a][, q_full]
   return o;
 }
 
@@ -159,7 +159,7 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   auto* s = static_cast<State*>(op.device_state().get());
   if (rows > mono::kMaxWidth || !s) {
     run_parts(op, ctx, in, out);
-    if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(op, out));
+    if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(out));
     return;
   }
   NUCLEUS_CHECK(in[1].raw() == out[0].raw(), "moe_program: the residual must be updated in place");
@@ -169,7 +169,7 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   std::vector<const void*> key = {attn_out, residual, delta};
   FrontProgramBuffers front;
   if (op.next_front()) {
-    front = front_program_buffers(*op.next_front(), ctx, front_in(out), front_out(op, out));
+    front = front_program_buffers(*op.next_front(), ctx, front_in(out), front_out(out));
     for (const void* b : front_program_buffer_key(front)) key.push_back(b);
   }
   const bool launched = s->runner.launch(

@@ -27,7 +27,7 @@
 // the block and then that front (kernels/mono join_programs: the front's
 // first stages wait for the block's combine), so a layer boundary is one
 // launch instead of two. out then continues with the front's own outputs:
-// {..., moe_scratch, q, kv_a[, q_a]} (ops/front_program_op.h), the front
+// {..., moe_scratch, q, kv_a[, q_a][, q_full]} (ops/front_program_op.h), the front
 // reading residual = out[0] and delta = out[1] and using x_norm = out[2].
 // Wider steps run the block's ops, then the front op.
 #pragma once

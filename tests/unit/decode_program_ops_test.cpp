@@ -6,7 +6,8 @@
 // o_proj input wider than the kernel's x, greedy routing in groups, top-k
 // above 8, a folded add + norm and experts of mixed widths are refused with
 // the reason. Fronts: with and without a q LoRA accepted; FP8 weights, an
-// FP8 cache, an unfused kv norm, no device RoPE frequencies refused.
+// FP8 cache, an unfused kv norm, no device RoPE frequencies refused; the
+// query absorption accepted with a bf16 kv_b_proj of at most 64 heads.
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -137,7 +138,8 @@ TEST(MoeProgramOp, RefusesWhatTheProgramCannotRun) {
 
 struct Front {
   int64_t layer = 1, hidden = 256, heads = 4, q_lora = 128;
-  DType dtype = DType::kBF16;
+  bool absorb = false;  // give the front kv_b_proj (the absorption)
+  DType dtype = DType::kBF16, kv_b_dtype = DType::kBF16;
   KvCacheDtype cache = KvCacheDtype::kBF16;
   bool fuse_kv_norm = true;
   const float* inv_freq = reinterpret_cast<const float*>(uintptr_t{1} << 32);  // a device address (never read here)
@@ -174,6 +176,12 @@ struct Front {
     p.kv_a = std::make_unique<LinearOp>(linear("kv_a_proj_with_mqa", 576, hidden), false);
     p.rope = std::make_unique<RopeKvCacheWriteOp>(layer, &table, d, inv_freq, 1.0f, cache);
     if (fuse_kv_norm) p.rope->fuse_kv_norm(kv_norm, 1e-6f);
+    if (absorb) {
+      const DType keep = dtype;
+      dtype = kv_b_dtype;
+      p.kv_b = linear("kv_b_proj", heads * 256, 512);
+      dtype = keep;
+    }
     return std::make_unique<FrontProgramOp>(layer, std::move(p), hidden);
   }
 };
@@ -223,6 +231,28 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
     f.q_lora = 120;
     f.q_norm = Tensor::empty({120}, DType::kF32);
     EXPECT_TRUE(refused_front(f, "q_lora_rank 120"));
+  }
+  // The absorption (NUCLEUS_DECODE_PROGRAM_ABSORB): a bf16 kv_b_proj of at most 64 heads.
+  {
+    Front f;
+    f.absorb = true;
+    auto op = f.op();
+    EXPECT_TRUE(op->absorbs());
+    const Status s = front_program_supported(*op);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_NE(op->attrs().find("absorbs"), std::string::npos) << op->attrs();
+  }
+  {
+    Front f;
+    f.absorb = true;
+    f.kv_b_dtype = DType::kF8E4M3;
+    EXPECT_TRUE(refused_front(f, "kv_b_proj is not bf16"));
+  }
+  {
+    Front f;  // V3 at one rank: 128 heads
+    f.absorb = true;
+    f.heads = 128;
+    EXPECT_TRUE(refused_front(f, "at most 64 heads"));
   }
 }
 

@@ -394,6 +394,12 @@ __device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scr
       const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
       x[0] = __float2bfloat16(a * c - b * sn);
       x[1] = __float2bfloat16(b * c + a * sn);
+      if (s.q_pe_out) {
+        __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(s.q_pe_out) + r * s.q_pe_out_stride +
+                           h * s.q_pe_out_head_stride + 2 * i;
+        o[0] = x[0];
+        o[1] = x[1];
+      }
     } else if (row) {
       const float a = bf(kv + s.kv_lora + 2 * i), b = bf(kv + s.kv_lora + 2 * i + 1);
       row[s.kv_lora + 2 * i] = __float2bfloat16(a * c - b * sn);

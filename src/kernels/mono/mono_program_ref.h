@@ -177,7 +177,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
 //          q = bf16(rmsnorm(q_a) * q_a_norm) . w_qb^T)
 //          (residual_out = residual + delta; delta null: the first layer, x = rmsnorm(residual) * w)
 //   kv_a   x . w_kva^T                                              [rows, kv_lora + qk_rope]
-//   rope   q_pe rotated in place; cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
+//   absorb (optional, w_uk_t set) q_full[r, h, :kv_lora] = bf16(q_nope[r, h] . W_UK[h])   (one slot a head)
+//   rope   q_pe rotated in place (and into q_full[r, h, kv_lora:] with the absorption);
+//          cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
 //          residual_out copied to residual_copy_to when set
 // (kRopeCache: kernels/rope/rope_ref.h's rotation; the decode attention then
 // reads q and the cache).
@@ -201,6 +203,15 @@ struct FrontChain {
   const int64_t* slot_mapping = nullptr;
   uint16_t* cache = nullptr;
   int64_t num_slots = 0;
+  // Optional: the MLA absorption of the decode attention's query (MLA's
+  // absorbed form, DeepSeek-V2 paper section 2.1.2): w_uk_t [heads, kv_lora,
+  // qk_nope] bf16, head h's W_UK transposed (row c holds kv_b_proj[h *
+  // (qk_nope + v_head) + d][c] for d < qk_nope); q_full [8, heads, kv_lora +
+  // qk_rope] bf16, what the decode attention reads; jobs of absorb_tile
+  // columns. At most kMaxRouteSlots heads.
+  const uint16_t* w_uk_t = nullptr;
+  uint16_t* q_full = nullptr;
+  int32_t absorb_tile = 64;
 };
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile);
 

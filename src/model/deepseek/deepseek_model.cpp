@@ -22,6 +22,7 @@
 #include "ops/mla_prefill.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
+#include "kernels/mono/mono_program.h"
 #include "ops/front_program_op.h"
 #include "ops/moe_program_op.h"
 #include "ops/prezero.h"
@@ -306,6 +307,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   // A MoE program not yet added to the graph: the next layer's front may
   // join it (NUCLEUS_DECODE_PROGRAM_JOIN: one launch a layer boundary).
   const bool join_programs = decode_programs && env_flag(Knob::kDecodeProgramJoin);
+  // Front programs that also absorb the attention's query (NUCLEUS_DECODE_PROGRAM_ABSORB).
+  const bool absorb_in_program = decode_programs && env_flag(Knob::kDecodeProgramAbsorb);
+  static std::atomic<bool> said_why_no_absorb{false};
   struct PendingMoe {
     std::string name;
     std::unique_ptr<MoeProgramOp> op;
@@ -340,6 +344,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     // norm not folded into the MoE op before.
     const bool fuse_kv_norm = env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
     bool front_in_program = false;
+    int front_q_full = -1;  // the absorbed query a front program writes, if it does
     if (decode_programs && !mtp && !norm_in_moe && !rank_.comm && !width_builds_ &&
         mode != AttentionMode::kExpanded && fuse_kv_norm && kv_cache_dtype_ == KvCacheDtype::kBF16) {
       FrontProgramOp::Parts parts;
@@ -357,9 +362,23 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
       parts.rope->fuse_kv_norm(aw.kv_a_layernorm, eps);
       auto front = std::make_unique<FrontProgramOp>(l, std::move(parts), H);
-      if (Status why = front_program_supported(*front); why.ok()) {
+      Status why = front_program_supported(*front);
+      // The attention's query absorption too (NUCLEUS_DECODE_PROGRAM_ABSORB), where the program can run it.
+      if (why.ok() && absorb_in_program) {
+        front->parts().kv_b = &aw.kv_b_proj;
+        if (Status no = front_program_supported(*front); !no.ok()) {
+          if (!said_why_no_absorb.exchange(true))
+            NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAM_ABSORB: the attention op absorbs the query: {}", no.message());
+          front->parts().kv_b = nullptr;
+        }
+      }
+      if (why.ok()) {
         std::vector<int> outs = {residual, x_norm, q, kv_a};
         if (aw.q_a_proj) outs.push_back(g.buffer("q_a", c.q_lora_rank, act));
+        if (front->absorbs()) {
+          front_q_full = g.buffer("mla_q_full", nh * c.kv_cache_width(), act);
+          outs.push_back(front_q_full);
+        }
         if (pending_moe) {  // the previous layer's MoE program runs this front too
           pending_moe->op->set_next_front(std::move(front));
           if (Status join = moe_program_supported(*pending_moe->op); join.ok()) {
@@ -383,9 +402,13 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     }
     add_pending_moe();  // (when this layer's front did not join it)
     if (front_in_program) {
-      g.add(p + "self_attn.attn_decode",
-            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
-            {attn_out, q_lat, o_lat});
+      auto attn = std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_);
+      std::vector<int> attn_in = {q};
+      if (front_q_full >= 0) {  // the front program's absorbed query, for the steps a program runs
+        attn->set_absorbed_input_rows(kernels::mono::kMaxWidth);
+        attn_in.push_back(front_q_full);
+      }
+      g.add(p + "self_attn.attn_decode", std::move(attn), attn_in, {attn_out, q_lat, o_lat});
     } else if (l > 0 || mtp) {
       add_delta_norm(p + "input_layernorm", lw.input_layernorm, /*partial_delta=*/l > 0);
     } else {
