@@ -240,6 +240,16 @@ constexpr KnobInfo kKnobs[] = {
      "rows (the separate ops for wider ones); bf16 weights, one rank; else the separate ops with a warning; "
      "read when a graph is built",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodeProgramJoin), "NUCLEUS_DECODE_PROGRAM_JOIN", KnobType::kFlag, "", "1",
+     "with NUCLEUS_DECODE_PROGRAMS=1, each MoE layer's program also runs the next layer's attention front (one "
+     "launch a layer boundary instead of two; ops/moe_program_op.h); 0: the two as separate programs; read when a "
+     "graph is built",
+     "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodeProgramAbsorb), "NUCLEUS_DECODE_PROGRAM_ABSORB", KnobType::kFlag, "", "1",
+     "with NUCLEUS_DECODE_PROGRAMS=1, each front program also writes the decode attention's absorbed query (q_nope "
+     ". W_UK and the rotated q_pe; ops/front_program_op.h), which the attention op then reads for steps of at most 8 "
+     "rows instead of running its absorption kernel; 0: the attention op absorbs; read when a graph is built",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

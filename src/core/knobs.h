@@ -70,6 +70,8 @@ enum class Knob {
   kMlaDecodeWgmma,
   kFuseKvANorm,
   kDecodePrograms,
+  kDecodeProgramJoin,
+  kDecodeProgramAbsorb,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

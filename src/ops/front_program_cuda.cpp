@@ -22,19 +22,26 @@ constexpr int32_t kTile = 16;  // columns a GEMV job owns (docs/decode_program.m
 struct State {
   DecodeProgramRunner runner;
   Tensor residual_out;  // [8, hidden] f32: the new residual, copied back by the RoPE stage
+  Tensor w_uk_t;        // [heads, kv_lora, qk_nope] bf16 when the op absorbs (FrontChain::w_uk_t)
 };
 
-struct Step {  // a step's buffers (null at reserve: the stages' shapes do not depend on them)
-  float* residual = nullptr;
-  const uint16_t* delta = nullptr;
-  uint16_t *q = nullptr, *kv_a = nullptr, *q_a = nullptr;
-  const int32_t* positions = nullptr;
-  const int64_t* slot_mapping = nullptr;
-  uint16_t* cache = nullptr;
-  int64_t num_slots = 1;
-};
+constexpr int32_t kAbsorbTile = 64;  // columns of q_lat an absorption job owns (16 KB of W_UK^T at qk_nope 128)
 
-mono::FrontChain chain(const FrontProgramOp& op, const State& s, const Step& st) {
+// W_UK^T of every head from kv_b_proj [heads * (qk_nope + v_head), kv_lora]
+// bf16 (device): [heads, kv_lora, qk_nope], through the host once at reserve.
+Tensor transposed_w_uk(const LinearWeight& kv_b, const kernels::MlaDims& d) {
+  const int64_t H = d.num_heads, nope = d.qk_nope, lora = d.kv_lora, per_head = d.qk_nope + d.v_head;
+  std::vector<uint16_t> w(static_cast<size_t>(H * per_head * lora)), t(static_cast<size_t>(H * lora * nope));
+  copy_to_host(w.data(), kv_b.weight.raw(), w.size() * sizeof(uint16_t));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t dd = 0; dd < nope; ++dd)
+      for (int64_t c = 0; c < lora; ++c) t[(h * lora + c) * nope + dd] = w[(h * per_head + dd) * lora + c];
+  Tensor out = Tensor::empty({H * lora * nope}, DType::kBF16, Device::kCuda);
+  copy_to_device(out.raw(), t.data(), t.size() * sizeof(uint16_t));
+  return out;
+}
+
+mono::FrontChain chain(const FrontProgramOp& op, const State& s, const FrontProgramBuffers& st) {
   const FrontProgramOp::Parts& p = op.parts();
   const RopeKvCacheWriteOp& r = *p.rope;
   mono::FrontChain c;
@@ -70,6 +77,11 @@ mono::FrontChain chain(const FrontProgramOp& op, const State& s, const Step& st)
   c.slot_mapping = st.slot_mapping;
   c.cache = st.cache;
   c.num_slots = st.num_slots;
+  if (op.absorbs()) {
+    c.w_uk_t = static_cast<const uint16_t*>(s.w_uk_t.raw());
+    c.q_full = st.q_full;
+    c.absorb_tile = kAbsorbTile;
+  }
   return c;
 }
 
@@ -94,6 +106,35 @@ void run_parts(FrontProgramOp& op, OpContext& ctx, const TensorList& in, const T
 
 }  // namespace
 
+FrontProgramBuffers front_program_buffers(const FrontProgramOp& op, const OpContext& ctx, const TensorList& in,
+                                          const TensorList& out) {
+  NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "front_program: the residual must be updated in place");
+  const KvCache& kv = *ctx.kv_cache;
+  check_cache_dtype(kv, op.parts().rope->cache_dtype(), "front_program");
+  FrontProgramBuffers b;
+  b.residual = static_cast<float*>(in[0].raw());
+  b.delta = op.has_delta() ? static_cast<const uint16_t*>(in[1].raw()) : nullptr;
+  b.q = static_cast<uint16_t*>(out[2].raw());
+  b.kv_a = static_cast<uint16_t*>(out[3].raw());
+  b.q_a = op.parts().q_a ? static_cast<uint16_t*>(out[4].raw()) : nullptr;
+  b.q_full = op.absorbs() ? static_cast<uint16_t*>(out[op.parts().q_a ? 5 : 4].raw()) : nullptr;
+  b.positions = ctx.dev->positions;
+  b.slot_mapping = ctx.dev->slot_mapping;
+  b.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
+  b.num_slots = kv.num_slots();
+  return b;
+}
+
+std::vector<mono::Stage> front_program_stages(const FrontProgramOp& op, const FrontProgramBuffers& b) {
+  const auto* s = static_cast<const State*>(op.device_state().get());
+  NUCLEUS_CHECK(s != nullptr, "front_program (layer {}): stages asked for before reserve", op.layer());
+  return mono::front_chain_stages(chain(op, *s, b), kTile);
+}
+
+std::vector<const void*> front_program_buffer_key(const FrontProgramBuffers& b) {
+  return {b.residual, b.delta, b.q, b.kv_a, b.q_a, b.q_full, b.positions, b.slot_mapping, b.cache};
+}
+
 Status front_program_supports(const FrontProgramOp& op) { return front_program_supported(op); }
 
 Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Device device) {
@@ -101,9 +142,9 @@ Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Devic
   if (device != Device::kCuda || op.device_state()) return ok_status();
   auto s = std::make_shared<State>();
   s->residual_out = Tensor::empty({mono::kMaxWidth * op.hidden()}, DType::kF32, Device::kCuda);
-  const State& state = *s;
-  s->runner.reserve([&](int32_t) { return mono::front_chain_stages(chain(op, state, Step{}), kTile); });
+  if (op.absorbs()) s->w_uk_t = transposed_w_uk(*op.parts().kv_b, op.parts().rope->dims());
   op.device_state() = s;
+  s->runner.reserve([&](int32_t) { return front_program_stages(op, FrontProgramBuffers{}); });
   return ok_status();
 }
 
@@ -112,21 +153,8 @@ void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, con
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
   if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
-  NUCLEUS_CHECK(in[0].raw() == out[0].raw(), "front_program: the residual must be updated in place");
-  const KvCache& kv = *ctx.kv_cache;
-  check_cache_dtype(kv, op.parts().rope->cache_dtype(), "front_program");
-  Step st;
-  st.residual = static_cast<float*>(in[0].raw());
-  st.delta = op.has_delta() ? static_cast<const uint16_t*>(in[1].raw()) : nullptr;
-  st.q = static_cast<uint16_t*>(out[2].raw());
-  st.kv_a = static_cast<uint16_t*>(out[3].raw());
-  st.q_a = op.parts().q_a ? static_cast<uint16_t*>(out[4].raw()) : nullptr;
-  st.positions = ctx.dev->positions;
-  st.slot_mapping = ctx.dev->slot_mapping;
-  st.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
-  st.num_slots = kv.num_slots();
-  s->runner.launch(ctx, rows, {st.residual, st.delta, st.q, st.kv_a, st.q_a, st.positions, st.slot_mapping, st.cache},
-                   [&](int32_t) { return mono::front_chain_stages(chain(op, *s, st), kTile); },
+  const FrontProgramBuffers b = front_program_buffers(op, ctx, in, out);
+  s->runner.launch(ctx, rows, front_program_buffer_key(b), [&](int32_t) { return front_program_stages(op, b); },
                    "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");
 }
 

@@ -7,7 +7,7 @@
 namespace nucleus {
 
 std::string FrontProgramOp::attrs() const {
-  return "layer=" + std::to_string(layer_) + (has_delta() ? "" : " first");
+  return "layer=" + std::to_string(layer_) + (has_delta() ? "" : " first") + (absorbs() ? " absorbs" : "");
 }
 
 Status front_program_supported(const FrontProgramOp& op) {
@@ -45,6 +45,14 @@ Status front_program_supported(const FrontProgramOp& op) {
   if ((lora ? p.q_b : p.q_proj)->weight().out_features != d.num_heads * (d.qk_nope + d.qk_rope) ||
       p.kv_a->weight().out_features != d.kv_lora + d.qk_rope)
     return unsupported("q_proj / kv_a widths do not match the attention's dims");
+  if (const LinearWeight* kv_b = p.kv_b) {
+    if (kv_b->weight.dtype() != DType::kBF16) return unsupported(kv_b->name + " is not bf16 (the absorption reads bf16)");
+    if (kv_b->out_features != d.num_heads * (d.qk_nope + d.v_head) || kv_b->in_features != d.kv_lora)
+      return unsupported(kv_b->name + " is not [heads * (qk_nope + v_head), kv_lora]");
+    if (d.num_heads > 64 || d.qk_nope < 16 || d.qk_nope % 16 != 0)
+      return unsupported("the absorption takes at most 64 heads and qk_nope a multiple of 16 (heads " +
+                         std::to_string(d.num_heads) + ", qk_nope " + std::to_string(d.qk_nope) + ")");
+  }
   return ok_status();
 }
 

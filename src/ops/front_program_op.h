@@ -10,10 +10,19 @@
 //   cache[layer, slot] = [rmsnorm(c_kv) * w_kv | rope(k_pe)]   (slot -1: none)
 // Steps of more rows run the ops above, which this op holds.
 //
+// With kv_b set (Parts::kv_b, NUCLEUS_DECODE_PROGRAM_ABSORB) a program step
+// also writes the decode attention's absorbed query (MLA's absorbed form):
+//   q_full[r, h] = [q_nope[r, h] . W_UK[h] | rotated q_pe[r, h]]   [T, heads, kv_lora + qk_rope] bf16
+// (W_UK[h] = kv_b_proj's rows h * (qk_nope + v_head) ... + qk_nope, read
+// from a transposed copy made at reserve), which the attention op then reads
+// instead of absorbing q itself (MlaDecodeAttentionOp::set_absorbed_input_rows(8));
+// wider steps leave it unwritten.
+//
 // Buffers: in = {residual [T, hidden] f32, delta [T, hidden] bf16} ({residual}
 // for the first layer); out = {residual (in[0]), x_norm [T, hidden] bf16 (the
 // held ops' scratch), q [T, heads * (qk_nope + qk_rope)] bf16, kv_a [T,
-// kv_lora + qk_rope] bf16[, q_a [T, q_lora] bf16 with a q LoRA]}. CUDA only;
+// kv_lora + qk_rope] bf16[, q_a [T, q_lora] bf16 with a q LoRA][, q_full
+// with kv_b]}. CUDA only;
 // the decode graph uses it with
 // NUCLEUS_DECODE_PROGRAMS=1 (docs/flags.md).
 #pragma once
@@ -39,6 +48,9 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
     std::unique_ptr<LinearOp> q_b;
     std::unique_ptr<LinearOp> kv_a;
     std::unique_ptr<RopeKvCacheWriteOp> rope;    // with kv_a_layernorm fused
+    // Optional: the decode attention's kv_b_proj; the program then also
+    // absorbs the query (NUCLEUS_DECODE_PROGRAM_ABSORB; see above).
+    const LinearWeight* kv_b = nullptr;
   };
   FrontProgramOp(int64_t layer, Parts parts, int64_t hidden)
       : layer_(layer), parts_(std::move(parts)), hidden_(hidden) {}
@@ -51,7 +63,9 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   Parts& parts() { return parts_; }
   int64_t hidden() const { return hidden_; }
   bool has_delta() const { return parts_.norm && parts_.norm->has_delta(); }
+  bool absorbs() const { return parts_.kv_b != nullptr; }
   std::shared_ptr<void>& device_state() { return state_; }
+  const std::shared_ptr<void>& device_state() const { return state_; }
 
  protected:
   std::vector<Op*> held() const override {
@@ -68,7 +82,8 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
 // OK, or why a decode program cannot serve the front: bf16 q and kv_a
 // weights (q_lora a multiple of 16 up to 8192), hidden a multiple of 16 up to 8192, the kv norm fused into the
 // RoPE op, a bf16 cache, an even qk_rope up to 128, kv_lora up to 1024, one
-// rank.
+// rank; to absorb, a bf16 kv_b_proj [heads * (qk_nope + v_head), kv_lora],
+// at most 64 heads, qk_nope a multiple of 16.
 Status front_program_supported(const FrontProgramOp& op);
 
 }  // namespace nucleus

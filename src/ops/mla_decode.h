@@ -2,6 +2,7 @@
 // cache (its CUDA backends: ops/mla_decode_cuda.h).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,17 @@ class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public
     return "heads=" + std::to_string(dims().num_heads) + " mode=" + attention_mode_name(mode());
   }
   static const std::vector<Backend<MlaDecodeAttentionOp>>& backends();
+
+  // in[1] (when given) holds the absorbed query [T, num_heads, kv_lora +
+  // qk_rope] bf16 for steps of at most this many rows; wider steps absorb q
+  // themselves. Default: every step (the width builds' mla_front op); a
+  // front program that absorbs (ops/front_program_op.h) serves steps of at
+  // most 8 rows.
+  void set_absorbed_input_rows(int64_t rows) { absorbed_input_rows_ = rows; }
+  int64_t absorbed_input_rows() const { return absorbed_input_rows_; }
+
+ private:
+  int64_t absorbed_input_rows_ = INT64_MAX;
 };
 
 // The most rows a decode attention call of `num_heads` heads (kv_b_proj FP8

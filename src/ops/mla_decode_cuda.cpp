@@ -8,8 +8,9 @@
 // over heads on a bf16 copy of an FP8 kv_b_proj made once on first use
 // (op.state()[0]).
 //
-// Input: {q}, or {q, q_full} after the mla_front op (width builds), whose
-// absorbed query [T, H, 576] bf16 is then read instead of absorbing q here.
+// Input: {q}, or {q, q_full} after the mla_front op (width builds) or a front
+// program that absorbs, whose absorbed query [T, H, 576] bf16 is then read
+// instead of absorbing q here (at most absorbed_input_rows() rows a step).
 // Scratch: out[1] (q_lat, f32 [W, H * 512]) holds q_full bf16 [W, H, 576] and
 // q_nope bf16 [W, H, 128]; out[2] (o_lat, f32 [W, H * 512]) holds o_lat bf16
 // [W, H, 512] and the compact output bf16 [W, H * 128]. Rows are processed W
@@ -179,8 +180,8 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
   const __nv_bfloat16* kv_b = kv_b_bf16(op);
   const Scratch s = scratch(out, W, H);
   cudaStream_t st = stream();
-  // The mla_front op (width builds) already wrote every row's absorbed query.
-  const bool absorbed_in = in.size() > 1 && rs.rows == nullptr;
+  // The mla_front op (width builds) or a front program already wrote every row's absorbed query.
+  const bool absorbed_in = in.size() > 1 && rs.rows == nullptr && T <= op.absorbed_input_rows();
   const LinearWeight& w = op.kv_b();
   const bool fp8_direct = w.fp8() && w.block_n == 128 && w.block_k == 128;  // the kernels read FP8 as stored
   const int64_t small_rows = std::min<int64_t>(mla_decode_small_rows(H, fp8_direct), kernels::kMlaDecodeSmallRows);

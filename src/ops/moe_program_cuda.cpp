@@ -8,6 +8,7 @@
 #include "core/device.h"
 #include "kernels/mono/mono_program_ref.h"
 #include "ops/decode_program_cuda.h"
+#include "ops/front_program_cuda.h"
 
 namespace nucleus::cuda_ops {
 
@@ -98,6 +99,22 @@ void run_parts(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const Ten
   p.experts->run(ctx, {out[2], out[4], out[5]}, {out[1], out[6]});
 }
 
+// The joined front's buffers within the op's (ops/moe_program_op.h).
+TensorList front_in(const TensorList& out) { return {out[0], out[1]}; }
+TensorList front_out(const TensorList& out) {
+  TensorList o = {out[0], out[2]};
+  for (size_t i = 7; i < out.size(); ++i) o.push_back(out[i]);  // q, kv_a[, q_a][, q_full]
+  return o;
+}
+
+// The program's stages: the block's, then the joined front's.
+std::vector<mono::Stage> stages(const MoeProgramOp& op, const State& s, int32_t width, const uint16_t* attn_out,
+                                float* residual, uint16_t* delta, const FrontProgramBuffers* front) {
+  std::vector<mono::Stage> st = mono::moe_chain_stages(chain(op, s, width, attn_out, residual, delta), kTile);
+  if (!op.next_front()) return st;
+  return mono::join_programs(std::move(st), front_program_stages(*op.next_front(), front ? *front : FrontProgramBuffers{}));
+}
+
 }  // namespace
 
 Status moe_program_supports(const MoeProgramOp& op) { return moe_program_supported(op); }
@@ -130,9 +147,8 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   s->shared_gate_up_table = pointer_table(sgu);
   s->shared_down_table = pointer_table(sdn);
   const State& state = *s;
-  s->runner.reserve([&](int32_t width) {
-    return mono::moe_chain_stages(chain(op, state, width, nullptr, nullptr, nullptr), kTile);
-  });
+  s->runner.reserve(
+      [&](int32_t width) { return stages(op, state, width, nullptr, nullptr, nullptr, nullptr); });
   op.device_state() = s;
   return ok_status();
 }
@@ -141,15 +157,26 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   const int64_t rows = in[0].dim(0);
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
-  if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
+  if (rows > mono::kMaxWidth || !s) {
+    run_parts(op, ctx, in, out);
+    if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(out));
+    return;
+  }
   NUCLEUS_CHECK(in[1].raw() == out[0].raw(), "moe_program: the residual must be updated in place");
   const auto* attn_out = static_cast<const uint16_t*>(in[0].raw());
   float* residual = static_cast<float*>(in[1].raw());
   auto* delta = static_cast<uint16_t*>(out[1].raw());
+  std::vector<const void*> key = {attn_out, residual, delta};
+  FrontProgramBuffers front;
+  if (op.next_front()) {
+    front = front_program_buffers(*op.next_front(), ctx, front_in(out), front_out(out));
+    for (const void* b : front_program_buffer_key(front)) key.push_back(b);
+  }
   const bool launched = s->runner.launch(
-      ctx, rows, {attn_out, residual, delta},
-      [&](int32_t width) { return mono::moe_chain_stages(chain(op, *s, width, attn_out, residual, delta), kTile); },
-      "moe_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");
+      ctx, rows, key, [&](int32_t width) { return stages(op, *s, width, attn_out, residual, delta, &front); },
+      "moe_program (layer " + std::to_string(op.layer()) +
+          (op.next_front() ? " + the front of layer " + std::to_string(op.next_front()->layer()) : "") + ", " +
+          std::to_string(rows) + " rows)");
   if (!launched) return;
   cudaStream_t stream = cuda::context().stream;
   if (ctx.stats) {  // the routed experts the step activated (benchmarks; syncs)

@@ -8,7 +8,8 @@ namespace nucleus {
 
 std::string MoeProgramOp::attrs() const {
   return "layer=" + std::to_string(layer_) + " experts=" + std::to_string(parts_.experts->experts().size()) +
-         " (shared " + std::to_string(shared_pieces_) + ") top_k=" + std::to_string(parts_.route->params().top_k);
+         " (shared " + std::to_string(shared_pieces_) + ") top_k=" + std::to_string(parts_.route->params().top_k) +
+         (next_front_ ? " +front of layer " + std::to_string(next_front_->layer()) : "");
 }
 
 Status moe_program_supported(const MoeProgramOp& op) {
@@ -49,6 +50,13 @@ Status moe_program_supported(const MoeProgramOp& op) {
     const bool shared = static_cast<int64_t>(e) >= r.num_experts;
     const LinearWeight& same = *experts[shared ? r.num_experts : 0].down;
     if (inter != same.in_features) return unsupported("experts of different widths");
+  }
+  if (const FrontProgramOp* f = op.next_front()) {
+    if (f->layer() != op.layer() + 1 || !f->has_delta() || f->hidden() != H)
+      return unsupported("the joined front is not the next layer's (layer " + std::to_string(f->layer()) +
+                         ", hidden " + std::to_string(f->hidden()) + ")");
+    if (Status why = front_program_supported(*f); !why.ok())
+      return unsupported("the joined front: " + why.message());
   }
   return ok_status();
 }

@@ -21,6 +21,15 @@
 // ops' buffers (a program step leaves them untouched; nothing reads them
 // after the block). CUDA only; the decode graph uses it with
 // NUCLEUS_DECODE_PROGRAMS=1 (docs/flags.md).
+//
+// Joined with the next layer's attention front (set_next_front;
+// NUCLEUS_DECODE_PROGRAM_JOIN, on by default with programs): one program runs
+// the block and then that front (kernels/mono join_programs: the front's
+// first stages wait for the block's combine), so a layer boundary is one
+// launch instead of two. out then continues with the front's own outputs:
+// {..., moe_scratch, q, kv_a[, q_a][, q_full]} (ops/front_program_op.h), the front
+// reading residual = out[0] and delta = out[1] and using x_norm = out[2].
+// Wider steps run the block's ops, then the front op.
 #pragma once
 
 #include <memory>
@@ -28,6 +37,7 @@
 #include <vector>
 
 #include "ops/basic_ops.h"
+#include "ops/front_program_op.h"
 #include "ops/linear_op.h"
 #include "ops/moe_ops.h"
 #include "ops/op.h"
@@ -58,15 +68,22 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   int64_t shared_pieces() const { return shared_pieces_; }
   // Backend-owned state (the program's buffers and queues), made by reserve.
   std::shared_ptr<void>& device_state() { return state_; }
+  // The next layer's front, run in the same program (see above); null: none.
+  void set_next_front(std::unique_ptr<FrontProgramOp> front) { next_front_ = std::move(front); }
+  const FrontProgramOp* next_front() const { return next_front_.get(); }
+  FrontProgramOp* next_front() { return next_front_.get(); }
+  std::unique_ptr<FrontProgramOp> take_next_front() { return std::move(next_front_); }
 
  protected:
   std::vector<Op*> held() const override {
-    return {parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(), parts_.experts.get()};
+    return {parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(), parts_.experts.get(),
+            next_front_.get()};
   }
 
  private:
   int64_t layer_;
   Parts parts_;
+  std::unique_ptr<FrontProgramOp> next_front_;
   int64_t hidden_, shared_pieces_;
   std::shared_ptr<void> state_;
 };
@@ -76,7 +93,9 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
 // of 16 up to 8192, at most
 // 384 routed experts, greedy routing (groups unused) or noaux_tc in at most 8
 // groups, top_k * 8 <= 64, shared pieces of one width, one rank (no
-// all-reduce before the norm), no add + norm folded into the experts op.
+// all-reduce before the norm), no add + norm folded into the experts op; a
+// next front that front_program_supported accepts, of layer + 1, with a
+// delta and the same hidden size.
 Status moe_program_supported(const MoeProgramOp& op);
 
 }  // namespace nucleus

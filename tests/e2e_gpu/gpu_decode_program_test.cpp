@@ -4,11 +4,14 @@
 // groups, top-2, one shared expert):
 //  - the decode graph reports cuda_program exactly when the switch is on
 //    (NUCLEUS_DUMP_GRAPH's backend column), and no program on the FP8 tiny
-//    model, which it cannot serve (a warning says why);
+//    model, which it cannot serve (a warning says why); each MoE program
+//    joined with the next layer's front and each front absorbing the
+//    attention's query unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
+//    NUCLEUS_DECODE_PROGRAM_ABSORB=0;
 //  - greedy tokens of the eight reference prompts, run together (8 rows: a
 //    program of width 8), at most 5 a step (widths 8 and 4 on 5 and 3 rows:
 //    pad rows), one by one (width 1), and each prompt twice (16 rows: the
-//    op's separate ops), on and off, equal the Hugging Face
+//    op's separate ops), on (joined and not) and off, equal the Hugging Face
 //    reference up to the first step whose reference top-2 margin is below
 //    0.05 (as gpu_reference_test).
 #include <gtest/gtest.h>
@@ -65,11 +68,19 @@ void check_programs(const std::string& model, bool served) {
   }
   const std::string base = "generate --device cuda --model " + testing::model_path(model) +
                            " --max-tokens 32 --ignore-eos --temperature 0 --json";
-  for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1", "NUCLEUS_DECODE_PROGRAMS=0"}) {
-    const bool on = std::string(env).back() == '1';
+  for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1",
+                          "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0",
+                          "NUCLEUS_DECODE_PROGRAMS=0"}) {
+    const bool on = std::string(env).find("PROGRAMS=1") != std::string::npos;
+    const bool joined = on && std::string(env).find("JOIN=0") == std::string::npos;
+    const bool absorbed = on && std::string(env).find("ABSORB=0") == std::string::npos;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", std::string(env) + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
     EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on && served) << env << ": the decode graph";
+    // Joined: layer 1's MoE program also runs layer 2's front (one node; attrs "+front of layer 2").
+    EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined && served) << env << ": the join";
+    // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).
+    EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed && served) << env << ": the absorption";
     if (on && !served) {
       EXPECT_NE(batch.err.find("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops"), std::string::npos)
           << batch.err;

@@ -720,9 +720,16 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
   const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 13);
   Tensor d_w_qa = device_copy(w_qa, DType::kBF16), d_w_qb = device_copy(w_qb, DType::kBF16);
   Tensor d_q_a_norm = device_copy(q_a_norm, DType::kF32);
+  // The query absorption (W_UK^T [heads, 512, 128]) at width 8: slotted jobs side by side in q and q_full.
+  const std::vector<uint16_t> w_uk_t = random_bf16(heads * 512 * 128, 1.7f / std::sqrt(128.0f), 14);
+  Tensor d_w_uk_t = device_copy(w_uk_t, DType::kBF16);
   for (auto [w, rows, lora] : {std::tuple{1, 1, false}, std::tuple{8, 8, false}, std::tuple{8, 5, false},
                                std::tuple{1, 1, true}, std::tuple{8, 7, true}}) {
-    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << (lora ? ", q LoRA" : ""));
+    const bool absorb = w == 8;
+    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << (lora ? ", q LoRA" : "")
+                                      << (absorb ? ", absorbed" : ""));
+    std::vector<uint16_t> h_q_full(8 * heads * width, 0x7fc0);
+    Tensor d_q_full = nan_filled(8 * heads * width, DType::kBF16);
     std::vector<uint16_t> h_q_a(8 * q_lora, 0x7fc0);
     Tensor d_q_a = nan_filled(8 * q_lora, DType::kBF16);
     std::vector<float> h_res_out(8 * H, NAN), h_copy(8 * H, NAN);
@@ -758,6 +765,10 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
       c.slot_mapping = device ? d_slots.data<int64_t>() : slot_mapping.data();
       c.cache = device ? d_cache_rows : h_cache.data();
       c.num_slots = slots;
+      if (absorb) {
+        c.w_uk_t = device ? d_w_uk_t.data<uint16_t>() : w_uk_t.data();
+        c.q_full = device ? d_q_full.data<uint16_t>() : h_q_full.data();
+      }
       return c;
     };
     auto host_plan = plan_program(front_chain_stages(chain(false), 16), w, current_device_sms());
@@ -771,6 +782,7 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_TRUE(rows_close(d_kv, h_kv, rows, width, "kv_a"));
     EXPECT_TRUE(rows_close(d_q, h_q, rows, heads * head, "q"));
+    if (absorb) EXPECT_TRUE(rows_close(d_q_full, h_q_full, rows, heads * width, "q_full (absorbed query)"));
     EXPECT_TRUE(rows_close(d_copy, h_copy, rows, H, "residual copied back"));
     const std::vector<float> guarded = widen(host_copy<uint16_t>(d_cache_guarded)), want = widen(h_cache);
     for (int64_t i = 0; i < width; ++i) {

@@ -6,7 +6,8 @@
 // o_proj input wider than the kernel's x, greedy routing in groups, top-k
 // above 8, a folded add + norm and experts of mixed widths are refused with
 // the reason. Fronts: with and without a q LoRA accepted; FP8 weights, an
-// FP8 cache, an unfused kv norm, no device RoPE frequencies refused.
+// FP8 cache, an unfused kv norm, no device RoPE frequencies refused; the
+// query absorption accepted with a bf16 kv_b_proj of at most 64 heads.
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -136,8 +137,9 @@ TEST(MoeProgramOp, RefusesWhatTheProgramCannotRun) {
 }
 
 struct Front {
-  int64_t hidden = 256, heads = 4, q_lora = 128;
-  DType dtype = DType::kBF16;
+  int64_t layer = 1, hidden = 256, heads = 4, q_lora = 128;
+  bool absorb = false;  // give the front kv_b_proj (the absorption)
+  DType dtype = DType::kBF16, kv_b_dtype = DType::kBF16;
   KvCacheDtype cache = KvCacheDtype::kBF16;
   bool fuse_kv_norm = true;
   const float* inv_freq = reinterpret_cast<const float*>(uintptr_t{1} << 32);  // a device address (never read here)
@@ -172,9 +174,15 @@ struct Front {
       p.q_proj = std::make_unique<LinearOp>(linear("q_proj", heads * 192, hidden), false);
     }
     p.kv_a = std::make_unique<LinearOp>(linear("kv_a_proj_with_mqa", 576, hidden), false);
-    p.rope = std::make_unique<RopeKvCacheWriteOp>(1, &table, d, inv_freq, 1.0f, cache);
+    p.rope = std::make_unique<RopeKvCacheWriteOp>(layer, &table, d, inv_freq, 1.0f, cache);
     if (fuse_kv_norm) p.rope->fuse_kv_norm(kv_norm, 1e-6f);
-    return std::make_unique<FrontProgramOp>(1, std::move(p), hidden);
+    if (absorb) {
+      const DType keep = dtype;
+      dtype = kv_b_dtype;
+      p.kv_b = linear("kv_b_proj", heads * 256, 512);
+      dtype = keep;
+    }
+    return std::make_unique<FrontProgramOp>(layer, std::move(p), hidden);
   }
 };
 
@@ -223,6 +231,68 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
     f.q_lora = 120;
     f.q_norm = Tensor::empty({120}, DType::kF32);
     EXPECT_TRUE(refused_front(f, "q_lora_rank 120"));
+  }
+  // The absorption (NUCLEUS_DECODE_PROGRAM_ABSORB): a bf16 kv_b_proj of at most 64 heads.
+  {
+    Front f;
+    f.absorb = true;
+    auto op = f.op();
+    EXPECT_TRUE(op->absorbs());
+    const Status s = front_program_supported(*op);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_NE(op->attrs().find("absorbs"), std::string::npos) << op->attrs();
+  }
+  {
+    Front f;
+    f.absorb = true;
+    f.kv_b_dtype = DType::kF8E4M3;
+    EXPECT_TRUE(refused_front(f, "kv_b_proj is not bf16"));
+  }
+  {
+    Front f;  // V3 at one rank: 128 heads
+    f.absorb = true;
+    f.heads = 128;
+    EXPECT_TRUE(refused_front(f, "at most 64 heads"));
+  }
+}
+
+// NUCLEUS_DECODE_PROGRAM_JOIN: a MoE program takes the next layer's front
+// (one launch a layer boundary) only when that front is one a program serves,
+// of the next layer, reading the block's delta at the same hidden size.
+TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
+  Block b;  // layer 1
+  auto op = b.op(noaux(4, 2));
+  Front next;
+  next.layer = 2;
+  op->set_next_front(next.op());
+  Status s = moe_program_supported(*op);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_NE(op->attrs().find("+front of layer 2"), std::string::npos) << op->attrs();
+  {
+    Front same;  // layer 1: not the next layer's
+    op->set_next_front(same.op());
+    EXPECT_TRUE(refused(*op, "the joined front is not the next layer's (layer 1"));
+  }
+  {
+    Front wide;
+    wide.layer = 2;
+    wide.hidden = 512;
+    wide.norm = Tensor::empty({512}, DType::kF32);
+    op->set_next_front(wide.op());
+    EXPECT_TRUE(refused(*op, "hidden 512"));
+  }
+  {
+    Front fp8;
+    fp8.layer = 2;
+    fp8.dtype = DType::kF8E4M3;
+    op->set_next_front(fp8.op());
+    EXPECT_TRUE(refused(*op, "the joined front: q_a_proj is not bf16"));
+    // The model takes a refused front back and adds it as its own op.
+    std::unique_ptr<FrontProgramOp> back = op->take_next_front();
+    ASSERT_NE(back, nullptr);
+    EXPECT_EQ(back->layer(), 2);
+    EXPECT_EQ(op->next_front(), nullptr);
+    EXPECT_TRUE(moe_program_supported(*op).ok());
   }
 }
 

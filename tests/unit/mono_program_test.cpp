@@ -688,12 +688,16 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
   const int64_t q_lora = 32;
   const std::vector<uint16_t> w_qa = random_bf16(q_lora * H, 0.3f, 7), w_qb = random_bf16(heads * head * q_lora, 0.3f, 8);
   const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 9);
-  for (int variant = 0; variant < 3; ++variant) {  // 0: the first layer, 1: a later one, 2: a later one with a q LoRA
-    const bool first_layer = variant == 0, with_lora = variant == 2;
+  // The absorption's W_UK^T, [heads, lora, nope].
+  const std::vector<uint16_t> w_uk_t = random_bf16(heads * lora * nope, 0.3f, 10);
+  // 0: the first layer, 1: a later one, 2: a later one with a q LoRA, 3: with
+  // a q LoRA and the absorption, 4: without a LoRA, with the absorption.
+  for (int variant = 0; variant < 5; ++variant) {
+    const bool first_layer = variant == 0, with_lora = variant == 2 || variant == 3, absorb = variant >= 3;
     for (auto [w, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) {
-      SCOPED_TRACE(::testing::Message() << (first_layer ? "first layer, " : "") << (with_lora ? "q LoRA, " : "") << "width "
-                                        << w << ", rows " << rows);
-      std::vector<uint16_t> q_a(8 * q_lora, kNanBf16);
+      SCOPED_TRACE(::testing::Message() << (first_layer ? "first layer, " : "") << (with_lora ? "q LoRA, " : "")
+                                        << (absorb ? "absorbed, " : "") << "width " << w << ", rows " << rows);
+      std::vector<uint16_t> q_a(8 * q_lora, kNanBf16), q_full(8 * heads * width, kNanBf16);
       std::vector<float> residual_out(8 * H, NAN), residual_copy(8 * H, NAN);
       std::vector<uint16_t> q(8 * heads * head, kNanBf16), kv_a(8 * width, kNanBf16), cache(slots * width, kNanBf16);
       FrontChain c;
@@ -724,6 +728,11 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       c.slot_mapping = slot_mapping.data();
       c.cache = cache.data();
       c.num_slots = slots;
+      if (absorb) {
+        c.w_uk_t = w_uk_t.data();
+        c.q_full = q_full.data();
+        c.absorb_tile = 16;
+      }
       auto plan = plan_program(front_chain_stages(c, 16), w, 5);
       ASSERT_TRUE(plan.ok()) << plan.status().message();
       ASSERT_TRUE(run_program_ref(*plan, rows, 4).ok());
@@ -747,6 +756,20 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       round_all(want_q);
       round_all(want_kv);
       expect_rows(kv_a, want_kv, rows, width, "kv_a");
+      if (absorb) {  // q_lat[r, h, c] = sum_d q_nope[r, h, d] W_UK[h][d, c], in f64, against the bf16 result
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t cc = 0; cc < lora; ++cc) {
+              double exact = 0.0;
+              for (int64_t d = 0; d < nope; ++d)
+                exact += static_cast<double>(want_q[r * heads * head + h * head + d]) *
+                         bf16_to_f32(w_uk_t[(h * lora + cc) * nope + d]);
+              const float got = bf16_to_f32(q_full[(r * heads + h) * width + cc]);
+              ASSERT_NEAR(got, exact, std::abs(exact) * 0.0079 + 1e-5) << "q_lat row " << r << " head " << h << " " << cc;
+            }
+        for (int64_t i = rows * heads * width; i < 8 * heads * width; ++i)
+          ASSERT_EQ(q_full[i], kNanBf16) << "q_full written beyond the rows";
+      }
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t h = 0; h < heads; ++h) apply_rope_interleaved_ref(table, positions[r], want_q.data() + r * heads * head + h * head + nope);
         if (slot_mapping[r] < 0) continue;
@@ -760,6 +783,12 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       }
       round_all(want_q);
       expect_rows(q, want_q, rows, heads * head, "q (q_pe rotated)");
+      if (absorb)  // the rotated q_pe, also in the absorbed query
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t h = 0; h < heads; ++h)
+            for (int64_t i = 0; i < rope_dim; ++i)
+              ASSERT_EQ(q_full[(r * heads + h) * width + lora + i], q[r * heads * head + h * head + nope + i])
+                  << "q_full's q_pe, row " << r << " head " << h;
       int64_t written = 0;
       for (uint16_t v : cache) written += v != kNanBf16;
       int64_t want_written = 0;
@@ -841,12 +870,13 @@ TEST(MonoProgram, MoeBlockAndNextFrontAsOneProgram) {
     f.num_slots = slots;
     const std::vector<Stage> moe = moe_chain_stages(m.c, 16), front = front_chain_stages(f, 16);
     if (fused) {
-      std::vector<Stage> both = moe;
-      for (Stage st : front) {
-        st.wait_mask <<= moe.size();
-        if (st.kind == Kind::kGemv) st.wait_mask |= 1u << (moe.size() - 1);
-        both.push_back(st);
-      }
+      std::vector<Stage> both = join_programs(moe, front);
+      ASSERT_EQ(both.size(), moe.size() + front.size());
+      // The front's first stages wait for the combine only (it waits for every other stage of the block).
+      const auto combine = static_cast<uint32_t>(moe.size() - 1);
+      EXPECT_EQ(both[moe.size()].wait_mask, 1u << combine);
+      EXPECT_EQ(both[moe.size() + 1].wait_mask, 1u << combine);
+      EXPECT_EQ(both.back().wait_mask, front.back().wait_mask << moe.size());
       auto plan = plan_program(both, 8, 7);
       ASSERT_TRUE(plan.ok()) << plan.status().message();
       ASSERT_TRUE(run_program_ref(*plan, 6, 3).ok());
@@ -864,6 +894,46 @@ TEST(MonoProgram, MoeBlockAndNextFrontAsOneProgram) {
   for (int64_t i = 0; i < 6 * width; ++i) ASSERT_EQ(kv[0][i], kv[1][i]) << "kv_a " << i;
   EXPECT_EQ(cache[0], cache[1]);
   for (int64_t i = 0; i < 6 * H; ++i) ASSERT_EQ(res2[0][i], res2[1][i]) << "residual " << i;
+}
+
+// join_programs moves the second program's waits and route table past the
+// first's stages: two MoE blocks one after the other (the second reading the
+// first's residual and output) as one program compute what the two compute,
+// and more than kMaxStages stages are refused.
+TEST(MonoProgram, JoinedProgramsEqualTheTwoInTurn) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  const int64_t H = sc.hidden;
+  std::vector<uint16_t> out[2];
+  std::vector<float> res[2];
+  for (int joined = 0; joined < 2; ++joined) {
+    HostMoe a(sc, 51), b(sc, 52);
+    b.c.residual = a.c.residual_out;  // the second block reads the first's residual and output
+    b.c.delta = a.c.delta_out;
+    const std::vector<Stage> first = moe_chain_stages(a.c, 16), second = moe_chain_stages(b.c, 16);
+    if (joined) {
+      const std::vector<Stage> both = join_programs(first, second);
+      for (size_t i = 0; i < second.size(); ++i) {
+        const Stage& st = both[first.size() + i];
+        if (second[i].route_stage >= 0) EXPECT_EQ(st.route_stage, second[i].route_stage + static_cast<int32_t>(first.size()));
+        if (second[i].wait_mask == 0) EXPECT_EQ(st.wait_mask, 1u << (first.size() - 1)) << "stage " << i;
+      }
+      auto plan = plan_program(both, 8, 9);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, 7, 5).ok());
+      // Three blocks are more stages than a program holds.
+      EXPECT_FALSE(check_program(join_programs(both, second), 8).ok());
+    } else {
+      auto p1 = plan_program(first, 8, 9), p2 = plan_program(second, 8, 9);
+      ASSERT_TRUE(p1.ok() && p2.ok());
+      ASSERT_TRUE(run_program_ref(*p1, 7, 5).ok());
+      ASSERT_TRUE(run_program_ref(*p2, 7, 5).ok());
+    }
+    out[joined].assign(b.c.delta_out, b.c.delta_out + 7 * H);
+    res[joined].assign(b.c.residual_out, b.c.residual_out + 7 * H);
+  }
+  for (int64_t i = 0; i < 7 * H; ++i) ASSERT_EQ(out[0][i], out[1][i]) << "delta " << i;
+  for (int64_t i = 0; i < 7 * H; ++i) ASSERT_EQ(res[0][i], res[1][i]) << "residual " << i;
 }
 
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {

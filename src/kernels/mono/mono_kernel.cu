@@ -77,21 +77,21 @@ __device__ __forceinline__ uint64_t global_ns() {
 }
 __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(__float2bfloat16(f)); }
 
-// Compute thread ct waits until every job of the stages in `mask` has
-// finished; every compute thread must call it.
+// The compute threads wait until every job of the stages in `mask` has
+// finished; every compute thread must call it. Compute thread s polls stage
+// s's counter, so the waits on several stages overlap their round trips to
+// L2 instead of following one another.
 __device__ void wait_stages(const Program& p, uint32_t mask, int ct) {
-  if (ct == 0 && mask != 0) {
-    for (int s = 0; s < p.num_stages; ++s) {
-      if (!(mask >> s & 1u)) continue;
-      const int32_t target = stage_jobs(p.stages[s]);
-      const uint64_t t0 = global_ns();
-      while (load_acquire(p.counters + s) < target)
-        if (global_ns() - t0 > kWaitLimitNs) {  // a program that cannot finish: fail, never hang
-          printf("decode program: CTA %d has waited 10 s for stage %d (%d of %d jobs done); trapping\n",
-                 static_cast<int>(blockIdx.x), s, load_acquire(p.counters + s), target);
-          __trap();
-        }
-    }
+  if (ct < kMaxStages && ct < p.num_stages && (mask >> ct & 1u)) {
+    const int s = ct;
+    const int32_t target = stage_jobs(p.stages[s]);
+    const uint64_t t0 = global_ns();
+    while (load_acquire(p.counters + s) < target)
+      if (global_ns() - t0 > kWaitLimitNs) {  // a program that cannot finish: fail, never hang
+        printf("decode program: CTA %d has waited 10 s for stage %d (%d of %d jobs done); trapping\n",
+               static_cast<int>(blockIdx.x), s, load_acquire(p.counters + s), target);
+        __trap();
+      }
     __threadfence();
   }
   compute_barrier();
@@ -394,6 +394,12 @@ __device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scr
       const float a = __bfloat162float(x[0]), b = __bfloat162float(x[1]);
       x[0] = __float2bfloat16(a * c - b * sn);
       x[1] = __float2bfloat16(b * c + a * sn);
+      if (s.q_pe_out) {
+        __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(s.q_pe_out) + r * s.q_pe_out_stride +
+                           h * s.q_pe_out_head_stride + 2 * i;
+        o[0] = x[0];
+        o[1] = x[1];
+      }
     } else if (row) {
       const float a = bf(kv + s.kv_lora + 2 * i), b = bf(kv + s.kv_lora + 2 * i + 1);
       row[s.kv_lora + 2 * i] = __float2bfloat16(a * c - b * sn);

@@ -30,7 +30,11 @@
 // each. A routed kGemv stage (route set) has `slots` slots of jobs; slot u
 // computes the stage with the weights of the table's u-th expert (w +
 // expert * expert_stride) on x + u * x_slot_stride into out + u *
-// out_slot_stride, and does nothing when u >= the table's count. A kCombine
+// out_slot_stride, and does nothing when u >= the table's count. Slots lie
+// one after another ([slots][rows, ...]: slot strides >= width * row
+// strides) or side by side within each row ([rows][slots, ...]: slot strides
+// >= k / the columns, every slot within the row stride): e.g. the MLA
+// absorption, slot h = head h of q [rows, heads, 192] into [rows, heads, 576]. A kCombine
 // stage sums the routed outputs with the rows' weights, in the table's order
 // (increasing expert index), then adds the shared experts' output:
 //   out[r, i] = bf16(sum_u weight[r][u] * partials[u][r, i] + shared[r, i])
@@ -147,9 +151,14 @@ struct Stage {
   // stride x_stride); RoPE on interleaved pairs with cos / sin of f32(pos) *
   // inv_freq[i], times attention_factor (kernels/rope/rope_ref.h); cache
   // [num_slots, kv_lora + qk_rope] bf16. With residual_copy_to set, the job
-  // also copies row r of residual_out there (row stride n_residual).
+  // also copies row r of residual_out there (row stride n_residual). With
+  // q_pe_out set, the rotated q_pe of head h of row r is also written to
+  // q_pe_out + r * q_pe_out_stride + h * q_pe_out_head_stride (qk_rope
+  // values; the absorbed query's rope part, [rows, heads, kv_lora + qk_rope]).
   uint16_t* q = nullptr;
   int64_t q_stride = 0;
+  uint16_t* q_pe_out = nullptr;
+  int64_t q_pe_out_stride = 0, q_pe_out_head_stride = 0;
   const int32_t* positions = nullptr;
   const int64_t* slot_mapping = nullptr;
   const float* inv_freq = nullptr;

@@ -50,6 +50,10 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
   if (s.kind == Kind::kRopeCache) {
     r.push_back(range_of(s.x, (width - 1) * s.x_stride + s.kv_lora + s.qk_rope, false, "kv_a"));
     r.push_back(range_of(s.q, (width - 1) * s.q_stride + int64_t{s.num_heads} * (s.qk_nope + s.qk_rope), true, "q"));
+    if (s.q_pe_out)
+      r.push_back(range_of(s.q_pe_out,
+                           (width - 1) * s.q_pe_out_stride + int64_t{s.num_heads - 1} * s.q_pe_out_head_stride + s.qk_rope,
+                           true, "q_pe_out"));
     r.push_back(range_of(s.positions, width, false, "positions"));
     r.push_back(range_of(s.slot_mapping, width, false, "slot_mapping"));
     r.push_back(range_of(s.cache, s.num_slots * (s.kv_lora + s.qk_rope), true, "cache"));
@@ -174,6 +178,11 @@ void run_rope(const Stage& s, int32_t r, int32_t rows) {
       rotate(bf16f(x[0]), bf16f(x[1]), i, &y0, &y1);
       x[0] = f32_to_bf16(y0);
       x[1] = f32_to_bf16(y1);
+      if (s.q_pe_out) {
+        uint16_t* o = s.q_pe_out + r * s.q_pe_out_stride + h * s.q_pe_out_head_stride + 2 * i;
+        o[0] = x[0];
+        o[1] = x[1];
+      }
     }
   const int64_t slot = s.slot_mapping[r];
   if (slot >= 0) {
@@ -309,6 +318,11 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
     if (!(s.eps > 0.0f)) return bad("eps must be positive");
     if (s.residual_copy_to && (!s.residual_out || s.n_residual < 1))
       return bad("residual_copy_to needs residual_out and n_residual");
+    if (s.q_pe_out && (s.q_pe_out_head_stride < s.qk_rope ||
+                       s.q_pe_out_stride < int64_t{s.num_heads - 1} * s.q_pe_out_head_stride + s.qk_rope))
+      return bad(fmt::format("q_pe_out: a head stride >= qk_rope and a row stride that holds the heads (head stride "
+                             "{}, row stride {})",
+                             s.q_pe_out_head_stride, s.q_pe_out_stride));
   } else if (s.tile < 1 || s.tile > kMaxTile) {
     return bad(fmt::format("tile = {}: need 1 ... {}", s.tile, kMaxTile));
   } else if (s.kind == Kind::kCombine) {
@@ -334,10 +348,16 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
       if (s.route) NUCLEUS_RETURN_IF_ERROR(waits_for_route());
       if (!s.w_table && (s.expert_stride < s.n * s.k || s.expert_stride % 8 != 0))
         return bad(fmt::format("expert_stride = {}: need >= n * k and a multiple of 8", s.expert_stride));
-      if ((s.prologue == Prologue::kLoad && (s.x_slot_stride < width * s.x_stride || s.x_slot_stride % 8 != 0)) ||
-          s.out_slot_stride < width * s.out_stride || (s.out_slot_stride * out_element_bytes(s)) % 16 != 0)
-        return bad("a slotted stage's slots must not overlap: x_slot_stride >= width * x_stride, out_slot_stride >= "
-                   "width * out_stride (16-byte multiples)");
+      // Slots one after another ([slots][rows, ...]) or side by side in each row ([rows][slots, ...]).
+      auto apart = [&](int64_t slot_stride, int64_t row_stride, int64_t cols) {
+        return slot_stride >= width * row_stride ||
+               (slot_stride >= cols && (s.slots - 1) * slot_stride + cols <= row_stride);
+      };
+      if ((s.prologue == Prologue::kLoad && (!apart(s.x_slot_stride, s.x_stride, s.k) || s.x_slot_stride % 8 != 0)) ||
+          !apart(s.out_slot_stride, s.out_stride, stage_columns(s)) ||
+          (s.out_slot_stride * out_element_bytes(s)) % 16 != 0)
+        return bad("a slotted stage's slots must not overlap: slot strides >= width * the row stride (one slot after "
+                   "another) or >= k / the columns with every slot within the row (side by side); 16-byte multiples");
     }
     if (s.prologue == Prologue::kRmsNorm && (!s.norm_w || !aligned16(s.norm_w) || !(s.eps > 0.0f)))
       return bad("an RMSNorm prologue needs a 16-byte aligned norm_w and a positive eps");
@@ -700,6 +720,29 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   return st;
 }
 
+std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second) {
+  const auto n = static_cast<uint32_t>(first.size());
+  // first's sinks: the stages no later stage of first waits for, directly or
+  // through others. Waiting for them is waiting for all of first, with the
+  // fewest counters to poll.
+  std::vector<uint32_t> closure(n, 0);
+  uint32_t waited = 0;
+  for (uint32_t i = 0; i < n && i < 32; ++i) {
+    for (uint32_t j = 0; j < i; ++j)
+      if (first[i].wait_mask >> j & 1u) closure[i] |= (1u << j) | closure[j];
+    waited |= closure[i];
+  }
+  const uint32_t sinks = (n >= 32 ? ~0u : (1u << n) - 1) & ~waited;
+  for (Stage st : second) {
+    st.wait_mask = st.wait_mask == 0 ? sinks : (n >= 32 ? 0u : st.wait_mask << n);
+    if (st.route_stage >= 0) st.route_stage += static_cast<int32_t>(n);
+    st.x_reuse = 0;
+    first.push_back(st);
+  }
+  for (Stage& st : first) st.x_reuse = 0;
+  return first;
+}
+
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   const int64_t head = c.qk_nope + c.qk_rope, width = c.kv_lora + c.qk_rope;
   Stage q;  // q_proj, or with a q LoRA q_a_proj
@@ -738,6 +781,23 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
     qb.wait_mask = 1u << 0;
     st.push_back(qb);
   }
+  if (c.w_uk_t) {  // q_full[r, h, :kv_lora] = q_nope[r, h] . W_UK[h]: slot h reads head h's columns of q
+    Stage ab;
+    ab.w = c.w_uk_t;
+    ab.n = c.kv_lora;
+    ab.k = c.qk_nope;
+    ab.x = c.q;
+    ab.x_stride = c.num_heads * head;
+    ab.slots = c.num_heads;
+    ab.expert_stride = int64_t{c.kv_lora} * c.qk_nope;
+    ab.x_slot_stride = head;
+    ab.out = c.q_full;
+    ab.out_stride = c.num_heads * width;
+    ab.out_slot_stride = width;
+    ab.tile = c.absorb_tile;
+    ab.wait_mask = c.q_lora > 0 ? 1u << 2 : 1u << 0;  // q_b, or q_proj
+    st.push_back(ab);
+  }
   Stage rope;
   rope.kind = Kind::kRopeCache;
   rope.n = kMaxWidth;
@@ -758,7 +818,12 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   rope.qk_nope = c.qk_nope;
   rope.qk_rope = c.qk_rope;
   rope.kv_lora = c.kv_lora;
-  rope.wait_mask = (1u << st.size()) - 1;  // the GEMVs (q_b waited for q_a)
+  rope.wait_mask = (1u << st.size()) - 1;  // the GEMVs (q_b waited for q_a; the absorption reads q's q_nope)
+  if (c.w_uk_t) {
+    rope.q_pe_out = c.q_full + c.kv_lora;
+    rope.q_pe_out_stride = c.num_heads * width;
+    rope.q_pe_out_head_stride = width;
+  }
   if (c.residual_copy_to && c.delta) {
     rope.residual_copy_to = c.residual_copy_to;
     rope.residual_out = c.residual_out;

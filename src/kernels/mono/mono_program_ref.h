@@ -74,6 +74,16 @@ Program program_view(const ProgramPlan& plan, int32_t rows, const int32_t* queue
 // never makes such a plan.
 Status run_program_ref(const ProgramPlan& plan, int32_t rows, uint64_t seed);
 
+// Two programs as one: `second`'s stages follow `first`'s, their waits and
+// route_stage moved past first's stages, and every stage of second that
+// waits for nothing in second waits for every stage of first (what a kernel
+// boundary between the two would order; second's weights still stream while
+// first runs) through first's sinks, the stages no other stage of first
+// waits for (a MoE block's: its combine). E.g. a MoE block and the next layer's front (one launch a
+// layer boundary). The result has first.size() + second.size() stages;
+// check_program refuses more than kMaxStages. x_reuse is cleared (check_program sets it).
+std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second);
+
 // The attention-free GEMV chain of a DeepSeek decode layer without a q LoRA
 // (DeepSeek-V2-Lite's shape: hidden 2048, q_proj + kv_a_proj 3072 + 576
 // rows, o_proj 2048 x 2048, shared experts 2 x 1408), as a program for the
@@ -167,7 +177,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile);
 //          q = bf16(rmsnorm(q_a) * q_a_norm) . w_qb^T)
 //          (residual_out = residual + delta; delta null: the first layer, x = rmsnorm(residual) * w)
 //   kv_a   x . w_kva^T                                              [rows, kv_lora + qk_rope]
-//   rope   q_pe rotated in place; cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
+//   absorb (optional, w_uk_t set) q_full[r, h, :kv_lora] = bf16(q_nope[r, h] . W_UK[h])   (one slot a head)
+//   rope   q_pe rotated in place (and into q_full[r, h, kv_lora:] with the absorption);
+//          cache[slot] = [rmsnorm(c_kv) * kv_norm | rope(k_pe)] (slot -1: none);
 //          residual_out copied to residual_copy_to when set
 // (kRopeCache: kernels/rope/rope_ref.h's rotation; the decode attention then
 // reads q and the cache).
@@ -191,6 +203,15 @@ struct FrontChain {
   const int64_t* slot_mapping = nullptr;
   uint16_t* cache = nullptr;
   int64_t num_slots = 0;
+  // Optional: the MLA absorption of the decode attention's query (MLA's
+  // absorbed form, DeepSeek-V2 paper section 2.1.2): w_uk_t [heads, kv_lora,
+  // qk_nope] bf16, head h's W_UK transposed (row c holds kv_b_proj[h *
+  // (qk_nope + v_head) + d][c] for d < qk_nope); q_full [8, heads, kv_lora +
+  // qk_rope] bf16, what the decode attention reads; jobs of absorb_tile
+  // columns. At most kMaxRouteSlots heads.
+  const uint16_t* w_uk_t = nullptr;
+  uint16_t* q_full = nullptr;
+  int32_t absorb_tile = 64;
 };
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "core/check.h"
 #include "core/device.h"
@@ -20,6 +22,7 @@
 #include "ops/mla_prefill.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
+#include "kernels/mono/mono_program.h"
 #include "ops/front_program_op.h"
 #include "ops/moe_program_op.h"
 #include "ops/prezero.h"
@@ -301,6 +304,23 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const bool decode_programs =
       kind == StepKind::kDecode && options_.device == Device::kCuda && env_flag(Knob::kDecodePrograms);
   static std::atomic<bool> said_why_no_program{false}, said_why_no_front{false};
+  // A MoE program not yet added to the graph: the next layer's front may
+  // join it (NUCLEUS_DECODE_PROGRAM_JOIN: one launch a layer boundary).
+  const bool join_programs = decode_programs && env_flag(Knob::kDecodeProgramJoin);
+  // Front programs that also absorb the attention's query (NUCLEUS_DECODE_PROGRAM_ABSORB).
+  const bool absorb_in_program = decode_programs && env_flag(Knob::kDecodeProgramAbsorb);
+  static std::atomic<bool> said_why_no_absorb{false};
+  struct PendingMoe {
+    std::string name;
+    std::unique_ptr<MoeProgramOp> op;
+    std::vector<int> in, out;
+  };
+  std::optional<PendingMoe> pending_moe;
+  auto add_pending_moe = [&] {
+    if (!pending_moe) return;
+    g.add(pending_moe->name, std::move(pending_moe->op), pending_moe->in, pending_moe->out);
+    pending_moe.reset();
+  };
   int moe_layers = 0, folded_norms = 0;
   // The add + norm of the delta (as add_norm), or its fold into that op.
   auto add_delta_norm = [&](const std::string& name, const Tensor& weight, bool partial_delta) {
@@ -324,6 +344,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     // norm not folded into the MoE op before.
     const bool fuse_kv_norm = env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
     bool front_in_program = false;
+    int front_q_full = -1;  // the absorbed query a front program writes, if it does
     if (decode_programs && !mtp && !norm_in_moe && !rank_.comm && !width_builds_ &&
         mode != AttentionMode::kExpanded && fuse_kv_norm && kv_cache_dtype_ == KvCacheDtype::kBF16) {
       FrontProgramOp::Parts parts;
@@ -341,22 +362,53 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
       parts.rope->fuse_kv_norm(aw.kv_a_layernorm, eps);
       auto front = std::make_unique<FrontProgramOp>(l, std::move(parts), H);
-      if (Status why = front_program_supported(*front); why.ok()) {
+      Status why = front_program_supported(*front);
+      // The attention's query absorption too (NUCLEUS_DECODE_PROGRAM_ABSORB), where the program can run it.
+      if (why.ok() && absorb_in_program) {
+        front->parts().kv_b = &aw.kv_b_proj;
+        if (Status no = front_program_supported(*front); !no.ok()) {
+          if (!said_why_no_absorb.exchange(true))
+            NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAM_ABSORB: the attention op absorbs the query: {}", no.message());
+          front->parts().kv_b = nullptr;
+        }
+      }
+      if (why.ok()) {
         std::vector<int> outs = {residual, x_norm, q, kv_a};
         if (aw.q_a_proj) outs.push_back(g.buffer("q_a", c.q_lora_rank, act));
-        if (l > 0)
+        if (front->absorbs()) {
+          front_q_full = g.buffer("mla_q_full", nh * c.kv_cache_width(), act);
+          outs.push_back(front_q_full);
+        }
+        if (pending_moe) {  // the previous layer's MoE program runs this front too
+          pending_moe->op->set_next_front(std::move(front));
+          if (Status join = moe_program_supported(*pending_moe->op); join.ok()) {
+            for (size_t i = 2; i < outs.size(); ++i) pending_moe->out.push_back(outs[i]);
+            pending_moe->name += "+next_front";
+          } else {
+            front = pending_moe->op->take_next_front();
+            NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAM_JOIN: layer {}'s front runs as its own program: {}", l,
+                             join.message());
+          }
+        }
+        add_pending_moe();
+        if (front && l > 0)
           g.add(p + "self_attn.front_program", std::move(front), {residual, delta}, outs);
-        else
+        else if (front)
           g.add(p + "self_attn.front_program", std::move(front), {residual}, outs);
         front_in_program = true;
       } else if (!said_why_no_front.exchange(true)) {
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the attention fronts run the separate ops: {}", why.message());
       }
     }
+    add_pending_moe();  // (when this layer's front did not join it)
     if (front_in_program) {
-      g.add(p + "self_attn.attn_decode",
-            std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_), {q},
-            {attn_out, q_lat, o_lat});
+      auto attn = std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_);
+      std::vector<int> attn_in = {q};
+      if (front_q_full >= 0) {  // the front program's absorbed query, for the steps a program runs
+        attn->set_absorbed_input_rows(kernels::mono::kMaxWidth);
+        attn_in.push_back(front_q_full);
+      }
+      g.add(p + "self_attn.attn_decode", std::move(attn), attn_in, {attn_out, q_lat, o_lat});
     } else if (l > 0 || mtp) {
       add_delta_norm(p + "input_layernorm", lw.input_layernorm, /*partial_delta=*/l > 0);
     } else {
@@ -438,8 +490,13 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
         const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
         const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
-        g.add(p + "mlp.program", std::move(program), {attn_out, residual},
-              {residual, delta, x_norm, logits, ids, weights, moe_scratch});
+        PendingMoe pm{p + "mlp.program", std::move(program), {attn_out, residual},
+                      {residual, delta, x_norm, logits, ids, weights, moe_scratch}};
+        if (join_programs && l + 1 < c.num_hidden_layers) {
+          pending_moe = std::move(pm);  // the next layer's front may join it
+        } else {
+          g.add(pm.name, std::move(pm.op), pm.in, pm.out);
+        }
         ++moe_layers;
         continue;
       } else if (!said_why_no_program.exchange(true)) {
@@ -492,6 +549,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       add_mlp(p + "mlp", *lw.mlp, x_norm, delta, /*accumulate=*/false);
     }
   }
+  add_pending_moe();
   add_delta_norm("norm", weights_.norm, /*partial_delta=*/true);
   // Asked for by name (=1) but nowhere possible: say why, once.
   static std::atomic<bool> said_why_not_folded{false};
