@@ -31,8 +31,8 @@
 // reading residual = out[0] and delta = out[1] and using x_norm = out[2].
 // Wider steps run the block's ops, then the front op.
 //
-// Starting at the attention's output (set_attention; NUCLEUS_DECODE_PROGRAM_
-// ATTN_OUTPUT, on by default with programs): for steps of at most 8 rows the
+// Starting at the attention's output (set_attention;
+// NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT, on by default with programs): for steps of at most 8 rows the
 // attention op stops after its kernel (MlaDecodeAttentionOp::
 // set_output_in_program_rows) and the program first merges its KV splits and
 // applies W_UV of every head (kernels/mono attention_output_stages), writing

@@ -783,12 +783,13 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       }
       round_all(want_q);
       expect_rows(q, want_q, rows, heads * head, "q (q_pe rotated)");
-      if (absorb)  // the rotated q_pe, also in the absorbed query
+      if (absorb) {  // the rotated q_pe, also in the absorbed query
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < rope_dim; ++i)
               ASSERT_EQ(q_full[(r * heads + h) * width + lora + i], q[r * heads * head + h * head + nope + i])
                   << "q_full's q_pe, row " << r << " head " << h;
+      }
       int64_t written = 0;
       for (uint16_t v : cache) written += v != kNanBf16;
       int64_t want_written = 0;
@@ -1016,8 +1017,12 @@ TEST(MonoProgram, JoinedProgramsEqualTheTwoInTurn) {
       const std::vector<Stage> both = join_programs(first, second);
       for (size_t i = 0; i < second.size(); ++i) {
         const Stage& st = both[first.size() + i];
-        if (second[i].route_stage >= 0) EXPECT_EQ(st.route_stage, second[i].route_stage + static_cast<int32_t>(first.size()));
-        if (second[i].wait_mask == 0) EXPECT_EQ(st.wait_mask, 1u << (first.size() - 1)) << "stage " << i;
+        if (second[i].route_stage >= 0) {
+          EXPECT_EQ(st.route_stage, second[i].route_stage + static_cast<int32_t>(first.size()));
+        }
+        if (second[i].wait_mask == 0) {
+          EXPECT_EQ(st.wait_mask, 1u << (first.size() - 1)) << "stage " << i;
+        }
       }
       auto plan = plan_program(both, 8, 9);
       ASSERT_TRUE(plan.ok()) << plan.status().message();
