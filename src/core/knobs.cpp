@@ -250,6 +250,11 @@ constexpr KnobInfo kKnobs[] = {
      ". W_UK and the rotated q_pe; ops/front_program_op.h), which the attention op then reads for steps of at most 8 "
      "rows instead of running its absorption kernel; 0: the attention op absorbs; read when a graph is built",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodeProgramAttnOutput), "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT", KnobType::kFlag, "", "1",
+     "with NUCLEUS_DECODE_PROGRAMS=1, each MoE layer's program also merges the decode attention's KV splits and "
+     "applies W_UV (ops/moe_program_op.h), the attention op stopping after its kernel, for steps of at most 8 rows; "
+     "0: the attention op's own output kernel; read when a graph is built",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -72,6 +72,7 @@ enum class Knob {
   kDecodePrograms,
   kDecodeProgramJoin,
   kDecodeProgramAbsorb,
+  kDecodeProgramAttnOutput,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -49,9 +49,12 @@ Status front_program_supported(const FrontProgramOp& op) {
     if (kv_b->weight.dtype() != DType::kBF16) return unsupported(kv_b->name + " is not bf16 (the absorption reads bf16)");
     if (kv_b->out_features != d.num_heads * (d.qk_nope + d.v_head) || kv_b->in_features != d.kv_lora)
       return unsupported(kv_b->name + " is not [heads * (qk_nope + v_head), kv_lora]");
-    if (d.num_heads > 64 || d.qk_nope < 16 || d.qk_nope % 16 != 0)
+    if (d.num_heads > 64 || d.qk_nope < 16 || d.qk_nope % 16 != 0 || (d.qk_nope + d.qk_rope) % 8 != 0)
       return unsupported("the absorption takes at most 64 heads and qk_nope a multiple of 16 (heads " +
                          std::to_string(d.num_heads) + ", qk_nope " + std::to_string(d.qk_nope) + ")");
+    if (d.kv_lora != 512 || d.qk_rope != 64)  // the absorbed query [heads, 576] the decode attention reads
+      return unsupported("the absorbed query is read as [heads, 512 + 64] (kv_lora " + std::to_string(d.kv_lora) +
+                         ", qk_rope " + std::to_string(d.qk_rope) + ")");
   }
   return ok_status();
 }

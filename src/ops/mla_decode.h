@@ -35,9 +35,19 @@ class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public
   // most 8 rows.
   void set_absorbed_input_rows(int64_t rows) { absorbed_input_rows_ = rows; }
   int64_t absorbed_input_rows() const { return absorbed_input_rows_; }
+  // For steps of at most this many rows (a MoE program that runs the
+  // attention's output, ops/moe_program_op.h: 8; default 0, never) the op
+  // stops after the attention kernel: it leaves the KV splits' partials in
+  // the step workspace (mla_decode_nucleus_split_plan says where), or o_lat
+  // in out[2] with one split, and does not write attn_out; the program merges
+  // the splits and applies W_UV. Only the nucleus backend does this; the
+  // others refuse an op set so.
+  void set_output_in_program_rows(int64_t rows) { output_in_program_rows_ = rows; }
+  int64_t output_in_program_rows() const { return output_in_program_rows_; }
 
  private:
   int64_t absorbed_input_rows_ = INT64_MAX;
+  int64_t output_in_program_rows_ = 0;
 };
 
 // The most rows a decode attention call of `num_heads` heads (kv_b_proj FP8

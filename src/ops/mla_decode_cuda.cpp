@@ -186,10 +186,14 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
   const bool fp8_direct = w.fp8() && w.block_n == 128 && w.block_k == 128;  // the kernels read FP8 as stored
   const int64_t small_rows = std::min<int64_t>(mla_decode_small_rows(H, fp8_direct), kernels::kMlaDecodeSmallRows);
   const int64_t out_stride = out[0].row_numel();
+  // A decode program merges the splits and applies W_UV (output_in_program_rows): stop after the attention kernel.
+  const bool handoff = rs.rows == nullptr && T <= op.output_in_program_rows();
+  NUCLEUS_CHECK(!handoff || T <= std::min<int64_t>(W, kernels::kMlaDecodeSmallRows),
+                "mla_decode: a step of {} rows cannot leave its splits to a program", T);
   for (int64_t r0 = 0; r0 < rs.num_rows; r0 += W) {
     const int64_t n = std::min(W, rs.num_rows - r0);
     const kernels::MlaDecodeRows r = rows_of(ctx, rs, r0, n);
-    const bool small = n <= small_rows;
+    const bool small = n <= small_rows || handoff;
     Scratch chunk = s;
     int e = 0;
     if (absorbed_in) {
@@ -212,7 +216,7 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
     // predecessor is the mla_front build, which writes this step's cache
     // rows: the attention kernel then must not run ahead of it (no PDL).
     const Attended a = attend(r, r0, chunk, small, small && !absorbed_in);
-    if (ctx.failed()) return;
+    if (ctx.failed() || handoff) return;
     if (small) {
       kernels::MlaDecodeSmallParams p = small_params(op, r, kv_b);
       p.o_lat = s.o_lat;
@@ -257,13 +261,32 @@ int64_t partial_floats(int H, int64_t max_rows) {
 // the combine kernel unless `small` (the small output kernel merges the
 // splits; the attention kernel is then its PDL predecessor and the absorb
 // kernel's dependent). Its split partials live in ctx.workspace.
+// The launch shape of a nucleus attention call of num_rows rows: wgmma or
+// not, heads a CTA, CTAs a multiprocessor, the grid's splits, the split rule
+// and the key tile (read from the switches at every call).
+struct LaunchShape {
+  bool wgmma = false;
+  int hpc = 16, ctas_per_sm = 1, num_splits = 1, min_split_keys = 0, key_tile = 32;
+};
+LaunchShape launch_shape(const MlaDecodeAttentionOp& op, int64_t num_rows) {
+  const int H = static_cast<int>(op.dims().num_heads);
+  LaunchShape l;
+  // 64 heads a CTA on wgmma (64-key tiles, one CTA a multiprocessor), else the mma.sync kernels.
+  l.wgmma = mla_decode_wgmma(num_rows, H, op.cache_dtype());
+  l.hpc = l.wgmma ? kernels::kMlaDecodeWgmmaHeads : kernels::mla_decode_heads_per_cta(H);
+  l.ctas_per_sm = l.hpc == 16 ? mla_decode_ctas_per_sm(num_rows, H) : 1;
+  // The grid fills the CTAs the multiprocessors hold at once.
+  l.num_splits = kernels::mla_decode_num_splits(num_rows, H, l.hpc, cuda::context().num_sms * l.ctas_per_sm);
+  l.min_split_keys = static_cast<int>(mla_decode_min_split_keys(num_rows, H));
+  l.key_tile = l.wgmma ? kernels::kMlaDecodeWideTileKeys : mla_decode_key_tile(num_rows, H);
+  return l;
+}
+
 Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCache& cache,
                         const kernels::MlaDecodeRows& r, const Scratch& s, bool small, bool pdl) {
   const int H = static_cast<int>(op.dims().num_heads);
-  // 64 heads a CTA on wgmma (64-key tiles, one CTA a multiprocessor), else the mma.sync kernels.
-  const bool wgmma = mla_decode_wgmma(r.num_rows, H, op.cache_dtype());
-  const int hpc = wgmma ? kernels::kMlaDecodeWgmmaHeads : kernels::mla_decode_heads_per_cta(H);
-  const int sms = cuda::context().num_sms;
+  const LaunchShape l = launch_shape(op, r.num_rows);
+  const int hpc = l.hpc;
   kernels::MlaDecodeAttnParams p;
   p.r = r;
   p.num_heads = H;
@@ -273,11 +296,10 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
   p.cache_fp8 = cache.fp8;
   p.cache_ds_mla = cache.ds_mla;
   p.k_scale = cache.k_scale;
-  p.ctas_per_sm = hpc == 16 ? mla_decode_ctas_per_sm(r.num_rows, H) : 1;
-  // The grid fills the CTAs the multiprocessors hold at once.
-  p.num_splits = kernels::mla_decode_num_splits(r.num_rows, H, hpc, sms * p.ctas_per_sm);
-  p.min_split_keys = static_cast<int>(mla_decode_min_split_keys(r.num_rows, H));
-  p.key_tile = wgmma ? kernels::kMlaDecodeWideTileKeys : mla_decode_key_tile(r.num_rows, H);
+  p.ctas_per_sm = l.ctas_per_sm;
+  p.num_splits = l.num_splits;
+  p.min_split_keys = l.min_split_keys;
+  p.key_tile = l.key_tile;
   p.bulk_loads = mla_decode_bulk_loads(r.num_rows, H, op.cache_dtype());
   p.fp8_register_convert = mla_decode_fp8_register_convert(r.num_rows, op.cache_dtype());
   p.heads_per_cta = hpc;
@@ -305,6 +327,19 @@ Attended nucleus_attend(MlaDecodeAttentionOp& op, OpContext& ctx, const LayerCac
 }
 
 }  // namespace
+
+MlaDecodeSplitPlan mla_decode_nucleus_split_plan(const MlaDecodeAttentionOp& op, int64_t rows, void* workspace) {
+  const LaunchShape l = launch_shape(op, rows);
+  MlaDecodeSplitPlan plan;
+  plan.num_splits = l.num_splits;
+  plan.min_split_keys = l.min_split_keys;
+  plan.key_tile = l.key_tile;
+  if (l.num_splits > 1) {  // as nucleus_attend places them
+    plan.part_o = static_cast<const float*>(workspace);
+    plan.part_lse = plan.part_o + rows * l.num_splits * op.dims().num_heads * kernels::kMlaDecodeLora;
+  }
+  return plan;
+}
 
 Status mla_decode_nucleus_supports(const MlaDecodeAttentionOp& op) {
   // fp8_ds_mla rows: the kernel converts them itself (check_dims asks for
@@ -392,6 +427,9 @@ class FlashInferDecodePlan : public StepPlan {
 }  // namespace
 
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
+  if (op.output_in_program_rows() > 0)
+    return unsupported("a decode program merges this op's KV splits (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT): only the "
+                       "nucleus backend leaves them");
   if (!kernels::flashinfer_mla_available())
     return unsupported("built without FlashInfer headers (NUCLEUS_FLASHINFER=OFF or tools/fetch_flashinfer.sh failed)");
   if (op.cache_dtype() != KvCacheDtype::kBF16)
@@ -445,6 +483,9 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 
 // "cuda_naive": the plain absorbed-form kernel (kernels/mla/mla_attention_naive.cuh).
 Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) {
+  if (op.output_in_program_rows() > 0)
+    return unsupported("a decode program merges this op's KV splits (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT): only the "
+                       "nucleus backend leaves them");
   if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
     return op.dims().kv_lora == kDsMlaLatent && op.dims().qk_rope == kDsMlaRope
                ? ok_status()

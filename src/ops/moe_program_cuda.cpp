@@ -9,6 +9,7 @@
 #include "kernels/mono/mono_program_ref.h"
 #include "ops/decode_program_cuda.h"
 #include "ops/front_program_cuda.h"
+#include "ops/mla_decode_cuda.h"
 
 namespace nucleus::cuda_ops {
 
@@ -21,6 +22,7 @@ constexpr int32_t kTile = 16;  // columns a GEMV job owns (docs/decode_program.m
 struct State {
   DecodeProgramRunner runner;
   Tensor logits, table, h, y, h_shared, y_shared, residual_out;
+  Tensor o_lat;  // [8, heads, 512] bf16: the merged attention output (with set_attention)
   Tensor gate_up_table, down_table, shared_gate_up_table, shared_down_table;  // [experts] device pointers
 };
 
@@ -107,10 +109,47 @@ TensorList front_out(const TensorList& out) {
   return o;
 }
 
-// The program's stages: the block's, then the joined front's.
+// What the attention left for the program (with set_attention): its split
+// plan and buffers for a step of `rows` rows, the step's row inputs.
+struct AttentionLeft {
+  MlaDecodeSplitPlan plan;
+  const uint16_t* o_lat_in = nullptr;  // the attention's o_lat (one split)
+  const int32_t *token_seq = nullptr, *query_start = nullptr, *context_lens = nullptr;
+};
+
+// The attention output stages (merge, W_UV) on what the attention left.
+std::vector<mono::Stage> attention_stages(const MoeProgramOp& op, const State& s, const AttentionLeft& a,
+                                          uint16_t* attn_out) {
+  const MlaDecodeAttentionOp& at = *op.attention();
+  mono::AttentionOutputChain c;
+  c.num_heads = static_cast<int32_t>(at.dims().num_heads);
+  c.kv_lora = static_cast<int32_t>(at.dims().kv_lora);
+  c.qk_nope = static_cast<int32_t>(at.dims().qk_nope);
+  c.v_head = static_cast<int32_t>(at.dims().v_head);
+  c.kv_b = static_cast<const uint16_t*>(at.kv_b().weight.raw());
+  c.partials = a.plan.part_o;
+  c.lse = a.plan.part_lse;
+  c.o_lat_in = a.o_lat_in;
+  c.splits = a.plan.num_splits;
+  c.min_split_keys = a.plan.min_split_keys;
+  c.key_tile = a.plan.key_tile;
+  c.token_seq = a.token_seq;
+  c.query_start = a.query_start;
+  c.context_lens = a.context_lens;
+  c.o_lat = static_cast<uint16_t*>(s.o_lat.raw());
+  c.attn_out = attn_out;
+  return mono::attention_output_stages(c);
+}
+
+// The program's stages: the attention output's (with set_attention), the
+// block's, then the joined front's.
 std::vector<mono::Stage> stages(const MoeProgramOp& op, const State& s, int32_t width, const uint16_t* attn_out,
-                                float* residual, uint16_t* delta, const FrontProgramBuffers* front) {
+                                float* residual, uint16_t* delta, const FrontProgramBuffers* front,
+                                const AttentionLeft* left) {
   std::vector<mono::Stage> st = mono::moe_chain_stages(chain(op, s, width, attn_out, residual, delta), kTile);
+  if (op.attention())
+    st = mono::join_programs(attention_stages(op, s, left ? *left : AttentionLeft{}, const_cast<uint16_t*>(attn_out)),
+                             st);
   if (!op.next_front()) return st;
   return mono::join_programs(std::move(st), front_program_stages(*op.next_front(), front ? *front : FrontProgramBuffers{}));
 }
@@ -137,6 +176,9 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   s->h_shared = Tensor::empty({pieces * mono::kMaxWidth * shared_inter}, DType::kBF16, Device::kCuda);
   s->y_shared = Tensor::empty({pieces * mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
   s->residual_out = Tensor::empty({mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
+  if (op.attention())
+    s->o_lat = Tensor::empty({mono::kMaxWidth * op.attention()->dims().num_heads * op.attention()->dims().kv_lora},
+                             DType::kBF16, Device::kCuda);
   std::vector<const LinearWeight*> gu, dn, sgu, sdn;
   for (int64_t e = 0; e < static_cast<int64_t>(ex.size()); ++e) {
     (e < E ? gu : sgu).push_back(ex[e].gate_up);
@@ -148,7 +190,7 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   s->shared_down_table = pointer_table(sdn);
   const State& state = *s;
   s->runner.reserve(
-      [&](int32_t width) { return stages(op, state, width, nullptr, nullptr, nullptr, nullptr); });
+      [&](int32_t width) { return stages(op, state, width, nullptr, nullptr, nullptr, nullptr, nullptr); });
   op.device_state() = s;
   return ok_status();
 }
@@ -157,6 +199,9 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   const int64_t rows = in[0].dim(0);
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
+  if (!s && rows <= mono::kMaxWidth && op.attention())  // the attention left its output to a program that cannot run
+    return ctx.fail(failed_precondition("moe_program (layer " + std::to_string(op.layer()) +
+                                        ") runs the attention's output but was not reserved"));
   if (rows > mono::kMaxWidth || !s) {
     run_parts(op, ctx, in, out);
     if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(out));
@@ -172,8 +217,23 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
     front = front_program_buffers(*op.next_front(), ctx, front_in(out), front_out(out));
     for (const void* b : front_program_buffer_key(front)) key.push_back(b);
   }
+  AttentionLeft left;
+  if (op.attention()) {
+    left.plan = mla_decode_nucleus_split_plan(*op.attention(), rows, ctx.workspace.data);
+    left.o_lat_in = static_cast<const uint16_t*>(in[2].raw());
+    left.token_seq = ctx.dev->token_seq;
+    left.query_start = ctx.dev->query_start;
+    left.context_lens = ctx.dev->context_lens;
+    for (const void* b : {static_cast<const void*>(left.plan.part_o), static_cast<const void*>(left.o_lat_in),
+                          static_cast<const void*>(left.token_seq), static_cast<const void*>(left.query_start),
+                          static_cast<const void*>(left.context_lens)})
+      key.push_back(b);
+    for (int v : {left.plan.num_splits, left.plan.min_split_keys, left.plan.key_tile})
+      key.push_back(reinterpret_cast<const void*>(static_cast<intptr_t>(v)));
+  }
   const bool launched = s->runner.launch(
-      ctx, rows, key, [&](int32_t width) { return stages(op, *s, width, attn_out, residual, delta, &front); },
+      ctx, rows, key,
+      [&](int32_t width) { return stages(op, *s, width, attn_out, residual, delta, &front, &left); },
       "moe_program (layer " + std::to_string(op.layer()) +
           (op.next_front() ? " + the front of layer " + std::to_string(op.next_front()->layer()) : "") + ", " +
           std::to_string(rows) + " rows)");

@@ -1,5 +1,7 @@
 #include "ops/moe_program_op.h"
 
+#include "kernels/mono/mono_program.h"
+
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/moe_program_cuda.h"
 #endif
@@ -9,7 +11,8 @@ namespace nucleus {
 std::string MoeProgramOp::attrs() const {
   return "layer=" + std::to_string(layer_) + " experts=" + std::to_string(parts_.experts->experts().size()) +
          " (shared " + std::to_string(shared_pieces_) + ") top_k=" + std::to_string(parts_.route->params().top_k) +
-         (next_front_ ? " +front of layer " + std::to_string(next_front_->layer()) : "");
+         (next_front_ ? " +front of layer " + std::to_string(next_front_->layer()) : "") +
+         (attention_ ? " +attention output" : "");
 }
 
 Status moe_program_supported(const MoeProgramOp& op) {
@@ -51,6 +54,26 @@ Status moe_program_supported(const MoeProgramOp& op) {
     const LinearWeight& same = *experts[shared ? r.num_experts : 0].down;
     if (inter != same.in_features) return unsupported("experts of different widths");
   }
+  if (const MlaDecodeAttentionOp* a = op.attention()) {
+    const kernels::MlaDims& d = a->dims();
+    if (a->layer() != op.layer() || a->output_in_program_rows() != 8)
+      return unsupported("the attention op is not this layer's, set to leave its output to the program");
+    if (d.kv_lora != 512 || d.qk_rope != 64 || d.qk_nope != 128 || d.v_head != 128 || d.num_heads < 1 ||
+        d.num_heads > 64)
+      return unsupported("the attention output needs kv_lora 512, qk_rope 64, qk_nope 128, v_head 128 and at most 64 "
+                         "heads (heads " + std::to_string(d.num_heads) + ")");
+    if (a->kv_b().weight.dtype() != DType::kBF16)
+      return unsupported(a->kv_b().name + " is not bf16 (W_UV in the program reads bf16)");
+    if (o.in_features != d.num_heads * d.v_head) return unsupported("o_proj does not read the attention's heads");
+  }
+  // The stages one program holds (moe_chain_stages, attention_output_stages, front_chain_stages).
+  const int64_t stages = 6 + (op.shared_pieces() > 0 ? 2 : 0) + (op.attention() ? 2 : 0) +
+                         (op.next_front() ? 3 + (op.next_front()->parts().q_a ? 1 : 0) +
+                                                (op.next_front()->absorbs() ? 1 : 0)
+                                          : 0);
+  if (stages > kernels::mono::kMaxStages)
+    return unsupported(std::to_string(stages) + " stages, more than a program holds (" +
+                       std::to_string(kernels::mono::kMaxStages) + ")");
   if (const FrontProgramOp* f = op.next_front()) {
     if (f->layer() != op.layer() + 1 || !f->has_delta() || f->hidden() != H)
       return unsupported("the joined front is not the next layer's (layer " + std::to_string(f->layer()) +

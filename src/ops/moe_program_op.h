@@ -30,6 +30,17 @@
 // {..., moe_scratch, q, kv_a[, q_a][, q_full]} (ops/front_program_op.h), the front
 // reading residual = out[0] and delta = out[1] and using x_norm = out[2].
 // Wider steps run the block's ops, then the front op.
+//
+// Starting at the attention's output (set_attention;
+// NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT, on by default with programs): for steps of at most 8 rows the
+// attention op stops after its kernel (MlaDecodeAttentionOp::
+// set_output_in_program_rows) and the program first merges its KV splits and
+// applies W_UV of every head (kernels/mono attention_output_stages), writing
+// attn_out itself; in then has a third buffer, the attention op's o_lat
+// scratch (out[2]: o_lat when the attention ran one split), and the program
+// writes attn_out (in[0]) before its o_proj reads it (buffers are named, never
+// aliased: nothing else reads attn_out). Wider steps: the attention op wrote
+// attn_out as before.
 #pragma once
 
 #include <memory>
@@ -39,6 +50,7 @@
 #include "ops/basic_ops.h"
 #include "ops/front_program_op.h"
 #include "ops/linear_op.h"
+#include "ops/mla_decode.h"
 #include "ops/moe_ops.h"
 #include "ops/op.h"
 
@@ -73,6 +85,10 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   const FrontProgramOp* next_front() const { return next_front_.get(); }
   FrontProgramOp* next_front() { return next_front_.get(); }
   std::unique_ptr<FrontProgramOp> take_next_front() { return std::move(next_front_); }
+  // The attention op whose output the program computes (see above; not
+  // owned: the same graph holds it); null: the program starts at o_proj.
+  void set_attention(const MlaDecodeAttentionOp* attention) { attention_ = attention; }
+  const MlaDecodeAttentionOp* attention() const { return attention_; }
 
  protected:
   std::vector<Op*> held() const override {
@@ -84,6 +100,7 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   int64_t layer_;
   Parts parts_;
   std::unique_ptr<FrontProgramOp> next_front_;
+  const MlaDecodeAttentionOp* attention_ = nullptr;
   int64_t hidden_, shared_pieces_;
   std::shared_ptr<void> state_;
 };
@@ -95,7 +112,10 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
 // groups, top_k * 8 <= 64, shared pieces of one width, one rank (no
 // all-reduce before the norm), no add + norm folded into the experts op; a
 // next front that front_program_supported accepts, of layer + 1, with a
-// delta and the same hidden size.
+// delta and the same hidden size; an attention op of this layer set to leave
+// its output to the program (output_in_program_rows 8), with kv_lora 512,
+// qk_rope 64, qk_nope 128, v_head 128, at most 64 heads and a bf16
+// kv_b_proj.
 Status moe_program_supported(const MoeProgramOp& op);
 
 }  // namespace nucleus

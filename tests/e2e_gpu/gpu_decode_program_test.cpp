@@ -5,9 +5,10 @@
 //  - the decode graph reports cuda_program exactly when the switch is on
 //    (NUCLEUS_DUMP_GRAPH's backend column), and no program on the FP8 tiny
 //    model, which it cannot serve (a warning says why); each MoE program
-//    joined with the next layer's front and each front absorbing the
-//    attention's query unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
-//    NUCLEUS_DECODE_PROGRAM_ABSORB=0;
+//    joined with the next layer's front, each front absorbing the
+//    attention's query and each MoE program merging the attention's splits
+//    and applying W_UV, unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
+//    NUCLEUS_DECODE_PROGRAM_ABSORB=0 / NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0;
 //  - greedy tokens of the eight reference prompts, run together (8 rows: a
 //    program of width 8), at most 5 a step (widths 8 and 4 on 5 and 3 rows:
 //    pad rows), one by one (width 1), and each prompt twice (16 rows: the
@@ -69,7 +70,8 @@ void check_programs(const std::string& model, bool served) {
   const std::string base = "generate --device cuda --model " + testing::model_path(model) +
                            " --max-tokens 32 --ignore-eos --temperature 0 --json";
   for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1",
-                          "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0",
+                          "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0 "
+                          "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0",
                           "NUCLEUS_DECODE_PROGRAMS=0"}) {
     const bool on = std::string(env).find("PROGRAMS=1") != std::string::npos;
     const bool joined = on && std::string(env).find("JOIN=0") == std::string::npos;
@@ -81,6 +83,9 @@ void check_programs(const std::string& model, bool served) {
     EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined && served) << env << ": the join";
     // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).
     EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed && served) << env << ": the absorption";
+    // The MoE programs merge the attention's splits and apply W_UV (attrs "+attention output").
+    EXPECT_EQ(batch.err.find("+attention output") != std::string::npos, absorbed && served)
+        << env << ": the attention output";
     if (on && !served) {
       EXPECT_NE(batch.err.find("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops"), std::string::npos)
           << batch.err;

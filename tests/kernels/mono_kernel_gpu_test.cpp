@@ -23,6 +23,8 @@
 //  - the layer front (add + norm, q_proj or V3's q LoRA, kv_a, RoPE with the
 //    latent cache write, the residual copied back) at V2-Lite's shapes: q, kv_a, the
 //    cache rows of the rows' slots (none for slot -1, nothing else written);
+//  - the query absorption (W_UK per head, slots side by side in each row) and
+//    the attention output (the KV-split merge, W_UV per head);
 //  - the refusals (width 3, rows above the width, more CTAs than SMs).
 #include <gtest/gtest.h>
 
@@ -720,12 +722,13 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
   const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 13);
   Tensor d_w_qa = device_copy(w_qa, DType::kBF16), d_w_qb = device_copy(w_qb, DType::kBF16);
   Tensor d_q_a_norm = device_copy(q_a_norm, DType::kF32);
-  // The query absorption (W_UK^T [heads, 512, 128]) at width 8: slotted jobs side by side in q and q_full.
+  // The query absorption (W_UK^T [heads, 512, 128]) at width 8 and with the q LoRA: slotted jobs side by side in q
+  // and q_full.
   const std::vector<uint16_t> w_uk_t = random_bf16(heads * 512 * 128, 1.7f / std::sqrt(128.0f), 14);
   Tensor d_w_uk_t = device_copy(w_uk_t, DType::kBF16);
   for (auto [w, rows, lora] : {std::tuple{1, 1, false}, std::tuple{8, 8, false}, std::tuple{8, 5, false},
                                std::tuple{1, 1, true}, std::tuple{8, 7, true}}) {
-    const bool absorb = w == 8;
+    const bool absorb = w == 8 || lora;
     SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << (lora ? ", q LoRA" : "")
                                       << (absorb ? ", absorbed" : ""));
     std::vector<uint16_t> h_q_full(8 * heads * width, 0x7fc0);
@@ -804,6 +807,62 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
                             {want.begin() + slot * width, want.begin() + (slot + 1) * width}, 0.02f, 0.02f))
           << "cache slot " << slot;
     }
+  }
+}
+
+// The end of the decode attention at V2-Lite's shapes (16 heads, kv_lora
+// 512, W_UV 128 x 512 a head): the merge of 32 KV splits (fixed and device
+// split rules, 64-key tiles, rows with keys from 1 to 20k) and W_UV, against
+// the CPU reference; one split passes o_lat through.
+TEST_F(MonoKernelGpu, AttentionOutputV2Lite) {
+  const int32_t heads = 16, lora = 512, S = 32;
+  const std::vector<uint16_t> kv_b = random_bf16(heads * 256 * lora, 1.7f / std::sqrt(512.0f), 31);
+  const std::vector<int32_t> context = {0, 63, 64, 1000, 4095, 20000, 129, 7};
+  std::vector<int32_t> token_seq(8), query_start(9);
+  for (int i = 0; i < 8; ++i) token_seq[i] = query_start[i] = i;
+  query_start[8] = 8;
+  const std::vector<float> partials = random_f32(8 * S * heads * lora, -2.0f, 2.0f, 32);
+  const std::vector<float> lse = random_f32(8 * S * heads, -8.0f, 8.0f, 33);
+  const std::vector<uint16_t> o_lat_in = random_bf16(8 * heads * lora, 1.0f, 34);
+  Tensor d_kv_b = device_copy(kv_b, DType::kBF16), d_part = device_copy(partials, DType::kF32);
+  Tensor d_lse = device_copy(lse, DType::kF32), d_o_in = device_copy(o_lat_in, DType::kBF16);
+  Tensor d_seq = device_copy(token_seq, DType::kI32), d_qs = device_copy(query_start, DType::kI32);
+  Tensor d_ctx = device_copy(context, DType::kI32);
+  for (auto [w, rows, splits, min_keys] : {std::tuple{1, 1, S, 0}, std::tuple{8, 8, S, 128}, std::tuple{8, 5, S, 0},
+                                           std::tuple{4, 4, S, 64}, std::tuple{2, 2, 1, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << ", splits " << splits
+                                      << ", min_split_keys " << min_keys);
+    std::vector<uint16_t> h_o(8 * heads * lora, 0x7fc0), h_out(8 * heads * 128, 0x7fc0);
+    Tensor d_o = nan_filled(8 * heads * lora, DType::kBF16), d_out = nan_filled(8 * heads * 128, DType::kBF16);
+    auto chain = [&](bool device) {
+      AttentionOutputChain c;
+      c.num_heads = heads;
+      c.kv_b = device ? d_kv_b.data<uint16_t>() : kv_b.data();
+      c.partials = device ? d_part.data<float>() : partials.data();
+      c.lse = device ? d_lse.data<float>() : lse.data();
+      c.o_lat_in = device ? d_o_in.data<uint16_t>() : o_lat_in.data();
+      c.splits = splits;
+      c.min_split_keys = min_keys;
+      c.key_tile = 64;
+      c.token_seq = device ? d_seq.data<int32_t>() : token_seq.data();
+      c.query_start = device ? d_qs.data<int32_t>() : query_start.data();
+      c.context_lens = device ? d_ctx.data<int32_t>() : context.data();
+      c.o_lat = device ? d_o.data<uint16_t>() : h_o.data();
+      c.attn_out = device ? d_out.data<uint16_t>() : h_out.data();
+      return c;
+    };
+    auto host_plan = plan_program(attention_output_stages(chain(false)), w, current_device_sms());
+    ASSERT_TRUE(host_plan.ok()) << host_plan.status().message();
+    ASSERT_TRUE(run_program_ref(*host_plan, rows, 5).ok());
+    auto plan = plan_program(attention_output_stages(chain(true)), w, current_device_sms());
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    DevicePlan dp(std::move(*plan));
+    cudaStream_t stream = cuda::context().stream;
+    ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(rows_close(d_o, h_o, rows, heads * lora, "o_lat (merged)"));
+    EXPECT_TRUE(rows_close(d_out, h_out, rows, heads * 128, "attn_out (W_UV)"));
+    EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
   }
 }
 

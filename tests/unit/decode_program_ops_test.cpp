@@ -256,6 +256,51 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
   }
 }
 
+// NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT: a MoE program runs the attention's
+// split merge and W_UV only for this layer's attention op set to leave them
+// (output_in_program_rows 8), of DeepSeek's latent widths, at most 64 heads,
+// a bf16 kv_b_proj, and an o_proj reading its heads.
+TEST(MoeProgramOp, TakesTheAttentionOutputOfItsOwnLayer) {
+  Block b;  // layer 1, o_proj reading 2 heads x 128
+  b.o_k = 2 * 128;
+  auto op = b.op(noaux(4, 2));
+  kernels::MlaDims d;
+  d.num_heads = 2;
+  d.qk_nope = 128;
+  d.qk_rope = 64;
+  d.v_head = 128;
+  d.kv_lora = 512;
+  const LinearWeight* kv_b = b.linear("kv_b_proj", 2 * 256, 512);
+  MlaDecodeAttentionOp attn(1, kv_b, d, AttentionMode::kAuto);
+  op->set_attention(&attn);
+  EXPECT_TRUE(refused(*op, "set to leave its output to the program"));
+  attn.set_output_in_program_rows(8);
+  Status s = moe_program_supported(*op);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_NE(op->attrs().find("+attention output"), std::string::npos) << op->attrs();
+  MlaDecodeAttentionOp other_layer(2, kv_b, d, AttentionMode::kAuto);
+  other_layer.set_output_in_program_rows(8);
+  op->set_attention(&other_layer);
+  EXPECT_TRUE(refused(*op, "is not this layer's"));
+  kernels::MlaDims narrow = d;
+  narrow.kv_lora = 256;
+  MlaDecodeAttentionOp narrow_attn(1, kv_b, narrow, AttentionMode::kAuto);
+  narrow_attn.set_output_in_program_rows(8);
+  op->set_attention(&narrow_attn);
+  EXPECT_TRUE(refused(*op, "needs kv_lora 512"));
+  b.dtype = DType::kF8E4M3;
+  const LinearWeight* fp8 = b.linear("kv_b_proj_fp8", 2 * 256, 512);
+  MlaDecodeAttentionOp fp8_attn(1, fp8, d, AttentionMode::kAuto);
+  fp8_attn.set_output_in_program_rows(8);
+  op->set_attention(&fp8_attn);
+  EXPECT_TRUE(refused(*op, "kv_b_proj_fp8 is not bf16"));
+  Block wide;  // o_proj reading 384 inputs: not the attention's 2 x 128 heads
+  wide.o_k = 384;
+  auto op2 = wide.op(noaux(4, 2));
+  op2->set_attention(&attn);
+  EXPECT_TRUE(refused(*op2, "o_proj does not read the attention's heads"));
+}
+
 // NUCLEUS_DECODE_PROGRAM_JOIN: a MoE program takes the next layer's front
 // (one launch a layer boundary) only when that front is one a program serves,
 // of the next layer, reading the block's delta at the same hidden size.

@@ -783,12 +783,13 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       }
       round_all(want_q);
       expect_rows(q, want_q, rows, heads * head, "q (q_pe rotated)");
-      if (absorb)  // the rotated q_pe, also in the absorbed query
+      if (absorb) {  // the rotated q_pe, also in the absorbed query
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t h = 0; h < heads; ++h)
             for (int64_t i = 0; i < rope_dim; ++i)
               ASSERT_EQ(q_full[(r * heads + h) * width + lora + i], q[r * heads * head + h * head + nope + i])
                   << "q_full's q_pe, row " << r << " head " << h;
+      }
       int64_t written = 0;
       for (uint16_t v : cache) written += v != kNanBf16;
       int64_t want_written = 0;
@@ -801,6 +802,107 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
       }
     }
   }
+}
+
+// The end of the decode attention (attention_output_stages): the merge of
+// the attention's KV splits, each row using the splits its key count gives
+// (kernels/mla/mla_split_plan.h: an even share of at least min_split_keys,
+// or the device rule), then W_UV per head, against an f64 computation of the
+// documented formulas written here; with one split, o_lat passed through.
+TEST(MonoProgram, AttentionOutputMergesTheSplitsAndProjectsValues) {
+  const int32_t heads = 4, lora = 32, nope = 16, v = 16, S = 8, tile = 32;
+  const std::vector<uint16_t> kv_b = random_bf16(heads * (nope + v) * lora, 0.3f, 21);
+  const std::vector<int32_t> context = {0, 31, 100, 300, 1000, 255, 64, 7};
+  std::vector<int32_t> token_seq(8), query_start(9);
+  for (int i = 0; i < 8; ++i) token_seq[i] = query_start[i] = i;
+  query_start[8] = 8;
+  const std::vector<float> partials = random_f32(8 * S * heads * lora, -2.0f, 2.0f, 22);
+  const std::vector<float> lse = random_f32(8 * S * heads, -6.0f, 6.0f, 23);
+  const std::vector<uint16_t> o_lat_in = random_bf16(8 * heads * lora, 1.0f, 24);
+  for (auto [w, rows, splits, min_keys] : {std::tuple{8, 6, S, 64}, std::tuple{8, 8, S, 0}, std::tuple{1, 1, S, 32},
+                                           std::tuple{4, 3, 1, 32}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << ", splits " << splits
+                                      << ", min_split_keys " << min_keys);
+    std::vector<uint16_t> o_lat(8 * heads * lora, kNanBf16), out(8 * heads * v, kNanBf16);
+    AttentionOutputChain c;
+    c.num_heads = heads;
+    c.kv_lora = lora;
+    c.qk_nope = nope;
+    c.v_head = v;
+    c.kv_b = kv_b.data();
+    c.partials = partials.data();
+    c.lse = lse.data();
+    c.o_lat_in = o_lat_in.data();
+    c.splits = splits;
+    c.min_split_keys = min_keys;
+    c.key_tile = tile;
+    c.token_seq = token_seq.data();
+    c.query_start = query_start.data();
+    c.context_lens = context.data();
+    c.o_lat = o_lat.data();
+    c.attn_out = out.data();
+    auto plan = plan_program(attention_output_stages(c), w, 6);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    ASSERT_TRUE(run_program_ref(*plan, rows, 8).ok());
+    for (int r = 0; r < rows; ++r) {
+      const int keys = context[r] + 1;
+      int ns = 1;
+      if (splits > 1) {  // the split plan, as docs of kernels/mla/mla_decode.cuh state it
+        int chunk;
+        if (min_keys > 0) {
+          chunk = std::max((keys + splits - 1) / splits, min_keys);
+        } else {
+          const int want = static_cast<int>(std::lround(std::sqrt(0.54 * keys / rows)));
+          chunk = (keys + std::clamp(want, 1, splits) - 1) / std::clamp(want, 1, splits);
+        }
+        chunk = (chunk + tile - 1) / tile * tile;
+        ns = (keys + chunk - 1) / chunk;
+      }
+      for (int h = 0; h < heads; ++h) {
+        for (int cc = 0; cc < lora; ++cc) {
+          const float got = bf16_to_f32(o_lat[(r * heads + h) * lora + cc]);
+          if (splits == 1) {
+            ASSERT_EQ(o_lat[(r * heads + h) * lora + cc], o_lat_in[(r * heads + h) * lora + cc]);
+            continue;
+          }
+          double mx = -1e30, sum = 0.0, acc = 0.0;
+          for (int s = 0; s < ns; ++s) mx = std::max<double>(mx, lse[(r * S + s) * heads + h]);
+          for (int s = 0; s < ns; ++s) sum += std::exp2(lse[(r * S + s) * heads + h] - mx);
+          for (int s = 0; s < ns; ++s)
+            acc += std::exp2(lse[(r * S + s) * heads + h] - mx) / sum * partials[((r * S + s) * heads + h) * lora + cc];
+          ASSERT_NEAR(got, acc, std::abs(acc) * 0.0079 + 1e-5) << "o_lat row " << r << " head " << h << " " << cc
+                                                               << " (" << ns << " splits)";
+        }
+        for (int d = 0; d < v; ++d) {
+          double acc = 0.0;
+          for (int cc = 0; cc < lora; ++cc)
+            acc += static_cast<double>(bf16_to_f32(o_lat[(r * heads + h) * lora + cc])) *
+                   bf16_to_f32(kv_b[(h * (nope + v) + nope + d) * lora + cc]);
+          ASSERT_NEAR(bf16_to_f32(out[r * heads * v + h * v + d]), acc, std::abs(acc) * 0.0079 + 1e-4)
+              << "attn_out row " << r << " head " << h << " " << d;
+        }
+      }
+    }
+    for (int64_t i = rows * heads * v; i < 8 * heads * v; ++i) ASSERT_EQ(out[i], kNanBf16) << "pad rows written";
+  }
+  // The merge's splits must be 1 ... 256 and the key tile 32 or 64.
+  AttentionOutputChain bad;
+  bad.num_heads = heads;
+  bad.kv_lora = lora;
+  bad.kv_b = kv_b.data();
+  bad.partials = partials.data();
+  bad.lse = lse.data();
+  bad.token_seq = token_seq.data();
+  bad.query_start = query_start.data();
+  bad.context_lens = context.data();
+  std::vector<uint16_t> o_lat(8 * heads * lora), out(8 * heads * v);
+  bad.o_lat = o_lat.data();
+  bad.attn_out = out.data();
+  bad.splits = 300;
+  EXPECT_FALSE(plan_program(attention_output_stages(bad), 8, 4).ok());
+  bad.splits = 8;
+  bad.key_tile = 48;
+  EXPECT_FALSE(plan_program(attention_output_stages(bad), 8, 4).ok());
 }
 
 // Jobs that stream no weights (a combine's columns, a RoPE row) are dealt to
@@ -915,8 +1017,12 @@ TEST(MonoProgram, JoinedProgramsEqualTheTwoInTurn) {
       const std::vector<Stage> both = join_programs(first, second);
       for (size_t i = 0; i < second.size(); ++i) {
         const Stage& st = both[first.size() + i];
-        if (second[i].route_stage >= 0) EXPECT_EQ(st.route_stage, second[i].route_stage + static_cast<int32_t>(first.size()));
-        if (second[i].wait_mask == 0) EXPECT_EQ(st.wait_mask, 1u << (first.size() - 1)) << "stage " << i;
+        if (second[i].route_stage >= 0) {
+          EXPECT_EQ(st.route_stage, second[i].route_stage + static_cast<int32_t>(first.size()));
+        }
+        if (second[i].wait_mask == 0) {
+          EXPECT_EQ(st.wait_mask, 1u << (first.size() - 1)) << "stage " << i;
+        }
       }
       auto plan = plan_program(both, 8, 9);
       ASSERT_TRUE(plan.ok()) << plan.status().message();
@@ -934,6 +1040,115 @@ TEST(MonoProgram, JoinedProgramsEqualTheTwoInTurn) {
   }
   for (int64_t i = 0; i < 7 * H; ++i) ASSERT_EQ(out[0][i], out[1][i]) << "delta " << i;
   for (int64_t i = 0; i < 7 * H; ++i) ASSERT_EQ(res[0][i], res[1][i]) << "residual " << i;
+}
+
+// A slotted stage's slots lie one after another or side by side in each
+// row, never overlapping: side by side, each slot's columns within its slot
+// stride and the last slot within the row (review of session 23: the checker
+// had no test refusing overlapping slots).
+TEST(MonoProgram, SlotsSideBySideMustNotOverlap) {
+  std::vector<uint16_t> w(4 * 64 * 32, 0), x(8 * 4 * 48, 0), out(8 * 4 * 80 + 1024, 0);
+  auto check = [&](int64_t out_slot_stride, int64_t out_stride, int64_t x_slot_stride, int64_t x_stride) {
+    Stage s;  // 4 slots of 64 columns, k 32
+    s.w = w.data();
+    s.n = 64;
+    s.k = 32;
+    s.x = x.data();
+    s.x_stride = x_stride;
+    s.slots = 4;
+    s.expert_stride = 64 * 32;
+    s.x_slot_stride = x_slot_stride;
+    s.out = out.data();
+    s.out_stride = out_stride;
+    s.out_slot_stride = out_slot_stride;
+    s.tile = 16;
+    return check_program({s}, 8).ok();
+  };
+  EXPECT_TRUE(check(80, 4 * 80, 48, 4 * 48));         // side by side
+  EXPECT_TRUE(check(8 * 80, 80, 8 * 48, 48));         // one after another
+  EXPECT_FALSE(check(56, 4 * 80, 48, 4 * 48));        // out slots narrower than their 64 columns
+  EXPECT_FALSE(check(80, 300, 48, 4 * 48));           // the last out slot past the row (3 * 80 + 64 > 300)
+  EXPECT_FALSE(check(80, 4 * 80, 24, 4 * 48));        // x slots narrower than k
+  EXPECT_FALSE(check(80, 4 * 80, 48, 3 * 48 + 16));   // the last x slot past the row
+}
+
+// The engine's joined program: a MoE block whose combine copies the new
+// residual back into the graph's one residual buffer, then the next layer's
+// front with a q LoRA and the query absorption, reading and updating that
+// buffer in place, as one program computes what the two compute in turn, bit
+// for bit (the layout front_program_cuda / moe_program_cuda build).
+TEST(MonoProgram, EngineLayoutJoinedWithTheAbsorption) {
+  MoeChain sc = tiny_like_moe();
+  sc.slots = 8;
+  const int64_t H = sc.hidden, heads = 2, nope = 16, rope_dim = 16, lora = 32, head = nope + rope_dim;
+  const int64_t width = lora + rope_dim, slots = 16, q_lora = 32;
+  RopeParams rp;
+  rp.rope_dim = rope_dim;
+  const RopeTable table = make_rope_table(rp, 1 << 12);
+  const std::vector<uint16_t> w_qa = random_bf16(q_lora * H, 0.3f, 7), w_qb = random_bf16(heads * head * q_lora, 0.3f, 8);
+  const std::vector<float> q_a_norm = random_f32(q_lora, 0.5f, 1.5f, 9);
+  const std::vector<uint16_t> w_uk_t = random_bf16(heads * lora * nope, 0.3f, 10), w_kva = random_bf16(width * H, 0.3f, 2);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 3), kv_norm = random_f32(lora, 0.5f, 1.5f, 4);
+  const std::vector<int32_t> positions = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int64_t> slot_mapping = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::vector<uint16_t> q[2], q_full[2], kv[2], cache[2], q_a[2];
+  std::vector<float> res[2], scratch[2];
+  for (int joined = 0; joined < 2; ++joined) {
+    HostMoe m(sc, 41);
+    m.c.residual_copy_to = m.residual.data();  // the graph's residual, updated in place
+    q[joined].assign(8 * heads * head, kNanBf16);
+    q_full[joined].assign(8 * heads * width, kNanBf16);
+    q_a[joined].assign(8 * q_lora, kNanBf16);
+    kv[joined].assign(8 * width, kNanBf16);
+    cache[joined].assign(slots * width, kNanBf16);
+    scratch[joined].assign(8 * H, NAN);
+    FrontChain f;
+    f.hidden = H;
+    f.num_heads = heads;
+    f.qk_nope = nope;
+    f.qk_rope = rope_dim;
+    f.kv_lora = lora;
+    f.q_lora = q_lora;
+    f.w_qa = w_qa.data();
+    f.w_qb = w_qb.data();
+    f.q_a_norm = q_a_norm.data();
+    f.q_a = q_a[joined].data();
+    f.w_kva = w_kva.data();
+    f.input_norm = input_norm.data();
+    f.kv_norm = kv_norm.data();
+    f.inv_freq = table.inv_freq.data();
+    f.residual = m.residual.data();
+    f.delta = m.c.delta_out;
+    f.residual_out = scratch[joined].data();
+    f.residual_copy_to = m.residual.data();
+    f.q = q[joined].data();
+    f.kv_a = kv[joined].data();
+    f.positions = positions.data();
+    f.slot_mapping = slot_mapping.data();
+    f.cache = cache[joined].data();
+    f.num_slots = slots;
+    f.w_uk_t = w_uk_t.data();
+    f.q_full = q_full[joined].data();
+    const std::vector<Stage> moe = moe_chain_stages(m.c, 16), front = front_chain_stages(f, 16);
+    if (joined) {
+      auto plan = plan_program(join_programs(moe, front), 8, 7);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      ASSERT_TRUE(run_program_ref(*plan, 6, 3).ok());
+    } else {
+      auto a = plan_program(moe, 8, 7), b = plan_program(front, 8, 7);
+      ASSERT_TRUE(a.ok()) << a.status().message();
+      ASSERT_TRUE(b.ok()) << b.status().message();
+      ASSERT_TRUE(run_program_ref(*a, 6, 3).ok());
+      ASSERT_TRUE(run_program_ref(*b, 6, 3).ok());
+    }
+    res[joined].assign(m.residual.begin(), m.residual.begin() + 6 * H);
+  }
+  EXPECT_EQ(q[0], q[1]);
+  EXPECT_EQ(q_full[0], q_full[1]);
+  EXPECT_NE(q_full[1][0], kNanBf16) << "the absorbed query was not written";
+  EXPECT_EQ(kv[0], kv[1]);
+  EXPECT_EQ(cache[0], cache[1]);
+  for (int64_t i = 0; i < 6 * H; ++i) ASSERT_EQ(res[0][i], res[1][i]) << "residual " << i;
 }
 
 TEST(MonoProgram, MoePlanRefusesTooFewSlotsAndUnwaitedTables) {

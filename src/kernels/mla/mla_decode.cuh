@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "kernels/common/weight_view.cuh"
+#include "kernels/mla/mla_split_plan.h"
 
 namespace nucleus::kernels {
 
@@ -46,15 +47,7 @@ constexpr int kMlaDecodeWgmmaHeads = 64;
 // Keys a KV split streams at least unless a launch says otherwise
 // (min_split_keys below; the fixed minimum before it became a parameter).
 constexpr int kMlaDecodeMinSplitKeys = 128;
-// min_split_keys = kMlaDecodeSplitsAuto: each row's split count is computed
-// on the device from its key count and the call's rows,
-// s = round(sqrt(kMlaDecodeSplitCost * keys / rows)), within [1, num_splits]:
-// the s minimising s-independent work + (keys / (32 s)) serial tiles a CTA *
-// t_tile + rows * s partials * t_merge, with t_tile / (32 t_merge) = 0.54
-// measured on the H200 (docs/perf.md "MLA decode: the split plan on the
-// device": ~1.5 us a 32-key tile of 16 heads, ~0.09 us a partial merged).
-constexpr int kMlaDecodeSplitsAuto = 0;
-constexpr float kMlaDecodeSplitCost = 0.54f;
+// min_split_keys = kMlaDecodeSplitsAuto and kMlaDecodeSplitCost: kernels/mla/mla_split_plan.h.
 
 // Which rows a call processes and where their keys are.
 struct MlaDecodeRows {

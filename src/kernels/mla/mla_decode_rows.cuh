@@ -17,27 +17,10 @@ namespace nucleus::kernels::mla_decode_detail {
 
 constexpr int kTileKeys = kMlaDecodeTileKeys;  // keys of one attention tile
 
-// Keys per split of a row with num_keys keys when the grid has num_splits
-// splits and the call num_rows rows: a multiple of the launch's key tile
-// (`tile`: 32, or 64 for the 64-key attention kernel).
-//  - min_keys > 0 (the launch's min_split_keys, a multiple of the tile): the
-//    even share of the grid's splits, at least min_keys;
-//  - min_keys == 0 (kMlaDecodeSplitsAuto): the split count s that balances a
-//    split's serial tiles against the merge of rows * s partials,
-//    s = round(sqrt(kMlaDecodeSplitCost * num_keys / num_rows)) within
-//    [1, num_splits] (docs/perf.md "MLA decode: the split plan on the device").
-// Every kernel of a call computes it from the same arguments.
+// Keys per split of a row (kernels/mla/mla_split_plan.h): every kernel of a
+// call computes it from the same arguments.
 __device__ __forceinline__ int row_chunk(int num_keys, int num_splits, int min_keys, int64_t num_rows, int tile) {
-  int c;
-  if (min_keys > 0) {
-    c = (num_keys + num_splits - 1) / num_splits;
-    c = c < min_keys ? min_keys : c;
-  } else {
-    const float want = sqrtf(kMlaDecodeSplitCost * static_cast<float>(num_keys) / static_cast<float>(num_rows));
-    const int s = min(num_splits, max(1, __float2int_rn(want)));
-    c = (num_keys + s - 1) / s;
-  }
-  return (c + tile - 1) / tile * tile;
+  return mla_split_chunk(num_keys, num_splits, min_keys, num_rows, tile);
 }
 
 // The step row of a call's row i.
@@ -53,8 +36,7 @@ __device__ __forceinline__ int row_keys(const MlaDecodeRows& r, int64_t row, int
 
 // Splits a row with num_keys keys uses when the grid has num_splits.
 __device__ __forceinline__ int row_splits(int num_keys, int num_splits, int min_keys, int64_t num_rows, int tile) {
-  const int chunk = row_chunk(num_keys, num_splits, min_keys, num_rows, tile);
-  return (num_keys + chunk - 1) / chunk;
+  return mla_split_count(num_keys, num_splits, min_keys, num_rows, tile);
 }
 
 // One warp (lane = its lane): w[s] = the softmax weight of split s < ns of a

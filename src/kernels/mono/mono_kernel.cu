@@ -17,6 +17,7 @@
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/mla/mla_decode_rows.cuh"
 
 namespace nucleus::kernels::mono {
 
@@ -31,6 +32,7 @@ constexpr int kSlotBytes = kGroupRows * kRowPitch;  // 16,640
 constexpr int kMaxSlots = 12, kMinSlots = 3;
 constexpr int kRedFloats = 2 * kComputeWarps * 128;            // two buffers of the eight warps' 16 x 8 sums
 constexpr int kTileFloats = kMaxWidth * 2 * kMaxTile;           // the job's output tile [row][slot]
+static_assert(kTileFloats > kMlaDecodeMaxSplits, "a merge job keeps its split weights and count in the tile");
 constexpr int kSsFloats = kComputeWarps * kMaxWidth;            // per-warp sums of squares
 constexpr size_t kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum a CTA
 constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;
@@ -411,6 +413,38 @@ __device__ void rope_job(const Program& p, const Stage& s, int32_t r, float* scr
       s.residual_copy_to[r * s.n_residual + i] = __ldcg(s.residual_out + r * s.n_residual + i);
 }
 
+// A kMerge job (mono_program.h): row j / num_heads, head j % num_heads. The
+// split weights come from warp 0 through mla_decode_detail::split_weights
+// and each column sums its splits in split order: the attention's own merge
+// (launch_mla_decode_output_small), the same bits.
+__device__ void merge_job(const Program& p, const Stage& s, int32_t j, float* scratch, int ct) {
+  const int r = j / s.num_heads, h = j % s.num_heads;
+  if (r >= p.rows) return;  // uniform over the compute threads
+  __nv_bfloat16* out = static_cast<__nv_bfloat16*>(s.out) + r * s.out_stride + static_cast<int64_t>(h) * s.kv_lora;
+  if (s.splits == 1) {
+    const uint16_t* x = s.x + r * s.x_stride + static_cast<int64_t>(h) * s.kv_lora;
+    for (int c = ct; c < s.kv_lora; c += kConsumerThreads) out[c] = __ushort_as_bfloat16(__ldcg(x + c));
+    return;
+  }
+  const int64_t H = s.num_heads;
+  if (ct < 32) {
+    const int seq = __ldcg(s.token_seq + r);
+    const int keys = __ldcg(s.context_lens + seq) + (r - __ldcg(s.query_start + seq)) + 1;
+    const int ns = kernels::mla_split_count(keys, s.splits, s.min_split_keys, p.rows, s.key_tile);
+    mla_decode_detail::split_weights(s.lse + static_cast<int64_t>(r) * s.splits * H + h, H, ns, scratch, ct);
+    if (ct == 0) scratch[kMlaDecodeMaxSplits] = __int_as_float(ns);
+  }
+  compute_barrier();
+  const int ns = __float_as_int(scratch[kMlaDecodeMaxSplits]);
+  const float* src = s.partials + (static_cast<int64_t>(r) * s.splits * H + h) * s.kv_lora;
+  const int64_t split_stride = H * s.kv_lora;
+  for (int c = ct; c < s.kv_lora; c += kConsumerThreads) {
+    float acc = 0.0f;
+    for (int t = 0; t < ns; ++t) acc += scratch[t] * __ldcg(src + t * split_stride + c);
+    out[c] = __float2bfloat16_rn(acc);
+  }
+}
+
 // A kCombine job: columns [first, first + cols) of every row.
 __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float* scratch, int ct) {
   const RouteTable* t = s.route;
@@ -525,6 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       wait_stages(p, s.wait_mask, ct);
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
       else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
+      else if (s.kind == Kind::kMerge) merge_job(p, s, job.tile, out_tile, ct);
       else combine_job(p, s, job.tile, out_tile, ct);
     } else {
       const int32_t slot = job_slot(s, job.tile);

@@ -47,6 +47,8 @@
 
 #include <cstdint>
 
+#include "kernels/mla/mla_split_plan.h"
+
 #if defined(__CUDACC__)
 #define NUCLEUS_MONO_HD __host__ __device__
 #else
@@ -65,7 +67,7 @@ constexpr int kMaxRouteSlots = 64;   // distinct experts a route table holds (8 
 constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi-K2)
 constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
 
-enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3 };
+enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3, kMerge = 4 };
 enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1, kRmsNorm = 2 };
 enum class Epilogue : int32_t { kStoreBf16 = 0, kSiluMulBf16 = 1, kStoreF32 = 2 };
 enum class Scoring : int32_t { kSoftmax = 0, kSigmoid = 1 };
@@ -166,6 +168,26 @@ struct Stage {
   uint16_t* cache = nullptr;
   int64_t num_slots = 0, n_residual = 0;
   int32_t num_heads = 0, qk_nope = 0, qk_rope = 0, kv_lora = 0;
+  // kMerge (the split merge of the nucleus MLA decode attention,
+  // kernels/mla/mla_decode.cuh; one job per row and head: n = kMaxWidth *
+  // num_heads, tile 1, job j = row j / num_heads, head j % num_heads; rows
+  // >= the launch's rows do nothing): with `splits` > 1 the attention left
+  // each split's normalised output partials [rows, splits, num_heads,
+  // kv_lora] f32 and its log-sum-exp lse [rows, splits, num_heads] (log2
+  // domain); row r uses the first ns splits (kernels/mla/mla_split_plan.h:
+  // mla_split_count of its keys, context_lens[token_seq[r]] + r -
+  // query_start[token_seq[r]] + 1, with splits, min_split_keys, the launch's
+  // rows and key_tile), and
+  //   out[r, h * kv_lora + c] = bf16(sum_{s < ns} w_s * partials[r, s, h, c]),
+  //   w_s = 2^(lse_s - max) / sum_t 2^(lse_t - max)     (summed in split order)
+  // (the attention's own merge, launch_mla_decode_output_small's). With
+  // splits == 1 the attention wrote o_lat itself: out = x ([rows, num_heads *
+  // kv_lora] bf16, row stride x_stride).
+  const float* lse = nullptr;
+  int32_t splits = 1, min_split_keys = 0, key_tile = 32;
+  const int32_t* token_seq = nullptr;
+  const int32_t* query_start = nullptr;
+  const int32_t* context_lens = nullptr;
   // Set by plan_program (callers leave it 0): bit t when stage t builds the
   // same x (the same add + RMSNorm, or kLoad of the same unslotted rows) and
   // no stage between t and this one writes what that x is made from; the
@@ -245,7 +267,7 @@ NUCLEUS_MONO_HD inline int32_t stage_slices(const Stage& s) {
 // Row groups of a job: each range cut into groups of kGroupRows rows (the
 // last group of a range may be shorter).
 NUCLEUS_MONO_HD inline int32_t job_groups(const Stage& s, int32_t tile) {
-  if (s.kind != Kind::kGemv) return 0;  // kSelect and kCombine stream no weights
+  if (s.kind != Kind::kGemv) return 0;  // kSelect, kCombine, kRopeCache and kMerge stream no weights
   const JobRows jr = job_rows(s, tile);
   const int32_t one = (jr.count + kGroupRows - 1) / kGroupRows;
   return jr.two ? 2 * one : one;

@@ -63,6 +63,18 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
     }
     return r;
   }
+  if (s.kind == Kind::kMerge) {
+    const int64_t hl = int64_t{s.num_heads} * s.kv_lora;
+    if (s.splits > 1) {
+      r.push_back(range_of(s.partials, width * s.splits * hl, false, "partials"));
+      r.push_back(range_of(s.lse, int64_t{width} * s.splits * s.num_heads, false, "lse"));
+    } else {
+      r.push_back(range_of(s.x, (width - 1) * s.x_stride + hl, false, "x (o_lat)"));
+    }
+    r.push_back(range_of(s.token_seq, width, false, "token_seq"));
+    r.push_back(bytes_of(s.out, ((width - 1) * s.out_stride + hl) * 2, true, "out"));
+    return r;
+  }
   if (s.route) r.push_back(range_of(s.route, 1, false, "route"));
   if (s.kind == Kind::kCombine) {
     r.push_back(range_of(s.partials, (s.slots - 1) * s.x_slot_stride + width * s.n, false, "partials"));
@@ -203,9 +215,39 @@ void run_rope(const Stage& s, int32_t r, int32_t rows) {
       s.residual_copy_to[r * s.n_residual + i] = s.residual_out[r * s.n_residual + i];
 }
 
+// A kMerge job: row j / num_heads, head j % num_heads.
+void run_merge(const Stage& s, int32_t j, int32_t rows) {
+  const int32_t r = j / s.num_heads, h = j % s.num_heads;
+  if (r >= rows) return;
+  uint16_t* out = static_cast<uint16_t*>(s.out) + r * s.out_stride + int64_t{h} * s.kv_lora;
+  if (s.splits == 1) {
+    const uint16_t* x = s.x + r * s.x_stride + int64_t{h} * s.kv_lora;
+    std::copy(x, x + s.kv_lora, out);
+    return;
+  }
+  const int32_t seq = s.token_seq[r];
+  const int keys = s.context_lens[seq] + (r - s.query_start[seq]) + 1;
+  const int ns = mla_split_count(keys, s.splits, s.min_split_keys, rows, s.key_tile);
+  std::vector<float> w(static_cast<size_t>(ns));
+  float mx = -INFINITY, sum = 0.0f;
+  for (int t = 0; t < ns; ++t) mx = std::max(mx, s.lse[(int64_t{r} * s.splits + t) * s.num_heads + h]);
+  for (int t = 0; t < ns; ++t) {
+    w[t] = std::exp2(s.lse[(int64_t{r} * s.splits + t) * s.num_heads + h] - mx);
+    sum += w[t];
+  }
+  for (int t = 0; t < ns; ++t) w[t] *= 1.0f / sum;
+  for (int32_t c = 0; c < s.kv_lora; ++c) {
+    float acc = 0.0f;
+    for (int t = 0; t < ns; ++t)
+      acc += w[t] * s.partials[((int64_t{r} * s.splits + t) * s.num_heads + h) * s.kv_lora + c];
+    out[c] = f32_to_bf16(acc);
+  }
+}
+
 // One job of the CPU reference.
 void run_job(const Stage& s, int32_t tile, int32_t rows) {
   if (s.kind == Kind::kSelect) return run_select(s, rows);
+  if (s.kind == Kind::kMerge) return run_merge(s, tile, rows);
   if (s.kind == Kind::kRopeCache) return run_rope(s, tile, rows);
   if (s.kind == Kind::kCombine) return run_combine(s, tile, rows);
   const int32_t slot = job_slot(s, tile);
@@ -303,6 +345,22 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
       return bad("routing: greedy (one group) or noaux_tc");
     }
     if (!(s.routed_scaling_factor > 0.0f)) return bad("routed_scaling_factor must be positive");
+    return ok_status();
+  }
+  if (s.kind == Kind::kMerge) {
+    if (s.num_heads < 1 || s.kv_lora < 1 || s.n != int64_t{kMaxWidth} * s.num_heads || s.tile != 1)
+      return bad("a kMerge stage has one job a row and head: n = kMaxWidth * num_heads, tile = 1");
+    if (s.splits < 1 || s.splits > 256 || (s.key_tile != 32 && s.key_tile != 64) || s.min_split_keys < 0 ||
+        s.min_split_keys % s.key_tile != 0)
+      return bad(fmt::format("splits {}, key_tile {}, min_split_keys {}: need 1 ... 256 splits, a key tile of 32 or 64 "
+                             "and min_split_keys 0 or a multiple of it",
+                             s.splits, s.key_tile, s.min_split_keys));
+    if (s.splits > 1 ? !s.partials || !s.lse || !s.token_seq || !s.query_start || !s.context_lens
+                     : !s.x || s.x_stride < int64_t{s.num_heads} * s.kv_lora)
+      return bad("a kMerge stage needs the partials, lse, token_seq, query_start and context_lens (or, one split, "
+                 "o_lat as x with a row stride >= num_heads * kv_lora)");
+    if (!s.out || s.out_stride < int64_t{s.num_heads} * s.kv_lora)
+      return bad("a kMerge stage needs out with a row stride >= num_heads * kv_lora");
     return ok_status();
   }
   if (s.kind == Kind::kRopeCache) {
@@ -720,6 +778,43 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   return st;
 }
 
+std::vector<Stage> attention_output_stages(const AttentionOutputChain& c) {
+  const int64_t hl = int64_t{c.num_heads} * c.kv_lora;
+  Stage merge;
+  merge.kind = Kind::kMerge;
+  merge.n = int64_t{kMaxWidth} * c.num_heads;
+  merge.tile = 1;
+  merge.num_heads = c.num_heads;
+  merge.kv_lora = c.kv_lora;
+  merge.partials = c.partials;
+  merge.lse = c.lse;
+  merge.x = c.o_lat_in;
+  merge.x_stride = hl;
+  merge.splits = c.splits;
+  merge.min_split_keys = c.min_split_keys;
+  merge.key_tile = c.key_tile;
+  merge.token_seq = c.token_seq;
+  merge.query_start = c.query_start;
+  merge.context_lens = c.context_lens;
+  merge.out = c.o_lat;
+  merge.out_stride = hl;
+  Stage uv;  // attn_out[r, h * v_head + d] = o_lat[r, h] . W_UV[h][d]: slot h reads head h's o_lat
+  uv.w = c.kv_b ? c.kv_b + int64_t{c.qk_nope} * c.kv_lora : nullptr;
+  uv.n = c.v_head;
+  uv.k = c.kv_lora;
+  uv.x = c.o_lat;
+  uv.x_stride = hl;
+  uv.slots = c.num_heads;
+  uv.expert_stride = int64_t{c.qk_nope + c.v_head} * c.kv_lora;
+  uv.x_slot_stride = c.kv_lora;
+  uv.out = c.attn_out;
+  uv.out_stride = c.attn_out_stride > 0 ? c.attn_out_stride : int64_t{c.num_heads} * c.v_head;
+  uv.out_slot_stride = c.v_head;
+  uv.tile = c.tile;
+  uv.wait_mask = 1u << 0;
+  return {merge, uv};
+}
+
 std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second) {
   const auto n = static_cast<uint32_t>(first.size());
   // first's sinks: the stages no later stage of first waits for, directly or
@@ -819,7 +914,7 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   rope.qk_rope = c.qk_rope;
   rope.kv_lora = c.kv_lora;
   rope.wait_mask = (1u << st.size()) - 1;  // the GEMVs (q_b waited for q_a; the absorption reads q's q_nope)
-  if (c.w_uk_t) {
+  if (c.w_uk_t && c.q_full) {  // (q_full is null when only the job counts are asked for)
     rope.q_pe_out = c.q_full + c.kv_lora;
     rope.q_pe_out_stride = c.num_heads * width;
     rope.q_pe_out_head_stride = width;

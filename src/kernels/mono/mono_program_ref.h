@@ -84,6 +84,31 @@ Status run_program_ref(const ProgramPlan& plan, int32_t rows, uint64_t seed);
 // check_program refuses more than kMaxStages. x_reuse is cleared (check_program sets it).
 std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second);
 
+// The end of an MLA decode attention as a program, up to o_proj's input: the
+// split merge of the nucleus decode attention's partials (kernels/mla/
+// mla_decode.cuh, launched without its own merge), then the value
+// projection of every head (MLA's absorbed form: the output is o_lat . W_UV):
+//   merge  o_lat[r, h] = the attention's splits of row r, head h merged (kMerge)  [8, heads, kv_lora] bf16
+//   w_uv   attn_out[r, h * v_head + d] = bf16(o_lat[r, h] . W_UV[h][d])          [rows, heads * v_head] bf16
+// with W_UV[h] = kv_b_proj's rows h * (qk_nope + v_head) + qk_nope ... + v_head
+// ([v_head, kv_lora] bf16; one slot a head, side by side in each row). With
+// splits == 1 the attention wrote o_lat itself (o_lat_in [rows, heads,
+// kv_lora] bf16). At most kMaxRouteSlots heads.
+struct AttentionOutputChain {
+  int32_t num_heads = 0, kv_lora = 512, qk_nope = 128, v_head = 128;
+  const uint16_t* kv_b = nullptr;  // [heads * (qk_nope + v_head), kv_lora] bf16
+  const float* partials = nullptr;  // [rows, splits, heads, kv_lora] f32
+  const float* lse = nullptr;       // [rows, splits, heads] f32 (log2 domain)
+  const uint16_t* o_lat_in = nullptr;
+  int32_t splits = 1, min_split_keys = 0, key_tile = 32;  // the attention launch's
+  const int32_t *token_seq = nullptr, *query_start = nullptr, *context_lens = nullptr;
+  uint16_t* o_lat = nullptr;     // [8, heads, kv_lora] bf16 scratch
+  uint16_t* attn_out = nullptr;  // [rows, attn_out_stride] bf16
+  int64_t attn_out_stride = 0;   // 0: heads * v_head
+  int32_t tile = 16;             // the value projection's job columns
+};
+std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
+
 // The attention-free GEMV chain of a DeepSeek decode layer without a q LoRA
 // (DeepSeek-V2-Lite's shape: hidden 2048, q_proj + kv_a_proj 3072 + 576
 // rows, o_proj 2048 x 2048, shared experts 2 x 1408), as a program for the

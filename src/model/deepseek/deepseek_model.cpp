@@ -309,7 +309,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const bool join_programs = decode_programs && env_flag(Knob::kDecodeProgramJoin);
   // Front programs that also absorb the attention's query (NUCLEUS_DECODE_PROGRAM_ABSORB).
   const bool absorb_in_program = decode_programs && env_flag(Knob::kDecodeProgramAbsorb);
-  static std::atomic<bool> said_why_no_absorb{false};
+  // MoE programs that also merge the attention's splits and apply W_UV (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT).
+  const bool attn_output_in_program = decode_programs && env_flag(Knob::kDecodeProgramAttnOutput);
+  static std::atomic<bool> said_why_no_absorb{false}, said_why_no_attn_output{false};
   struct PendingMoe {
     std::string name;
     std::unique_ptr<MoeProgramOp> op;
@@ -344,7 +346,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     // norm not folded into the MoE op before.
     const bool fuse_kv_norm = env_auto_switch(Knob::kFuseKvANorm).value_or(AutoSwitch::kAuto) != AutoSwitch::kOff;
     bool front_in_program = false;
-    int front_q_full = -1;  // the absorbed query a front program writes, if it does
+    int front_q_full = -1;                      // the absorbed query a front program writes, if it does
+    MlaDecodeAttentionOp* program_attn = nullptr;  // the attention op after a front program
     if (decode_programs && !mtp && !norm_in_moe && !rank_.comm && !width_builds_ &&
         mode != AttentionMode::kExpanded && fuse_kv_norm && kv_cache_dtype_ == KvCacheDtype::kBF16) {
       FrontProgramOp::Parts parts;
@@ -408,6 +411,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         attn->set_absorbed_input_rows(kernels::mono::kMaxWidth);
         attn_in.push_back(front_q_full);
       }
+      program_attn = attn.get();
       g.add(p + "self_attn.attn_decode", std::move(attn), attn_in, {attn_out, q_lat, o_lat});
     } else if (l > 0 || mtp) {
       add_delta_norm(p + "input_layernorm", lw.input_layernorm, /*partial_delta=*/l > 0);
@@ -485,12 +489,30 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
       parts.experts = std::make_unique<MoeExpertsOp>(std::move(experts), inter, routing.slots());
       auto program = std::make_unique<MoeProgramOp>(l, std::move(parts), H, routing.shared_slots);
-      if (Status why = moe_program_supported(*program); why.ok()) {
+      Status why = moe_program_supported(*program);
+      // The attention's split merge and W_UV too, where the program can run them.
+      bool attn_output = false;
+      if (why.ok() && attn_output_in_program && program_attn) {
+        program_attn->set_output_in_program_rows(kernels::mono::kMaxWidth);
+        program->set_attention(program_attn);
+        if (Status no = moe_program_supported(*program); no.ok()) {
+          attn_output = true;
+        } else {
+          program_attn->set_output_in_program_rows(0);
+          program->set_attention(nullptr);
+          if (!said_why_no_attn_output.exchange(true))
+            NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT: the attention op writes its own output: {}",
+                             no.message());
+        }
+      }
+      if (why.ok()) {
         const int logits = g.buffer("router_logits", c.n_routed_experts, DType::kF32);
         const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
         const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
         const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
-        PendingMoe pm{p + "mlp.program", std::move(program), {attn_out, residual},
+        std::vector<int> moe_in = {attn_out, residual};
+        if (attn_output) moe_in.push_back(o_lat);  // the attention's o_lat scratch (one split)
+        PendingMoe pm{p + "mlp.program", std::move(program), moe_in,
                       {residual, delta, x_norm, logits, ids, weights, moe_scratch}};
         if (join_programs && l + 1 < c.num_hidden_layers) {
           pending_moe = std::move(pm);  // the next layer's front may join it
