@@ -580,13 +580,7 @@ int main(int argc, char** argv) {
         fc.cache = ptr<uint16_t>(cache);
         fc.num_slots = kSlots;
         const std::vector<mono::Stage> moe = mono::moe_chain_stages(mc, 16), front = mono::front_chain_stages(fc, 16);
-        std::vector<mono::Stage> both = moe;
-        const auto n_moe = static_cast<uint32_t>(moe.size());
-        for (mono::Stage st : front) {
-          st.wait_mask <<= n_moe;
-          if (st.kind == mono::Kind::kGemv) st.wait_mask |= 1u << (n_moe - 1);  // after the combine
-          both.push_back(st);
-        }
+        const std::vector<mono::Stage> both = mono::join_programs(moe, front);  // the front after the combine
         const auto moe_plan = device_plan(moe, m, c.num_sms), front_plan = device_plan(front, m, c.num_sms),
                    both_plan = device_plan(both, m, c.num_sms);
         if (!moe_plan || !front_plan || !both_plan) return 1;
