@@ -10,10 +10,12 @@
 // query absorption accepted with a bf16 kv_b_proj of at most 64 heads.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <deque>
 #include <memory>
 
 #include "core/tensor.h"
+#include "ops/decode_program.h"
 #include "ops/front_program_op.h"
 #include "ops/moe_program_op.h"
 
@@ -278,6 +280,13 @@ TEST(MoeProgramOp, TakesTheAttentionOutputOfItsOwnLayer) {
   Status s = moe_program_supported(*op);
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_NE(op->attrs().find("+attention output"), std::string::npos) << op->attrs();
+  op->set_max_rows(4);  // NUCLEUS_DECODE_PROGRAM_MAX_ROWS=4: the attention must stop for the same steps
+  EXPECT_TRUE(refused(*op, "set to leave its output to the program"));
+  attn.set_output_in_program_rows(4);
+  s = moe_program_supported(*op);
+  EXPECT_TRUE(s.ok()) << s.message();
+  op->set_max_rows(8);
+  attn.set_output_in_program_rows(8);
   MlaDecodeAttentionOp other_layer(2, kv_b, d, AttentionMode::kAuto);
   other_layer.set_output_in_program_rows(8);
   op->set_attention(&other_layer);
@@ -327,6 +336,14 @@ TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
     EXPECT_TRUE(refused(*op, "hidden 512"));
   }
   {
+    Front fewer;  // a front that runs programs for fewer rows than the block
+    fewer.layer = 2;
+    auto f = fewer.op();
+    f->set_max_rows(2);
+    op->set_next_front(std::move(f));
+    EXPECT_TRUE(refused(*op, "at most 2 rows a program"));
+  }
+  {
     Front fp8;
     fp8.layer = 2;
     fp8.dtype = DType::kF8E4M3;
@@ -339,6 +356,30 @@ TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
     EXPECT_EQ(op->next_front(), nullptr);
     EXPECT_TRUE(moe_program_supported(*op).ok());
   }
+}
+
+// NUCLEUS_DECODE_PROGRAM_MAX_ROWS: 1, 2, 4 or 8 (default 8); anything else
+// reads as 8 and is refused at start-up, naming the value.
+TEST(DecodeProgram, MaxRowsSwitch) {
+  unsetenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS");
+  EXPECT_EQ(decode_program_max_rows(), 8);
+  EXPECT_TRUE(decode_program_env_status().ok());
+  for (const char* v : {"1", "2", "4", "8"}) {
+    setenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS", v, 1);
+    EXPECT_EQ(decode_program_max_rows(), std::stoi(v));
+    EXPECT_TRUE(decode_program_env_status().ok());
+  }
+  for (const char* v : {"3", "16", "0", "eight"}) {
+    setenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS", v, 1);
+    EXPECT_EQ(decode_program_max_rows(), 8);
+    const Status s = decode_program_env_status();
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(std::string("'") + v + "' is not 1, 2, 4 or 8"), std::string::npos) << s.message();
+  }
+  unsetenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS");
+  EXPECT_EQ(decode_program_widths_text(4),
+            "widths 1, 2, 4 run as programs; steps of more than 4 rows run the separate ops "
+            "(NUCLEUS_DECODE_PROGRAM_MAX_ROWS)");
 }
 
 }  // namespace
