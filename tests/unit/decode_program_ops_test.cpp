@@ -8,6 +8,7 @@
 // the reason. Fronts: with and without a q LoRA accepted; FP8 weights, an
 // FP8 cache, an unfused kv norm, no device RoPE frequencies refused; the
 // query absorption accepted with a bf16 kv_b_proj of at most 64 heads.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -42,9 +43,10 @@ struct Block {
     r.top_k = top_k;
     r.shared_slots = shared;
     std::vector<ExpertWeights> ex;
-    for (int64_t e = 0; e < experts + shared; ++e)
-      ex.push_back({linear("e" + std::to_string(e) + ".gate_up", 2 * inter, hidden),
-                    linear("e" + std::to_string(e) + ".down", hidden, inter)});
+    for (int64_t e = 0; e < experts + shared; ++e) {
+      const std::string name = fmt::format("e{}", e);  // (GCC 12 warns, wrongly, on "e" + std::to_string(e))
+      ex.push_back({linear(name + ".gate_up", 2 * inter, hidden), linear(name + ".down", hidden, inter)});
+    }
     MoeProgramOp::Parts p;
     p.o_proj = std::make_unique<LinearOp>(linear("o_proj", hidden, o_k), false);
     p.norm = std::make_unique<AddRmsNormOp>(norm, 1e-6f, true);
@@ -374,7 +376,10 @@ TEST(DecodeProgram, MaxRowsSwitch) {
     EXPECT_EQ(decode_program_max_rows(), 8);
     const Status s = decode_program_env_status();
     EXPECT_FALSE(s.ok());
-    EXPECT_NE(s.message().find(std::string("'") + v + "' is not 1, 2, 4 or 8"), std::string::npos) << s.message();
+    std::string want = "NUCLEUS_DECODE_PROGRAM_MAX_ROWS='";
+    want += v;
+    want += "' is not 1, 2, 4 or 8";
+    EXPECT_EQ(s.message(), want);
   }
   unsetenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS");
   EXPECT_EQ(decode_program_widths_text(4),
