@@ -255,6 +255,11 @@ constexpr KnobInfo kKnobs[] = {
      "applies W_UV (ops/moe_program_op.h), the attention op stopping after its kernel, for steps of at most 8 rows; "
      "0: the attention op's own output kernel; read when a graph is built",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodeProgramMaxRows), "NUCLEUS_DECODE_PROGRAM_MAX_ROWS", KnobType::kEnum, "1, 2, 4, 8", "8",
+     "with NUCLEUS_DECODE_PROGRAMS=1, the decode-program ops run steps of at most this many rows as programs "
+     "(widths 1 ... it) and wider steps as the separate ops they hold; read when a graph is built; another value "
+     "is refused at start-up",
+     "src/ops/decode_program.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

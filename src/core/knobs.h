@@ -73,6 +73,7 @@ enum class Knob {
   kDecodeProgramJoin,
   kDecodeProgramAbsorb,
   kDecodeProgramAttnOutput,
+  kDecodeProgramMaxRows,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

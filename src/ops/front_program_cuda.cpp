@@ -152,10 +152,10 @@ void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, con
   const int64_t rows = in[0].dim(0);
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
-  if (!s && rows <= mono::kMaxWidth && op.absorbs())  // the attention would read an absorbed query never written
+  if (!s && rows <= op.max_rows() && op.absorbs())  // the attention would read an absorbed query never written
     return ctx.fail(failed_precondition("front_program (layer " + std::to_string(op.layer()) +
                                         ") absorbs the query but was not reserved"));
-  if (rows > mono::kMaxWidth || !s) return run_parts(op, ctx, in, out);
+  if (rows > op.max_rows() || !s) return run_parts(op, ctx, in, out);
   const FrontProgramBuffers b = front_program_buffers(op, ctx, in, out);
   s->runner.launch(ctx, rows, front_program_buffer_key(b), [&](int32_t) { return front_program_stages(op, b); },
                    "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");

@@ -3,8 +3,8 @@
 //   input_layernorm, self_attn.q_proj (with a q LoRA: q_a_proj,
 //   q_a_layernorm, q_b_proj), self_attn.kv_a_proj_with_mqa,
 //   self_attn.rope_kv_cache_write (kv_a_layernorm fused)
-// compute, as one launch of the decode-program kernel for steps of at most 8
-// rows:
+// compute, as one launch of the decode-program kernel for steps of at most
+// max_rows() rows (8 unless NUCLEUS_DECODE_PROGRAM_MAX_ROWS says less):
 //   residual += delta (not for the first layer);  x = rmsnorm(residual) * w
 //   q = x . W_q^T (q = rmsnorm(x . W_qa^T) * w_qa . W_qb^T), q_pe rotated;  kv_a = x . W_kva^T
 //   cache[layer, slot] = [rmsnorm(c_kv) * w_kv | rope(k_pe)]   (slot -1: none)
@@ -64,6 +64,10 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   int64_t hidden() const { return hidden_; }
   bool has_delta() const { return parts_.norm && parts_.norm->has_delta(); }
   bool absorbs() const { return parts_.kv_b != nullptr; }
+  // Steps of at most this many rows (1, 2, 4 or 8; ops/decode_program.h) run
+  // as a program; wider steps the held ops. Default 8.
+  void set_max_rows(int64_t rows) { max_rows_ = rows; }
+  int64_t max_rows() const { return max_rows_; }
   std::shared_ptr<void>& device_state() { return state_; }
   const std::shared_ptr<void>& device_state() const { return state_; }
 
@@ -76,6 +80,7 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   int64_t layer_;
   Parts parts_;
   int64_t hidden_;
+  int64_t max_rows_ = 8;
   std::shared_ptr<void> state_;
 };
 

@@ -187,9 +187,12 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
   const int64_t small_rows = std::min<int64_t>(mla_decode_small_rows(H, fp8_direct), kernels::kMlaDecodeSmallRows);
   const int64_t out_stride = out[0].row_numel();
   // A decode program merges the splits and applies W_UV (output_in_program_rows): stop after the attention kernel.
-  const bool handoff = rs.rows == nullptr && T <= op.output_in_program_rows();
-  NUCLEUS_CHECK(!handoff || T <= std::min<int64_t>(W, kernels::kMlaDecodeSmallRows),
-                "mla_decode: a step of {} rows cannot leave its splits to a program", T);
+  const bool handoff = T <= op.output_in_program_rows();
+  if (handoff && (rs.rows != nullptr || T > std::min<int64_t>(W, kernels::kMlaDecodeSmallRows)))
+    return ctx.fail(internal_error("mla_decode (layer " + std::to_string(op.layer()) + "): a step of " +
+                                   std::to_string(T) + " rows" + (rs.rows ? " with multi-token sequences" : "") +
+                                   " cannot leave its splits to the decode program (scratch of " + std::to_string(W) +
+                                   " rows)"));
   for (int64_t r0 = 0; r0 < rs.num_rows; r0 += W) {
     const int64_t n = std::min(W, rs.num_rows - r0);
     const kernels::MlaDecodeRows r = rows_of(ctx, rs, r0, n);

@@ -199,10 +199,10 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   const int64_t rows = in[0].dim(0);
   if (rows == 0) return;
   auto* s = static_cast<State*>(op.device_state().get());
-  if (!s && rows <= mono::kMaxWidth && op.attention())  // the attention left its output to a program that cannot run
+  if (!s && rows <= op.max_rows() && op.attention())  // the attention left its output to a program that cannot run
     return ctx.fail(failed_precondition("moe_program (layer " + std::to_string(op.layer()) +
                                         ") runs the attention's output but was not reserved"));
-  if (rows > mono::kMaxWidth || !s) {
+  if (rows > op.max_rows() || !s) {
     run_parts(op, ctx, in, out);
     if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(out));
     return;

@@ -56,7 +56,7 @@ Status moe_program_supported(const MoeProgramOp& op) {
   }
   if (const MlaDecodeAttentionOp* a = op.attention()) {
     const kernels::MlaDims& d = a->dims();
-    if (a->layer() != op.layer() || a->output_in_program_rows() != 8)
+    if (a->layer() != op.layer() || a->output_in_program_rows() != op.max_rows())
       return unsupported("the attention op is not this layer's, set to leave its output to the program");
     if (d.kv_lora != 512 || d.qk_rope != 64 || d.qk_nope != 128 || d.v_head != 128 || d.num_heads < 1 ||
         d.num_heads > 64)
@@ -75,9 +75,10 @@ Status moe_program_supported(const MoeProgramOp& op) {
     return unsupported(std::to_string(stages) + " stages, more than a program holds (" +
                        std::to_string(kernels::mono::kMaxStages) + ")");
   if (const FrontProgramOp* f = op.next_front()) {
-    if (f->layer() != op.layer() + 1 || !f->has_delta() || f->hidden() != H)
+    if (f->layer() != op.layer() + 1 || !f->has_delta() || f->hidden() != H || f->max_rows() != op.max_rows())
       return unsupported("the joined front is not the next layer's (layer " + std::to_string(f->layer()) +
-                         ", hidden " + std::to_string(f->hidden()) + ")");
+                         ", hidden " + std::to_string(f->hidden()) + ", at most " + std::to_string(f->max_rows()) +
+                         " rows a program)");
     if (Status why = front_program_supported(*f); !why.ok())
       return unsupported("the joined front: " + why.message());
   }

@@ -3,7 +3,8 @@
 // the decode graph's
 //   self_attn.o_proj, post_attention_layernorm, mlp.gate, mlp.route, mlp.experts
 // (the shared experts fused as routed experts) compute, as one launch of the
-// persistent decode-program kernel for steps of at most 8 rows:
+// persistent decode-program kernel for steps of at most max_rows() rows (8
+// unless NUCLEUS_DECODE_PROGRAM_MAX_ROWS says less):
 //   delta = attn_out . W_o^T
 //   residual += delta;  x = rmsnorm(residual) * w
 //   logits = x . W_router^T;  the route table (kernels/moe/moe_ref.h's rules)
@@ -32,7 +33,7 @@
 // Wider steps run the block's ops, then the front op.
 //
 // Starting at the attention's output (set_attention;
-// NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT, on by default with programs): for steps of at most 8 rows the
+// NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT, on by default with programs): for steps the program runs, the
 // attention op stops after its kernel (MlaDecodeAttentionOp::
 // set_output_in_program_rows) and the program first merges its KV splits and
 // applies W_UV of every head (kernels/mono attention_output_stages), writing
@@ -89,6 +90,10 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   // owned: the same graph holds it); null: the program starts at o_proj.
   void set_attention(const MlaDecodeAttentionOp* attention) { attention_ = attention; }
   const MlaDecodeAttentionOp* attention() const { return attention_; }
+  // Steps of at most this many rows (1, 2, 4 or 8; ops/decode_program.h) run
+  // as a program; wider steps the held ops (and the joined front's). Default 8.
+  void set_max_rows(int64_t rows) { max_rows_ = rows; }
+  int64_t max_rows() const { return max_rows_; }
 
  protected:
   std::vector<Op*> held() const override {
@@ -101,6 +106,7 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   Parts parts_;
   std::unique_ptr<FrontProgramOp> next_front_;
   const MlaDecodeAttentionOp* attention_ = nullptr;
+  int64_t max_rows_ = 8;
   int64_t hidden_, shared_pieces_;
   std::shared_ptr<void> state_;
 };
@@ -113,7 +119,7 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
 // all-reduce before the norm), no add + norm folded into the experts op; a
 // next front that front_program_supported accepts, of layer + 1, with a
 // delta and the same hidden size; an attention op of this layer set to leave
-// its output to the program (output_in_program_rows 8), with kv_lora 512,
+// its output to the program (output_in_program_rows = max_rows()), with kv_lora 512,
 // qk_rope 64, qk_nope 128, v_head 128, at most 64 heads and a bf16
 // kv_b_proj.
 Status moe_program_supported(const MoeProgramOp& op);

@@ -9,6 +9,8 @@
 //    attention's query and each MoE program merging the attention's splits
 //    and applying W_UV, unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
 //    NUCLEUS_DECODE_PROGRAM_ABSORB=0 / NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0;
+//    with NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 only steps of 1 or 2 rows run
+//    programs (the start-up log names the widths), the rest the held ops;
 //  - greedy tokens of the eight reference prompts, run together (8 rows: a
 //    program of width 8), at most 5 a step (widths 8 and 4 on 5 and 3 rows:
 //    pad rows), one by one (width 1), and each prompt twice (16 rows: the
@@ -72,7 +74,7 @@ void check_programs(const std::string& model, bool served) {
   for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0 "
                           "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0",
-                          "NUCLEUS_DECODE_PROGRAMS=0"}) {
+                          "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2", "NUCLEUS_DECODE_PROGRAMS=0"}) {
     const bool on = std::string(env).find("PROGRAMS=1") != std::string::npos;
     const bool joined = on && std::string(env).find("JOIN=0") == std::string::npos;
     const bool absorbed = on && std::string(env).find("ABSORB=0") == std::string::npos;
@@ -83,6 +85,14 @@ void check_programs(const std::string& model, bool served) {
     EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined && served) << env << ": the join";
     // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).
     EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed && served) << env << ": the absorption";
+    // The start-up log says which widths run as programs.
+    const bool two = std::string(env).find("MAX_ROWS=2") != std::string::npos;
+    if (on && served) {
+      EXPECT_NE(batch.err.find(two ? "decode programs: widths 1, 2 run as programs"
+                                   : "decode programs: widths 1, 2, 4, 8 run as programs"),
+                std::string::npos)
+          << env << ": " << batch.err.substr(0, 2000);
+    }
     // The MoE programs merge the attention's splits and apply W_UV (attrs "+attention output").
     EXPECT_EQ(batch.err.find("+attention output") != std::string::npos, absorbed && served)
         << env << ": the attention output";
@@ -117,6 +127,30 @@ void check_programs(const std::string& model, bool served) {
 }
 
 TEST(GpuDecodeProgram, MoeBlocksOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3", /*served=*/true); }
+
+// Programs under MTP speculative decoding with one sequence at a time: verify
+// steps of up to 3 rows run as decode rows, wider than the attention's scratch
+// of max_num_seqs rows (the model sizes it for the widest program); greedy
+// tokens still equal the references.
+TEST(GpuDecodeProgram, WithMtpSpeculativeDecoding) {
+  ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device";
+  std::ifstream in(testing::model_path("ref/cases.json"));
+  const json cases = json::parse(in)["tiny-dsv3"];
+  const std::string dir = testing::make_temp_dir("nucleus_programs_mtp");
+  {
+    std::ofstream f(dir + "/prompts.jsonl");
+    for (const json& c : cases) f << json{{"prompt_token_ids", c["prompt_token_ids"]}}.dump() << "\n";
+  }
+  RunResult r = run("generate --device cuda --model " + testing::model_path("tiny-dsv3") +
+                        " --max-tokens 32 --ignore-eos --temperature 0 --json --max-num-seqs 1 --speculative-config "
+                        "'{\"method\": \"deepseek_mtp\", \"num_speculative_tokens\": 2}' --prompts " +
+                        dir + "/prompts.jsonl",
+                    "NUCLEUS_DECODE_PROGRAMS=1", dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::vector<std::vector<int>> got;
+  for (const json& line : json_lines(r.out)) got.push_back(line["token_ids"]);
+  expect_reference(cases, got, "programs with MTP, one sequence at a time");
+}
 
 TEST(GpuDecodeProgram, Fp8ModelKeepsTheSeparateOps) { check_programs("tiny-dsv3-fp8", /*served=*/false); }
 

@@ -624,8 +624,9 @@ void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_TRUE(rows_close(m.d_residual_out, m.h_residual_out, rows, m.shape.hidden, "residual_out"));
   EXPECT_TRUE(rows_close(m.d_logits, m.h_logits, rows, m.shape.num_experts, "logits"));
-  if (m.shape.shared_inter > 0)
+  if (m.shape.shared_inter > 0) {
     EXPECT_TRUE(rows_close(m.d_h_shared, m.h_h_shared, rows, m.shape.shared_inter, "h_shared"));
+  }
   // The route table against the reference router on the kernel's own logits:
   // the same experts in the same order, the weights to f32 rounding.
   RouteTable got;
@@ -640,8 +641,9 @@ void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
   }
   if (got.count != m.h_table.count || !std::equal(got.expert, got.expert + got.count, m.h_table.expert))
     std::printf("(routing differs from the CPU program's at a near-tie; delta_out is checked for the kernel's)\n");
-  if (m.tables)
+  if (m.tables) {
     EXPECT_TRUE(rows_close(m.d_residual_copy, m.h_residual_copy, rows, m.shape.hidden, "residual copied back"));
+  }
   // The output: the CPU block for the kernel's routing.
   EXPECT_TRUE(rows_close(m.d_delta_out, moe_from_table(m, got, rows), rows, m.shape.hidden, "delta_out"));
   // Twice more, the second as a PDL dependent: the same bits, the counters back at zero.
@@ -785,7 +787,9 @@ TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_TRUE(rows_close(d_kv, h_kv, rows, width, "kv_a"));
     EXPECT_TRUE(rows_close(d_q, h_q, rows, heads * head, "q"));
-    if (absorb) EXPECT_TRUE(rows_close(d_q_full, h_q_full, rows, heads * width, "q_full (absorbed query)"));
+    if (absorb) {
+      EXPECT_TRUE(rows_close(d_q_full, h_q_full, rows, heads * width, "q_full (absorbed query)"));
+    }
     EXPECT_TRUE(rows_close(d_copy, h_copy, rows, H, "residual copied back"));
     const std::vector<float> guarded = widen(host_copy<uint16_t>(d_cache_guarded)), want = widen(h_cache);
     for (int64_t i = 0; i < width; ++i) {

@@ -8,12 +8,15 @@
 // the reason. Fronts: with and without a q LoRA accepted; FP8 weights, an
 // FP8 cache, an unfused kv norm, no device RoPE frequencies refused; the
 // query absorption accepted with a bf16 kv_b_proj of at most 64 heads.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <deque>
 #include <memory>
 
 #include "core/tensor.h"
+#include "ops/decode_program.h"
 #include "ops/front_program_op.h"
 #include "ops/moe_program_op.h"
 
@@ -40,9 +43,10 @@ struct Block {
     r.top_k = top_k;
     r.shared_slots = shared;
     std::vector<ExpertWeights> ex;
-    for (int64_t e = 0; e < experts + shared; ++e)
-      ex.push_back({linear("e" + std::to_string(e) + ".gate_up", 2 * inter, hidden),
-                    linear("e" + std::to_string(e) + ".down", hidden, inter)});
+    for (int64_t e = 0; e < experts + shared; ++e) {
+      const std::string name = fmt::format("e{}", e);  // (GCC 12 warns, wrongly, on "e" + std::to_string(e))
+      ex.push_back({linear(name + ".gate_up", 2 * inter, hidden), linear(name + ".down", hidden, inter)});
+    }
     MoeProgramOp::Parts p;
     p.o_proj = std::make_unique<LinearOp>(linear("o_proj", hidden, o_k), false);
     p.norm = std::make_unique<AddRmsNormOp>(norm, 1e-6f, true);
@@ -278,6 +282,13 @@ TEST(MoeProgramOp, TakesTheAttentionOutputOfItsOwnLayer) {
   Status s = moe_program_supported(*op);
   EXPECT_TRUE(s.ok()) << s.message();
   EXPECT_NE(op->attrs().find("+attention output"), std::string::npos) << op->attrs();
+  op->set_max_rows(4);  // NUCLEUS_DECODE_PROGRAM_MAX_ROWS=4: the attention must stop for the same steps
+  EXPECT_TRUE(refused(*op, "set to leave its output to the program"));
+  attn.set_output_in_program_rows(4);
+  s = moe_program_supported(*op);
+  EXPECT_TRUE(s.ok()) << s.message();
+  op->set_max_rows(8);
+  attn.set_output_in_program_rows(8);
   MlaDecodeAttentionOp other_layer(2, kv_b, d, AttentionMode::kAuto);
   other_layer.set_output_in_program_rows(8);
   op->set_attention(&other_layer);
@@ -327,6 +338,14 @@ TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
     EXPECT_TRUE(refused(*op, "hidden 512"));
   }
   {
+    Front fewer;  // a front that runs programs for fewer rows than the block
+    fewer.layer = 2;
+    auto f = fewer.op();
+    f->set_max_rows(2);
+    op->set_next_front(std::move(f));
+    EXPECT_TRUE(refused(*op, "at most 2 rows a program"));
+  }
+  {
     Front fp8;
     fp8.layer = 2;
     fp8.dtype = DType::kF8E4M3;
@@ -339,6 +358,33 @@ TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
     EXPECT_EQ(op->next_front(), nullptr);
     EXPECT_TRUE(moe_program_supported(*op).ok());
   }
+}
+
+// NUCLEUS_DECODE_PROGRAM_MAX_ROWS: 1, 2, 4 or 8 (default 8); anything else
+// reads as 8 and is refused at start-up, naming the value.
+TEST(DecodeProgram, MaxRowsSwitch) {
+  unsetenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS");
+  EXPECT_EQ(decode_program_max_rows(), 8);
+  EXPECT_TRUE(decode_program_env_status().ok());
+  for (const char* v : {"1", "2", "4", "8"}) {
+    setenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS", v, 1);
+    EXPECT_EQ(decode_program_max_rows(), std::stoi(v));
+    EXPECT_TRUE(decode_program_env_status().ok());
+  }
+  for (const char* v : {"3", "16", "0", "eight"}) {
+    setenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS", v, 1);
+    EXPECT_EQ(decode_program_max_rows(), 8);
+    const Status s = decode_program_env_status();
+    EXPECT_FALSE(s.ok());
+    std::string want = "NUCLEUS_DECODE_PROGRAM_MAX_ROWS='";
+    want += v;
+    want += "' is not 1, 2, 4 or 8";
+    EXPECT_EQ(s.message(), want);
+  }
+  unsetenv("NUCLEUS_DECODE_PROGRAM_MAX_ROWS");
+  EXPECT_EQ(decode_program_widths_text(4),
+            "widths 1, 2, 4 run as programs; steps of more than 4 rows run the separate ops "
+            "(NUCLEUS_DECODE_PROGRAM_MAX_ROWS)");
 }
 
 }  // namespace

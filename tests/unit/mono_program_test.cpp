@@ -810,19 +810,21 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
 // or the device rule), then W_UV per head, against an f64 computation of the
 // documented formulas written here; with one split, o_lat passed through.
 TEST(MonoProgram, AttentionOutputMergesTheSplitsAndProjectsValues) {
-  const int32_t heads = 4, lora = 32, nope = 16, v = 16, S = 8, tile = 32;
+  const int32_t heads = 4, lora = 32, nope = 16, v = 16, S = 8;
   const std::vector<uint16_t> kv_b = random_bf16(heads * (nope + v) * lora, 0.3f, 21);
-  const std::vector<int32_t> context = {0, 31, 100, 300, 1000, 255, 64, 7};
+  // (89 context keys: 3 splits of a 5-row call under the device rule at 32-key tiles, 2 of an 8-row one.)
+  const std::vector<int32_t> context = {0, 89, 100, 300, 1000, 255, 64, 7};
   std::vector<int32_t> token_seq(8), query_start(9);
   for (int i = 0; i < 8; ++i) token_seq[i] = query_start[i] = i;
   query_start[8] = 8;
   const std::vector<float> partials = random_f32(8 * S * heads * lora, -2.0f, 2.0f, 22);
   const std::vector<float> lse = random_f32(8 * S * heads, -6.0f, 6.0f, 23);
   const std::vector<uint16_t> o_lat_in = random_bf16(8 * heads * lora, 1.0f, 24);
-  for (auto [w, rows, splits, min_keys] : {std::tuple{8, 6, S, 64}, std::tuple{8, 8, S, 0}, std::tuple{1, 1, S, 32},
-                                           std::tuple{4, 3, 1, 32}}) {
+  for (auto [w, rows, splits, min_keys, tile] :
+       {std::tuple{8, 6, S, 64, 32}, std::tuple{8, 8, S, 0, 32}, std::tuple{1, 1, S, 32, 32}, std::tuple{4, 3, 1, 32, 32},
+        std::tuple{8, 5, S, 0, 32}, std::tuple{8, 5, S, 0, 64}, std::tuple{8, 7, S, 32, 64}}) {  // (min_split_keys 32 at 64-key tiles: allowed)
     SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << ", splits " << splits
-                                      << ", min_split_keys " << min_keys);
+                                      << ", min_split_keys " << min_keys << ", key tile " << tile);
     std::vector<uint16_t> o_lat(8 * heads * lora, kNanBf16), out(8 * heads * v, kNanBf16);
     AttentionOutputChain c;
     c.num_heads = heads;
@@ -902,6 +904,9 @@ TEST(MonoProgram, AttentionOutputMergesTheSplitsAndProjectsValues) {
   EXPECT_FALSE(plan_program(attention_output_stages(bad), 8, 4).ok());
   bad.splits = 8;
   bad.key_tile = 48;
+  EXPECT_FALSE(plan_program(attention_output_stages(bad), 8, 4).ok());
+  bad.key_tile = 64;
+  bad.min_split_keys = 48;  // not a multiple of 32
   EXPECT_FALSE(plan_program(attention_output_stages(bad), 8, 4).ok());
 }
 

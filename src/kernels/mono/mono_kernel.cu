@@ -33,6 +33,7 @@ constexpr int kMaxSlots = 12, kMinSlots = 3;
 constexpr int kRedFloats = 2 * kComputeWarps * 128;            // two buffers of the eight warps' 16 x 8 sums
 constexpr int kTileFloats = kMaxWidth * 2 * kMaxTile;           // the job's output tile [row][slot]
 static_assert(kTileFloats > kMlaDecodeMaxSplits, "a merge job keeps its split weights and count in the tile");
+static_assert(kMaxMergeSplits == kMlaDecodeMaxSplits, "a merge stage takes the splits the attention makes");
 constexpr int kSsFloats = kComputeWarps * kMaxWidth;            // per-warp sums of squares
 constexpr size_t kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum a CTA
 constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;

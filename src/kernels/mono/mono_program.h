@@ -66,6 +66,7 @@ constexpr int64_t kMaxK = 8192; // the widest x a stage reads (x sits in shared 
 constexpr int kMaxRouteSlots = 64;   // distinct experts a route table holds (8 rows x top-8)
 constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi-K2)
 constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
+constexpr int kMaxMergeSplits = 256; // KV splits a kMerge stage merges (kernels::kMlaDecodeMaxSplits)
 
 enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3, kMerge = 4 };
 enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1, kRmsNorm = 2 };

@@ -350,11 +350,13 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
   if (s.kind == Kind::kMerge) {
     if (s.num_heads < 1 || s.kv_lora < 1 || s.n != int64_t{kMaxWidth} * s.num_heads || s.tile != 1)
       return bad("a kMerge stage has one job a row and head: n = kMaxWidth * num_heads, tile = 1");
-    if (s.splits < 1 || s.splits > 256 || (s.key_tile != 32 && s.key_tile != 64) || s.min_split_keys < 0 ||
-        s.min_split_keys % s.key_tile != 0)
-      return bad(fmt::format("splits {}, key_tile {}, min_split_keys {}: need 1 ... 256 splits, a key tile of 32 or 64 "
-                             "and min_split_keys 0 or a multiple of it",
-                             s.splits, s.key_tile, s.min_split_keys));
+    // As the attention launch takes them (kernels/mla/mla_decode.cuh): min_split_keys a multiple of 32
+    // whatever the key tile (the split rule rounds each chunk up to the tile).
+    if (s.splits < 1 || s.splits > kMaxMergeSplits || (s.key_tile != 32 && s.key_tile != 64) ||
+        s.min_split_keys < 0 || s.min_split_keys % 32 != 0)
+      return bad(fmt::format("splits {}, key_tile {}, min_split_keys {}: need 1 ... {} splits, a key tile of 32 or 64 "
+                             "and min_split_keys 0 or a multiple of 32",
+                             s.splits, s.key_tile, s.min_split_keys, kMaxMergeSplits));
     if (s.splits > 1 ? !s.partials || !s.lse || !s.token_seq || !s.query_start || !s.context_lens
                      : !s.x || s.x_stride < int64_t{s.num_heads} * s.kv_lora)
       return bad("a kMerge stage needs the partials, lse, token_seq, query_start and context_lens (or, one split, "

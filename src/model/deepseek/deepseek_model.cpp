@@ -22,7 +22,7 @@
 #include "ops/mla_prefill.h"
 #include "ops/moe_decode.h"
 #include "ops/moe_ops.h"
-#include "kernels/mono/mono_program.h"
+#include "ops/decode_program.h"
 #include "ops/front_program_op.h"
 #include "ops/moe_program_op.h"
 #include "ops/prezero.h"
@@ -72,6 +72,7 @@ Status DeepseekModel::env_status() {
   NUCLEUS_RETURN_IF_ERROR(moe_decode_env_status());
   NUCLEUS_RETURN_IF_ERROR(moe_up_splits_env_status());
   NUCLEUS_RETURN_IF_ERROR(mla_decode_env_status());
+  NUCLEUS_RETURN_IF_ERROR(decode_program_env_status());
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kFuseKvANorm));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMtpDeviceHidden));
   NUCLEUS_RETURN_IF_ERROR(auto_switch_env_status(Knob::kMoeCombineNorm));
@@ -246,7 +247,11 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const int q = g.buffer("q", nh * c.qk_head_dim(), act);
   const int kv_a = g.buffer("kv_a", c.kv_cache_width(), act);
   const int attn_out = g.buffer("attn_out", nh * c.v_head_dim, act);
-  const int64_t W = options_.scratch_rows;
+  // Rows the attention's scratch holds. A decode program's step runs the attention in one piece (its
+  // splits left to the program): at least the widest program's rows.
+  const int64_t W = kind == StepKind::kDecode && options_.device == Device::kCuda && env_flag(Knob::kDecodePrograms)
+                        ? std::max<int64_t>(options_.scratch_rows, decode_program_max_rows())
+                        : options_.scratch_rows;
   const int q_lat = g.scratch("mla_q_lat", W, nh * c.kv_lora_rank, DType::kF32);
   const int o_lat = g.scratch("mla_o_lat", W, nh * c.kv_lora_rank, DType::kF32);
 
@@ -311,6 +316,10 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const bool absorb_in_program = decode_programs && env_flag(Knob::kDecodeProgramAbsorb);
   // MoE programs that also merge the attention's splits and apply W_UV (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT).
   const bool attn_output_in_program = decode_programs && env_flag(Knob::kDecodeProgramAttnOutput);
+  // Steps of at most this many rows run as programs (NUCLEUS_DECODE_PROGRAM_MAX_ROWS).
+  const int64_t program_rows = decode_program_max_rows();
+  int program_fronts = 0, program_blocks = 0, joined_fronts = 0, absorbing_fronts = 0, attention_outputs = 0;
+  static std::atomic<bool> said_programs{false};
   static std::atomic<bool> said_why_no_absorb{false}, said_why_no_attn_output{false};
   struct PendingMoe {
     std::string name;
@@ -365,6 +374,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           static_cast<float>(rope_params(c).attention_factor), kv_cache_dtype_);
       parts.rope->fuse_kv_norm(aw.kv_a_layernorm, eps);
       auto front = std::make_unique<FrontProgramOp>(l, std::move(parts), H);
+      front->set_max_rows(program_rows);
       Status why = front_program_supported(*front);
       // The attention's query absorption too (NUCLEUS_DECODE_PROGRAM_ABSORB), where the program can run it.
       if (why.ok() && absorb_in_program) {
@@ -387,6 +397,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           if (Status join = moe_program_supported(*pending_moe->op); join.ok()) {
             for (size_t i = 2; i < outs.size(); ++i) pending_moe->out.push_back(outs[i]);
             pending_moe->name += "+next_front";
+            ++joined_fronts;
           } else {
             front = pending_moe->op->take_next_front();
             NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAM_JOIN: layer {}'s front runs as its own program: {}", l,
@@ -394,6 +405,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           }
         }
         add_pending_moe();
+        ++program_fronts;
+        if (front_q_full >= 0) ++absorbing_fronts;
         if (front && l > 0)
           g.add(p + "self_attn.front_program", std::move(front), {residual, delta}, outs);
         else if (front)
@@ -408,7 +421,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       auto attn = std::make_unique<MlaDecodeAttentionOp>(l, &aw.kv_b_proj, dims, mode, kv_cache_dtype_);
       std::vector<int> attn_in = {q};
       if (front_q_full >= 0) {  // the front program's absorbed query, for the steps a program runs
-        attn->set_absorbed_input_rows(kernels::mono::kMaxWidth);
+        attn->set_absorbed_input_rows(program_rows);
         attn_in.push_back(front_q_full);
       }
       program_attn = attn.get();
@@ -489,14 +502,18 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
       parts.experts = std::make_unique<MoeExpertsOp>(std::move(experts), inter, routing.slots());
       auto program = std::make_unique<MoeProgramOp>(l, std::move(parts), H, routing.shared_slots);
+      program->set_max_rows(program_rows);
       Status why = moe_program_supported(*program);
       // The attention's split merge and W_UV too, where the program can run them.
       bool attn_output = false;
-      if (why.ok() && attn_output_in_program && program_attn) {
-        program_attn->set_output_in_program_rows(kernels::mono::kMaxWidth);
+      // (Not where NUCLEUS_FORCE_KERNEL names another attention backend: only nucleus leaves its splits.)
+      const std::string forced_attention = forced_backend("mla_decode");
+      if (why.ok() && attn_output_in_program && program_attn && (forced_attention.empty() || forced_attention == "nucleus")) {
+        program_attn->set_output_in_program_rows(program_rows);
         program->set_attention(program_attn);
         if (Status no = moe_program_supported(*program); no.ok()) {
           attn_output = true;
+          ++attention_outputs;
         } else {
           program_attn->set_output_in_program_rows(0);
           program->set_attention(nullptr);
@@ -520,6 +537,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           g.add(pm.name, std::move(pm.op), pm.in, pm.out);
         }
         ++moe_layers;
+        ++program_blocks;
         continue;
       } else if (!said_why_no_program.exchange(true)) {
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
@@ -572,6 +590,12 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     }
   }
   add_pending_moe();
+  // Which steps and which parts of the layers run as programs, once.
+  if ((program_fronts > 0 || program_blocks > 0) && rank_.shard.rank == 0 && !said_programs.exchange(true))
+    NUCLEUS_LOG_INFO("decode programs: {}; {} attention fronts ({} absorbing the query) and {} MoE blocks ({} with "
+                     "the attention's output, {} joined with the next layer's front) of {} layers",
+                     decode_program_widths_text(program_rows), program_fronts, absorbing_fronts, program_blocks,
+                     attention_outputs, joined_fronts, c.num_hidden_layers);
   add_delta_norm("norm", weights_.norm, /*partial_delta=*/true);
   // Asked for by name (=1) but nowhere possible: say why, once.
   static std::atomic<bool> said_why_not_folded{false};

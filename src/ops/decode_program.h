@@ -1,0 +1,26 @@
+// Which steps the decode-program ops (ops/front_program_op.h,
+// ops/moe_program_op.h) run as programs: those of at most
+// decode_program_max_rows() rows, that is the program widths 1 ... that
+// (kernels/mono/mono_program.h builds widths 1, 2, 4 and 8); wider steps run
+// the separate ops the program ops hold. docs/decode_program.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/status.h"
+
+namespace nucleus {
+
+// NUCLEUS_DECODE_PROGRAM_MAX_ROWS: 1, 2, 4 or 8 (default 8, the widest
+// program). Read when a graph is built; a malformed value reads as 8 here
+// and is refused by decode_program_env_status() at model creation.
+int64_t decode_program_max_rows();
+// OK, or invalid_argument naming a NUCLEUS_DECODE_PROGRAM_MAX_ROWS value that
+// is not 1, 2, 4 or 8.
+Status decode_program_env_status();
+// "widths 1, 2, 4 run as programs; wider steps (8 and up) the separate ops"
+// for max_rows, for the start-up log.
+std::string decode_program_widths_text(int64_t max_rows);
+
+}  // namespace nucleus
