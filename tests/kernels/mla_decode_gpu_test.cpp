@@ -9,6 +9,8 @@
 // bf16 values; the GPU rounds q_lat, the probabilities and o_lat to bf16 and
 // the output to bf16, so we require ||got - want|| / ||want|| <= 1e-2 and
 // every element within 3e-2 * max|want| (outputs start poisoned with 3.4e38).
+// The hand-over to a decode program (the op's splits merged and W_UV applied
+// by kernels/mono's attention output stages) is held to the same tolerance.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -26,7 +28,11 @@
 #include "kernels/gemm/gemm_ref.h"
 #include "kernels/mla/flashinfer_mla.cuh"
 #include "kernels/mla/mla_attention_ref.h"
+#include "kernels/common/device_sms.h"
+#include "kernels/mono/mono_kernel.cuh"
+#include "kernels/mono/mono_program_ref.h"
 #include "ops/mla_decode.h"
+#include "ops/mla_decode_cuda.h"
 
 namespace nucleus {
 namespace {
@@ -212,6 +218,78 @@ std::vector<float> run_backend(const std::string& name, Problem& p, int64_t scra
   return from_bf16(host_copy<uint16_t>(out));
 }
 
+// The nucleus backend with its output left to a decode program
+// (MlaDecodeAttentionOp::set_output_in_program_rows, as NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT
+// sets it): the op must leave `out` untouched, and the program's merge and
+// W_UV (kernels/mono attention_output_stages), reading the partials where
+// mla_decode_nucleus_split_plan says they are, must give the op's output.
+std::vector<float> run_handed_over(Problem& p) {
+  const Backend<MlaDecodeAttentionOp>* b = find_backend("nucleus");
+  NUCLEUS_CHECK(b != nullptr, "no nucleus backend");
+  MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
+  op.set_output_in_program_rows(kernels::mono::kMaxWidth);
+  NUCLEUS_CHECK_OK(op.use_backend(*b));
+  StepResources res;
+  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
+  const int64_t H = p.dims.num_heads, T = p.si.num_tokens(), W = kernels::mono::kMaxWidth;
+  Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
+  Tensor q_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
+  Tensor o_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
+  DeviceInputUploader uploader;
+  DeviceStepInputs dev = uploader.upload(p.si);
+  OpContext ctx;
+  ctx.device = Device::kCuda;
+  ctx.stream = cuda::context().stream;
+  ctx.inputs = &p.si;
+  ctx.dev = &dev;
+  ctx.kv_cache = &p.kv;
+  Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
+  NUCLEUS_CHECK_OK(res.begin_step(ctx));
+  op.run(ctx, {q}, {out, q_lat, o_lat});
+  NUCLEUS_CHECK_OK(ctx.error);
+  for (float v : from_bf16(host_copy<uint16_t>(out)))
+    if (v != bf16_to_f32(0x7f7f)) {
+      ADD_FAILURE() << "the op wrote its output although a program takes it over";
+      break;
+    }
+  // The program's part, as moe_program_cuda builds it.
+  const cuda_ops::MlaDecodeSplitPlan plan = cuda_ops::mla_decode_nucleus_split_plan(op, T, ctx.workspace.data);
+  Tensor merged = device_poisoned(W * H * kLora, DType::kBF16);
+  kernels::mono::AttentionOutputChain c;
+  c.num_heads = static_cast<int32_t>(H);
+  c.kv_b = p.w_dev.weight.data<uint16_t>();
+  c.partials = plan.part_o;
+  c.lse = plan.part_lse;
+  c.o_lat_in = static_cast<const uint16_t*>(o_lat.raw());
+  c.splits = plan.num_splits;
+  c.min_split_keys = plan.min_split_keys;
+  c.key_tile = plan.key_tile;
+  c.token_seq = dev.token_seq;
+  c.query_start = dev.query_start;
+  c.context_lens = dev.context_lens;
+  c.o_lat = static_cast<uint16_t*>(merged.raw());
+  c.attn_out = static_cast<uint16_t*>(out.raw());
+  int32_t width = 1;
+  while (width < T) width *= 2;
+  auto planned = kernels::mono::plan_program(kernels::mono::attention_output_stages(c), width,
+                                             kernels::current_device_sms());
+  NUCLEUS_CHECK_OK(planned.status());
+  std::vector<int32_t> flat;
+  for (const kernels::mono::Job& j : planned->jobs) flat.insert(flat.end(), {j.stage, j.tile});
+  Tensor queue_start = device_copy(planned->queue_start, DType::kI32), jobs = device_copy(flat, DType::kI32);
+  Tensor counters = Tensor::empty({kernels::mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
+  zero_device(counters);
+  const kernels::mono::Program prog =
+      kernels::mono::program_view(*planned, static_cast<int32_t>(T), queue_start.data<int32_t>(),
+                                  static_cast<const kernels::mono::Job*>(jobs.raw()), counters.data<int32_t>());
+  NUCLEUS_CHECK(kernels::mono::launch_mono_program(prog, cuda::context().stream, false) == cudaSuccess,
+                "decode program launch failed");
+  NUCLEUS_CHECK(cudaStreamSynchronize(cuda::context().stream) == cudaSuccess, "decode program failed");
+  printf("mla_decode hand-over: %ld rows, %ld heads, %d splits (min_split_keys %d, key tile %d)\n", static_cast<long>(T),
+         static_cast<long>(H), plan.num_splits, plan.min_split_keys, plan.key_tile);
+  return from_bf16(host_copy<uint16_t>(out));
+}
+
 ::testing::AssertionResult matches(const std::vector<float>& got, const std::vector<float>& want, int64_t width) {
   double err2 = 0, ref2 = 0, max_ref = 0;
   for (size_t i = 0; i < want.size(); ++i)
@@ -269,6 +347,34 @@ TEST_F(MlaDecodeGpu, SmallBatchesAndBlockSizes) {
   check({{1, 1, 16, 16},  {1, 17, 16, 1},   {3, 17, 128, 64},  {3, 64, 16, 64},  {3, 64, 128, 1},
          {1, 1000, 16, 64}, {3, 1000, 128, 16}, {1, 5000, 16, 16}, {3, 5000, 128, 64}, {3, 100, 4, 16}},
         64);
+}
+
+// Decode programs take the attention's splits over (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT):
+// the op run with its output left to a program, then the program's merge
+// and W_UV, against the reference and against the op's own output. 16 heads
+// (the mma.sync kernels, 64-key tiles) and 64 heads (the wgmma kernel), 1 to 8
+// rows, the device split rule and fixed minimums (NUCLEUS_MLA_DECODE_SPLIT_KEYS
+// 32 at 64-key tiles, and 256), rows of one key tile (4 keys), page sizes 1, 16 and 64.
+TEST_F(MlaDecodeGpu, HandsItsSplitsToADecodeProgram) {
+  uint64_t seed = 900;
+  for (const char* split_keys : {"auto", "32", "256"}) {
+    setenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS", split_keys, 1);
+    for (const Case& c : std::vector<Case>{{1, 1000, 16, 64}, {8, 5000, 16, 64, false, 1, true}, {5, 300, 16, 1},
+                                           {1, 4, 16, 64}, {3, 2000, 64, 64, false, 1, true}, {8, 700, 64, 16}}) {
+      SCOPED_TRACE(name(c) + " split_keys " + split_keys);
+      Problem p = make_problem(c, seed++);
+      const std::vector<float> want = reference(p);
+      const std::vector<float> got = run_handed_over(p);
+      auto r = matches(got, want, c.heads * kVHead);
+      EXPECT_TRUE(r);
+      std::string why;
+      const std::vector<float> own = run_backend("nucleus", p, 8, &why);
+      ASSERT_FALSE(own.empty()) << why;
+      // The op's own output: the same merged o_lat bits, W_UV summed in another order.
+      EXPECT_TRUE(matches(got, own, c.heads * kVHead)) << "against the op's own output";
+    }
+  }
+  unsetenv("NUCLEUS_MLA_DECODE_SPLIT_KEYS");
 }
 
 TEST_F(MlaDecodeGpu, LargeBatches) {
