@@ -616,8 +616,9 @@ TEST(MonoProgram, CheckedOverTheRowsTheBuffersHold) {
   sc.slots = 8;
   HostMoe m(sc, 13);
   const int64_t H = sc.hidden;
-  // As the graph: the residual's 5 rows, then delta's (the block's input and output), back to back.
-  std::vector<float> arena(5 * H + 5 * H / 2);
+  // As the graph: the residual's 5 rows, then delta's (the block's input and output), back to back (the
+  // arena long enough for 8 rows of delta, so the 8-row check's ranges stay inside it, whatever the heap holds next).
+  std::vector<float> arena(5 * H + 8 * H / 2);
   std::copy(m.residual.begin(), m.residual.begin() + 5 * H, arena.begin());
   auto* delta = reinterpret_cast<uint16_t*>(arena.data() + 5 * H);
   std::copy(m.delta.begin(), m.delta.begin() + 5 * H, delta);
