@@ -23,8 +23,9 @@
 //  - the layer front (add + norm, q_proj or V3's q LoRA, kv_a, RoPE with the
 //    latent cache write, the residual copied back) at V2-Lite's shapes: q, kv_a, the
 //    cache rows of the rows' slots (none for slot -1, nothing else written);
-//  - the query absorption (W_UK per head, slots side by side in each row) and
-//    the attention output (the KV-split merge, W_UV per head);
+//  - the query absorption (W_UK per head, slots side by side in each row),
+//    the attention output (the KV-split merge, W_UV per head) and the
+//    attention itself over a paged cache (kAttend) before them;
 //  - the refusals (width 3, rows above the width, more CTAs than SMs).
 #include <gtest/gtest.h>
 
@@ -867,6 +868,75 @@ TEST_F(MonoKernelGpu, AttentionOutputV2Lite) {
     EXPECT_TRUE(rows_close(d_o, h_o, rows, heads * lora, "o_lat (merged)"));
     EXPECT_TRUE(rows_close(d_out, h_out, rows, heads * 128, "attn_out (W_UV)"));
     EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+  }
+}
+
+// The whole decode attention as program stages at V2-Lite's shapes (16
+// heads, latent rows of 512 + 64): kAttend over a paged cache (pages of 64
+// and 1, contexts of 1 to 5000 keys), the merge and W_UV, against the CPU
+// reference (which checks them against an f64 softmax attention:
+// mono_program_test AttentionStagesEqualSoftmaxAttention); and 20 heads (two
+// head groups).
+TEST_F(MonoKernelGpu, AttentionStagesV2Lite) {
+  for (auto [heads, bs] : {std::pair{16, 64}, std::pair{16, 1}, std::pair{20, 16}}) {
+    const int32_t lora = 512, row_w = 576, S = 32;
+    const std::vector<int32_t> context = {0, 4999, 63, 1000, 129, 2047, 7, 300};
+    const int32_t max_blocks = (5000 + bs - 1) / bs, num_blocks = 8 * max_blocks;
+    std::vector<int32_t> token_seq(8), query_start(9), tables(static_cast<size_t>(8) * max_blocks);
+    for (int i = 0; i < 8; ++i) token_seq[i] = query_start[i] = i;
+    query_start[8] = 8;
+    for (size_t i = 0; i < tables.size(); ++i) tables[i] = static_cast<int32_t>((i * 7919 + 13) % tables.size());
+    const std::vector<uint16_t> cache = random_bf16(static_cast<size_t>(num_blocks) * bs * row_w, 1.0f, 41);
+    const std::vector<uint16_t> q_full = random_bf16(8 * heads * row_w, 0.2f, 42);
+    const std::vector<uint16_t> kv_b = random_bf16(heads * 256 * lora, 1.7f / std::sqrt(512.0f), 43);
+    Tensor d_cache = device_copy(cache, DType::kBF16), d_q = device_copy(q_full, DType::kBF16);
+    Tensor d_kv_b = device_copy(kv_b, DType::kBF16), d_tables = device_copy(tables, DType::kI32);
+    Tensor d_seq = device_copy(token_seq, DType::kI32), d_qs = device_copy(query_start, DType::kI32);
+    Tensor d_ctx = device_copy(context, DType::kI32);
+    for (auto [w, rows, min_keys] : {std::tuple{1, 1, 0}, std::tuple{8, 8, 64}, std::tuple{8, 6, 0}, std::tuple{4, 4, 32}}) {
+      SCOPED_TRACE(::testing::Message() << heads << " heads, pages of " << bs << ", width " << w << ", rows " << rows
+                                        << ", min_split_keys " << min_keys);
+      std::vector<float> h_po(8 * S * heads * lora, NAN), h_pl(8 * S * heads, NAN);
+      std::vector<uint16_t> h_o(8 * heads * lora, 0x7fc0), h_out(8 * heads * 128, 0x7fc0);
+      Tensor d_po = nan_filled(8 * S * heads * lora, DType::kF32), d_pl = nan_filled(8 * S * heads, DType::kF32);
+      Tensor d_o = nan_filled(8 * heads * lora, DType::kBF16), d_out = nan_filled(8 * heads * 128, DType::kBF16);
+      auto chain = [&](bool device) {
+        AttentionOutputChain c;
+        c.num_heads = heads;
+        c.kv_b = device ? d_kv_b.data<uint16_t>() : kv_b.data();
+        c.splits = S;
+        c.min_split_keys = min_keys;
+        c.key_tile = 32;
+        c.token_seq = device ? d_seq.data<int32_t>() : token_seq.data();
+        c.query_start = device ? d_qs.data<int32_t>() : query_start.data();
+        c.context_lens = device ? d_ctx.data<int32_t>() : context.data();
+        c.o_lat = device ? d_o.data<uint16_t>() : h_o.data();
+        c.attn_out = device ? d_out.data<uint16_t>() : h_out.data();
+        c.q_full = device ? d_q.data<uint16_t>() : q_full.data();
+        c.cache = device ? d_cache.data<uint16_t>() : cache.data();
+        c.num_slots = static_cast<int64_t>(num_blocks) * bs;
+        c.block_tables = device ? d_tables.data<int32_t>() : tables.data();
+        c.max_blocks = max_blocks;
+        c.block_size = bs;
+        c.scale = 0.1352f;
+        c.part_o = device ? d_po.data<float>() : h_po.data();
+        c.part_lse = device ? d_pl.data<float>() : h_pl.data();
+        c.width = w;
+        return c;
+      };
+      auto host_plan = plan_program(attention_output_stages(chain(false)), w, current_device_sms());
+      ASSERT_TRUE(host_plan.ok()) << host_plan.status().message();
+      ASSERT_TRUE(run_program_ref(*host_plan, rows, 5).ok());
+      auto plan = plan_program(attention_output_stages(chain(true)), w, current_device_sms());
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      DevicePlan dp(std::move(*plan));
+      cudaStream_t stream = cuda::context().stream;
+      ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_TRUE(rows_close(d_o, h_o, rows, heads * lora, "o_lat (attended, merged)"));
+      EXPECT_TRUE(rows_close(d_out, h_out, rows, heads * 128, "attn_out (W_UV)"));
+      EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+    }
   }
 }
 

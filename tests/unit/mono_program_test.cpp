@@ -616,8 +616,9 @@ TEST(MonoProgram, CheckedOverTheRowsTheBuffersHold) {
   sc.slots = 8;
   HostMoe m(sc, 13);
   const int64_t H = sc.hidden;
-  // As the graph: the residual's 5 rows, then delta's (the block's input and output), back to back.
-  std::vector<float> arena(5 * H + 5 * H / 2);
+  // As the graph: the residual's 5 rows, then delta's (the block's input and output), back to back (the
+  // arena long enough for 8 rows of delta, so the 8-row check's ranges stay inside it, whatever the heap holds next).
+  std::vector<float> arena(5 * H + 8 * H / 2);
   std::copy(m.residual.begin(), m.residual.begin() + 5 * H, arena.begin());
   auto* delta = reinterpret_cast<uint16_t*>(arena.data() + 5 * H);
   std::copy(m.delta.begin(), m.delta.begin() + 5 * H, delta);
@@ -908,6 +909,107 @@ TEST(MonoProgram, AttentionOutputMergesTheSplitsAndProjectsValues) {
   bad.key_tile = 64;
   bad.min_split_keys = 48;  // not a multiple of 32
   EXPECT_FALSE(plan_program(attention_output_stages(bad), 8, 4).ok());
+}
+
+// The whole decode attention as program stages (kAttend, kMerge, W_UV): the
+// split-KV partials over a paged cache, merged, projected by W_UV, against an
+// f64 softmax attention over the same bf16 rows written here. 20 heads (two
+// head groups, the second partial), rows of 1 to 300 keys over random pages
+// of 16, the device split rule and a fixed minimum; pad rows untouched.
+TEST(MonoProgram, AttentionStagesEqualSoftmaxAttention) {
+  const int32_t heads = 20, lora = 64, rope = 16, nope = 16, v = 16, row_w = lora + rope, S = 8, bs = 16;
+  const float scale = 0.3f;
+  const std::vector<int32_t> context = {0, 89, 150, 299, 40, 7, 64, 200};
+  const int32_t max_blocks = 32, num_blocks = 8 * max_blocks;
+  std::vector<int32_t> token_seq(8), query_start(9), tables(8 * max_blocks);
+  for (int i = 0; i < 8; ++i) token_seq[i] = query_start[i] = i;
+  query_start[8] = 8;
+  std::vector<int32_t> perm(num_blocks);
+  for (int i = 0; i < num_blocks; ++i) perm[i] = (i * 37 + 11) % num_blocks;  // a permutation (37 odd, 256 = 2^8)
+  for (int i = 0; i < 8 * max_blocks; ++i) tables[i] = perm[i];
+  const std::vector<uint16_t> cache = random_bf16(int64_t{num_blocks} * bs * row_w, 1.0f, 61);
+  const std::vector<uint16_t> q_full = random_bf16(8 * heads * row_w, 1.0f, 62);
+  const std::vector<uint16_t> kv_b = random_bf16(heads * (nope + v) * lora, 0.3f, 63);
+  for (auto [w, rows, min_keys] : {std::tuple{8, 5, 32}, std::tuple{8, 8, 0}, std::tuple{1, 1, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << w << ", rows " << rows << ", min_split_keys " << min_keys);
+    std::vector<float> part_o(8 * S * heads * lora, NAN), part_lse(8 * S * heads, NAN);
+    std::vector<uint16_t> o_lat(8 * heads * lora, kNanBf16), out(8 * heads * v, kNanBf16);
+    AttentionOutputChain c;
+    c.num_heads = heads;
+    c.kv_lora = lora;
+    c.qk_nope = nope;
+    c.v_head = v;
+    c.qk_rope = rope;
+    c.kv_b = kv_b.data();
+    c.splits = S;
+    c.min_split_keys = min_keys;
+    c.key_tile = 32;
+    c.token_seq = token_seq.data();
+    c.query_start = query_start.data();
+    c.context_lens = context.data();
+    c.o_lat = o_lat.data();
+    c.attn_out = out.data();
+    c.q_full = q_full.data();
+    c.cache = cache.data();
+    c.num_slots = int64_t{num_blocks} * bs;
+    c.block_tables = tables.data();
+    c.max_blocks = max_blocks;
+    c.block_size = bs;
+    c.scale = scale;
+    c.part_o = part_o.data();
+    c.part_lse = part_lse.data();
+    c.width = w;
+    const std::vector<Stage> st = attention_output_stages(c);
+    ASSERT_EQ(st.size(), 3u);
+    auto plan = plan_program(st, w, 11);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    ASSERT_TRUE(run_program_ref(*plan, rows, 9).ok());
+    for (int r = 0; r < rows; ++r) {
+      const int keys = context[r] + 1;
+      for (int h = 0; h < heads; ++h) {
+        std::vector<double> sc(keys), ol(lora, 0.0);
+        double mx = -1e300, sum = 0.0;
+        for (int k = 0; k < keys; ++k) {
+          const int64_t slot = int64_t{tables[r * max_blocks + k / bs]} * bs + k % bs;
+          double d = 0.0;
+          for (int i = 0; i < row_w; ++i)
+            d += static_cast<double>(bf16_to_f32(q_full[(r * heads + h) * row_w + i])) * bf16_to_f32(cache[slot * row_w + i]);
+          sc[k] = scale * d;
+          mx = std::max(mx, sc[k]);
+        }
+        for (int k = 0; k < keys; ++k) sum += std::exp(sc[k] - mx);
+        for (int k = 0; k < keys; ++k) {
+          const int64_t slot = int64_t{tables[r * max_blocks + k / bs]} * bs + k % bs;
+          for (int i = 0; i < lora; ++i) ol[i] += std::exp(sc[k] - mx) / sum * bf16_to_f32(cache[slot * row_w + i]);
+        }
+        for (int i = 0; i < lora; ++i)
+          ASSERT_NEAR(bf16_to_f32(o_lat[(r * heads + h) * lora + i]), ol[i], std::abs(ol[i]) * 0.0079 + 2e-4)
+              << "o_lat row " << r << " head " << h << " " << i;
+        for (int d = 0; d < v; ++d) {
+          double acc = 0.0;
+          for (int i = 0; i < lora; ++i) acc += ol[i] * bf16_to_f32(kv_b[(h * (nope + v) + nope + d) * lora + i]);
+          ASSERT_NEAR(bf16_to_f32(out[r * heads * v + h * v + d]), acc, std::abs(acc) * 0.016 + 2e-3)
+              << "attn_out row " << r << " head " << h << " " << d;
+        }
+      }
+    }
+    for (int64_t i = rows * heads * v; i < 8 * heads * v; ++i) ASSERT_EQ(out[i], kNanBf16) << "pad rows written";
+    // The refusals: no cache; jobs not width * groups * splits; a latent of more than 512 values.
+    std::vector<Stage> bad = st;
+    bad[0].cache = nullptr;
+    EXPECT_FALSE(plan_program(bad, w, 11).ok());
+    bad = st;
+    bad[0].n += 1;
+    EXPECT_FALSE(plan_program(bad, w, 11).ok());
+    bad = st;
+    bad[0].kv_lora = 528;
+    EXPECT_FALSE(check_stage(bad[0], 0, w).ok());
+    // The merge must wait for the attention: its partials are the attention's output.
+    bad = st;
+    bad[1].wait_mask = 0;
+    bad[2].wait_mask = 1u << 1;
+    EXPECT_FALSE(plan_program(bad, w, 11).ok());
+  }
 }
 
 // Jobs that stream no weights (a combine's columns, a RoPE row) are dealt to

@@ -34,13 +34,25 @@ constexpr int kRedFloats = 2 * kComputeWarps * 128;            // two buffers of
 constexpr int kTileFloats = kMaxWidth * 2 * kMaxTile;           // the job's output tile [row][slot]
 static_assert(kTileFloats > kMlaDecodeMaxSplits, "a merge job keeps its split weights and count in the tile");
 static_assert(kMaxMergeSplits == kMlaDecodeMaxSplits, "a merge stage takes the splits the attention makes");
+static_assert(kAttendHeads * kAttendTileKeys <= kTileFloats, "an attend tile's scores fit the output tile");
+static_assert(kConsumerThreads == kAttendHeads * 16 && kComputeWarps == kAttendTileKeys,
+              "16 threads a head's output, one warp a key of the tile");
 constexpr int kSsFloats = kComputeWarps * kMaxWidth;            // per-warp sums of squares
 constexpr size_t kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum a CTA
 constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;
+// A kAttend job's shared memory in x's place: q of 16 heads (rows padded by 8
+// values) and a key tile; the k whose x region (8 rows of k + 8) holds it.
+constexpr int kAttendQPitch = kAttendMaxRow + 8;
+constexpr int64_t kAttendXElems = int64_t{kAttendHeads} * kAttendQPitch + int64_t{kAttendTileKeys} * kAttendMaxRow;
+constexpr int64_t kAttendXK = ((kAttendXElems + kMaxWidth - 1) / kMaxWidth - 8 + 15) / 16 * 16;
+static_assert(kMaxWidth * (kAttendXK + 8) >= kAttendXElems, "x's region holds an attend job's q and key tile");
 
 int64_t widest_k(const Program& p) {
   int64_t k = 16;
   for (int s = 0; s < p.num_stages; ++s) k = p.stages[s].k > k ? p.stages[s].k : k;
+  // A kAttend job keeps q and a key tile in x's place: kAttendXElems values (8 rows of k + 8).
+  for (int s = 0; s < p.num_stages; ++s)
+    if (p.stages[s].kind == Kind::kAttend) k = k < kAttendXK ? kAttendXK : k;
   return k;
 }
 
@@ -446,6 +458,94 @@ __device__ void merge_job(const Program& p, const Stage& s, int32_t j, float* sc
   }
 }
 
+// A kAttend job (mono_program.h): row r, head group g, split `split`, on CUDA
+// cores. Shared memory (the x region): q_full of the group's heads [16][row
+// + 8] bf16 (padded against bank conflicts), then a tile of kAttendTileKeys
+// latent rows [8][row] bf16. Per tile: warp w scores key w for every head
+// (lane l: head l % 16, half l / 16 of the row), then compute thread t keeps
+// o[head t / 16][columns (t % 16) * kv_lora / 16 ...] with the head's running
+// max and sum (the same values in the 16 threads of a head).
+__device__ void attend_job(const Program& p, const Stage& s, int32_t j, uint16_t* xs, float* scratch, int ct) {
+  const int groups = attend_groups(s);
+  const int split = j % s.splits, g = (j / s.splits) % groups, r = j / (s.splits * groups);
+  if (r >= p.rows) return;  // uniform over the compute threads
+  const int seq = __ldcg(s.token_seq + r);
+  const int keys = __ldcg(s.context_lens + seq) + (r - __ldcg(s.query_start + seq)) + 1;
+  const int chunk = kernels::mla_split_chunk(keys, s.splits, s.min_split_keys, p.rows, s.key_tile);
+  const int k0 = split * chunk, k1 = min(keys, k0 + chunk);
+  if (k0 >= k1) return;
+  const int row_w = s.kv_lora + s.qk_rope, vecs = row_w / 8;
+  const int h0 = g * kAttendHeads, nh = min(kAttendHeads, s.num_heads - h0);
+  const int cw = ct / 32, lane = ct % 32;
+  uint16_t* qs = xs;
+  uint16_t* ks = xs + kAttendHeads * kAttendQPitch;
+  for (int idx = ct; idx < nh * vecs; idx += kConsumerThreads) {
+    const int h = idx / vecs, v = idx % vecs;
+    *reinterpret_cast<uint4*>(qs + h * kAttendQPitch + v * 8) =
+        __ldcg(reinterpret_cast<const uint4*>(s.x + r * s.x_stride + static_cast<int64_t>(h0 + h) * row_w + v * 8));
+  }
+  const int32_t* table = s.block_tables + static_cast<int64_t>(seq) * s.max_blocks;
+  const int oh = ct / 16, per = s.kv_lora / 16, oc = (ct % 16) * per;  // per <= 32
+  float o[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int kt = k0; kt < k1; kt += kAttendTileKeys) {
+    const int nk = min(kAttendTileKeys, k1 - kt);
+    compute_barrier();  // q is in place; the tile before is consumed
+    for (int idx = ct; idx < nk * vecs; idx += kConsumerThreads) {
+      const int kk = idx / vecs, v = idx % vecs, key = kt + kk;
+      const int64_t slot = static_cast<int64_t>(__ldcg(table + key / s.block_size)) * s.block_size + key % s.block_size;
+      *reinterpret_cast<uint4*>(ks + kk * row_w + v * 8) =
+          __ldcg(reinterpret_cast<const uint4*>(s.cache + slot * row_w + v * 8));
+    }
+    compute_barrier();
+    if (cw < nk) {  // warp cw scores key cw
+      const int h = lane % kAttendHeads, half = lane / kAttendHeads;
+      float acc = 0.0f;
+      if (h < nh) {
+        const int d0 = half * (row_w / 2), d1 = d0 + row_w / 2;  // row_w / 2 is even: bf16 pairs
+        const __nv_bfloat162* q2 = reinterpret_cast<const __nv_bfloat162*>(qs + h * kAttendQPitch);
+        const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(ks + cw * row_w);
+        for (int d = d0 / 2; d < d1 / 2; ++d) {
+          const float2 a = __bfloat1622float2(q2[d]), b = __bfloat1622float2(k2[d]);
+          acc = fmaf(a.x, b.x, acc);
+          acc = fmaf(a.y, b.y, acc);
+        }
+      }
+      acc += __shfl_xor_sync(0xffffffffu, acc, kAttendHeads);
+      if (half == 0 && h < nh) scratch[h * kAttendTileKeys + cw] = acc * s.scale * kLog2e;
+    }
+    compute_barrier();
+    if (oh < nh) {
+      float mt = m;
+      for (int kk = 0; kk < nk; ++kk) mt = fmaxf(mt, scratch[oh * kAttendTileKeys + kk]);
+      const float corr = exp2f(m - mt);  // 0 on the first tile (m = -inf, o and l 0)
+      l *= corr;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[i] *= corr;
+      for (int kk = 0; kk < nk; ++kk) {
+        const float pk = exp2f(scratch[oh * kAttendTileKeys + kk] - mt);
+        l += pk;
+        const uint16_t* vr = ks + kk * row_w + oc;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if (i < per) o[i] = fmaf(pk, __uint_as_float(static_cast<uint32_t>(vr[i]) << 16), o[i]);
+      }
+      m = mt;
+    }
+  }
+  if (oh < nh) {
+    const int64_t base = (static_cast<int64_t>(r) * s.splits + split) * s.num_heads + h0 + oh;
+    const float inv = 1.0f / l;
+#pragma unroll
+    for (int i = 0; i < 32; ++i)
+      if (i < per) s.part_o[base * s.kv_lora + oc + i] = o[i] * inv;
+    if (ct % 16 == 0) s.part_lse[base] = m + log2f(l);
+  }
+}
+
 // A kCombine job: columns [first, first + cols) of every row.
 __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float* scratch, int ct) {
   const RouteTable* t = s.route;
@@ -561,6 +661,10 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
       else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
       else if (s.kind == Kind::kMerge) merge_job(p, s, job.tile, out_tile, ct);
+      else if (s.kind == Kind::kAttend) {
+        attend_job(p, s, job.tile, xs, out_tile, ct);
+        x_stage = -1;  // x's shared memory now holds q and keys
+      }
       else combine_job(p, s, job.tile, out_tile, ct);
     } else {
       const int32_t slot = job_slot(s, job.tile);

@@ -68,7 +68,10 @@ constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi
 constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
 constexpr int kMaxMergeSplits = 256; // KV splits a kMerge stage merges (kernels::kMlaDecodeMaxSplits)
 
-enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3, kMerge = 4 };
+enum class Kind : int32_t { kGemv = 0, kSelect = 1, kCombine = 2, kRopeCache = 3, kMerge = 4, kAttend = 5 };
+constexpr int kAttendHeads = 16;   // heads a kAttend job takes (a head group)
+constexpr int kAttendTileKeys = 8; // keys a kAttend job scores at a time (one a compute warp)
+constexpr int kAttendMaxRow = 576; // the widest latent row a kAttend stage reads (kv_lora + qk_rope)
 enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1, kRmsNorm = 2 };
 enum class Epilogue : int32_t { kStoreBf16 = 0, kSiluMulBf16 = 1, kStoreF32 = 2 };
 enum class Scoring : int32_t { kSoftmax = 0, kSigmoid = 1 };
@@ -189,6 +192,27 @@ struct Stage {
   const int32_t* token_seq = nullptr;
   const int32_t* query_start = nullptr;
   const int32_t* context_lens = nullptr;
+  // kAttend (absorbed-form MLA decode attention over the paged latent cache,
+  // the nucleus decode attention's split-KV partials, which a kMerge stage
+  // merges; one job per row, head group of kAttendHeads and split: n =
+  // width * groups * splits (the program's width), tile 1, job j = split j % splits, group
+  // (j / splits) % groups, row j / (splits * groups); rows >= the launch's
+  // rows do nothing): q_full = x [rows, num_heads, kv_lora + qk_rope] bf16
+  // (row stride x_stride); row r sees keys 0 ... context_lens[seq] + r -
+  // query_start[seq] (seq = token_seq[r]), split as kMerge says; key k's
+  // latent row is cache[(block_tables[seq * max_blocks + k / block_size] *
+  // block_size + k % block_size)] ([num_slots, kv_lora + qk_rope] bf16). With
+  // the scores in the log2 domain, s_k = scale * log2(e) * (q_full[r, h] .
+  // row_k), m = max s_k, l = sum 2^(s_k - m) over the split's keys:
+  //   part_o[r, split, h, :] = sum_k 2^(s_k - m) row_k[:kv_lora] / l     f32
+  //   part_lse[r, split, h] = m + log2(l)                                 f32
+  // A split the row does not use is not written (the merge reads only the
+  // row's splits).
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  const int32_t* block_tables = nullptr;
+  int32_t max_blocks = 0, block_size = 0;
+  float scale = 0.0f;
   // Set by plan_program (callers leave it 0): bit t when stage t builds the
   // same x (the same add + RMSNorm, or kLoad of the same unslotted rows) and
   // no stage between t and this one writes what that x is made from; the
@@ -216,6 +240,9 @@ struct Program {
   const Job* jobs = nullptr;
   int32_t* counters = nullptr;
 };
+
+// Head groups of a kAttend stage.
+NUCLEUS_MONO_HD inline int32_t attend_groups(const Stage& s) { return (s.num_heads + kAttendHeads - 1) / kAttendHeads; }
 
 // Output columns of stage s (kSiluMulBf16: n / 2, its gate/up pairs).
 NUCLEUS_MONO_HD inline int64_t stage_columns(const Stage& s) {

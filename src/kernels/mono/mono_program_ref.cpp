@@ -63,6 +63,15 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
     }
     return r;
   }
+  if (s.kind == Kind::kAttend) {
+    const int64_t row = s.kv_lora + s.qk_rope, hl = int64_t{s.num_heads} * s.kv_lora;
+    r.push_back(range_of(s.x, (width - 1) * s.x_stride + s.num_heads * row, false, "x (q_full)"));
+    r.push_back(range_of(s.cache, s.num_slots * row, false, "cache"));
+    r.push_back(range_of(s.token_seq, width, false, "token_seq"));
+    r.push_back(range_of(s.part_o, width * s.splits * hl, true, "part_o"));
+    r.push_back(range_of(s.part_lse, int64_t{width} * s.splits * s.num_heads, true, "part_lse"));
+    return r;
+  }
   if (s.kind == Kind::kMerge) {
     const int64_t hl = int64_t{s.num_heads} * s.kv_lora;
     if (s.splits > 1) {
@@ -244,9 +253,52 @@ void run_merge(const Stage& s, int32_t j, int32_t rows) {
   }
 }
 
+// A kAttend job (mono_program.h): f32 scores and sums in key order.
+void run_attend(const Stage& s, int32_t j, int32_t rows) {
+  const int32_t groups = attend_groups(s);
+  const int32_t split = j % s.splits, g = (j / s.splits) % groups, r = j / (s.splits * groups);
+  if (r >= rows) return;
+  const int32_t seq = s.token_seq[r];
+  const int keys = s.context_lens[seq] + (r - s.query_start[seq]) + 1;
+  const int chunk = mla_split_chunk(keys, s.splits, s.min_split_keys, rows, s.key_tile);
+  const int k0 = split * chunk, k1 = std::min(keys, k0 + chunk);
+  if (k0 >= k1) return;
+  const int64_t row_w = s.kv_lora + s.qk_rope;
+  const int h0 = g * kAttendHeads, nh = std::min(kAttendHeads, s.num_heads - h0);
+  const float log2e = 1.4426950408889634f;
+  for (int h = h0; h < h0 + nh; ++h) {
+    const uint16_t* q = s.x + r * s.x_stride + h * row_w;
+    std::vector<float> sc(static_cast<size_t>(k1 - k0));
+    float m = -INFINITY;
+    for (int k = k0; k < k1; ++k) {
+      const int64_t slot = int64_t{s.block_tables[int64_t{seq} * s.max_blocks + k / s.block_size]} * s.block_size +
+                           k % s.block_size;
+      const uint16_t* kr = s.cache + slot * row_w;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < row_w; ++d) acc += bf16f(q[d]) * bf16f(kr[d]);
+      sc[k - k0] = acc * s.scale * log2e;
+      m = std::max(m, sc[k - k0]);
+    }
+    std::vector<float> o(static_cast<size_t>(s.kv_lora), 0.0f);
+    float l = 0.0f;
+    for (int k = k0; k < k1; ++k) {
+      const int64_t slot = int64_t{s.block_tables[int64_t{seq} * s.max_blocks + k / s.block_size]} * s.block_size +
+                           k % s.block_size;
+      const uint16_t* kr = s.cache + slot * row_w;
+      const float p = std::exp2(sc[k - k0] - m);
+      l += p;
+      for (int32_t c = 0; c < s.kv_lora; ++c) o[c] += p * bf16f(kr[c]);
+    }
+    const int64_t base = (int64_t{r} * s.splits + split) * s.num_heads + h;
+    for (int32_t c = 0; c < s.kv_lora; ++c) s.part_o[base * s.kv_lora + c] = o[c] / l;
+    s.part_lse[base] = m + std::log2(l);
+  }
+}
+
 // One job of the CPU reference.
 void run_job(const Stage& s, int32_t tile, int32_t rows) {
   if (s.kind == Kind::kSelect) return run_select(s, rows);
+  if (s.kind == Kind::kAttend) return run_attend(s, tile, rows);
   if (s.kind == Kind::kMerge) return run_merge(s, tile, rows);
   if (s.kind == Kind::kRopeCache) return run_rope(s, tile, rows);
   if (s.kind == Kind::kCombine) return run_combine(s, tile, rows);
@@ -345,6 +397,28 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
       return bad("routing: greedy (one group) or noaux_tc");
     }
     if (!(s.routed_scaling_factor > 0.0f)) return bad("routed_scaling_factor must be positive");
+    return ok_status();
+  }
+  if (s.kind == Kind::kAttend) {
+    const int64_t row_w = int64_t{s.kv_lora} + s.qk_rope;
+    if (s.num_heads < 1 || s.kv_lora < 16 || s.kv_lora > 512 || s.kv_lora % 16 != 0 || s.qk_rope < 0 ||
+        row_w > kAttendMaxRow || row_w % 8 != 0)
+      return bad(fmt::format("heads {}, kv_lora {}, qk_rope {}: need kv_lora a multiple of 16 up to 512 and a latent "
+                             "row of at most {} values, a multiple of 8",
+                             s.num_heads, s.kv_lora, s.qk_rope, kAttendMaxRow));
+    if (s.splits < 1 || s.splits > kMaxMergeSplits || (s.key_tile != 32 && s.key_tile != 64) ||
+        s.min_split_keys < 0 || s.min_split_keys % 32 != 0)
+      return bad(fmt::format("splits {}, key_tile {}, min_split_keys {}: need 1 ... {} splits, a key tile of 32 or 64 "
+                             "and min_split_keys 0 or a multiple of 32",
+                             s.splits, s.key_tile, s.min_split_keys, kMaxMergeSplits));
+    if (s.n != int64_t{width} * attend_groups(s) * s.splits || s.tile != 1)
+      return bad("a kAttend stage has one job a row, head group and split: n = width * groups * splits, tile = 1");
+    if (!s.x || !aligned16(s.x) || s.x_stride < s.num_heads * row_w || s.x_stride % 8 != 0 || !s.cache ||
+        !aligned16(s.cache) || s.num_slots < 1 || !s.block_tables || s.max_blocks < 1 || s.block_size < 1 ||
+        !s.token_seq || !s.query_start || !s.context_lens || !s.part_o || !s.part_lse || !(s.scale > 0.0f))
+      return bad("a kAttend stage needs q_full as x (16-byte aligned, a row stride that holds the heads), the cache, "
+                 "block_tables, block_size, token_seq, query_start, context_lens, part_o, part_lse and a positive "
+                 "scale");
     return ok_status();
   }
   if (s.kind == Kind::kMerge) {
@@ -814,7 +888,35 @@ std::vector<Stage> attention_output_stages(const AttentionOutputChain& c) {
   uv.out_slot_stride = c.v_head;
   uv.tile = c.tile;
   uv.wait_mask = 1u << 0;
-  return {merge, uv};
+  if (!c.q_full) return {merge, uv};
+  Stage at;  // the partials the merge reads
+  at.kind = Kind::kAttend;
+  at.num_heads = c.num_heads;
+  at.kv_lora = c.kv_lora;
+  at.qk_rope = c.qk_rope;
+  at.n = int64_t{c.width} * attend_groups(at) * c.splits;
+  at.tile = 1;
+  at.x = c.q_full;
+  at.x_stride = int64_t{c.num_heads} * (c.kv_lora + c.qk_rope);
+  at.cache = const_cast<uint16_t*>(c.cache);  // read only (a kAttend stage writes part_o and part_lse)
+  at.num_slots = c.num_slots;
+  at.block_tables = c.block_tables;
+  at.max_blocks = c.max_blocks;
+  at.block_size = c.block_size;
+  at.token_seq = c.token_seq;
+  at.query_start = c.query_start;
+  at.context_lens = c.context_lens;
+  at.splits = c.splits;
+  at.min_split_keys = c.min_split_keys;
+  at.key_tile = c.key_tile;
+  at.scale = c.scale;
+  at.part_o = c.part_o;
+  at.part_lse = c.part_lse;
+  merge.partials = c.part_o;
+  merge.lse = c.part_lse;
+  merge.wait_mask = 1u << 0;
+  uv.wait_mask = 1u << 1;
+  return {at, merge, uv};
 }
 
 std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Stage>& second) {

@@ -93,7 +93,8 @@ std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Sta
 // with W_UV[h] = kv_b_proj's rows h * (qk_nope + v_head) + qk_nope ... + v_head
 // ([v_head, kv_lora] bf16; one slot a head, side by side in each row). With
 // splits == 1 the attention wrote o_lat itself (o_lat_in [rows, heads,
-// kv_lora] bf16). At most kMaxRouteSlots heads.
+// kv_lora] bf16). At most kMaxRouteSlots heads. With q_full set, the stages
+// start with the attention (kAttend) whose partials the merge reads.
 struct AttentionOutputChain {
   int32_t num_heads = 0, kv_lora = 512, qk_nope = 128, v_head = 128;
   const uint16_t* kv_b = nullptr;  // [heads * (qk_nope + v_head), kv_lora] bf16
@@ -106,6 +107,20 @@ struct AttentionOutputChain {
   uint16_t* attn_out = nullptr;  // [rows, attn_out_stride] bf16
   int64_t attn_out_stride = 0;   // 0: heads * v_head
   int32_t tile = 16;             // the value projection's job columns
+  // Optional: the attention itself first (q_full set; a kAttend stage), its
+  // partials into part_o [8, splits, heads, kv_lora] / part_lse [8, splits,
+  // heads] f32, which the merge then reads (partials / lse unused): q_full
+  // [rows, heads, kv_lora + qk_rope] bf16, the layer's cache [num_slots,
+  // kv_lora + qk_rope] bf16, block_tables [seqs, max_blocks], block_size,
+  // softmax scale; qk_rope 64.
+  const uint16_t* q_full = nullptr;
+  const uint16_t* cache = nullptr;
+  int64_t num_slots = 0;
+  const int32_t* block_tables = nullptr;
+  int32_t max_blocks = 0, block_size = 0, qk_rope = 64;
+  float scale = 0.0f;
+  float *part_o = nullptr, *part_lse = nullptr;
+  int32_t width = kMaxWidth;  // the program's width (the attention's jobs: width * head groups * splits)
 };
 std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
 
