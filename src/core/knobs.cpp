@@ -260,6 +260,12 @@ constexpr KnobInfo kKnobs[] = {
      "(widths 1 ... it) and wider steps as the separate ops they hold; read when a graph is built; another value "
      "is refused at start-up",
      "src/ops/decode_program.cpp"},
+    {KNOB(kDecodeProgramAttention), "NUCLEUS_DECODE_PROGRAM_ATTENTION", KnobType::kFlag, "", "0",
+     "with NUCLEUS_DECODE_PROGRAMS=1 (and the absorption and attention output switches on), each front program also "
+     "runs the layer's decode attention (a kAttend stage on CUDA cores, docs/decode_program.md) and the attention op "
+     "does nothing for the steps programs run: a layer is one program; off by default until measured against the "
+     "attention kernels; read when a graph is built",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -74,6 +74,7 @@ enum class Knob {
   kDecodeProgramAbsorb,
   kDecodeProgramAttnOutput,
   kDecodeProgramMaxRows,
+  kDecodeProgramAttention,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -7,6 +7,7 @@
 
 #include "core/cuda/context.h"
 #include "core/device.h"
+#include "kernels/common/device_sms.h"
 #include "kernels/mono/mono_program_ref.h"
 #include "ops/mla_attention.h"
 #include "ops/decode_program_cuda.h"
@@ -117,7 +118,17 @@ FrontProgramBuffers front_program_buffers(const FrontProgramOp& op, const OpCont
   b.q = static_cast<uint16_t*>(out[2].raw());
   b.kv_a = static_cast<uint16_t*>(out[3].raw());
   b.q_a = op.parts().q_a ? static_cast<uint16_t*>(out[4].raw()) : nullptr;
-  b.q_full = op.absorbs() ? static_cast<uint16_t*>(out[op.parts().q_a ? 5 : 4].raw()) : nullptr;
+  const size_t q_full_at = op.parts().q_a ? 5 : 4;
+  b.q_full = op.absorbs() ? static_cast<uint16_t*>(out[q_full_at].raw()) : nullptr;
+  if (op.attends()) {
+    b.partials = op.attend_buffer()->partials.data<float>();
+    b.block_tables = ctx.dev->block_tables;
+    b.token_seq = ctx.dev->token_seq;
+    b.query_start = ctx.dev->query_start;
+    b.context_lens = ctx.dev->context_lens;
+    b.max_blocks = static_cast<int32_t>(ctx.inputs->max_blocks_per_seq);
+    b.block_size = static_cast<int32_t>(kv.block_size);
+  }
   b.positions = ctx.dev->positions;
   b.slot_mapping = ctx.dev->slot_mapping;
   b.cache = static_cast<uint16_t*>(kv.layer_data(op.layer()));
@@ -125,14 +136,43 @@ FrontProgramBuffers front_program_buffers(const FrontProgramOp& op, const OpCont
   return b;
 }
 
-std::vector<mono::Stage> front_program_stages(const FrontProgramOp& op, const FrontProgramBuffers& b) {
+std::vector<mono::Stage> front_program_stages(const FrontProgramOp& op, const FrontProgramBuffers& b, int32_t width) {
   const auto* s = static_cast<const State*>(op.device_state().get());
   NUCLEUS_CHECK(s != nullptr, "front_program (layer {}): stages asked for before reserve", op.layer());
-  return mono::front_chain_stages(chain(op, *s, b), kTile);
+  mono::FrontChain c = chain(op, *s, b);
+  mono::AttentionOutputChain at;
+  if (op.attends()) {  // the attention's kAttend stage after RoPE (what the layer's MoE program merges)
+    const kernels::MlaDims& d = op.parts().rope->dims();
+    at.num_heads = static_cast<int32_t>(d.num_heads);
+    at.kv_lora = static_cast<int32_t>(d.kv_lora);
+    at.qk_rope = static_cast<int32_t>(d.qk_rope);
+    at.splits = mono::program_attention_splits(width, at.num_heads, kernels::current_device_sms());
+    at.min_split_keys = mono::kProgramAttentionMinSplitKeys;
+    at.key_tile = mono::kProgramAttentionKeyTile;
+    at.width = width;
+    at.attention = true;
+    at.q_full = b.q_full;
+    at.cache = b.cache;
+    at.num_slots = b.num_slots;
+    at.block_tables = b.block_tables;
+    at.max_blocks = b.max_blocks;
+    at.block_size = b.block_size;
+    at.token_seq = b.token_seq;
+    at.query_start = b.query_start;
+    at.context_lens = b.context_lens;
+    at.scale = op.attend_scale();
+    at.part_o = b.partials;
+    at.part_lse = b.partials ? b.partials + int64_t{width} * at.splits * at.num_heads * at.kv_lora : nullptr;
+    c.attend = &at;
+  }
+  return mono::front_chain_stages(c, kTile);
 }
 
 std::vector<const void*> front_program_buffer_key(const FrontProgramBuffers& b) {
-  return {b.residual, b.delta, b.q, b.kv_a, b.q_a, b.q_full, b.positions, b.slot_mapping, b.cache};
+  return {b.residual,  b.delta,     b.q,           b.kv_a,        b.q_a,          b.q_full,
+          b.partials,  b.positions, b.slot_mapping, b.cache,      b.block_tables, b.token_seq,
+          b.query_start, b.context_lens, reinterpret_cast<const void*>(static_cast<intptr_t>(b.max_blocks)),
+          reinterpret_cast<const void*>(static_cast<intptr_t>(b.block_size))};
 }
 
 Status front_program_supports(const FrontProgramOp& op) { return front_program_supported(op); }
@@ -143,8 +183,15 @@ Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Devic
   auto s = std::make_shared<State>();
   s->residual_out = Tensor::empty({mono::kMaxWidth * op.hidden()}, DType::kF32, Device::kCuda);
   if (op.absorbs()) s->w_uk_t = transposed_w_uk(*op.parts().kv_b, op.parts().rope->dims());
+  if (op.attends() && !op.attend_buffer()->partials.defined()) {  // the graph's one buffer, made by its first front
+    const kernels::MlaDims& d = op.parts().rope->dims();
+    op.attend_buffer()->partials =
+        Tensor::empty({mono::program_attention_floats(static_cast<int32_t>(d.num_heads), static_cast<int32_t>(d.kv_lora),
+                                                      kernels::current_device_sms())},
+                      DType::kF32, Device::kCuda);
+  }
   op.device_state() = s;
-  s->runner.reserve([&](int32_t) { return front_program_stages(op, FrontProgramBuffers{}); });
+  s->runner.reserve([&](int32_t width) { return front_program_stages(op, FrontProgramBuffers{}, width); });
   return ok_status();
 }
 
@@ -157,7 +204,8 @@ void front_program(FrontProgramOp& op, OpContext& ctx, const TensorList& in, con
                                         ") absorbs the query but was not reserved"));
   if (rows > op.max_rows() || !s) return run_parts(op, ctx, in, out);
   const FrontProgramBuffers b = front_program_buffers(op, ctx, in, out);
-  s->runner.launch(ctx, rows, front_program_buffer_key(b), [&](int32_t) { return front_program_stages(op, b); },
+  s->runner.launch(ctx, rows, front_program_buffer_key(b),
+                   [&](int32_t width) { return front_program_stages(op, b, width); },
                    "front_program (layer " + std::to_string(op.layer()) + ", " + std::to_string(rows) + " rows)");
 }
 

@@ -23,6 +23,10 @@ struct FrontProgramBuffers {
   const uint16_t* delta = nullptr;
   uint16_t *q = nullptr, *kv_a = nullptr, *q_a = nullptr;
   uint16_t* q_full = nullptr;  // [T, heads, kv_lora + qk_rope] bf16 when the op absorbs
+  float* partials = nullptr;   // the attention's partials when the op attends (its ProgramAttentionBuffer)
+  const int32_t* block_tables = nullptr;  // the step's, and its row inputs, when the op attends
+  const int32_t *token_seq = nullptr, *query_start = nullptr, *context_lens = nullptr;
+  int32_t max_blocks = 0, block_size = 0;
   const int32_t* positions = nullptr;
   const int64_t* slot_mapping = nullptr;
   uint16_t* cache = nullptr;
@@ -33,9 +37,10 @@ struct FrontProgramBuffers {
 // positions and slot mapping and the layer's cache.
 FrontProgramBuffers front_program_buffers(const FrontProgramOp& op, const OpContext& ctx, const TensorList& in,
                                           const TensorList& out);
-// The front's stages (kernels/mono FrontChain) on those buffers; the op must
-// have been reserved.
-std::vector<kernels::mono::Stage> front_program_stages(const FrontProgramOp& op, const FrontProgramBuffers& b);
+// The front's stages (kernels/mono FrontChain) on those buffers, for a
+// program of `width` rows; the op must have been reserved.
+std::vector<kernels::mono::Stage> front_program_stages(const FrontProgramOp& op, const FrontProgramBuffers& b,
+                                                       int32_t width);
 // The buffers' addresses, for DecodeProgramRunner::launch's check cache.
 std::vector<const void*> front_program_buffer_key(const FrontProgramBuffers& b);
 

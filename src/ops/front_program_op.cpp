@@ -7,7 +7,8 @@
 namespace nucleus {
 
 std::string FrontProgramOp::attrs() const {
-  return "layer=" + std::to_string(layer_) + (has_delta() ? "" : " first") + (absorbs() ? " absorbs" : "");
+  return "layer=" + std::to_string(layer_) + (has_delta() ? "" : " first") + (absorbs() ? " absorbs" : "") +
+         (attend_ ? " attends" : "");
 }
 
 Status front_program_supported(const FrontProgramOp& op) {
@@ -56,6 +57,9 @@ Status front_program_supported(const FrontProgramOp& op) {
       return unsupported("the absorbed query is read as [heads, 512 + 64] (kv_lora " + std::to_string(d.kv_lora) +
                          ", qk_rope " + std::to_string(d.qk_rope) + ")");
   }
+  if (op.attends() && (!p.kv_b || !(op.attend_scale() > 0.0f) || !op.attend_buffer()))
+    return unsupported("the attention runs in a front that absorbs the query, with a positive softmax scale and a "
+                       "partials buffer");
   return ok_status();
 }
 

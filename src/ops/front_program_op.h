@@ -38,6 +38,15 @@
 
 namespace nucleus {
 
+// The split partials of decode programs' own attention (FrontProgramOp::
+// set_attend), one buffer for every layer of a graph: a front's kAttend stage
+// writes it, the layer's MoE program merges it before the next front writes
+// it again (the program checker orders them). Allocated by the first reserve:
+// kernels::mono::program_attention_floats f32.
+struct ProgramAttentionBuffer {
+  Tensor partials;
+};
+
 class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
  public:
   struct Parts {
@@ -64,6 +73,21 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   int64_t hidden() const { return hidden_; }
   bool has_delta() const { return parts_.norm && parts_.norm->has_delta(); }
   bool absorbs() const { return parts_.kv_b != nullptr; }
+  // The decode attention in the program too (NUCLEUS_DECODE_PROGRAM_ATTENTION;
+  // an absorbing front only): a kAttend stage after RoPE writes the split
+  // partials into `buffer`, which the layer's MoE program merges
+  // (ops/moe_program_op.h); the attention op does nothing for the steps
+  // programs run (MlaDecodeAttentionOp::set_attention_in_program_rows).
+  // `scale`: the softmax scale (ModelConfig::softmax_scale). set_attend(false)
+  // takes it back.
+  void set_attend(bool on, float scale = 0.0f, std::shared_ptr<ProgramAttentionBuffer> buffer = nullptr) {
+    attend_ = on;
+    attend_scale_ = scale;
+    attend_buffer_ = on ? std::move(buffer) : nullptr;
+  }
+  bool attends() const { return attend_; }
+  float attend_scale() const { return attend_scale_; }
+  const std::shared_ptr<ProgramAttentionBuffer>& attend_buffer() const { return attend_buffer_; }
   // Steps of at most this many rows (1, 2, 4 or 8; ops/decode_program.h) run
   // as a program; wider steps the held ops. Default 8.
   void set_max_rows(int64_t rows) { max_rows_ = rows; }
@@ -81,6 +105,9 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   Parts parts_;
   int64_t hidden_;
   int64_t max_rows_ = 8;
+  bool attend_ = false;
+  float attend_scale_ = 0.0f;
+  std::shared_ptr<ProgramAttentionBuffer> attend_buffer_;
   std::shared_ptr<void> state_;
 };
 

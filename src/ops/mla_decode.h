@@ -44,10 +44,17 @@ class MlaDecodeAttentionOp : public OpWithBackends<MlaDecodeAttentionOp>, public
   // others refuse an op set so.
   void set_output_in_program_rows(int64_t rows) { output_in_program_rows_ = rows; }
   int64_t output_in_program_rows() const { return output_in_program_rows_; }
+  // For steps of at most this many rows (default 0, never) the op does
+  // nothing: decode programs run the attention itself (a front program's
+  // kAttend stage, the MoE program's merge and W_UV). Only the nucleus
+  // backend takes this (the others refuse an op set so).
+  void set_attention_in_program_rows(int64_t rows) { attention_in_program_rows_ = rows; }
+  int64_t attention_in_program_rows() const { return attention_in_program_rows_; }
 
  private:
   int64_t absorbed_input_rows_ = INT64_MAX;
   int64_t output_in_program_rows_ = 0;
+  int64_t attention_in_program_rows_ = 0;
 };
 
 // The most rows a decode attention call of `num_heads` heads (kv_b_proj FP8

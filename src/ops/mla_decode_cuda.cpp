@@ -175,6 +175,7 @@ void run_absorbed(MlaDecodeAttentionOp& op, OpContext& ctx, const TensorList& in
                   Attend attend) {
   const Tensor& q = in[0];
   const int64_t T = q.dim(0), H = op.dims().num_heads, W = out[1].dim(0);
+  if (T <= op.attention_in_program_rows()) return;  // decode programs run this step's attention
   const RowSet rs = row_set(op, ctx, T);
   if (rs.num_rows == 0) return;
   const __nv_bfloat16* kv_b = kv_b_bf16(op);
@@ -430,9 +431,9 @@ class FlashInferDecodePlan : public StepPlan {
 }  // namespace
 
 Status mla_decode_flashinfer_supports(const MlaDecodeAttentionOp& op) {
-  if (op.output_in_program_rows() > 0)
-    return unsupported("a decode program merges this op's KV splits (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT): only the "
-                       "nucleus backend leaves them");
+  if (op.output_in_program_rows() > 0 || op.attention_in_program_rows() > 0)
+    return unsupported("decode programs merge this op's KV splits or run it (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT, "
+                       "NUCLEUS_DECODE_PROGRAM_ATTENTION): only the nucleus backend takes that");
   if (!kernels::flashinfer_mla_available())
     return unsupported("built without FlashInfer headers (NUCLEUS_FLASHINFER=OFF or tools/fetch_flashinfer.sh failed)");
   if (op.cache_dtype() != KvCacheDtype::kBF16)
@@ -486,9 +487,9 @@ void mla_decode_flashinfer(MlaDecodeAttentionOp& op, OpContext& ctx, const Tenso
 
 // "cuda_naive": the plain absorbed-form kernel (kernels/mla/mla_attention_naive.cuh).
 Status mla_decode_naive_supports(const MlaDecodeAttentionOp& op) {
-  if (op.output_in_program_rows() > 0)
-    return unsupported("a decode program merges this op's KV splits (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT): only the "
-                       "nucleus backend leaves them");
+  if (op.output_in_program_rows() > 0 || op.attention_in_program_rows() > 0)
+    return unsupported("decode programs merge this op's KV splits or run it (NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT, "
+                       "NUCLEUS_DECODE_PROGRAM_ATTENTION): only the nucleus backend takes that");
   if (op.cache_dtype() == KvCacheDtype::kFp8DsMla)
     return op.dims().kv_lora == kDsMlaLatent && op.dims().qk_rope == kDsMlaRope
                ? ok_status()

@@ -6,6 +6,7 @@
 
 #include "core/cuda/context.h"
 #include "core/device.h"
+#include "kernels/common/device_sms.h"
 #include "kernels/mono/mono_program_ref.h"
 #include "ops/decode_program_cuda.h"
 #include "ops/front_program_cuda.h"
@@ -115,12 +116,30 @@ struct AttentionLeft {
   MlaDecodeSplitPlan plan;
   const uint16_t* o_lat_in = nullptr;  // the attention's o_lat (one split)
   const int32_t *token_seq = nullptr, *query_start = nullptr, *context_lens = nullptr;
+  float* program_partials = nullptr;  // a front program's kAttend partials (attention in programs)
 };
 
-// The attention output stages (merge, W_UV) on what the attention left.
-std::vector<mono::Stage> attention_stages(const MoeProgramOp& op, const State& s, const AttentionLeft& a,
-                                          uint16_t* attn_out) {
+// Whether the attention ran in the front program (its kAttend stage), not as the attention op.
+bool attention_in_program(const MoeProgramOp& op) {
+  return op.attention() && op.attention()->attention_in_program_rows() > 0;
+}
+
+// The attention output stages (merge, W_UV) on what the attention left, for
+// a program of `width` rows.
+std::vector<mono::Stage> attention_stages(const MoeProgramOp& op, const State& s, AttentionLeft a,
+                                          uint16_t* attn_out, int32_t width) {
   const MlaDecodeAttentionOp& at = *op.attention();
+  if (attention_in_program(op)) {  // the front program's split plan (ops/front_program_cuda.cpp)
+    const auto heads = static_cast<int32_t>(at.dims().num_heads);
+    a.plan.num_splits = mono::program_attention_splits(width, heads, kernels::current_device_sms());
+    a.plan.min_split_keys = mono::kProgramAttentionMinSplitKeys;
+    a.plan.key_tile = mono::kProgramAttentionKeyTile;
+    a.plan.part_o = a.program_partials;
+    a.plan.part_lse = a.program_partials
+                          ? a.program_partials + int64_t{width} * a.plan.num_splits * heads * at.dims().kv_lora
+                          : nullptr;
+    a.o_lat_in = nullptr;
+  }
   mono::AttentionOutputChain c;
   c.num_heads = static_cast<int32_t>(at.dims().num_heads);
   c.kv_lora = static_cast<int32_t>(at.dims().kv_lora);
@@ -148,10 +167,11 @@ std::vector<mono::Stage> stages(const MoeProgramOp& op, const State& s, int32_t 
                                 const AttentionLeft* left) {
   std::vector<mono::Stage> st = mono::moe_chain_stages(chain(op, s, width, attn_out, residual, delta), kTile);
   if (op.attention())
-    st = mono::join_programs(attention_stages(op, s, left ? *left : AttentionLeft{}, const_cast<uint16_t*>(attn_out)),
-                             st);
+    st = mono::join_programs(
+        attention_stages(op, s, left ? *left : AttentionLeft{}, const_cast<uint16_t*>(attn_out), width), st);
   if (!op.next_front()) return st;
-  return mono::join_programs(std::move(st), front_program_stages(*op.next_front(), front ? *front : FrontProgramBuffers{}));
+  return mono::join_programs(std::move(st),
+                             front_program_stages(*op.next_front(), front ? *front : FrontProgramBuffers{}, width));
 }
 
 }  // namespace
@@ -218,7 +238,15 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
     for (const void* b : front_program_buffer_key(front)) key.push_back(b);
   }
   AttentionLeft left;
-  if (op.attention()) {
+  if (attention_in_program(op)) {  // the front program's partials
+    left.program_partials = op.attention_buffer()->partials.data<float>();
+    left.token_seq = ctx.dev->token_seq;
+    left.query_start = ctx.dev->query_start;
+    left.context_lens = ctx.dev->context_lens;
+    for (const void* b : {static_cast<const void*>(left.program_partials), static_cast<const void*>(left.token_seq),
+                          static_cast<const void*>(left.query_start), static_cast<const void*>(left.context_lens)})
+      key.push_back(b);
+  } else if (op.attention()) {
     left.plan = mla_decode_nucleus_split_plan(*op.attention(), rows, ctx.workspace.data);
     left.o_lat_in = static_cast<const uint16_t*>(in[2].raw());
     left.token_seq = ctx.dev->token_seq;

@@ -56,12 +56,15 @@ Status moe_program_supported(const MoeProgramOp& op) {
   }
   if (const MlaDecodeAttentionOp* a = op.attention()) {
     const kernels::MlaDims& d = a->dims();
-    if (a->layer() != op.layer() || a->output_in_program_rows() != op.max_rows())
+    if (a->layer() != op.layer() ||
+        (a->output_in_program_rows() != op.max_rows() && a->attention_in_program_rows() != op.max_rows()))
       return unsupported("the attention op is not this layer's, set to leave its output to the program");
     if (d.kv_lora != 512 || d.qk_rope != 64 || d.qk_nope != 128 || d.v_head != 128 || d.num_heads < 1 ||
         d.num_heads > 64)
       return unsupported("the attention output needs kv_lora 512, qk_rope 64, qk_nope 128, v_head 128 and at most 64 "
                          "heads (heads " + std::to_string(d.num_heads) + ")");
+    if (a->attention_in_program_rows() > 0 && !op.attention_buffer())
+      return unsupported("the attention runs in the front program but the block has no partials buffer");
     if (a->kv_b().weight.dtype() != DType::kBF16)
       return unsupported(a->kv_b().name + " is not bf16 (W_UV in the program reads bf16)");
     if (o.in_features != d.num_heads * d.v_head) return unsupported("o_proj does not read the attention's heads");
@@ -69,7 +72,8 @@ Status moe_program_supported(const MoeProgramOp& op) {
   // The stages one program holds (moe_chain_stages, attention_output_stages, front_chain_stages).
   const int64_t stages = 6 + (op.shared_pieces() > 0 ? 2 : 0) + (op.attention() ? 2 : 0) +
                          (op.next_front() ? 3 + (op.next_front()->parts().q_a ? 1 : 0) +
-                                                (op.next_front()->absorbs() ? 1 : 0)
+                                                (op.next_front()->absorbs() ? 1 : 0) +
+                                                (op.next_front()->attends() ? 1 : 0)
                                           : 0);
   if (stages > kernels::mono::kMaxStages)
     return unsupported(std::to_string(stages) + " stages, more than a program holds (" +

@@ -41,7 +41,11 @@
 // scratch (out[2]: o_lat when the attention ran one split), and the program
 // writes attn_out (in[0]) before its o_proj reads it (buffers are named, never
 // aliased: nothing else reads attn_out). Wider steps: the attention op wrote
-// attn_out as before.
+// attn_out as before. When the attention itself ran in this layer's front
+// program (attention_in_program_rows, NUCLEUS_DECODE_PROGRAM_ATTENTION) the
+// program merges that front's partials (set_attention_buffer) with the
+// front's split plan (kernels/mono program_attention_splits); in has no third
+// buffer then.
 #pragma once
 
 #include <memory>
@@ -90,6 +94,10 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   // owned: the same graph holds it); null: the program starts at o_proj.
   void set_attention(const MlaDecodeAttentionOp* attention) { attention_ = attention; }
   const MlaDecodeAttentionOp* attention() const { return attention_; }
+  // With the attention run in this layer's front program: the partials
+  // buffer that front writes (FrontProgramOp::set_attend).
+  void set_attention_buffer(std::shared_ptr<ProgramAttentionBuffer> b) { attention_buffer_ = std::move(b); }
+  const std::shared_ptr<ProgramAttentionBuffer>& attention_buffer() const { return attention_buffer_; }
   // Steps of at most this many rows (1, 2, 4 or 8; ops/decode_program.h) run
   // as a program; wider steps the held ops (and the joined front's). Default 8.
   void set_max_rows(int64_t rows) { max_rows_ = rows; }
@@ -106,6 +114,7 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   Parts parts_;
   std::unique_ptr<FrontProgramOp> next_front_;
   const MlaDecodeAttentionOp* attention_ = nullptr;
+  std::shared_ptr<ProgramAttentionBuffer> attention_buffer_;
   int64_t max_rows_ = 8;
   int64_t hidden_, shared_pieces_;
   std::shared_ptr<void> state_;

@@ -688,7 +688,18 @@ TEST_F(ServerTest, EchoLogprobsReportThePrompt) {
 }
 
 TEST_F(ServerTest, MetricsCountWhatWasSent) {
+  // The HTTP counters are bumped after a response's last byte: an earlier
+  // test's last request may still be counted. Start from counters that have
+  // stopped moving (two reads 50 ms apart agree).
+  const std::string completions_200 = "nucleus_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}";
   auto before = metrics();
+  for (int i = 0; i < 40; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto again = metrics();
+    const bool settled = again[completions_200] == before[completions_200];
+    before = std::move(again);
+    if (settled) break;
+  }
   ASSERT_TRUE(before.count("nucleus_kv_blocks_total"));
   EXPECT_GT(before["nucleus_kv_blocks_total"], 0);
   int64_t prompt = 0, completion = 0;

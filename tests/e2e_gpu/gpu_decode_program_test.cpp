@@ -9,6 +9,8 @@
 //    attention's query and each MoE program merging the attention's splits
 //    and applying W_UV, unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
 //    NUCLEUS_DECODE_PROGRAM_ABSORB=0 / NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0;
+//    with NUCLEUS_DECODE_PROGRAM_ATTENTION=1 the fronts also run the
+//    attention (a layer is one program);
 //    with NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 (and the attention absorbing
 //    itself) only steps of 1 or 2 rows run programs (the start-up log names
 //    the widths), the rest the held ops;
@@ -72,7 +74,7 @@ void check_programs(const std::string& model, bool served) {
   }
   const std::string base = "generate --device cuda --model " + testing::model_path(model) +
                            " --max-tokens 32 --ignore-eos --temperature 0 --json";
-  for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1",
+  for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1", "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_ATTENTION=1",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0 "
                           "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 NUCLEUS_DECODE_PROGRAM_ABSORB=0",
@@ -81,6 +83,7 @@ void check_programs(const std::string& model, bool served) {
     const bool joined = on && std::string(env).find("JOIN=0") == std::string::npos;
     const bool absorbed = on && std::string(env).find("ABSORB=0") == std::string::npos;
     const bool attention_output = on && std::string(env).find("ATTN_OUTPUT=0") == std::string::npos;
+    const bool attention = on && std::string(env).find("ATTENTION=1") != std::string::npos;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", std::string(env) + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
     EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on && served) << env << ": the decode graph";
@@ -96,6 +99,8 @@ void check_programs(const std::string& model, bool served) {
                 std::string::npos)
           << env << ": " << batch.err.substr(0, 2000);
     }
+    // With NUCLEUS_DECODE_PROGRAM_ATTENTION=1 the fronts of the MoE layers run the attention (attrs "attends").
+    EXPECT_EQ(batch.err.find(" attends") != std::string::npos, attention && served) << env << ": the attention";
     // The MoE programs merge the attention's splits and apply W_UV (attrs "+attention output").
     EXPECT_EQ(batch.err.find("+attention output") != std::string::npos, attention_output && served)
         << env << ": the attention output";

@@ -878,8 +878,8 @@ TEST_F(MonoKernelGpu, AttentionOutputV2Lite) {
 // mono_program_test AttentionStagesEqualSoftmaxAttention); and 20 heads (two
 // head groups).
 TEST_F(MonoKernelGpu, AttentionStagesV2Lite) {
-  for (auto [heads, bs] : {std::pair{16, 64}, std::pair{16, 1}, std::pair{20, 16}}) {
-    const int32_t lora = 512, row_w = 576, S = 32;
+  for (auto [heads, bs, lora] : {std::tuple{16, 64, 512}, std::tuple{16, 1, 512}, std::tuple{20, 16, 256}}) {
+    const int32_t row_w = lora + 64, S = 32;
     const std::vector<int32_t> context = {0, 4999, 63, 1000, 129, 2047, 7, 300};
     const int32_t max_blocks = (5000 + bs - 1) / bs, num_blocks = 8 * max_blocks;
     std::vector<int32_t> token_seq(8), query_start(9), tables(static_cast<size_t>(8) * max_blocks);
@@ -894,8 +894,8 @@ TEST_F(MonoKernelGpu, AttentionStagesV2Lite) {
     Tensor d_seq = device_copy(token_seq, DType::kI32), d_qs = device_copy(query_start, DType::kI32);
     Tensor d_ctx = device_copy(context, DType::kI32);
     for (auto [w, rows, min_keys] : {std::tuple{1, 1, 0}, std::tuple{8, 8, 64}, std::tuple{8, 6, 0}, std::tuple{4, 4, 32}}) {
-      SCOPED_TRACE(::testing::Message() << heads << " heads, pages of " << bs << ", width " << w << ", rows " << rows
-                                        << ", min_split_keys " << min_keys);
+      SCOPED_TRACE(::testing::Message() << heads << " heads of kv_lora " << lora << ", pages of " << bs << ", width "
+                                        << w << ", rows " << rows << ", min_split_keys " << min_keys);
       std::vector<float> h_po(8 * S * heads * lora, NAN), h_pl(8 * S * heads, NAN);
       std::vector<uint16_t> h_o(8 * heads * lora, 0x7fc0), h_out(8 * heads * 128, 0x7fc0);
       Tensor d_po = nan_filled(8 * S * heads * lora, DType::kF32), d_pl = nan_filled(8 * S * heads, DType::kF32);
@@ -903,6 +903,7 @@ TEST_F(MonoKernelGpu, AttentionStagesV2Lite) {
       auto chain = [&](bool device) {
         AttentionOutputChain c;
         c.num_heads = heads;
+        c.kv_lora = lora;
         c.kv_b = device ? d_kv_b.data<uint16_t>() : kv_b.data();
         c.splits = S;
         c.min_split_keys = min_keys;
@@ -933,6 +934,17 @@ TEST_F(MonoKernelGpu, AttentionStagesV2Lite) {
       cudaStream_t stream = cuda::context().stream;
       ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      // The partials' log-sum-exps themselves (a shift common to a row's splits would cancel in the merge),
+      // written for exactly the splits the reference writes.
+      const std::vector<float> got_lse = host_copy<float>(d_pl);
+      int64_t compared = 0;
+      for (size_t i = 0; i < h_pl.size(); ++i) {
+        ASSERT_EQ(std::isnan(got_lse[i]), std::isnan(h_pl[i])) << "part_lse " << i << " written on one side only";
+        if (std::isnan(h_pl[i])) continue;
+        ASSERT_NEAR(got_lse[i], h_pl[i], 1e-3f * (1.0f + std::fabs(h_pl[i]))) << "part_lse " << i;
+        ++compared;
+      }
+      EXPECT_GT(compared, 0);
       EXPECT_TRUE(rows_close(d_o, h_o, rows, heads * lora, "o_lat (attended, merged)"));
       EXPECT_TRUE(rows_close(d_out, h_out, rows, heads * 128, "attn_out (W_UV)"));
       EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));

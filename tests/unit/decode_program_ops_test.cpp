@@ -258,6 +258,27 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
     f.heads = 128;
     EXPECT_TRUE(refused_front(f, "at most 64 heads"));
   }
+  // The attention in the front (NUCLEUS_DECODE_PROGRAM_ATTENTION): an absorbing front with a buffer and a scale.
+  {
+    Front f;
+    f.absorb = true;
+    auto op = f.op();
+    op->set_attend(true, 0.135f, std::make_shared<ProgramAttentionBuffer>());
+    const Status s = front_program_supported(*op);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_NE(op->attrs().find("attends"), std::string::npos) << op->attrs();
+    op->set_attend(true, 0.135f, nullptr);
+    EXPECT_FALSE(front_program_supported(*op).ok());
+    op->set_attend(false);  // taken back
+    EXPECT_TRUE(front_program_supported(*op).ok());
+    EXPECT_EQ(op->attend_buffer(), nullptr);
+    Front plain;  // not absorbing: no q_full to attend with
+    auto p = plain.op();
+    p->set_attend(true, 0.135f, std::make_shared<ProgramAttentionBuffer>());
+    const Status no = front_program_supported(*p);
+    EXPECT_FALSE(no.ok());
+    EXPECT_NE(no.message().find("absorbs the query"), std::string::npos) << no.message();
+  }
 }
 
 // NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT: a MoE program runs the attention's
@@ -288,6 +309,16 @@ TEST(MoeProgramOp, TakesTheAttentionOutputOfItsOwnLayer) {
   s = moe_program_supported(*op);
   EXPECT_TRUE(s.ok()) << s.message();
   op->set_max_rows(8);
+  attn.set_output_in_program_rows(8);
+  // The attention run in the front program: the block needs the front's partials buffer.
+  attn.set_output_in_program_rows(0);
+  attn.set_attention_in_program_rows(8);
+  EXPECT_TRUE(refused(*op, "no partials buffer"));
+  op->set_attention_buffer(std::make_shared<ProgramAttentionBuffer>());
+  s = moe_program_supported(*op);
+  EXPECT_TRUE(s.ok()) << s.message();
+  op->set_attention_buffer(nullptr);
+  attn.set_attention_in_program_rows(0);
   attn.set_output_in_program_rows(8);
   MlaDecodeAttentionOp other_layer(2, kv_b, d, AttentionMode::kAuto);
   other_layer.set_output_in_program_rows(8);

@@ -1004,6 +1004,10 @@ TEST(MonoProgram, AttentionStagesEqualSoftmaxAttention) {
     bad = st;
     bad[0].kv_lora = 528;
     EXPECT_FALSE(check_stage(bad[0], 0, w).ok());
+    // One split: a merge of one split copies o_lat and would never read the partials.
+    AttentionOutputChain one = c;
+    one.splits = 1;
+    EXPECT_FALSE(plan_program(attention_output_stages(one), w, 11).ok());
     // The merge must wait for the attention: its partials are the attention's output.
     bad = st;
     bad[1].wait_mask = 0;

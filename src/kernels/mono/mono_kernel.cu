@@ -42,7 +42,7 @@ constexpr size_t kSmemLimit = 227 * 1024;  // sm_90's opt-in maximum a CTA
 constexpr uint64_t kWaitLimitNs = 10'000'000'000ull;
 // A kAttend job's shared memory in x's place: q of 16 heads (rows padded by 8
 // values) and a key tile; the k whose x region (8 rows of k + 8) holds it.
-constexpr int kAttendQPitch = kAttendMaxRow + 8;
+constexpr int kAttendQPitch = kAttendMaxRow + 2;  // an odd number of 4-byte words a row: no bank conflicts
 constexpr int64_t kAttendXElems = int64_t{kAttendHeads} * kAttendQPitch + int64_t{kAttendTileKeys} * kAttendMaxRow;
 constexpr int64_t kAttendXK = ((kAttendXElems + kMaxWidth - 1) / kMaxWidth - 8 + 15) / 16 * 16;
 static_assert(kMaxWidth * (kAttendXK + 8) >= kAttendXElems, "x's region holds an attend job's q and key tile");
@@ -460,11 +460,11 @@ __device__ void merge_job(const Program& p, const Stage& s, int32_t j, float* sc
 
 // A kAttend job (mono_program.h): row r, head group g, split `split`, on CUDA
 // cores. Shared memory (the x region): q_full of the group's heads [16][row
-// + 8] bf16 (padded against bank conflicts), then a tile of kAttendTileKeys
+// + 2] bf16 (padded against bank conflicts), then a tile of kAttendTileKeys
 // latent rows [8][row] bf16. Per tile: warp w scores key w for every head
 // (lane l: head l % 16, half l / 16 of the row), then compute thread t keeps
-// o[head t / 16][columns (t % 16) * kv_lora / 16 ...] with the head's running
-// max and sum (the same values in the 16 threads of a head).
+// o[head t / 16][column pairs 2 (t % 16) + 32 i] with the head's running max
+// and sum (the same values in the 16 threads of a head).
 __device__ void attend_job(const Program& p, const Stage& s, int32_t j, uint16_t* xs, float* scratch, int ct) {
   const int groups = attend_groups(s);
   const int split = j % s.splits, g = (j / s.splits) % groups, r = j / (s.splits * groups);
@@ -479,13 +479,20 @@ __device__ void attend_job(const Program& p, const Stage& s, int32_t j, uint16_t
   const int cw = ct / 32, lane = ct % 32;
   uint16_t* qs = xs;
   uint16_t* ks = xs + kAttendHeads * kAttendQPitch;
-  for (int idx = ct; idx < nh * vecs; idx += kConsumerThreads) {
+  for (int idx = ct; idx < nh * vecs; idx += kConsumerThreads) {  // (q rows are 4-byte aligned: 4-byte stores)
     const int h = idx / vecs, v = idx % vecs;
-    *reinterpret_cast<uint4*>(qs + h * kAttendQPitch + v * 8) =
+    const uint4 val =
         __ldcg(reinterpret_cast<const uint4*>(s.x + r * s.x_stride + static_cast<int64_t>(h0 + h) * row_w + v * 8));
+    uint32_t* dst = reinterpret_cast<uint32_t*>(qs + h * kAttendQPitch + v * 8);
+    dst[0] = val.x;
+    dst[1] = val.y;
+    dst[2] = val.z;
+    dst[3] = val.w;
   }
   const int32_t* table = s.block_tables + static_cast<int64_t>(seq) * s.max_blocks;
-  const int oh = ct / 16, per = s.kv_lora / 16, oc = (ct % 16) * per;  // per <= 32
+  // Thread t: head t / 16, the column pairs 2 (t % 16) + 32 i (i < kv_lora / 32): a head's 16 threads read 16
+  // consecutive words of a key row at a time (no bank conflicts).
+  const int oh = ct / 16, pairs = s.kv_lora / 32, oc = 2 * (ct % 16);
   float o[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) o[i] = 0.0f;
@@ -528,10 +535,14 @@ __device__ void attend_job(const Program& p, const Stage& s, int32_t j, uint16_t
       for (int kk = 0; kk < nk; ++kk) {
         const float pk = exp2f(scratch[oh * kAttendTileKeys + kk] - mt);
         l += pk;
-        const uint16_t* vr = ks + kk * row_w + oc;
+        const __nv_bfloat162* vr = reinterpret_cast<const __nv_bfloat162*>(ks + kk * row_w + oc);
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
-          if (i < per) o[i] = fmaf(pk, __uint_as_float(static_cast<uint32_t>(vr[i]) << 16), o[i]);
+        for (int i = 0; i < 16; ++i)
+          if (i < pairs) {
+            const float2 vv = __bfloat1622float2(vr[16 * i]);
+            o[2 * i] = fmaf(pk, vv.x, o[2 * i]);
+            o[2 * i + 1] = fmaf(pk, vv.y, o[2 * i + 1]);
+          }
       }
       m = mt;
     }
@@ -540,8 +551,9 @@ __device__ void attend_job(const Program& p, const Stage& s, int32_t j, uint16_t
     const int64_t base = (static_cast<int64_t>(r) * s.splits + split) * s.num_heads + h0 + oh;
     const float inv = 1.0f / l;
 #pragma unroll
-    for (int i = 0; i < 32; ++i)
-      if (i < per) s.part_o[base * s.kv_lora + oc + i] = o[i] * inv;
+    for (int i = 0; i < 16; ++i)
+      if (i < pairs)
+        *reinterpret_cast<float2*>(s.part_o + base * s.kv_lora + oc + 32 * i) = make_float2(o[2 * i] * inv, o[2 * i + 1] * inv);
     if (ct % 16 == 0) s.part_lse[base] = m + log2f(l);
   }
 }

@@ -207,7 +207,8 @@ struct Stage {
   //   part_o[r, split, h, :] = sum_k 2^(s_k - m) row_k[:kv_lora] / l     f32
   //   part_lse[r, split, h] = m + log2(l)                                 f32
   // A split the row does not use is not written (the merge reads only the
-  // row's splits).
+  // row's splits). 2 ... kMaxMergeSplits splits; kv_lora a multiple of 32 up
+  // to 512, kv_lora + qk_rope <= kAttendMaxRow.
   float* part_o = nullptr;
   float* part_lse = nullptr;
   const int32_t* block_tables = nullptr;

@@ -401,14 +401,15 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
   }
   if (s.kind == Kind::kAttend) {
     const int64_t row_w = int64_t{s.kv_lora} + s.qk_rope;
-    if (s.num_heads < 1 || s.kv_lora < 16 || s.kv_lora > 512 || s.kv_lora % 16 != 0 || s.qk_rope < 0 ||
+    if (s.num_heads < 1 || s.kv_lora < 32 || s.kv_lora > 512 || s.kv_lora % 32 != 0 || s.qk_rope < 0 ||
         row_w > kAttendMaxRow || row_w % 8 != 0)
-      return bad(fmt::format("heads {}, kv_lora {}, qk_rope {}: need kv_lora a multiple of 16 up to 512 and a latent "
+      return bad(fmt::format("heads {}, kv_lora {}, qk_rope {}: need kv_lora a multiple of 32 up to 512 and a latent "
                              "row of at most {} values, a multiple of 8",
                              s.num_heads, s.kv_lora, s.qk_rope, kAttendMaxRow));
-    if (s.splits < 1 || s.splits > kMaxMergeSplits || (s.key_tile != 32 && s.key_tile != 64) ||
+    // (At least 2 splits: a kMerge stage of one split reads o_lat, not the partials.)
+    if (s.splits < 2 || s.splits > kMaxMergeSplits || (s.key_tile != 32 && s.key_tile != 64) ||
         s.min_split_keys < 0 || s.min_split_keys % 32 != 0)
-      return bad(fmt::format("splits {}, key_tile {}, min_split_keys {}: need 1 ... {} splits, a key tile of 32 or 64 "
+      return bad(fmt::format("splits {}, key_tile {}, min_split_keys {}: need 2 ... {} splits, a key tile of 32 or 64 "
                              "and min_split_keys 0 or a multiple of 32",
                              s.splits, s.key_tile, s.min_split_keys, kMaxMergeSplits));
     if (s.n != int64_t{width} * attend_groups(s) * s.splits || s.tile != 1)
@@ -888,7 +889,7 @@ std::vector<Stage> attention_output_stages(const AttentionOutputChain& c) {
   uv.out_slot_stride = c.v_head;
   uv.tile = c.tile;
   uv.wait_mask = 1u << 0;
-  if (!c.q_full) return {merge, uv};
+  if (!c.q_full && !c.attention) return {merge, uv};
   Stage at;  // the partials the merge reads
   at.kind = Kind::kAttend;
   at.num_heads = c.num_heads;
@@ -1029,7 +1030,25 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
     rope.n_residual = c.hidden;
   }
   st.push_back(rope);
+  if (c.attend) {  // the attention on q_full and the cache rows the RoPE stage wrote
+    Stage at = attention_output_stages(*c.attend).front();
+    at.wait_mask = 1u << (st.size() - 1);  // RoPE, which waited for the absorption
+    st.push_back(at);
+  }
   return st;
+}
+
+int32_t program_attention_splits(int32_t width, int32_t num_heads, int32_t num_ctas) {
+  const int32_t groups = (num_heads + kAttendHeads - 1) / kAttendHeads;
+  const int32_t s = num_ctas / std::max(1, width * groups);
+  return std::clamp(s, 2, kMaxMergeSplits);
+}
+
+int64_t program_attention_floats(int32_t num_heads, int32_t kv_lora, int32_t num_ctas) {
+  int64_t most = 0;
+  for (int32_t w : {1, 2, 4, 8})
+    most = std::max<int64_t>(most, int64_t{w} * program_attention_splits(w, num_heads, num_ctas));
+  return most * num_heads * (kv_lora + 1);
 }
 
 }  // namespace nucleus::kernels::mono

@@ -121,6 +121,7 @@ struct AttentionOutputChain {
   float scale = 0.0f;
   float *part_o = nullptr, *part_lse = nullptr;
   int32_t width = kMaxWidth;  // the program's width (the attention's jobs: width * head groups * splits)
+  bool attention = false;     // the kAttend stage even while q_full is not known (queues dealt from shapes)
 };
 std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
 
@@ -252,7 +253,22 @@ struct FrontChain {
   const uint16_t* w_uk_t = nullptr;
   uint16_t* q_full = nullptr;
   int32_t absorb_tile = 64;
+  // Optional: the decode attention after the RoPE stage (a kAttend stage,
+  // attention_output_stages' first, on q_full and the cache rows RoPE wrote;
+  // its partials go where `attend` says, for a later program's merge).
+  const AttentionOutputChain* attend = nullptr;
 };
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile);
+
+// A decode program's own attention (a front's kAttend stage and the merge of
+// the next MoE program): its KV splits at `width` rows of `num_heads` heads
+// on num_ctas CTAs, so that width * head groups * splits fills the CTAs (2 ...
+// kMaxMergeSplits), with splits of at least kProgramAttentionMinSplitKeys keys
+// in tiles of kProgramAttentionKeyTile (kernels/mla/mla_split_plan.h).
+constexpr int32_t kProgramAttentionMinSplitKeys = 32, kProgramAttentionKeyTile = 32;
+int32_t program_attention_splits(int32_t width, int32_t num_heads, int32_t num_ctas);
+// Floats of its partials buffer (part_o then part_lse) at any width, for
+// num_heads heads of kv_lora and num_ctas CTAs.
+int64_t program_attention_floats(int32_t num_heads, int32_t kv_lora, int32_t num_ctas);
 
 }  // namespace nucleus::kernels::mono

@@ -318,9 +318,14 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   const bool attn_output_in_program = decode_programs && env_flag(Knob::kDecodeProgramAttnOutput);
   // Steps of at most this many rows run as programs (NUCLEUS_DECODE_PROGRAM_MAX_ROWS).
   const int64_t program_rows = decode_program_max_rows();
-  int program_fronts = 0, program_blocks = 0, joined_fronts = 0, absorbing_fronts = 0, attention_outputs = 0;
+  // Fronts that also run the attention (NUCLEUS_DECODE_PROGRAM_ATTENTION): their partials, one buffer.
+  const bool attention_in_program = decode_programs && env_flag(Knob::kDecodeProgramAttention) && absorb_in_program &&
+                                    attn_output_in_program;
+  const auto attention_buffer = attention_in_program ? std::make_shared<ProgramAttentionBuffer>() : nullptr;
+  int program_fronts = 0, program_blocks = 0, joined_fronts = 0, absorbing_fronts = 0, attention_outputs = 0,
+      attending_fronts = 0;
   static std::atomic<bool> said_programs{false};
-  static std::atomic<bool> said_why_no_absorb{false}, said_why_no_attn_output{false};
+  static std::atomic<bool> said_why_no_absorb{false}, said_why_no_attn_output{false}, said_why_no_attention{false};
   struct PendingMoe {
     std::string name;
     std::unique_ptr<MoeProgramOp> op;
@@ -357,6 +362,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
     bool front_in_program = false;
     int front_q_full = -1;                      // the absorbed query a front program writes, if it does
     MlaDecodeAttentionOp* program_attn = nullptr;  // the attention op after a front program
+    FrontProgramOp* program_front = nullptr;       // the front program, while it may still run the attention
     if (decode_programs && !mtp && !norm_in_moe && !rank_.comm && !width_builds_ &&
         mode != AttentionMode::kExpanded && fuse_kv_norm && kv_cache_dtype_ == KvCacheDtype::kBF16) {
       FrontProgramOp::Parts parts;
@@ -385,7 +391,15 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           front->parts().kv_b = nullptr;
         }
       }
+      // The attention too, for layers whose MoE program can merge it (checked there; taken back if not).
+      const std::string forced_attention = forced_backend("mla_decode");
+      if (why.ok() && attention_in_program && front->absorbs() && lw.moe &&
+          (forced_attention.empty() || forced_attention == "nucleus")) {
+        front->set_attend(true, dims.scale, attention_buffer);
+        if (!front_program_supported(*front).ok()) front->set_attend(false);
+      }
       if (why.ok()) {
+        program_front = front.get();
         std::vector<int> outs = {residual, x_norm, q, kv_a};
         if (aw.q_a_proj) outs.push_back(g.buffer("q_a", c.q_lora_rank, act));
         if (front->absorbs()) {
@@ -424,6 +438,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         attn->set_absorbed_input_rows(program_rows);
         attn_in.push_back(front_q_full);
       }
+      if (program_front && program_front->attends()) attn->set_attention_in_program_rows(program_rows);
       program_attn = attn.get();
       g.add(p + "self_attn.attn_decode", std::move(attn), attn_in, {attn_out, q_lat, o_lat});
     } else if (l > 0 || mtp) {
@@ -477,6 +492,13 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
                                                       kv_cache_dtype_),
               {q}, {attn_out});
     }
+    // A front that would run the attention, where this layer's MoE program
+    // cannot merge it: the attention op runs it after all.
+    auto take_back_attention = [&] {
+      if (!program_front || !program_front->attends()) return;
+      program_front->set_attend(false);
+      if (program_attn) program_attn->set_attention_in_program_rows(0);
+    };
     // The output projection and a MoE block of a CUDA decode graph as one
     // decode program (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h):
     // o_proj, the post-attention add + norm, router, routing and experts
@@ -506,9 +528,26 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
       Status why = moe_program_supported(*program);
       // The attention's split merge and W_UV too, where the program can run them.
       bool attn_output = false;
+      // The attention itself ran in this layer's front program: merge its partials.
+      if (why.ok() && program_front && program_front->attends() && program_attn) {
+        program->set_attention(program_attn);
+        program->set_attention_buffer(attention_buffer);
+        if (Status no = moe_program_supported(*program); no.ok()) {
+          attn_output = true;
+          ++attention_outputs;
+          ++attending_fronts;
+        } else {
+          program->set_attention(nullptr);
+          program->set_attention_buffer(nullptr);
+          if (!said_why_no_attention.exchange(true))
+            NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAM_ATTENTION: the attention op runs the attention: {}", no.message());
+        }
+      }
+      if (!attn_output) take_back_attention();
       // (Not where NUCLEUS_FORCE_KERNEL names another attention backend: only nucleus leaves its splits.)
       const std::string forced_attention = forced_backend("mla_decode");
-      if (why.ok() && attn_output_in_program && program_attn && (forced_attention.empty() || forced_attention == "nucleus")) {
+      if (!attn_output && why.ok() && attn_output_in_program && program_attn &&
+          (forced_attention.empty() || forced_attention == "nucleus")) {
         program_attn->set_output_in_program_rows(program_rows);
         program->set_attention(program_attn);
         if (Status no = moe_program_supported(*program); no.ok()) {
@@ -528,7 +567,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
         const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
         std::vector<int> moe_in = {attn_out, residual};
-        if (attn_output) moe_in.push_back(o_lat);  // the attention's o_lat scratch (one split)
+        if (attn_output && !program->attention_buffer()) moe_in.push_back(o_lat);  // the attention's o_lat (one split)
         PendingMoe pm{p + "mlp.program", std::move(program), moe_in,
                       {residual, delta, x_norm, logits, ids, weights, moe_scratch}};
         if (join_programs && l + 1 < c.num_hidden_layers) {
@@ -543,6 +582,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
       }
     }
+    take_back_attention();  // (no MoE program took it: a dense layer, or a block the program cannot run)
     g.add(p + "self_attn.o_proj", std::make_unique<LinearOp>(&aw.o_proj, false), {attn_out}, {delta});
     // FFN block.
     g.add(p + "post_attention_layernorm", add_norm(lw.post_attention_layernorm, true), {residual, delta},
@@ -592,10 +632,11 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   add_pending_moe();
   // Which steps and which parts of the layers run as programs, once.
   if ((program_fronts > 0 || program_blocks > 0) && rank_.shard.rank == 0 && !said_programs.exchange(true))
-    NUCLEUS_LOG_INFO("decode programs: {}; {} attention fronts ({} absorbing the query) and {} MoE blocks ({} with "
-                     "the attention's output, {} joined with the next layer's front) of {} layers",
-                     decode_program_widths_text(program_rows), program_fronts, absorbing_fronts, program_blocks,
-                     attention_outputs, joined_fronts, c.num_hidden_layers);
+    NUCLEUS_LOG_INFO("decode programs: {}; {} attention fronts ({} absorbing the query, {} running the attention) "
+                     "and {} MoE blocks ({} with the attention's output, {} joined with the next layer's front) of {} "
+                     "layers",
+                     decode_program_widths_text(program_rows), program_fronts, absorbing_fronts, attending_fronts,
+                     program_blocks, attention_outputs, joined_fronts, c.num_hidden_layers);
   add_delta_norm("norm", weights_.norm, /*partial_delta=*/true);
   // Asked for by name (=1) but nowhere possible: say why, once.
   static std::atomic<bool> said_why_not_folded{false};
