@@ -183,6 +183,34 @@ const Backend<MlaDecodeAttentionOp>* find_backend(const std::string& name) {
   return nullptr;
 }
 
+// One step of `op` on `p` as the engine runs it (the step's workspace and
+// plans, device inputs), with scratch of `scratch_rows` rows; the output
+// starts poisoned.
+struct OpStep {
+  StepResources res;
+  DeviceInputUploader uploader;
+  DeviceStepInputs dev;
+  OpContext ctx;
+  Tensor out, q_lat, o_lat;
+  OpStep(MlaDecodeAttentionOp& op, Problem& p, int64_t scratch_rows) {
+    NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
+    const int64_t H = p.dims.num_heads, T = p.si.num_tokens();
+    out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
+    q_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
+    o_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
+    dev = uploader.upload(p.si);
+    ctx.device = Device::kCuda;
+    ctx.stream = cuda::context().stream;
+    ctx.inputs = &p.si;
+    ctx.dev = &dev;
+    ctx.kv_cache = &p.kv;
+    Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
+    NUCLEUS_CHECK_OK(res.begin_step(ctx));  // grows the workspace to this step
+    op.run(ctx, {q}, {out, q_lat, o_lat});
+    NUCLEUS_CHECK_OK(ctx.error);
+  }
+};
+
 // Runs backend `name` on `p` (scratch of `scratch_rows` rows); the output
 // starts poisoned. Empty when the backend refuses (reason in *why).
 std::vector<float> run_backend(const std::string& name, Problem& p, int64_t scratch_rows, std::string* why) {
@@ -197,25 +225,8 @@ std::vector<float> run_backend(const std::string& name, Problem& p, int64_t scra
     *why = s.message();
     return {};
   }
-  StepResources res;  // the step's workspace and plans, as the engine's
-  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
-  const int64_t H = p.dims.num_heads, T = p.si.num_tokens();
-  Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
-  Tensor q_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
-  Tensor o_lat = device_poisoned(scratch_rows * H * kLora, DType::kF32).view({scratch_rows, H * kLora});
-  DeviceInputUploader uploader;
-  DeviceStepInputs dev = uploader.upload(p.si);
-  OpContext ctx;
-  ctx.device = Device::kCuda;
-  ctx.stream = cuda::context().stream;
-  ctx.inputs = &p.si;
-  ctx.dev = &dev;
-  ctx.kv_cache = &p.kv;
-  Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
-  NUCLEUS_CHECK_OK(res.begin_step(ctx));  // grows the workspace to this step
-  op.run(ctx, {q}, {out, q_lat, o_lat});
-  NUCLEUS_CHECK_OK(ctx.error);
-  return from_bf16(host_copy<uint16_t>(out));
+  OpStep step(op, p, scratch_rows);
+  return from_bf16(host_copy<uint16_t>(step.out));
 }
 
 // The nucleus backend with its output left to a decode program
@@ -229,24 +240,12 @@ std::vector<float> run_handed_over(Problem& p) {
   MlaDecodeAttentionOp op(0, &p.w_dev, p.dims, p.mode);
   op.set_output_in_program_rows(kernels::mono::kMaxWidth);
   NUCLEUS_CHECK_OK(op.use_backend(*b));
-  StepResources res;
-  NUCLEUS_CHECK_OK(res.reserve_ops({&op}, StepLimits{}, Device::kCuda));
   const int64_t H = p.dims.num_heads, T = p.si.num_tokens(), W = kernels::mono::kMaxWidth;
-  Tensor out = device_poisoned(T * H * kVHead, DType::kBF16).view({T, H * kVHead});
-  Tensor q_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
-  Tensor o_lat = device_poisoned(W * H * kLora, DType::kF32).view({W, H * kLora});
-  DeviceInputUploader uploader;
-  DeviceStepInputs dev = uploader.upload(p.si);
-  OpContext ctx;
-  ctx.device = Device::kCuda;
-  ctx.stream = cuda::context().stream;
-  ctx.inputs = &p.si;
-  ctx.dev = &dev;
-  ctx.kv_cache = &p.kv;
-  Tensor q = p.q_dev.view({T, H * (kNope + kRope)});
-  NUCLEUS_CHECK_OK(res.begin_step(ctx));
-  op.run(ctx, {q}, {out, q_lat, o_lat});
-  NUCLEUS_CHECK_OK(ctx.error);
+  OpStep step(op, p, W);
+  const Tensor& out = step.out;
+  const Tensor& o_lat = step.o_lat;
+  const OpContext& ctx = step.ctx;
+  const DeviceStepInputs& dev = step.dev;
   for (float v : from_bf16(host_copy<uint16_t>(out)))
     if (v != bf16_to_f32(0x7f7f)) {
       ADD_FAILURE() << "the op wrote its output although a program takes it over";
