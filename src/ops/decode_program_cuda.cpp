@@ -39,6 +39,9 @@ bool DecodeProgramRunner::launch(OpContext& ctx, int64_t rows, const std::vector
   key.push_back(reinterpret_cast<const void*>(rows));
   auto it = checked_[wi].find(key);
   if (it == checked_[wi].end()) {
+    // Eager steps whose keys keep changing (an attending front's max_blocks_per_seq grows with the sequences)
+    // must not grow the cache without bound: start it over (a check is host work only).
+    if (checked_[wi].size() >= kMaxChecked) checked_[wi].clear();
     // Checked over the step's rows: the graph's buffers may hold fewer rows than the width.
     auto checked = mono::check_program(make(width), width, static_cast<int32_t>(rows));
     if (!checked.ok()) {

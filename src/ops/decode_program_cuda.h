@@ -37,6 +37,7 @@ class DecodeProgramRunner {
 
  private:
   static constexpr int kNumWidths = 4;
+  static constexpr size_t kMaxChecked = 64;  // checked stage lists kept a width (graphs need a few)
   int32_t num_ctas_ = 0;
   Tensor counters_, queue_start_[kNumWidths], jobs_[kNumWidths];
   std::vector<int32_t> dealt_jobs_[kNumWidths];  // stage_jobs of each stage the queues were dealt for

@@ -146,7 +146,9 @@ std::vector<mono::Stage> front_program_stages(const FrontProgramOp& op, const Fr
     at.num_heads = static_cast<int32_t>(d.num_heads);
     at.kv_lora = static_cast<int32_t>(d.kv_lora);
     at.qk_rope = static_cast<int32_t>(d.qk_rope);
-    at.splits = mono::program_attention_splits(width, at.num_heads, kernels::current_device_sms());
+    const mono::ProgramAttentionPlan plan =
+        mono::program_attention_plan(width, at.num_heads, at.kv_lora, kernels::current_device_sms(), b.partials);
+    at.splits = plan.splits;
     at.min_split_keys = mono::kProgramAttentionMinSplitKeys;
     at.key_tile = mono::kProgramAttentionKeyTile;
     at.width = width;
@@ -161,8 +163,8 @@ std::vector<mono::Stage> front_program_stages(const FrontProgramOp& op, const Fr
     at.query_start = b.query_start;
     at.context_lens = b.context_lens;
     at.scale = op.attend_scale();
-    at.part_o = b.partials;
-    at.part_lse = b.partials ? b.partials + int64_t{width} * at.splits * at.num_heads * at.kv_lora : nullptr;
+    at.part_o = plan.part_o;
+    at.part_lse = plan.part_lse;
     c.attend = &at;
   }
   return mono::front_chain_stages(c, kTile);

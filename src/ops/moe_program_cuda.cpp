@@ -130,14 +130,15 @@ std::vector<mono::Stage> attention_stages(const MoeProgramOp& op, const State& s
                                           uint16_t* attn_out, int32_t width) {
   const MlaDecodeAttentionOp& at = *op.attention();
   if (attention_in_program(op)) {  // the front program's split plan (ops/front_program_cuda.cpp)
-    const auto heads = static_cast<int32_t>(at.dims().num_heads);
-    a.plan.num_splits = mono::program_attention_splits(width, heads, kernels::current_device_sms());
+    const mono::ProgramAttentionPlan plan =
+        mono::program_attention_plan(width, static_cast<int32_t>(at.dims().num_heads),
+                                     static_cast<int32_t>(at.dims().kv_lora), kernels::current_device_sms(),
+                                     a.program_partials);
+    a.plan.num_splits = plan.splits;
     a.plan.min_split_keys = mono::kProgramAttentionMinSplitKeys;
     a.plan.key_tile = mono::kProgramAttentionKeyTile;
-    a.plan.part_o = a.program_partials;
-    a.plan.part_lse = a.program_partials
-                          ? a.program_partials + int64_t{width} * a.plan.num_splits * heads * at.dims().kv_lora
-                          : nullptr;
+    a.plan.part_o = plan.part_o;
+    a.plan.part_lse = plan.part_lse;
     a.o_lat_in = nullptr;
   }
   mono::AttentionOutputChain c;

@@ -10,7 +10,8 @@
 //    and applying W_UV, unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
 //    NUCLEUS_DECODE_PROGRAM_ABSORB=0 / NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0;
 //    with NUCLEUS_DECODE_PROGRAM_ATTENTION=1 the fronts also run the
-//    attention (a layer is one program);
+//    attention (a layer is one program; also unjoined, with steps of more
+//    than 4 rows back on the attention op);
 //    with NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 (and the attention absorbing
 //    itself) only steps of 1 or 2 rows run programs (the start-up log names
 //    the widths), the rest the held ops;
@@ -75,6 +76,8 @@ void check_programs(const std::string& model, bool served) {
   const std::string base = "generate --device cuda --model " + testing::model_path(model) +
                            " --max-tokens 32 --ignore-eos --temperature 0 --json";
   for (const char* env : {"NUCLEUS_DECODE_PROGRAMS=1", "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_ATTENTION=1",
+                          "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_ATTENTION=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 "
+                          "NUCLEUS_DECODE_PROGRAM_MAX_ROWS=4",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0 "
                           "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 NUCLEUS_DECODE_PROGRAM_ABSORB=0",
@@ -92,12 +95,16 @@ void check_programs(const std::string& model, bool served) {
     // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).
     EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed && served) << env << ": the absorption";
     // The start-up log says which widths run as programs.
-    const bool two = std::string(env).find("MAX_ROWS=2") != std::string::npos;
+    const std::string e = env;
+    const char* widths = e.find("MAX_ROWS=2") != std::string::npos   ? "decode programs: widths 1, 2 run as programs"
+                         : e.find("MAX_ROWS=4") != std::string::npos ? "decode programs: widths 1, 2, 4 run as programs"
+                                                                      : "decode programs: widths 1, 2, 4, 8 run as programs";
     if (on && served) {
-      EXPECT_NE(batch.err.find(two ? "decode programs: widths 1, 2 run as programs"
-                                   : "decode programs: widths 1, 2, 4, 8 run as programs"),
-                std::string::npos)
-          << env << ": " << batch.err.substr(0, 2000);
+      EXPECT_NE(batch.err.find(widths), std::string::npos) << env << ": " << batch.err.substr(0, 2000);
+      // tiny-dsv3: layers 1-3 are MoE layers, each front of theirs running the attention when asked.
+      if (attention) {
+        EXPECT_NE(batch.err.find("3 running the attention"), std::string::npos) << batch.err.substr(0, 2000);
+      }
     }
     // With NUCLEUS_DECODE_PROGRAM_ATTENTION=1 the fronts of the MoE layers run the attention (attrs "attends").
     EXPECT_EQ(batch.err.find(" attends") != std::string::npos, attention && served) << env << ": the attention";

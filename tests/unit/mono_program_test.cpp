@@ -1016,6 +1016,123 @@ TEST(MonoProgram, AttentionStagesEqualSoftmaxAttention) {
   }
 }
 
+// The engine's split of the attention across programs: a front program
+// whose last stage is the attention (FrontChain::attend) writes the partials,
+// a later program (the MoE program's first stages) merges them and applies
+// W_UV with the same split plan (program_attention_splits): the same bits
+// as the attention, merge and W_UV in one program; and the split plan's
+// bounds (2 ... 256 splits, the partials buffer holding every width's).
+TEST(MonoProgram, AttentionInTheFrontMergedByTheNextProgram) {
+  for (int32_t ctas : {1, 7, 132, 4096})
+    for (int32_t w : {1, 2, 4, 8})
+      for (int32_t heads : {4, 16, 20, 64}) {
+        const int32_t splits = program_attention_splits(w, heads, ctas);
+        EXPECT_GE(splits, 2);
+        EXPECT_LE(splits, kMaxMergeSplits);
+        EXPECT_LE(int64_t{w} * splits * heads * (512 + 1), program_attention_floats(heads, 512, ctas));
+      }
+  const int64_t H = 64, heads = 20, nope = 16, rope_dim = 16, lora = 64, head = nope + rope_dim, width = lora + rope_dim;
+  const int32_t bs = 16, max_blocks = 4, num_slots = 8 * max_blocks * bs;
+  RopeParams rp;
+  rp.rope_dim = rope_dim;
+  const RopeTable table = make_rope_table(rp, 1 << 12);
+  const std::vector<uint16_t> w_q = random_bf16(heads * head * H, 0.3f, 71), w_kva = random_bf16(width * H, 0.3f, 72);
+  const std::vector<uint16_t> w_uk_t = random_bf16(heads * lora * nope, 0.3f, 73);
+  const std::vector<uint16_t> kv_b = random_bf16(heads * (nope + 16) * lora, 0.3f, 74);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 75), kv_norm = random_f32(lora, 0.5f, 1.5f, 76);
+  const std::vector<float> residual = random_f32(8 * H, -2.0f, 2.0f, 77);
+  const std::vector<int32_t> context = {5, 40, 0, 63, 17, 2, 30, 50};  // keys before each row's own
+  std::vector<int32_t> token_seq(8), query_start(9), tables(8 * max_blocks), positions(8);
+  std::vector<int64_t> slot_mapping(8);
+  for (int i = 0; i < 8; ++i) {
+    token_seq[i] = query_start[i] = i;
+    positions[i] = context[i];
+    for (int b = 0; b < max_blocks; ++b) tables[i * max_blocks + b] = (i * max_blocks + b) * 5 % (8 * max_blocks);
+    slot_mapping[i] = int64_t{tables[i * max_blocks + context[i] / bs]} * bs + context[i] % bs;  // the row's own key
+  }
+  query_start[8] = 8;
+  const std::vector<uint16_t> cache0 = random_bf16(int64_t{num_slots} * width, 1.0f, 78);
+  const int32_t w = 8, rows = 6, ctas = 9, splits = program_attention_splits(w, heads, ctas);
+  std::vector<uint16_t> out[2];
+  for (int split_programs = 0; split_programs < 2; ++split_programs) {
+    std::vector<uint16_t> q(8 * heads * head, kNanBf16), kv(8 * width, kNanBf16), q_full(8 * heads * width, kNanBf16);
+    std::vector<uint16_t> cache = cache0, o_lat(8 * heads * lora, kNanBf16);
+    std::vector<float> partials(program_attention_floats(heads, lora, ctas), NAN);
+    out[split_programs].assign(8 * heads * 16, kNanBf16);
+    AttentionOutputChain at;
+    at.num_heads = heads;
+    at.kv_lora = lora;
+    at.qk_nope = nope;
+    at.v_head = 16;
+    at.qk_rope = rope_dim;
+    at.kv_b = kv_b.data();
+    at.splits = splits;
+    at.min_split_keys = kProgramAttentionMinSplitKeys;
+    at.key_tile = kProgramAttentionKeyTile;
+    at.width = w;
+    at.attention = true;
+    at.q_full = q_full.data();
+    at.cache = cache.data();
+    at.num_slots = num_slots;
+    at.block_tables = tables.data();
+    at.max_blocks = max_blocks;
+    at.block_size = bs;
+    at.token_seq = token_seq.data();
+    at.query_start = query_start.data();
+    at.context_lens = context.data();
+    at.scale = 0.25f;
+    at.part_o = partials.data();
+    at.part_lse = partials.data() + int64_t{w} * splits * heads * lora;
+    at.o_lat = o_lat.data();
+    at.attn_out = out[split_programs].data();
+    FrontChain f;
+    f.hidden = H;
+    f.num_heads = heads;
+    f.qk_nope = nope;
+    f.qk_rope = rope_dim;
+    f.kv_lora = lora;
+    f.w_q = w_q.data();
+    f.w_kva = w_kva.data();
+    f.input_norm = input_norm.data();
+    f.kv_norm = kv_norm.data();
+    f.inv_freq = table.inv_freq.data();
+    f.residual = residual.data();
+    f.q = q.data();
+    f.kv_a = kv.data();
+    f.positions = positions.data();
+    f.slot_mapping = slot_mapping.data();
+    f.cache = cache.data();
+    f.num_slots = num_slots;
+    f.w_uk_t = w_uk_t.data();
+    f.q_full = q_full.data();
+    if (split_programs) {  // the front attends; the merge and W_UV run in the next program
+      f.attend = &at;
+      const std::vector<Stage> front = front_chain_stages(f, 16);
+      ASSERT_EQ(front.back().kind, Kind::kAttend);
+      auto p1 = plan_program(front, w, ctas);
+      ASSERT_TRUE(p1.ok()) << p1.status().message();
+      ASSERT_TRUE(run_program_ref(*p1, rows, 2).ok());
+      AttentionOutputChain merge = at;
+      merge.attention = false;
+      merge.q_full = nullptr;
+      merge.partials = at.part_o;
+      merge.lse = at.part_lse;
+      auto p2 = plan_program(attention_output_stages(merge), w, ctas);
+      ASSERT_TRUE(p2.ok()) << p2.status().message();
+      ASSERT_TRUE(run_program_ref(*p2, rows, 3).ok());
+    } else {  // the front, then attention + merge + W_UV in one program
+      auto p1 = plan_program(front_chain_stages(f, 16), w, ctas);
+      ASSERT_TRUE(p1.ok()) << p1.status().message();
+      ASSERT_TRUE(run_program_ref(*p1, rows, 2).ok());
+      auto p2 = plan_program(attention_output_stages(at), w, ctas);
+      ASSERT_TRUE(p2.ok()) << p2.status().message();
+      ASSERT_TRUE(run_program_ref(*p2, rows, 3).ok());
+    }
+  }
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_NE(out[1][0], kNanBf16) << "attn_out not written";
+}
+
 // Jobs that stream no weights (a combine's columns, a RoPE row) are dealt to
 // distinct CTAs, not piled on the least loaded one (each still costs a wait,
 // barriers and a fence).

@@ -1044,6 +1044,15 @@ int32_t program_attention_splits(int32_t width, int32_t num_heads, int32_t num_c
   return std::clamp(s, 2, kMaxMergeSplits);
 }
 
+ProgramAttentionPlan program_attention_plan(int32_t width, int32_t num_heads, int32_t kv_lora, int32_t num_ctas,
+                                            float* buffer) {
+  ProgramAttentionPlan p;
+  p.splits = program_attention_splits(width, num_heads, num_ctas);
+  p.part_o = buffer;
+  p.part_lse = buffer ? buffer + int64_t{width} * p.splits * num_heads * kv_lora : nullptr;
+  return p;
+}
+
 int64_t program_attention_floats(int32_t num_heads, int32_t kv_lora, int32_t num_ctas) {
   int64_t most = 0;
   for (int32_t w : {1, 2, 4, 8})

@@ -270,5 +270,15 @@ int32_t program_attention_splits(int32_t width, int32_t num_heads, int32_t num_c
 // Floats of its partials buffer (part_o then part_lse) at any width, for
 // num_heads heads of kv_lora and num_ctas CTAs.
 int64_t program_attention_floats(int32_t num_heads, int32_t kv_lora, int32_t num_ctas);
+// The plan both sides use at `width` rows: the splits and where in `buffer`
+// (program_attention_floats f32, or null while dealing queues) part_o
+// [width, splits, heads, kv_lora] and part_lse [width, splits, heads] lie.
+struct ProgramAttentionPlan {
+  int32_t splits = 2;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+};
+ProgramAttentionPlan program_attention_plan(int32_t width, int32_t num_heads, int32_t kv_lora, int32_t num_ctas,
+                                            float* buffer);
 
 }  // namespace nucleus::kernels::mono
