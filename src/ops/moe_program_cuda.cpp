@@ -158,6 +158,7 @@ std::vector<mono::Stage> attention_stages(const MoeProgramOp& op, const State& s
   c.context_lens = a.context_lens;
   c.o_lat = static_cast<uint16_t*>(s.o_lat.raw());
   c.attn_out = attn_out;
+  c.width = width;
   return mono::attention_output_stages(c);
 }
 

@@ -270,6 +270,7 @@ std::vector<float> run_handed_over(Problem& p) {
   c.attn_out = static_cast<uint16_t*>(out.raw());
   int32_t width = 1;
   while (width < T) width *= 2;
+  c.width = width;
   auto planned = kernels::mono::plan_program(kernels::mono::attention_output_stages(c), width,
                                              kernels::current_device_sms());
   NUCLEUS_CHECK_OK(planned.status());

@@ -854,6 +854,7 @@ TEST_F(MonoKernelGpu, AttentionOutputV2Lite) {
       c.context_lens = device ? d_ctx.data<int32_t>() : context.data();
       c.o_lat = device ? d_o.data<uint16_t>() : h_o.data();
       c.attn_out = device ? d_out.data<uint16_t>() : h_out.data();
+      c.width = w;
       return c;
     };
     auto host_plan = plan_program(attention_output_stages(chain(false)), w, current_device_sms());

@@ -844,6 +844,7 @@ TEST(MonoProgram, AttentionOutputMergesTheSplitsAndProjectsValues) {
     c.context_lens = context.data();
     c.o_lat = o_lat.data();
     c.attn_out = out.data();
+    c.width = w;
     auto plan = plan_program(attention_output_stages(c), w, 6);
     ASSERT_TRUE(plan.ok()) << plan.status().message();
     ASSERT_TRUE(run_program_ref(*plan, rows, 8).ok());

@@ -173,8 +173,8 @@ struct Stage {
   int64_t num_slots = 0, n_residual = 0;
   int32_t num_heads = 0, qk_nope = 0, qk_rope = 0, kv_lora = 0;
   // kMerge (the split merge of the nucleus MLA decode attention,
-  // kernels/mla/mla_decode.cuh; one job per row and head: n = kMaxWidth *
-  // num_heads, tile 1, job j = row j / num_heads, head j % num_heads; rows
+  // kernels/mla/mla_decode.cuh; one job per row and head: n = width *
+  // num_heads (the program's width), tile 1, job j = row j / num_heads, head j % num_heads; rows
   // >= the launch's rows do nothing): with `splits` > 1 the attention left
   // each split's normalised output partials [rows, splits, num_heads,
   // kv_lora] f32 and its log-sum-exp lse [rows, splits, num_heads] (log2

@@ -423,8 +423,8 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
     return ok_status();
   }
   if (s.kind == Kind::kMerge) {
-    if (s.num_heads < 1 || s.kv_lora < 1 || s.n != int64_t{kMaxWidth} * s.num_heads || s.tile != 1)
-      return bad("a kMerge stage has one job a row and head: n = kMaxWidth * num_heads, tile = 1");
+    if (s.num_heads < 1 || s.kv_lora < 1 || s.n != int64_t{width} * s.num_heads || s.tile != 1)
+      return bad("a kMerge stage has one job a row and head: n = width * num_heads, tile = 1");
     // As the attention launch takes them (kernels/mla/mla_decode.cuh): min_split_keys a multiple of 32
     // whatever the key tile (the split rule rounds each chunk up to the tile).
     if (s.splits < 1 || s.splits > kMaxMergeSplits || (s.key_tile != 32 && s.key_tile != 64) ||
@@ -859,7 +859,7 @@ std::vector<Stage> attention_output_stages(const AttentionOutputChain& c) {
   const int64_t hl = int64_t{c.num_heads} * c.kv_lora;
   Stage merge;
   merge.kind = Kind::kMerge;
-  merge.n = int64_t{kMaxWidth} * c.num_heads;
+  merge.n = int64_t{c.width} * c.num_heads;
   merge.tile = 1;
   merge.num_heads = c.num_heads;
   merge.kv_lora = c.kv_lora;

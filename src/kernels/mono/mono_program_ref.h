@@ -120,7 +120,7 @@ struct AttentionOutputChain {
   int32_t max_blocks = 0, block_size = 0, qk_rope = 64;
   float scale = 0.0f;
   float *part_o = nullptr, *part_lse = nullptr;
-  int32_t width = kMaxWidth;  // the program's width (the attention's jobs: width * head groups * splits)
+  int32_t width = kMaxWidth;  // the program's width (jobs: the attention's width * head groups * splits, the merge's width * heads)
   bool attention = false;     // the kAttend stage even while q_full is not known (queues dealt from shapes)
 };
 std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
