@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "ops/linear_weight.h"
 
 namespace nucleus {
 
@@ -22,5 +23,16 @@ Status decode_program_env_status();
 // "widths 1, 2, 4 run as programs; wider steps (8 and up) the separate ops"
 // for max_rows, for the start-up log.
 std::string decode_program_widths_text(int64_t max_rows);
+
+// OK when a program's GEMV stage can read linear weight w: bf16, or float8
+// e4m3 with DeepSeek-V3's 128 x 128 block scales (kernels/mono/mono_program.h,
+// WeightType::kFp8Block: in_features a multiple of 128); else unsupported
+// naming the weight and why.
+Status program_weight_supported(const LinearWeight& w);
+// The block scales a program stage takes beside w's data: w's scale_inv
+// ([ceil(out / 128), in / 128] f32) for an FP8 weight, null for bf16.
+inline const float* program_weight_scale(const LinearWeight& w) {
+  return w.fp8() ? static_cast<const float*>(w.scale_inv.raw()) : nullptr;
+}
 
 }  // namespace nucleus

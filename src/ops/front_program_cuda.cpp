@@ -10,6 +10,7 @@
 #include "kernels/common/device_sms.h"
 #include "kernels/mono/mono_program_ref.h"
 #include "ops/mla_attention.h"
+#include "ops/decode_program.h"
 #include "ops/decode_program_cuda.h"
 
 namespace nucleus::cuda_ops {
@@ -23,22 +24,39 @@ constexpr int32_t kTile = 16;  // columns a GEMV job owns (docs/decode_program.m
 struct State {
   DecodeProgramRunner runner;
   Tensor residual_out;  // [8, hidden] f32: the new residual, copied back by the RoPE stage
-  Tensor w_uk_t;        // [heads, kv_lora, qk_nope] bf16 when the op absorbs (FrontChain::w_uk_t)
+  Tensor w_uk_t;        // [heads, kv_lora, qk_nope] bf16 or e4m3 (as kv_b) when the op absorbs (FrontChain::w_uk_t)
+  Tensor w_uk_t_scale;  // e4m3: [heads, kv_lora / 128, qk_nope / 128] f32
 };
 
 constexpr int32_t kAbsorbTile = 64;  // columns of q_lat an absorption job owns (16 KB of W_UK^T at qk_nope 128)
 
 // W_UK^T of every head from kv_b_proj [heads * (qk_nope + v_head), kv_lora]
-// bf16 (device): [heads, kv_lora, qk_nope], through the host once at reserve.
-Tensor transposed_w_uk(const LinearWeight& kv_b, const kernels::MlaDims& d) {
+// (device): [heads, kv_lora, qk_nope], through the host once at reserve, in
+// kv_b's type: bf16, or e4m3 with the transposed 128 x 128 blocks' scales
+// (the same values: block (c / 128, d / 128) of head h's W_UK^T is block (h
+// (qk_nope + v_head) / 128 + d / 128, c / 128) of kv_b; qk_nope and v_head
+// multiples of 128, front_program_supported's condition).
+template <typename T>
+Tensor transposed_w_uk(const LinearWeight& kv_b, const kernels::MlaDims& d, DType dtype) {
   const int64_t H = d.num_heads, nope = d.qk_nope, lora = d.kv_lora, per_head = d.qk_nope + d.v_head;
-  std::vector<uint16_t> w(static_cast<size_t>(H * per_head * lora)), t(static_cast<size_t>(H * lora * nope));
-  copy_to_host(w.data(), kv_b.weight.raw(), w.size() * sizeof(uint16_t));
+  std::vector<T> w(static_cast<size_t>(H * per_head * lora)), t(static_cast<size_t>(H * lora * nope));
+  copy_to_host(w.data(), kv_b.weight.raw(), w.size() * sizeof(T));
   for (int64_t h = 0; h < H; ++h)
     for (int64_t dd = 0; dd < nope; ++dd)
       for (int64_t c = 0; c < lora; ++c) t[(h * lora + c) * nope + dd] = w[(h * per_head + dd) * lora + c];
-  Tensor out = Tensor::empty({H * lora * nope}, DType::kBF16, Device::kCuda);
-  copy_to_device(out.raw(), t.data(), t.size() * sizeof(uint16_t));
+  Tensor out = Tensor::empty({H * lora * nope}, dtype, Device::kCuda);
+  copy_to_device(out.raw(), t.data(), t.size() * sizeof(T));
+  return out;
+}
+Tensor transposed_w_uk_scale(const LinearWeight& kv_b, const kernels::MlaDims& d) {
+  const int64_t B = 128, H = d.num_heads, nb = d.qk_nope / B, lb = d.kv_lora / B, hb = (d.qk_nope + d.v_head) / B;
+  std::vector<float> sc(static_cast<size_t>(H * hb * lb)), t(static_cast<size_t>(H * lb * nb));
+  copy_to_host(sc.data(), kv_b.scale_inv.raw(), sc.size() * sizeof(float));
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t cb = 0; cb < lb; ++cb)
+      for (int64_t db = 0; db < nb; ++db) t[(h * lb + cb) * nb + db] = sc[(h * hb + db) * lb + cb];
+  Tensor out = Tensor::empty({H * lb * nb}, DType::kF32, Device::kCuda);
+  copy_to_device(out.raw(), t.data(), t.size() * sizeof(float));
   return out;
 }
 
@@ -56,15 +74,19 @@ mono::FrontChain chain(const FrontProgramOp& op, const State& s, const FrontProg
   c.attention_factor = r.attention_factor();
   if (p.q_a) {
     c.q_lora = p.q_a->weight().out_features;
-    c.w_qa = static_cast<const uint16_t*>(p.q_a->weight().weight.raw());
-    c.w_qb = static_cast<const uint16_t*>(p.q_b->weight().weight.raw());
+    c.w_qa = p.q_a->weight().weight.raw();
+    c.w_qb = p.q_b->weight().weight.raw();
+    c.qa_scale = program_weight_scale(p.q_a->weight());
+    c.qb_scale = program_weight_scale(p.q_b->weight());
     c.q_a_norm = p.q_a_norm->weight().data<float>();
     c.q_a_eps = p.q_a_norm->eps();
     c.q_a = st.q_a;
   } else {
-    c.w_q = static_cast<const uint16_t*>(p.q_proj->weight().weight.raw());
+    c.w_q = p.q_proj->weight().weight.raw();
+    c.q_scale = program_weight_scale(p.q_proj->weight());
   }
-  c.w_kva = static_cast<const uint16_t*>(p.kv_a->weight().weight.raw());
+  c.w_kva = p.kv_a->weight().weight.raw();
+  c.kva_scale = program_weight_scale(p.kv_a->weight());
   c.input_norm = p.norm->weight().data<float>();
   c.kv_norm = r.kv_norm_weight().data<float>();
   c.inv_freq = r.inv_freq_device();
@@ -79,7 +101,8 @@ mono::FrontChain chain(const FrontProgramOp& op, const State& s, const FrontProg
   c.cache = st.cache;
   c.num_slots = st.num_slots;
   if (op.absorbs()) {
-    c.w_uk_t = static_cast<const uint16_t*>(s.w_uk_t.raw());
+    c.w_uk_t = s.w_uk_t.raw();
+    c.uk_t_scale = s.w_uk_t_scale.defined() ? s.w_uk_t_scale.data<float>() : nullptr;
     c.q_full = st.q_full;
     c.absorb_tile = kAbsorbTile;
   }
@@ -184,7 +207,16 @@ Status front_program_reserve(FrontProgramOp& op, const StepLimits& limits, Devic
   if (device != Device::kCuda || op.device_state()) return ok_status();
   auto s = std::make_shared<State>();
   s->residual_out = Tensor::empty({mono::kMaxWidth * op.hidden()}, DType::kF32, Device::kCuda);
-  if (op.absorbs()) s->w_uk_t = transposed_w_uk(*op.parts().kv_b, op.parts().rope->dims());
+  if (op.absorbs()) {
+    const LinearWeight& kv_b = *op.parts().kv_b;
+    const kernels::MlaDims& d = op.parts().rope->dims();
+    if (kv_b.fp8()) {
+      s->w_uk_t = transposed_w_uk<uint8_t>(kv_b, d, DType::kF8E4M3);
+      s->w_uk_t_scale = transposed_w_uk_scale(kv_b, d);
+    } else {
+      s->w_uk_t = transposed_w_uk<uint16_t>(kv_b, d, DType::kBF16);
+    }
+  }
   if (op.attends() && !op.attend_buffer()->partials.defined()) {  // the graph's one buffer, made by its first front
     const kernels::MlaDims& d = op.parts().rope->dims();
     op.attend_buffer()->partials =

@@ -1,5 +1,7 @@
 #include "ops/front_program_op.h"
 
+#include "ops/decode_program.h"
+
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/front_program_cuda.h"
 #endif
@@ -27,7 +29,7 @@ Status front_program_supported(const FrontProgramOp& op) {
   for (const LinearOp* l : {p.q_proj.get(), p.q_a.get(), p.q_b.get(), p.kv_a.get()}) {
     if (!l) continue;
     const LinearWeight& w = l->weight();
-    if (w.weight.dtype() != DType::kBF16) return unsupported(w.name + " is not bf16 (programs read bf16 weights)");
+    NUCLEUS_RETURN_IF_ERROR(program_weight_supported(w));
     if (l != p.q_b.get() && w.in_features != H) return unsupported(w.name + " does not read the hidden state");
   }
   if (lora) {
@@ -47,7 +49,9 @@ Status front_program_supported(const FrontProgramOp& op) {
       p.kv_a->weight().out_features != d.kv_lora + d.qk_rope)
     return unsupported("q_proj / kv_a widths do not match the attention's dims");
   if (const LinearWeight* kv_b = p.kv_b) {
-    if (kv_b->weight.dtype() != DType::kBF16) return unsupported(kv_b->name + " is not bf16 (the absorption reads bf16)");
+    NUCLEUS_RETURN_IF_ERROR(program_weight_supported(*kv_b));
+    if (kv_b->fp8() && (d.qk_nope % 128 != 0 || d.v_head % 128 != 0))
+      return unsupported(kv_b->name + ": an FP8 absorption needs qk_nope and v_head multiples of 128 (whole scale blocks a head)");
     if (kv_b->out_features != d.num_heads * (d.qk_nope + d.v_head) || kv_b->in_features != d.kv_lora)
       return unsupported(kv_b->name + " is not [heads * (qk_nope + v_head), kv_lora]");
     if (d.num_heads > 64 || d.qk_nope < 16 || d.qk_nope % 16 != 0 || (d.qk_nope + d.qk_rope) % 8 != 0)

@@ -8,6 +8,7 @@
 #include "core/device.h"
 #include "kernels/common/device_sms.h"
 #include "kernels/mono/mono_program_ref.h"
+#include "ops/decode_program.h"
 #include "ops/decode_program_cuda.h"
 #include "ops/front_program_cuda.h"
 #include "ops/mla_decode_cuda.h"
@@ -25,16 +26,23 @@ struct State {
   Tensor logits, table, h, y, h_shared, y_shared, residual_out;
   Tensor o_lat;  // [8, heads, 512] bf16: the merged attention output (with set_attention)
   Tensor gate_up_table, down_table, shared_gate_up_table, shared_down_table;  // [experts] device pointers
+  // FP8 experts: their block scales' addresses the same way (undefined for bf16).
+  Tensor gate_up_scales, down_scales, shared_gate_up_scales, shared_down_scales;
 };
 
-// A device array of the given weights' addresses.
-Tensor pointer_table(const std::vector<const LinearWeight*>& w) {
+// A device array of the given weights' addresses (scales: their block
+// scales'; undefined when the weights are bf16).
+Tensor pointer_table(const std::vector<const LinearWeight*>& w, bool scales = false) {
+  if (scales && (w.empty() || !w[0]->fp8())) return Tensor();
   std::vector<uint64_t> ptrs(w.size());
-  for (size_t i = 0; i < w.size(); ++i) ptrs[i] = reinterpret_cast<uint64_t>(w[i]->weight.raw());
+  for (size_t i = 0; i < w.size(); ++i)
+    ptrs[i] = reinterpret_cast<uint64_t>(scales ? w[i]->scale_inv.raw() : w[i]->weight.raw());
   Tensor t = Tensor::empty({static_cast<int64_t>(std::max<size_t>(1, ptrs.size()))}, DType::kI64, Device::kCuda);
   if (!ptrs.empty()) copy_to_device(t.raw(), ptrs.data(), ptrs.size() * sizeof(uint64_t));
   return t;
 }
+const void* const* weights(const Tensor& t) { return static_cast<const void* const*>(t.raw()); }
+const float* const* scales(const Tensor& t) { return t.defined() ? static_cast<const float* const*>(t.raw()) : nullptr; }
 
 // The block as a MoeChain over the op's weights and the state's buffers, for
 // a program of `width` rows on the graph's attn_out, residual and delta.
@@ -59,18 +67,25 @@ mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, cons
   c.norm_topk_prob = r.norm_topk_prob;
   c.routed_scaling_factor = r.routed_scaling_factor;
   c.eps = p.norm->eps();
-  c.w_o = static_cast<const uint16_t*>(p.o_proj->weight().weight.raw());
+  c.w_o = p.o_proj->weight().weight.raw();
+  c.o_scale = program_weight_scale(p.o_proj->weight());
   c.o_k = p.o_proj->weight().in_features;
   c.attn_out = attn_out;
   c.w_router = static_cast<const uint16_t*>(p.router->weight().weight.raw());
-  c.gate_up_table = static_cast<const uint16_t* const*>(s.gate_up_table.raw());
-  c.down_table = static_cast<const uint16_t* const*>(s.down_table.raw());
+  c.gate_up_table = weights(s.gate_up_table);
+  c.down_table = weights(s.down_table);
+  c.gate_up_scale_table = scales(s.gate_up_scales);
+  c.down_scale_table = scales(s.down_scales);
   if (op.shared_pieces() == 1) {  // one piece: a plain stage
-    c.w_shared_gate_up = static_cast<const uint16_t*>(ex[E].gate_up->weight.raw());
-    c.w_shared_down = static_cast<const uint16_t*>(ex[E].down->weight.raw());
+    c.w_shared_gate_up = ex[E].gate_up->weight.raw();
+    c.w_shared_down = ex[E].down->weight.raw();
+    c.shared_gate_up_scale = program_weight_scale(*ex[E].gate_up);
+    c.shared_down_scale = program_weight_scale(*ex[E].down);
   } else if (op.shared_pieces() > 1) {
-    c.shared_gate_up_table = static_cast<const uint16_t* const*>(s.shared_gate_up_table.raw());
-    c.shared_down_table = static_cast<const uint16_t* const*>(s.shared_down_table.raw());
+    c.shared_gate_up_table = weights(s.shared_gate_up_table);
+    c.shared_down_table = weights(s.shared_down_table);
+    c.shared_gate_up_scale_table = scales(s.shared_gate_up_scales);
+    c.shared_down_scale_table = scales(s.shared_down_scales);
   }
   c.bias = p.route->bias().defined() ? p.route->bias().data<float>() : nullptr;
   c.post_norm = p.norm->weight().data<float>();
@@ -146,7 +161,8 @@ std::vector<mono::Stage> attention_stages(const MoeProgramOp& op, const State& s
   c.kv_lora = static_cast<int32_t>(at.dims().kv_lora);
   c.qk_nope = static_cast<int32_t>(at.dims().qk_nope);
   c.v_head = static_cast<int32_t>(at.dims().v_head);
-  c.kv_b = static_cast<const uint16_t*>(at.kv_b().weight.raw());
+  c.kv_b = at.kv_b().weight.raw();
+  c.kv_b_scale = program_weight_scale(at.kv_b());
   c.partials = a.plan.part_o;
   c.lse = a.plan.part_lse;
   c.o_lat_in = a.o_lat_in;
@@ -210,6 +226,10 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   s->down_table = pointer_table(dn);
   s->shared_gate_up_table = pointer_table(sgu);
   s->shared_down_table = pointer_table(sdn);
+  s->gate_up_scales = pointer_table(gu, true);
+  s->down_scales = pointer_table(dn, true);
+  s->shared_gate_up_scales = pointer_table(sgu, true);
+  s->shared_down_scales = pointer_table(sdn, true);
   const State& state = *s;
   s->runner.reserve(
       [&](int32_t width) { return stages(op, state, width, nullptr, nullptr, nullptr, nullptr, nullptr); });

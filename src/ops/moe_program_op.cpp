@@ -1,6 +1,7 @@
 #include "ops/moe_program_op.h"
 
 #include "kernels/mono/mono_program.h"
+#include "ops/decode_program.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
 #include "ops/moe_program_cuda.h"
@@ -21,7 +22,7 @@ Status moe_program_supported(const MoeProgramOp& op) {
   const int64_t H = op.hidden();
   if (H % 16 != 0 || H > 8192) return unsupported("hidden size " + std::to_string(H) + " is not a multiple of 16 up to 8192");
   const LinearWeight& o = p.o_proj->weight();
-  if (o.weight.dtype() != DType::kBF16) return unsupported(o.name + " is not bf16 (programs read bf16 weights)");
+  NUCLEUS_RETURN_IF_ERROR(program_weight_supported(o));
   if (o.out_features != H || o.in_features % 16 != 0 || o.in_features > 8192)
     return unsupported(o.name + ": an input width of " + std::to_string(o.in_features) +
                        " (need a multiple of 16 up to 8192)");
@@ -44,8 +45,8 @@ Status moe_program_supported(const MoeProgramOp& op) {
   for (size_t e = 0; e < experts.size(); ++e) {
     const LinearWeight& gu = *experts[e].gate_up;
     const LinearWeight& dn = *experts[e].down;
-    if (gu.weight.dtype() != DType::kBF16 || dn.weight.dtype() != DType::kBF16)
-      return unsupported(gu.name + " is not bf16 (programs read bf16 weights)");
+    NUCLEUS_RETURN_IF_ERROR(program_weight_supported(gu));
+    NUCLEUS_RETURN_IF_ERROR(program_weight_supported(dn));
     const int64_t inter = dn.in_features;
     if (inter % 16 != 0 || inter > 8192 || gu.out_features != 2 * inter || gu.in_features != H || dn.out_features != H)
       return unsupported(gu.name + ": an expert of width " + std::to_string(inter) +
@@ -53,6 +54,9 @@ Status moe_program_supported(const MoeProgramOp& op) {
     const bool shared = static_cast<int64_t>(e) >= r.num_experts;
     const LinearWeight& same = *experts[shared ? r.num_experts : 0].down;
     if (inter != same.in_features) return unsupported("experts of different widths");
+    const size_t first = shared ? static_cast<size_t>(r.num_experts) : 0;
+    if (gu.fp8() != experts[first].gate_up->fp8() || dn.fp8() != experts[first].down->fp8())
+      return unsupported(gu.name + ": experts of different weight types (one stage reads them all)");
   }
   if (const MlaDecodeAttentionOp* a = op.attention()) {
     const kernels::MlaDims& d = a->dims();
@@ -65,8 +69,7 @@ Status moe_program_supported(const MoeProgramOp& op) {
                          "heads (heads " + std::to_string(d.num_heads) + ")");
     if (a->attention_in_program_rows() > 0 && !op.attention_buffer())
       return unsupported("the attention runs in the front program but the block has no partials buffer");
-    if (a->kv_b().weight.dtype() != DType::kBF16)
-      return unsupported(a->kv_b().name + " is not bf16 (W_UV in the program reads bf16)");
+    NUCLEUS_RETURN_IF_ERROR(program_weight_supported(a->kv_b()));
     if (o.in_features != d.num_heads * d.v_head) return unsupported("o_proj does not read the attention's heads");
   }
   // The stages one program holds (moe_chain_stages, attention_output_stages, front_chain_stages).

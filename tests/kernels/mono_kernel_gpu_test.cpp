@@ -32,6 +32,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <random>
 #include <tuple>
 
 #include "core/cuda/context.h"
@@ -81,10 +82,32 @@ std::vector<float> random_f32(size_t n, float lo, float hi, uint64_t seed) {
 
 // One chain on the host (for the reference) and on the device, 8 rows of
 // every activation.
+// e4m3 codes and 128 x 128 block scales of an [n, k] weight of RMS about
+// `rms` (DeepSeek-V3's FP8 layout).
+struct Fp8Weight {
+  std::vector<uint8_t> q;
+  std::vector<float> scale;
+  Fp8Weight() = default;
+  Fp8Weight(int64_t n, int64_t k, float rms, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const int64_t kb = k / 128;
+    scale.resize(static_cast<size_t>((n + 127) / 128 * kb));
+    for (auto& sc : scale) sc = rms / 160.0f * (1.0f + 0.5f * u(rng));
+    q.resize(static_cast<size_t>(n * k));
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < k; ++c)
+        q[r * k + c] = f32_to_fp8e4m3(1.7f * rms * u(rng) / scale[(r / 128) * kb + c / 128]);
+  }
+};
+
 struct Chain {
   int64_t H, front_n, o_k, inter;
+  bool fp8 = false;  // e4m3 weights with block scales (w8_*)
   // Host inputs and reference outputs.
   std::vector<uint16_t> w_front, w_o, w_gate_up, w_down, delta_in;
+  Fp8Weight w8_front, w8_o, w8_gate_up, w8_down;
+  Tensor d_s_front, d_s_o, d_s_gate_up, d_s_down;  // the device scales (fp8)
   std::vector<float> input_norm, post_norm, residual_in;
   std::vector<float> h_residual_mid, h_residual_out;
   std::vector<uint16_t> h_front, h_o, h_h, h_delta_out;
@@ -92,8 +115,8 @@ struct Chain {
   Tensor d_w_front, d_w_o, d_w_gate_up, d_w_down, d_delta_in, d_input_norm, d_post_norm, d_residual_in;
   Tensor d_residual_mid, d_residual_out, d_front, d_o, d_h, d_delta_out;
 
-  Chain(int64_t hidden, int64_t front_n_, int64_t o_k_, int64_t inter_, uint64_t seed)
-      : H(hidden), front_n(front_n_), o_k(o_k_), inter(inter_) {
+  Chain(int64_t hidden, int64_t front_n_, int64_t o_k_, int64_t inter_, uint64_t seed, bool fp8_ = false)
+      : H(hidden), front_n(front_n_), o_k(o_k_), inter(inter_), fp8(fp8_) {
     auto scale = [](int64_t k) { return 1.7f / std::sqrt(static_cast<float>(k)); };
     w_front = random_bf16(front_n * H, scale(H), seed + 1);
     w_o = random_bf16(H * o_k, scale(o_k), seed + 2);
@@ -107,6 +130,20 @@ struct Chain {
     d_w_o = device_copy(w_o, DType::kBF16);
     d_w_gate_up = device_copy(w_gate_up, DType::kBF16);
     d_w_down = device_copy(w_down, DType::kBF16);
+    if (fp8) {
+      w8_front = Fp8Weight(front_n, H, scale(H), seed + 11);
+      w8_o = Fp8Weight(H, o_k, scale(o_k), seed + 12);
+      w8_gate_up = Fp8Weight(2 * inter, H, scale(H), seed + 13);
+      w8_down = Fp8Weight(H, inter, scale(inter), seed + 14);
+      d_w_front = device_copy(w8_front.q, DType::kF8E4M3);
+      d_w_o = device_copy(w8_o.q, DType::kF8E4M3);
+      d_w_gate_up = device_copy(w8_gate_up.q, DType::kF8E4M3);
+      d_w_down = device_copy(w8_down.q, DType::kF8E4M3);
+      d_s_front = device_copy(w8_front.scale, DType::kF32);
+      d_s_o = device_copy(w8_o.scale, DType::kF32);
+      d_s_gate_up = device_copy(w8_gate_up.scale, DType::kF32);
+      d_s_down = device_copy(w8_down.scale, DType::kF32);
+    }
     d_delta_in = device_copy(delta_in, DType::kBF16);
     d_input_norm = device_copy(input_norm, DType::kF32);
     d_post_norm = device_copy(post_norm, DType::kF32);
@@ -134,6 +171,16 @@ struct Chain {
     c.w_o = w_o.data();
     c.w_gate_up = w_gate_up.data();
     c.w_down = w_down.data();
+    if (fp8) {
+      c.w_front = w8_front.q.data();
+      c.w_o = w8_o.q.data();
+      c.w_gate_up = w8_gate_up.q.data();
+      c.w_down = w8_down.q.data();
+      c.front_scale = w8_front.scale.data();
+      c.o_scale = w8_o.scale.data();
+      c.gate_up_scale = w8_gate_up.scale.data();
+      c.down_scale = w8_down.scale.data();
+    }
     c.input_norm = input_norm.data();
     c.post_norm = post_norm.data();
     c.residual_in = residual_in.data();
@@ -148,10 +195,16 @@ struct Chain {
   }
   LayerChain device_chain() {
     LayerChain c{H, front_n, o_k, inter};
-    c.w_front = d_w_front.data<uint16_t>();
-    c.w_o = d_w_o.data<uint16_t>();
-    c.w_gate_up = d_w_gate_up.data<uint16_t>();
-    c.w_down = d_w_down.data<uint16_t>();
+    c.w_front = d_w_front.raw();
+    c.w_o = d_w_o.raw();
+    c.w_gate_up = d_w_gate_up.raw();
+    c.w_down = d_w_down.raw();
+    if (fp8) {
+      c.front_scale = d_s_front.data<float>();
+      c.o_scale = d_s_o.data<float>();
+      c.gate_up_scale = d_s_gate_up.data<float>();
+      c.down_scale = d_s_down.data<float>();
+    }
     c.input_norm = d_input_norm.data<float>();
     c.post_norm = d_post_norm.data<float>();
     c.residual_in = d_residual_in.data<float>();
@@ -254,6 +307,22 @@ TEST_F(MonoKernelGpu, SmallChainOffTheGroupsAndIdleCtas) {
     run_case(c, 8, 8, tile, 5);
     run_case(c, 4, 2, tile, current_device_sms());  // more CTAs than jobs: empty queues
   }
+}
+
+// e4m3 weights with 128 x 128 block scales (WeightType::kFp8Block): the
+// kernel's in-register conversion, its k order within a step (the same
+// permutation on both operands) and its per-block scaling against the
+// reference's dequantized weights, at DeepSeek-V3 TP 8-like shapes (hidden
+// 7168, a q LoRA-sized front, an expert of 2048) and a small chain whose
+// front has a partial scale block of rows.
+TEST_F(MonoKernelGpu, Fp8BlockScaledChainMatchesTheReference) {
+  const int32_t sms = current_device_sms();
+  Chain big(7168, 1536 + 576, 2048, 2048, 707, /*fp8=*/true);
+  for (const auto& [width, rows] : {std::pair{1, 1}, std::pair{4, 3}, std::pair{8, 8}})
+    for (int32_t tile : {16, 64}) run_case(big, width, rows, tile, sms);
+  Chain small(256, 160, 128, 256, 708, /*fp8=*/true);
+  run_case(small, 8, 5, 16, 7);
+  run_case(small, 2, 2, 32, sms);
 }
 
 TEST_F(MonoKernelGpu, WidestX) {  // k = 8192: x takes 131 KB of shared memory, 5 ring slots
@@ -529,8 +598,8 @@ struct Moe {
     c.delta_out = d_delta_out.data<uint16_t>();
     if (tables) {
       c.w_gate_up = c.w_down = nullptr;
-      c.gate_up_table = static_cast<const uint16_t* const*>(d_gu_table.raw());
-      c.down_table = static_cast<const uint16_t* const*>(d_dn_table.raw());
+      c.gate_up_table = static_cast<const void* const*>(d_gu_table.raw());
+      c.down_table = static_cast<const void* const*>(d_dn_table.raw());
       c.residual_copy_to = d_residual_copy.data<float>();
     }
     return c;

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <random>
 #include <set>
@@ -56,21 +57,51 @@ std::vector<float> widen(const std::vector<uint16_t>& v) {
 void round_all(std::vector<float>& v) {
   for (float& x : v) x = round_to_bf16(x);
 }
+// Random float8 e4m3 bytes (no NaN codes) and their 128 x 128 block scales for an [n, k] weight.
+struct Fp8Weight {
+  std::vector<uint8_t> q;
+  std::vector<float> scale;  // [ceil(n / 128), k / 128]
+  int64_t n = 0, k = 0;
+  Fp8Weight() = default;
+  Fp8Weight(int64_t n_, int64_t k_, uint64_t seed) : n(n_), k(k_) {
+    std::mt19937_64 rng(seed);
+    q.resize(static_cast<size_t>(n * k));
+    for (auto& b : q) {
+      b = static_cast<uint8_t>(rng() & 0xff);
+      if ((b & 0x7f) == 0x7f) b ^= 0x01;  // not NaN
+    }
+    scale = random_f32(static_cast<size_t>((n + 127) / 128 * (k / 128)), 0.0005f, 0.004f, seed + 1);
+  }
+  // dequantize_fp8_block_ref's W, what a CPU linear holds.
+  std::vector<float> dequantized() const {
+    std::vector<float> w(q.size());
+    dequantize_fp8_block_ref(q.data(), scale.data(), n, k, 128, 128, w.data());
+    return w;
+  }
+};
 
 // The chain's buffers on the host, 8 rows of everything.
 struct HostChain {
   int64_t hidden, front_n, o_k, inter;
+  bool fp8 = false;  // the four weights as e4m3 with block scales (w8_*; w_* unused)
   std::vector<uint16_t> w_front, w_o, w_gate_up, w_down, delta_in;
+  Fp8Weight w8_front, w8_o, w8_gate_up, w8_down;
   std::vector<float> input_norm, post_norm, residual_in;
   std::vector<float> residual_mid, residual_out;
   std::vector<uint16_t> front, o, h, delta_out;
 
-  HostChain(int64_t hidden_, int64_t front_n_, int64_t o_k_, int64_t inter_, uint64_t seed)
-      : hidden(hidden_), front_n(front_n_), o_k(o_k_), inter(inter_) {
+  HostChain(int64_t hidden_, int64_t front_n_, int64_t o_k_, int64_t inter_, uint64_t seed, bool fp8_ = false)
+      : hidden(hidden_), front_n(front_n_), o_k(o_k_), inter(inter_), fp8(fp8_) {
     w_front = random_bf16(front_n * hidden, 0.2f, seed + 1);
     w_o = random_bf16(hidden * o_k, 0.2f, seed + 2);
     w_gate_up = random_bf16(2 * inter * hidden, 0.2f, seed + 3);
     w_down = random_bf16(hidden * inter, 0.2f, seed + 4);
+    if (fp8) {
+      w8_front = Fp8Weight(front_n, hidden, seed + 11);
+      w8_o = Fp8Weight(hidden, o_k, seed + 12);
+      w8_gate_up = Fp8Weight(2 * inter, hidden, seed + 13);
+      w8_down = Fp8Weight(hidden, inter, seed + 14);
+    }
     delta_in = random_bf16(8 * hidden, 1.0f, seed + 5);
     input_norm = random_f32(hidden, 0.5f, 1.5f, seed + 6);
     post_norm = random_f32(hidden, 0.5f, 1.5f, seed + 7);
@@ -95,6 +126,16 @@ struct HostChain {
     c.w_o = w_o.data();
     c.w_gate_up = w_gate_up.data();
     c.w_down = w_down.data();
+    if (fp8) {
+      c.w_front = w8_front.q.data();
+      c.w_o = w8_o.q.data();
+      c.w_gate_up = w8_gate_up.q.data();
+      c.w_down = w8_down.q.data();
+      c.front_scale = w8_front.scale.data();
+      c.o_scale = w8_o.scale.data();
+      c.gate_up_scale = w8_gate_up.scale.data();
+      c.down_scale = w8_down.scale.data();
+    }
     c.input_norm = input_norm.data();
     c.post_norm = post_norm.data();
     c.residual_in = residual_in.data();
@@ -122,23 +163,27 @@ Plain plain_chain(const HostChain& c, int64_t rows) {
   std::vector<float> x(rows * H);
   add_rmsnorm_ref(p.residual_mid.data(), delta.data(), c.input_norm.data(), rows, H, 1e-6f, x.data());
   round_all(x);
+  auto weight = [&](const std::vector<uint16_t>& bf16, const Fp8Weight& w8) {
+    return c.fp8 ? w8.dequantized() : widen(bf16);
+  };
   p.front.resize(rows * c.front_n);
-  gemm_ref(x.data(), H, widen(c.w_front).data(), rows, c.front_n, H, p.front.data(), c.front_n, false);
+  gemm_ref(x.data(), H, weight(c.w_front, c.w8_front).data(), rows, c.front_n, H, p.front.data(), c.front_n, false);
   round_all(p.front);
   p.o.resize(rows * H);
-  gemm_ref(p.front.data(), c.front_n, widen(c.w_o).data(), rows, H, c.o_k, p.o.data(), H, false);
+  gemm_ref(p.front.data(), c.front_n, weight(c.w_o, c.w8_o).data(), rows, H, c.o_k, p.o.data(), H, false);
   round_all(p.o);
   p.residual_out = p.residual_mid;
   add_rmsnorm_ref(p.residual_out.data(), p.o.data(), c.post_norm.data(), rows, H, 1e-6f, x.data());
   round_all(x);
   std::vector<float> gate_up(rows * 2 * c.inter);
-  gemm_ref(x.data(), H, widen(c.w_gate_up).data(), rows, 2 * c.inter, H, gate_up.data(), 2 * c.inter, false);
+  gemm_ref(x.data(), H, weight(c.w_gate_up, c.w8_gate_up).data(), rows, 2 * c.inter, H, gate_up.data(), 2 * c.inter,
+           false);
   round_all(gate_up);
   p.h.resize(rows * c.inter);
   silu_mul_ref(gate_up.data(), rows, c.inter, p.h.data());
   round_all(p.h);
   p.delta_out.resize(rows * H);
-  gemm_ref(p.h.data(), c.inter, widen(c.w_down).data(), rows, H, c.inter, p.delta_out.data(), H, false);
+  gemm_ref(p.h.data(), c.inter, weight(c.w_down, c.w8_down).data(), rows, H, c.inter, p.delta_out.data(), H, false);
   round_all(p.delta_out);
   return p;
 }
@@ -200,6 +245,48 @@ TEST(MonoProgram, ReferenceEqualsThePlainChain) {
 
 // A LayerChain at DeepSeek-V2-Lite's dimensions over distinct fake addresses
 // (plan_program never reads the buffers).
+// e4m3 weights with 128 x 128 block scales (WeightType::kFp8Block): the
+// reference dequantizes as the CPU linear does, so it still equals the plain
+// chain bit for bit; the planner refuses what would put one row group of the
+// kernel across two scale blocks or read a partial scale block.
+TEST(MonoProgram, Fp8BlockScaledWeightsEqualThePlainChain) {
+  HostChain c(/*hidden=*/256, /*front_n=*/160, /*o_k=*/128, /*inter=*/256, /*seed=*/23, /*fp8=*/true);
+  struct Case {
+    int32_t width, rows, tile, ctas;
+  };
+  const Case cases[] = {{1, 1, 16, 1}, {4, 3, 32, 132}, {8, 8, 64, 5}, {8, 5, 16, 132}};
+  for (const Case& k : cases) {
+    const Plain want = plain_chain(c, k.rows);
+    for (uint64_t seed = 1; seed <= 2; ++seed) {
+      SCOPED_TRACE(testing::Message() << "width " << k.width << ", rows " << k.rows << ", tile " << k.tile << ", "
+                                      << k.ctas << " CTAs, order " << seed);
+      c.poison();
+      auto plan = plan_program(layer_chain_stages(c.chain(), k.tile), k.width, k.ctas);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      EXPECT_EQ(plan->weight_bytes(), (c.front_n + c.o_k + 2 * c.inter) * c.hidden + c.hidden * c.inter)
+          << "one byte a weight";
+      ASSERT_TRUE(run_program_ref(*plan, k.rows, seed).ok());
+      expect_rows(c.front, want.front, k.rows, c.front_n, "front");
+      expect_rows(c.o, want.o, k.rows, c.hidden, "o");
+      expect_rows(c.h, want.h, k.rows, c.inter, "h");
+      expect_rows(c.delta_out, want.delta_out, k.rows, c.hidden, "delta_out");
+    }
+  }
+  // Refusals, each naming the field.
+  auto refused = [&](const std::function<void(std::vector<Stage>&)>& edit, const char* needle) {
+    std::vector<Stage> st = layer_chain_stages(c.chain(), 16);
+    edit(st);
+    auto plan = plan_program(st, 8, 4);
+    ASSERT_FALSE(plan.ok()) << needle;
+    EXPECT_NE(plan.status().message().find(needle), std::string::npos) << plan.status().message();
+  };
+  refused([](std::vector<Stage>& st) { st[0].tile = 24; }, "tile a multiple of 16");
+  refused([](std::vector<Stage>& st) { st[0].w_scale = nullptr; }, "block scales");
+  refused([](std::vector<Stage>& st) { st[3].k = 48; st[3].x_stride = 144; }, "k a multiple of 128");
+  refused([](std::vector<Stage>& st) { st[2].n = 2 * 136; st[2].out_stride = 136; }, "n / 2 a multiple of 16");
+  refused([](std::vector<Stage>& st) { st[1].w_type = static_cast<WeightType>(7); }, "w_type 7");
+}
+
 LayerChain v2_lite_chain_at_fake_addresses() {
   LayerChain c;
   c.hidden = 2048;
@@ -330,7 +417,7 @@ struct HostMoe {
   RouteTable table;
   bool tables = false;
   std::vector<uint16_t> gate_up_rev, down_rev;
-  std::vector<const uint16_t*> gate_up_ptrs, down_ptrs;
+  std::vector<const void*> gate_up_ptrs, down_ptrs;
 
   HostMoe(MoeChain shape, uint64_t seed, bool tables_ = false) : c(shape), tables(tables_) {
     const int64_t H = c.hidden, E = c.num_experts;

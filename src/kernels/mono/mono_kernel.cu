@@ -16,6 +16,7 @@
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/device_sms.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/gemm/fp8_common.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/mla/mla_decode_rows.cuh"
 
@@ -27,6 +28,7 @@ constexpr int kComputeWarps = 8;
 constexpr int kThreads = 32 * (1 + kComputeWarps);  // warp 0 copies, warps 1 ... 8 compute
 constexpr int kConsumerThreads = kComputeWarps * 32;
 static_assert(kComputeWarps * 64 == kSliceK, "each compute warp takes 64 k of a slice");
+static_assert(kComputeWarps * kFp8Block == 2 * kSliceK, "each compute warp takes one 128-k scale block of an e4m3 slice");
 constexpr int kRowPitch = kSliceK * 2 + 16;         // bytes a weight row takes in a slot (+16: conflict-free ldmatrix)
 constexpr int kSlotBytes = kGroupRows * kRowPitch;  // 16,640
 constexpr int kMaxSlots = 12, kMinSlots = 3;
@@ -605,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const Job job = p.jobs[q];
       const Stage& s = p.stages[job.stage];
       int32_t groups = job_groups(s, job.tile);
-      const uint16_t* w = s.w;
+      const uint8_t* w = static_cast<const uint8_t*>(s.w);
       if (groups > 0 && slotted(s)) {
         int32_t expert = job_slot(s, job.tile);  // no table: slot u is expert u
         if (routed(s)) {
@@ -625,8 +627,9 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
           expert = __shfl_sync(0xffffffffu, expert, 0);
         }
         if (expert < 0) groups = 0;  // an unused slot: the compute warps skip it too
-        else w = expert_weight(s, expert);
+        else w = static_cast<const uint8_t*>(expert_weight(s, expert));
       }
+      const int64_t eb = weight_element_bytes(s);
       const int32_t slices = stage_slices(s);
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
@@ -635,13 +638,13 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
           const int32_t kc = slice_columns(s, sl);
           if (lane == 0) {
             if (round > 0) ptx::mbarrier_wait_parity(empty + 8 * slot, (round - 1) & 1u);
-            ptx::mbarrier_arrive_expect_tx(full + 8 * slot, static_cast<uint32_t>(gr.count * kc * 2));
+            ptx::mbarrier_arrive_expect_tx(full + 8 * slot, static_cast<uint32_t>(gr.count * kc * eb));
           }
           __syncwarp();
           if (lane < gr.count)
             ptx::bulk_copy_g2s(ring + slot * kSlotBytes + lane * kRowPitch,
-                               w + (gr.first_row + lane) * s.k + slice_first(sl), static_cast<uint32_t>(kc * 2),
-                               full + 8 * slot, policy);
+                               w + ((gr.first_row + lane) * s.k + slice_first(s, sl)) * eb,
+                               static_cast<uint32_t>(kc * eb), full + 8 * slot, policy);
         }
       }
     }
@@ -696,6 +699,11 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         x_slot = slot;
       }
       const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
+      const bool fp8 = fp8_weights(s);
+      // kFp8Block: this job's scales (its expert's in a slotted stage), row stride k / 128.
+      const float* scale = nullptr;
+      if (fp8 && groups > 0)
+        scale = expert_scale(s, routed(s) ? __ldcg(&s.route->expert[slot]) : slotted(s) ? slot : 0);
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -704,16 +712,46 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
           const int32_t kc = slice_columns(s, sl);
           ptx::mbarrier_wait_parity(full + 8 * rs, round & 1u);
           const uint32_t a_base = ring + rs * kSlotBytes + a_row * kRowPitch + a_col * 2;
-          const uint32_t b_base = xs_u32 + static_cast<uint32_t>((b_row * L.x_pitch + slice_first(sl) + b_col) * 2);
+          if (!fp8) {
+            const uint32_t b_base =
+                xs_u32 + static_cast<uint32_t>((b_row * L.x_pitch + slice_first(s, sl) + b_col) * 2);
 #pragma unroll
-          for (int st = 0; st < 4; ++st) {
-            const int kk = cw * 64 + st * 16;
-            if (kk < kc) {
-              uint32_t a[4], b0, b1;
-              ptx::ldmatrix_x4(a_base + kk * 2, a[0], a[1], a[2], a[3]);
-              ptx::ldmatrix_x2(b_base + kk * 2, b0, b1);
-              ptx::mma_m16n8k16_bf16(acc, a, b0, b1);
+            for (int st = 0; st < 4; ++st) {
+              const int kk = cw * 64 + st * 16;
+              if (kk < kc) {
+                uint32_t a[4], b0, b1;
+                ptx::ldmatrix_x4(a_base + kk * 2, a[0], a[1], a[2], a[3]);
+                ptx::ldmatrix_x2(b_base + kk * 2, b0, b1);
+                ptx::mma_m16n8k16_bf16(acc, a, b0, b1);
+              }
             }
+          } else if (cw * kFp8Block < kc) {
+            // Warp cw's 128 k of the slice: one scale block. ldmatrix of the
+            // e4m3 rows gives lane (g, q) = (lane / 4, lane % 4) bytes 4q ...
+            // 4q + 3 of rows g and g + 8 in each 16-byte half of a 32-k step;
+            // those four k serve the MMA's k slots {2q, 2q + 1, 2q + 8, 2q +
+            // 9}, so x comes as x[g][4q ... 4q + 3] (one 8-byte load): the k
+            // order within a step is permuted alike on both operands.
+            const int kk = cw * static_cast<int>(kFp8Block);
+            const int64_t k0 = slice_first(s, sl) + kk;
+            const uint16_t* xrow = xs + (lane / 4) * L.x_pitch + k0 + 4 * (lane % 4);
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int st = 0; st < 4; ++st) {
+              uint32_t r[4];
+              ptx::ldmatrix_x4(a_base + kk + st * 32, r[0], r[1], r[2], r[3]);
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                uint32_t a[4];
+                fp8_detail::e4m3x4_to_bf16x4(r[2 * h], a[0], a[2]);
+                fp8_detail::e4m3x4_to_bf16x4(r[2 * h + 1], a[1], a[3]);
+                const uint2 b = *reinterpret_cast<const uint2*>(xrow + st * 32 + h * 16);
+                ptx::mma_m16n8k16_bf16(part, a, b.x, b.y);
+              }
+            }
+            const float sc = __ldg(scale + (gr.first_row / kFp8Block) * (s.k / kFp8Block) + k0 / kFp8Block);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] += sc * part[i];
           }
           __syncwarp();
           if (lane == 0) ptx::mbarrier_arrive_expect_tx(empty + 8 * rs, 0);  // the slot may be refilled

@@ -39,8 +39,14 @@
 // (increasing expert index), then adds the shared experts' output:
 //   out[r, i] = bf16(sum_u weight[r][u] * partials[u][r, i] + shared[r, i])
 //
-// Weights are read once, in chunks of kGroupRows weight rows by kSliceK
-// columns of k (job_group, slice_columns), so the kernel's copy warp streams a
+// Weights are bf16, or float8 e4m3 with DeepSeek-V3's 128 x 128 block
+// scales (Stage::w_type kFp8Block; W[i, c] = e4m3(w[i, c]) * scale[i / 128,
+// c / 128], dequantize_fp8_block_ref's formula; the kernel converts the bytes
+// exactly to bf16 in registers and scales each 128-wide k block's sum: W8A16,
+// as kernels/gemm/skinny_fp8_gemm.cuh). They are read once, in chunks of
+// kGroupRows weight rows by slice_k columns of k (kSliceK bf16 values or
+// 2 kSliceK e4m3 bytes: the same bytes a row; job_group, slice_columns), so
+// the kernel's copy warp streams a
 // CTA's chunks back to back across job and stage boundaries: weights depend on
 // nothing a step computes, except a routed stage's, which wait for the table.
 #pragma once
@@ -74,6 +80,8 @@ constexpr int kAttendTileKeys = 8; // keys a kAttend job scores at a time (one a
 constexpr int kAttendMaxRow = 576; // the widest latent row a kAttend stage reads (kv_lora + qk_rope)
 enum class Prologue : int32_t { kLoad = 0, kAddRmsNorm = 1, kRmsNorm = 2 };
 enum class Epilogue : int32_t { kStoreBf16 = 0, kSiluMulBf16 = 1, kStoreF32 = 2 };
+enum class WeightType : int32_t { kBf16 = 0, kFp8Block = 1 };
+constexpr int64_t kFp8Block = 128;  // the FP8 scale block, both axes
 enum class Scoring : int32_t { kSoftmax = 0, kSigmoid = 1 };
 enum class TopK : int32_t { kGreedy = 0, kNoauxTc = 1 };
 
@@ -90,10 +98,20 @@ struct alignas(16) RouteTable {
 // pointers for the kernel; bf16 is stored as uint16_t.
 struct Stage {
   Kind kind = Kind::kGemv;
-  // kGemv: w [n, k] bf16, contiguous (row stride k), 16-byte aligned; k % 16
-  // == 0, k <= kMaxK; kSiluMulBf16: n even. kCombine: n = the columns.
-  const uint16_t* w = nullptr;
+  // kGemv: w [n, k] contiguous (row stride k), 16-byte aligned: bf16
+  // (w_type kBf16; k % 16 == 0) or e4m3 bytes (kFp8Block: k % 128 == 0,
+  // tile % 16 == 0, the SiLU halves n / 2 % 16 == 0, so no row group of 16
+  // crosses a scale block); k <= kMaxK; kSiluMulBf16: n even. kCombine: n =
+  // the columns.
+  const void* w = nullptr;
   int64_t n = 0, k = 0;
+  WeightType w_type = WeightType::kBf16;
+  // kFp8Block: the scales [ceil(n / 128), k / 128] f32 (row stride k / 128);
+  // a slotted stage's expert e has scale_table[e] when set, else w_scale + e
+  // * scale_expert_stride.
+  const float* w_scale = nullptr;
+  const float* const* scale_table = nullptr;
+  int64_t scale_expert_stride = 0;
   Prologue prologue = Prologue::kLoad;
   // kLoad, kRmsNorm: [rows, k] bf16, row stride x_stride (% 8 == 0), 16-byte
   // aligned (kRmsNorm also takes norm_w and eps).
@@ -120,12 +138,12 @@ struct Stage {
   // experts) has `slots` (1 ... kMaxRouteSlots) slots; expert e's weight is
   // w_table[e] (a device array of [n, k] weights) when set, else w + e *
   // expert_stride; x and out advance by x_slot_stride / out_slot_stride
-  // elements a slot.
+  // elements a slot (expert_stride: weight elements, bytes for e4m3).
   const RouteTable* route = nullptr;
   int32_t route_stage = -1;
   int32_t slots = 1;
   int64_t expert_stride = 0, x_slot_stride = 0, out_slot_stride = 0;
-  const uint16_t* const* w_table = nullptr;
+  const void* const* w_table = nullptr;
   // kSelect: logits [rows, num_experts] f32 (row stride num_experts), bias
   // [num_experts] f32 or null (noaux_tc's e_score_correction_bias); the
   // table it writes is `table`.
@@ -258,9 +276,18 @@ NUCLEUS_MONO_HD inline int32_t stage_jobs(const Stage& s) {
   if (s.kind == Kind::kSelect) return 1;
   return (slotted(s) ? s.slots : 1) * tiles_per_slot(s);
 }
-// Expert e's weight of a slotted stage.
-NUCLEUS_MONO_HD inline const uint16_t* expert_weight(const Stage& s, int64_t e) {
-  return s.w_table ? s.w_table[e] : s.w + e * s.expert_stride;
+NUCLEUS_MONO_HD inline bool fp8_weights(const Stage& s) { return s.w_type == WeightType::kFp8Block; }
+// Bytes of one weight element.
+NUCLEUS_MONO_HD inline int64_t weight_element_bytes(const Stage& s) { return fp8_weights(s) ? 1 : 2; }
+// Expert e's weight of a slotted stage (slot 0 of an unslotted one: w).
+NUCLEUS_MONO_HD inline const void* expert_weight(const Stage& s, int64_t e) {
+  return s.w_table ? s.w_table[e]
+                   : static_cast<const void*>(static_cast<const uint8_t*>(s.w) +
+                                              e * s.expert_stride * weight_element_bytes(s));
+}
+// Expert e's scales (kFp8Block).
+NUCLEUS_MONO_HD inline const float* expert_scale(const Stage& s, int64_t e) {
+  return s.scale_table ? s.scale_table[e] : s.w_scale + e * s.scale_expert_stride;
 }
 // Job j's slot (slotted stages; 0 otherwise) and its columns [first, first + count).
 NUCLEUS_MONO_HD inline int32_t job_slot(const Stage& s, int32_t j) { return j / tiles_per_slot(s); }
@@ -289,9 +316,12 @@ NUCLEUS_MONO_HD inline JobRows job_rows(const Stage& s, int32_t tile) {
   r.b0 = r.two ? s.n / 2 + r.a0 : 0;
   return r;
 }
-// k slices of a stage: kSliceK columns each, the last one what is left.
+// k columns of a slice: kSliceK bf16 values or 2 kSliceK e4m3 bytes (the
+// same kSliceK * 2 bytes of a weight row either way).
+NUCLEUS_MONO_HD inline int64_t slice_k(const Stage& s) { return fp8_weights(s) ? 2 * kSliceK : kSliceK; }
+// k slices of a stage: slice_k columns each, the last one what is left.
 NUCLEUS_MONO_HD inline int32_t stage_slices(const Stage& s) {
-  return static_cast<int32_t>((s.k + kSliceK - 1) / kSliceK);
+  return static_cast<int32_t>((s.k + slice_k(s) - 1) / slice_k(s));
 }
 // Row groups of a job: each range cut into groups of kGroupRows rows (the
 // last group of a range may be shorter).
@@ -321,10 +351,10 @@ NUCLEUS_MONO_HD inline GroupRows job_group(const Stage& s, int32_t tile, int32_t
   return gr;
 }
 // The k columns [first, first + count) of slice `slice`.
-NUCLEUS_MONO_HD inline int64_t slice_first(int32_t slice) { return int64_t{slice} * kSliceK; }
+NUCLEUS_MONO_HD inline int64_t slice_first(const Stage& s, int32_t slice) { return int64_t{slice} * slice_k(s); }
 NUCLEUS_MONO_HD inline int32_t slice_columns(const Stage& s, int32_t slice) {
-  const int64_t left = s.k - slice_first(slice);
-  return static_cast<int32_t>(left < kSliceK ? left : kSliceK);
+  const int64_t left = s.k - slice_first(s, slice);
+  return static_cast<int32_t>(left < slice_k(s) ? left : slice_k(s));
 }
 
 }  // namespace nucleus::kernels::mono

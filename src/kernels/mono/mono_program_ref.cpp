@@ -305,7 +305,8 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
   const int32_t slot = job_slot(s, tile);
   if (routed(s) && slot >= s.route->count) return;  // an unused slot
   const int64_t k = s.k;
-  const uint16_t* w = slotted(s) ? expert_weight(s, routed(s) ? s.route->expert[slot] : slot) : s.w;
+  const int64_t expert = slotted(s) ? (routed(s) ? s.route->expert[slot] : slot) : 0;
+  const void* w = expert_weight(s, expert);
   const uint16_t* xin = s.x ? s.x + (slotted(s) ? slot * s.x_slot_stride : 0) : nullptr;
   std::vector<float> x(static_cast<size_t>(rows * k));
   for (int32_t r = 0; r < rows; ++r) {
@@ -336,7 +337,13 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
   }
   std::vector<float> wrow(static_cast<size_t>(k));
   auto dot = [&](int32_t r, int64_t row) {
-    for (int64_t i = 0; i < k; ++i) wrow[i] = bf16f(w[row * k + i]);
+    if (fp8_weights(s)) {  // dequantize_fp8_block_ref's W, what the CPU linear holds
+      const auto* q = static_cast<const uint8_t*>(w) + row * k;
+      const float* srow = expert_scale(s, expert) + (row / kFp8Block) * (k / kFp8Block);
+      for (int64_t i = 0; i < k; ++i) wrow[i] = fp8e4m3_to_f32(q[i]) * srow[i / kFp8Block];
+    } else {
+      for (int64_t i = 0; i < k; ++i) wrow[i] = bf16f(static_cast<const uint16_t*>(w)[row * k + i]);
+    }
     return dot_ref(x.data() + r * k, wrow.data(), k);  // the CPU GEMM's order (gemm_ref.h)
   };
   const JobRows jr = job_rows(s, tile);
@@ -360,13 +367,13 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
 int64_t job_weight_bytes(const Stage& s, int32_t job) {
   if (s.kind != Kind::kGemv) return 0;
   const JobRows jr = job_rows(s, job);
-  return int64_t{jr.count} * (jr.two ? 2 : 1) * s.k * 2;
+  return int64_t{jr.count} * (jr.two ? 2 : 1) * s.k * weight_element_bytes(s);
 }
 
 int64_t ProgramPlan::weight_bytes() const {
   int64_t b = 0;
   for (const Stage& s : stages)
-    if (s.kind == Kind::kGemv) b += (slotted(s) ? s.slots : 1) * s.n * s.k * 2;
+    if (s.kind == Kind::kGemv) b += (slotted(s) ? s.slots : 1) * s.n * s.k * weight_element_bytes(s);
   return b;
 }
 
@@ -473,11 +480,27 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
                              width * s.n, s.x_slot_stride, s.n));
   } else {
     if (slotted(s) ? !s.w_table && (!s.w || !aligned16(s.w)) : !s.w || !aligned16(s.w))
-      return bad("w must be a 16-byte aligned [n, k] bf16 weight (or, slotted, a w_table)");
+      return bad("w must be a 16-byte aligned [n, k] weight (or, slotted, a w_table)");
     if (s.n < 1 || s.k < 16 || s.k % 16 != 0 || s.k > kMaxK)
       return bad(fmt::format("n = {}, k = {}: need n >= 1 and k a multiple of 16 from 16 to {}", s.n, s.k, kMaxK));
     if (s.epilogue == Epilogue::kSiluMulBf16 && s.n % 2 != 0)
       return bad(fmt::format("n = {}: a SiLU-and-multiply stage needs gate and up halves (even n)", s.n));
+    if (s.w_type != WeightType::kBf16 && s.w_type != WeightType::kFp8Block)
+      return bad(fmt::format("w_type {}: bf16 or e4m3 with 128 x 128 block scales", static_cast<int>(s.w_type)));
+    if (fp8_weights(s)) {
+      // One scale a row group of 16 and a compute warp's 128 k: no group crosses a scale block.
+      if (s.k % kFp8Block != 0 || s.tile % kGroupRows != 0 ||
+          (s.epilogue == Epilogue::kSiluMulBf16 && (s.n / 2) % kGroupRows != 0))
+        return bad(fmt::format("e4m3 weights with k = {}, tile = {}, n = {}: need k a multiple of 128, tile a multiple "
+                               "of 16 and (SiLU) n / 2 a multiple of 16, so no row group crosses a scale block",
+                               s.k, s.tile, s.n));
+      if (slotted(s) ? !s.scale_table && !s.w_scale : !s.w_scale)
+        return bad("e4m3 weights need their block scales (w_scale, or slotted, a scale_table)");
+      if (slotted(s) && !s.scale_table && s.scale_expert_stride < ((s.n + kFp8Block - 1) / kFp8Block) * (s.k / kFp8Block))
+        return bad(fmt::format("scale_expert_stride = {}: need >= an expert's scales", s.scale_expert_stride));
+      if (slotted(s) && !s.w_table && s.expert_stride % 16 != 0)
+        return bad(fmt::format("expert_stride = {}: e4m3 experts start on 16-byte boundaries", s.expert_stride));
+    }
     if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
     if (slotted(s)) {
       if (s.route) NUCLEUS_RETURN_IF_ERROR(waits_for_route());
@@ -660,10 +683,28 @@ Status run_program_ref(const ProgramPlan& plan, int32_t rows, uint64_t seed) {
   return ok_status();
 }
 
+namespace {
+
+// A GEMV stage's weight: bf16, or e4m3 when its block scales are given.
+void set_weight(Stage& s, const void* w, const float* scale) {
+  s.w = w;
+  s.w_scale = scale;
+  s.w_type = scale ? WeightType::kFp8Block : WeightType::kBf16;
+}
+void set_weight_table(Stage& s, const void* const* table, const float* const* scale_table) {
+  s.w_table = table;
+  s.scale_table = scale_table;
+  if (scale_table) s.w_type = WeightType::kFp8Block;
+}
+// Floats of one expert's block scales.
+int64_t scale_floats(int64_t n, int64_t k) { return (n + kFp8Block - 1) / kFp8Block * (k / kFp8Block); }
+
+}  // namespace
+
 std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile) {
   std::vector<Stage> st(4);
   Stage& front = st[0];
-  front.w = c.w_front;
+  set_weight(front, c.w_front, c.front_scale);
   front.n = c.front_n;
   front.k = c.hidden;
   front.prologue = Prologue::kAddRmsNorm;
@@ -675,7 +716,7 @@ std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile) {
   front.out = c.front;
   front.out_stride = c.front_n;
   Stage& o = st[1];
-  o.w = c.w_o;
+  set_weight(o, c.w_o, c.o_scale);
   o.n = c.hidden;
   o.k = c.o_k;
   o.x = c.front;
@@ -684,7 +725,7 @@ std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile) {
   o.out_stride = c.hidden;
   o.wait_mask = 1u << 0;
   Stage& up = st[2];
-  up.w = c.w_gate_up;
+  set_weight(up, c.w_gate_up, c.gate_up_scale);
   up.n = 2 * c.inter;
   up.k = c.hidden;
   up.prologue = Prologue::kAddRmsNorm;
@@ -698,7 +739,7 @@ std::vector<Stage> layer_chain_stages(const LayerChain& c, int32_t tile) {
   up.out_stride = c.inter;
   up.wait_mask = 1u << 1;  // stage 1 waited for stage 0, which wrote residual_mid
   Stage& down = st[3];
-  down.w = c.w_down;
+  set_weight(down, c.w_down, c.down_scale);
   down.n = c.hidden;
   down.k = c.inter;
   down.x = c.h;
@@ -724,7 +765,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   uint32_t o_done = 0;
   if (c.w_o) {
     Stage o;
-    o.w = c.w_o;
+    set_weight(o, c.w_o, c.o_scale);
     o.n = c.hidden;
     o.k = c.o_k;
     o.x = c.attn_out;
@@ -766,7 +807,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   uint32_t shared_done = 0;
   if (c.shared_inter > 0) {
     Stage up;
-    up.w = c.w_shared_gate_up;
+    set_weight(up, c.w_shared_gate_up, c.shared_gate_up_scale);
     up.n = 2 * c.shared_inter;
     up.k = c.hidden;
     norm_prologue(up);
@@ -776,12 +817,13 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     up.tile = tile;
     up.slots = c.shared_pieces;  // no route table: slot u is piece u
     up.expert_stride = up.n * up.k;
-    up.w_table = c.shared_gate_up_table;
+    up.scale_expert_stride = scale_floats(up.n, up.k);
+    set_weight_table(up, c.shared_gate_up_table, c.shared_gate_up_scale_table);
     up.out_slot_stride = kMaxWidth * c.shared_inter;
     up.wait_mask = o_done;
     st.push_back(up);
     Stage down;
-    down.w = c.w_shared_down;
+    set_weight(down, c.w_shared_down, c.shared_down_scale);
     down.n = c.hidden;
     down.k = c.shared_inter;
     down.x = c.h_shared;
@@ -793,7 +835,8 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     down.tile = tile;
     down.slots = c.shared_pieces;
     down.expert_stride = down.n * down.k;
-    down.w_table = c.shared_down_table;
+    down.scale_expert_stride = scale_floats(down.n, down.k);
+    set_weight_table(down, c.shared_down_table, c.shared_down_scale_table);
     down.x_slot_stride = kMaxWidth * c.shared_inter;
     down.out_slot_stride = kMaxWidth * c.hidden;
     st.push_back(down);
@@ -805,7 +848,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     s.slots = c.slots;
   };
   Stage up;
-  up.w = c.w_gate_up;
+  set_weight(up, c.w_gate_up, c.gate_up_scale);
   up.n = 2 * c.inter;
   up.k = c.hidden;
   norm_prologue(up);
@@ -815,12 +858,13 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   up.tile = tile;
   route(up);
   up.expert_stride = up.n * up.k;
-  up.w_table = c.gate_up_table;
+  up.scale_expert_stride = scale_floats(up.n, up.k);
+  set_weight_table(up, c.gate_up_table, c.gate_up_scale_table);
   up.out_slot_stride = kMaxWidth * c.inter;
   up.wait_mask = 1u << kSelectStage;
   st.push_back(up);
   Stage down;
-  down.w = c.w_down;
+  set_weight(down, c.w_down, c.down_scale);
   down.n = c.hidden;
   down.k = c.inter;
   down.x = c.h;
@@ -831,7 +875,8 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   down.tile = tile;
   route(down);
   down.expert_stride = down.n * down.k;
-  down.w_table = c.down_table;
+  down.scale_expert_stride = scale_floats(down.n, down.k);
+  set_weight_table(down, c.down_table, c.down_scale_table);
   down.x_slot_stride = kMaxWidth * c.inter;
   down.out_slot_stride = kMaxWidth * c.hidden;
   down.wait_mask = (1u << kSelectStage) | (1u << (st.size() - 1));
@@ -876,7 +921,11 @@ std::vector<Stage> attention_output_stages(const AttentionOutputChain& c) {
   merge.out = c.o_lat;
   merge.out_stride = hl;
   Stage uv;  // attn_out[r, h * v_head + d] = o_lat[r, h] . W_UV[h][d]: slot h reads head h's o_lat
-  uv.w = c.kv_b ? c.kv_b + int64_t{c.qk_nope} * c.kv_lora : nullptr;
+  // Head h's W_UV: kv_b_proj's rows h * (qk_nope + v_head) + qk_nope ... (e4m3: the scale rows from qk_nope / 128).
+  const int64_t eb = c.kv_b_scale ? 1 : 2;
+  set_weight(uv, c.kv_b ? static_cast<const uint8_t*>(c.kv_b) + int64_t{c.qk_nope} * c.kv_lora * eb : nullptr,
+             c.kv_b_scale ? c.kv_b_scale + c.qk_nope / kFp8Block * (c.kv_lora / kFp8Block) : nullptr);
+  uv.scale_expert_stride = (c.qk_nope + c.v_head) / kFp8Block * (c.kv_lora / kFp8Block);
   uv.n = c.v_head;
   uv.k = c.kv_lora;
   uv.x = c.o_lat;
@@ -946,7 +995,7 @@ std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Sta
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   const int64_t head = c.qk_nope + c.qk_rope, width = c.kv_lora + c.qk_rope;
   Stage q;  // q_proj, or with a q LoRA q_a_proj
-  q.w = c.q_lora > 0 ? c.w_qa : c.w_q;
+  set_weight(q, c.q_lora > 0 ? c.w_qa : c.w_q, c.q_lora > 0 ? c.qa_scale : c.q_scale);
   q.n = c.q_lora > 0 ? c.q_lora : c.num_heads * head;
   q.k = c.hidden;
   q.prologue = Prologue::kAddRmsNorm;
@@ -959,7 +1008,7 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   q.out_stride = q.n;
   q.tile = tile;
   Stage kv = q;
-  kv.w = c.w_kva;
+  set_weight(kv, c.w_kva, c.kva_scale);
   kv.n = width;
   kv.residual_out = nullptr;
   kv.out = c.kv_a;
@@ -967,7 +1016,7 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   std::vector<Stage> st = {q, kv};
   if (c.q_lora > 0) {  // q = rmsnorm(q_a) * q_a_norm . w_qb^T
     Stage qb;
-    qb.w = c.w_qb;
+    set_weight(qb, c.w_qb, c.qb_scale);
     qb.n = c.num_heads * head;
     qb.k = c.q_lora;
     qb.prologue = Prologue::kRmsNorm;
@@ -983,7 +1032,8 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   }
   if (c.w_uk_t) {  // q_full[r, h, :kv_lora] = q_nope[r, h] . W_UK[h]: slot h reads head h's columns of q
     Stage ab;
-    ab.w = c.w_uk_t;
+    set_weight(ab, c.w_uk_t, c.uk_t_scale);
+    ab.scale_expert_stride = scale_floats(c.kv_lora, c.qk_nope);
     ab.n = c.kv_lora;
     ab.k = c.qk_nope;
     ab.x = c.q;

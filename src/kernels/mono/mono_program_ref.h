@@ -97,7 +97,10 @@ std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Sta
 // start with the attention (kAttend) whose partials the merge reads.
 struct AttentionOutputChain {
   int32_t num_heads = 0, kv_lora = 512, qk_nope = 128, v_head = 128;
-  const uint16_t* kv_b = nullptr;  // [heads * (qk_nope + v_head), kv_lora] bf16
+  // [heads * (qk_nope + v_head), kv_lora] bf16, or e4m3 with kv_b_scale
+  // [heads * (qk_nope + v_head) / 128, kv_lora / 128] (qk_nope and v_head multiples of 128)
+  const void* kv_b = nullptr;
+  const float* kv_b_scale = nullptr;
   const float* partials = nullptr;  // [rows, splits, heads, kv_lora] f32
   const float* lse = nullptr;       // [rows, splits, heads] f32 (log2 domain)
   const uint16_t* o_lat_in = nullptr;
@@ -125,6 +128,12 @@ struct AttentionOutputChain {
 };
 std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
 
+// The chains below take each GEMV weight as a pointer and, beside it, its
+// FP8 block scales (`*_scale`, [ceil(n / 128), k / 128] f32): a weight whose
+// scales are set is float8 e4m3 bytes with DeepSeek-V3's 128 x 128 block
+// scaling (WeightType::kFp8Block; the stage's tile a multiple of 16), else
+// bf16. Tables of per-expert weights come with tables of their scales.
+
 // The attention-free GEMV chain of a DeepSeek decode layer without a q LoRA
 // (DeepSeek-V2-Lite's shape: hidden 2048, q_proj + kv_a_proj 3072 + 576
 // rows, o_proj 2048 x 2048, shared experts 2 x 1408), as a program for the
@@ -141,7 +150,8 @@ std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
 struct LayerChain {
   int64_t hidden = 0, front_n = 0, o_k = 0, inter = 0;  // o_k <= front_n
   float eps = 1e-6f;
-  const uint16_t *w_front = nullptr, *w_o = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  const void *w_front = nullptr, *w_o = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  const float *front_scale = nullptr, *o_scale = nullptr, *gate_up_scale = nullptr, *down_scale = nullptr;
   const float *input_norm = nullptr, *post_norm = nullptr;
   const float* residual_in = nullptr;
   const uint16_t* delta_in = nullptr;
@@ -175,27 +185,36 @@ struct MoeChain {
   TopK method = TopK::kGreedy;
   bool norm_topk_prob = false;
   float routed_scaling_factor = 1.0f, eps = 1e-6f;
-  const uint16_t *w_router = nullptr, *w_gate_up = nullptr, *w_down = nullptr;
+  const uint16_t* w_router = nullptr;  // bf16
+  const void *w_gate_up = nullptr, *w_down = nullptr;
+  const float *gate_up_scale = nullptr, *down_scale = nullptr;  // FP8: [E][2 inter / 128, hidden / 128], [E][hidden / 128, inter / 128]
   // Optional: the routed experts' weights by expert index ([E] arrays of
   // pointers; w_gate_up / w_down unused then), for checkpoints that keep each
-  // expert in its own tensor.
-  const uint16_t* const* gate_up_table = nullptr;
-  const uint16_t* const* down_table = nullptr;
+  // expert in its own tensor; FP8: their scales the same way.
+  const void* const* gate_up_table = nullptr;
+  const void* const* down_table = nullptr;
+  const float* const* gate_up_scale_table = nullptr;
+  const float* const* down_scale_table = nullptr;
   // shared_pieces shared experts of shared_inter each (DeepSeek-V2-Lite: 2 of
   // 1408), their weights one after another: w_shared_gate_up [pieces][2
   // shared_inter, hidden], w_shared_down [pieces][hidden, shared_inter];
   // h_shared and y_shared hold [pieces][8, ...]. Summed in piece order after
   // the routed experts (the order of the engine's fused shared experts).
   int32_t shared_pieces = 1;
-  const uint16_t *w_shared_gate_up = nullptr, *w_shared_down = nullptr;
+  const void *w_shared_gate_up = nullptr, *w_shared_down = nullptr;
+  const float *shared_gate_up_scale = nullptr, *shared_down_scale = nullptr;
   // Optional: the pieces' weights by piece ([pieces] arrays of pointers).
-  const uint16_t* const* shared_gate_up_table = nullptr;
-  const uint16_t* const* shared_down_table = nullptr;
+  const void* const* shared_gate_up_table = nullptr;
+  const void* const* shared_down_table = nullptr;
+  const float* const* shared_gate_up_scale_table = nullptr;
+  const float* const* shared_down_scale_table = nullptr;
   // Optional: the combine also copies residual_out here (the graph's one
   // residual buffer, once every stage that reads `residual` has finished).
   float* residual_copy_to = nullptr;
-  // Optional o_proj (when w_o is set): w_o [hidden, o_k] bf16, attn_out [rows, o_k] bf16 (row stride o_k).
-  const uint16_t *w_o = nullptr, *attn_out = nullptr;
+  // Optional o_proj (when w_o is set): w_o [hidden, o_k], attn_out [rows, o_k] bf16 (row stride o_k).
+  const void* w_o = nullptr;
+  const float* o_scale = nullptr;
+  const uint16_t* attn_out = nullptr;
   int64_t o_k = 0;
   const float *bias = nullptr, *post_norm = nullptr, *residual = nullptr;
   const uint16_t* delta = nullptr;
@@ -228,9 +247,11 @@ struct FrontChain {
   int64_t hidden = 0;
   int32_t num_heads = 0, qk_nope = 128, qk_rope = 64, kv_lora = 512;
   float eps = 1e-6f, kv_eps = 1e-6f, attention_factor = 1.0f;  // input norm's, kv norm's
-  const uint16_t *w_q = nullptr, *w_kva = nullptr;
+  const void *w_q = nullptr, *w_kva = nullptr;
+  const float *q_scale = nullptr, *kva_scale = nullptr;
   int64_t q_lora = 0;  // > 0: w_qa [q_lora, hidden], q_a_norm [q_lora] f32, w_qb [heads * head, q_lora], q_a [8, q_lora]
-  const uint16_t *w_qa = nullptr, *w_qb = nullptr;
+  const void *w_qa = nullptr, *w_qb = nullptr;
+  const float *qa_scale = nullptr, *qb_scale = nullptr;
   const float* q_a_norm = nullptr;
   float q_a_eps = 1e-6f;
   uint16_t* q_a = nullptr;
@@ -249,8 +270,10 @@ struct FrontChain {
   // qk_nope] bf16, head h's W_UK transposed (row c holds kv_b_proj[h *
   // (qk_nope + v_head) + d][c] for d < qk_nope); q_full [8, heads, kv_lora +
   // qk_rope] bf16, what the decode attention reads; jobs of absorb_tile
-  // columns. At most kMaxRouteSlots heads.
-  const uint16_t* w_uk_t = nullptr;
+  // columns. At most kMaxRouteSlots heads. FP8 (uk_t_scale set): e4m3 with
+  // the transposed blocks' scales [heads][kv_lora / 128, qk_nope / 128].
+  const void* w_uk_t = nullptr;
+  const float* uk_t_scale = nullptr;
   uint16_t* q_full = nullptr;
   int32_t absorb_tile = 64;
   // Optional: the decode attention after the RoPE stage (a kAttend stage,
