@@ -26,11 +26,11 @@ std::string decode_program_widths_text(int64_t max_rows);
 
 // OK when a program's GEMV stage can read linear weight w: bf16, or float8
 // e4m3 with DeepSeek-V3's 128 x 128 block scales (kernels/mono/mono_program.h,
-// WeightType::kFp8Block: in_features a multiple of 128); else unsupported
+// WeightType::kFp8Block: in_features a multiple of 32); else unsupported
 // naming the weight and why.
 Status program_weight_supported(const LinearWeight& w);
 // The block scales a program stage takes beside w's data: w's scale_inv
-// ([ceil(out / 128), in / 128] f32) for an FP8 weight, null for bf16.
+// ([ceil(out / 128), ceil(in / 128)] f32) for an FP8 weight, null for bf16.
 inline const float* program_weight_scale(const LinearWeight& w) {
   return w.fp8() ? static_cast<const float*>(w.scale_inv.raw()) : nullptr;
 }

@@ -1,10 +1,11 @@
 // The MoE layers' o_proj and MoE blocks as decode programs end to end on the GPU
 // (NUCLEUS_DECODE_PROGRAMS=1, ops/moe_program_op.h): `nucleus generate` on the
-// shipped tiny model (bf16; its MoE layers route 8 experts by noaux_tc in 4
-// groups, top-2, one shared expert):
+// shipped tiny models (bf16 and its FP8 e4m3 block-scaled copy; the MoE
+// layers route 8 experts by noaux_tc in 4 groups, top-2, one shared expert):
 //  - the decode graph reports cuda_program exactly when the switch is on
-//    (NUCLEUS_DUMP_GRAPH's backend column), and no program on the FP8 tiny
-//    model, which it cannot serve (a warning says why); each MoE program
+//    (NUCLEUS_DUMP_GRAPH's backend column), on both models (the FP8 one's
+//    programs read its e4m3 weights and scales: q_a, q_b, kv_a, kv_b's W_UK
+//    and W_UV, o_proj, the experts; experts of 192, a partial k block); each MoE program
 //    joined with the next layer's front, each front absorbing the
 //    attention's query and each MoE program merging the attention's splits
 //    and applying W_UV, unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
@@ -167,7 +168,7 @@ TEST(GpuDecodeProgram, WithMtpSpeculativeDecoding) {
   expect_reference(cases, got, "programs with MTP, one sequence at a time");
 }
 
-TEST(GpuDecodeProgram, Fp8ModelKeepsTheSeparateOps) { check_programs("tiny-dsv3-fp8", /*served=*/false); }
+TEST(GpuDecodeProgram, Fp8ModelOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3-fp8", /*served=*/true); }
 
 }  // namespace
 }  // namespace nucleus

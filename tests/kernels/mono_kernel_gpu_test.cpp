@@ -91,7 +91,7 @@ struct Fp8Weight {
   Fp8Weight(int64_t n, int64_t k, float rms, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    const int64_t kb = k / 128;
+    const int64_t kb = (k + 127) / 128;
     scale.resize(static_cast<size_t>((n + 127) / 128 * kb));
     for (auto& sc : scale) sc = rms / 160.0f * (1.0f + 0.5f * u(rng));
     q.resize(static_cast<size_t>(n * k));
@@ -314,13 +314,14 @@ TEST_F(MonoKernelGpu, SmallChainOffTheGroupsAndIdleCtas) {
 // permutation on both operands) and its per-block scaling against the
 // reference's dequantized weights, at DeepSeek-V3 TP 8-like shapes (hidden
 // 7168, a q LoRA-sized front, an expert of 2048) and a small chain whose
-// front has a partial scale block of rows.
+// front has a partial scale block of rows and whose down projection a partial
+// block of k (192).
 TEST_F(MonoKernelGpu, Fp8BlockScaledChainMatchesTheReference) {
   const int32_t sms = current_device_sms();
   Chain big(7168, 1536 + 576, 2048, 2048, 707, /*fp8=*/true);
   for (const auto& [width, rows] : {std::pair{1, 1}, std::pair{4, 3}, std::pair{8, 8}})
     for (int32_t tile : {16, 64}) run_case(big, width, rows, tile, sms);
-  Chain small(256, 160, 128, 256, 708, /*fp8=*/true);
+  Chain small(256, 160, 128, 192, 708, /*fp8=*/true);  // down: k 192, a partial scale block
   run_case(small, 8, 5, 16, 7);
   run_case(small, 2, 2, 32, sms);
 }

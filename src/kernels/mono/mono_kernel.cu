@@ -700,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       }
       const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
       const bool fp8 = fp8_weights(s);
-      // kFp8Block: this job's scales (its expert's in a slotted stage), row stride k / 128.
+      // kFp8Block: this job's scales (its expert's in a slotted stage), row stride fp8_scale_columns(k).
       const float* scale = nullptr;
       if (fp8 && groups > 0)
         scale = expert_scale(s, routed(s) ? __ldcg(&s.route->expert[slot]) : slotted(s) ? slot : 0);
@@ -738,6 +738,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
             float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int st = 0; st < 4; ++st) {
+              if (kk + st * 32 >= kc) break;  // k's last scale block may be partial (k % 32 == 0)
               uint32_t r[4];
               ptx::ldmatrix_x4(a_base + kk + st * 32, r[0], r[1], r[2], r[3]);
 #pragma unroll
@@ -749,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
                 ptx::mma_m16n8k16_bf16(part, a, b.x, b.y);
               }
             }
-            const float sc = __ldg(scale + (gr.first_row / kFp8Block) * (s.k / kFp8Block) + k0 / kFp8Block);
+            const float sc = __ldg(scale + (gr.first_row / kFp8Block) * fp8_scale_columns(s.k) + k0 / kFp8Block);
 #pragma unroll
             for (int i = 0; i < 4; ++i) acc[i] += sc * part[i];
           }

@@ -99,14 +99,15 @@ struct alignas(16) RouteTable {
 struct Stage {
   Kind kind = Kind::kGemv;
   // kGemv: w [n, k] contiguous (row stride k), 16-byte aligned: bf16
-  // (w_type kBf16; k % 16 == 0) or e4m3 bytes (kFp8Block: k % 128 == 0,
+  // (w_type kBf16; k % 16 == 0) or e4m3 bytes (kFp8Block: k % 32 == 0,
   // tile % 16 == 0, the SiLU halves n / 2 % 16 == 0, so no row group of 16
   // crosses a scale block); k <= kMaxK; kSiluMulBf16: n even. kCombine: n =
   // the columns.
   const void* w = nullptr;
   int64_t n = 0, k = 0;
   WeightType w_type = WeightType::kBf16;
-  // kFp8Block: the scales [ceil(n / 128), k / 128] f32 (row stride k / 128);
+  // kFp8Block: the scales [ceil(n / 128), ceil(k / 128)] f32 (row stride
+  // fp8_scale_columns(k));
   // a slotted stage's expert e has scale_table[e] when set, else w_scale + e
   // * scale_expert_stride.
   const float* w_scale = nullptr;
@@ -284,6 +285,12 @@ NUCLEUS_MONO_HD inline const void* expert_weight(const Stage& s, int64_t e) {
   return s.w_table ? s.w_table[e]
                    : static_cast<const void*>(static_cast<const uint8_t*>(s.w) +
                                               e * s.expert_stride * weight_element_bytes(s));
+}
+// Scale blocks of a row of k (the row stride of a kFp8Block stage's scales),
+// and the scales of an [n, k] weight.
+NUCLEUS_MONO_HD inline int64_t fp8_scale_columns(int64_t k) { return (k + kFp8Block - 1) / kFp8Block; }
+NUCLEUS_MONO_HD inline int64_t fp8_scale_floats(int64_t n, int64_t k) {
+  return (n + kFp8Block - 1) / kFp8Block * fp8_scale_columns(k);
 }
 // Expert e's scales (kFp8Block).
 NUCLEUS_MONO_HD inline const float* expert_scale(const Stage& s, int64_t e) {

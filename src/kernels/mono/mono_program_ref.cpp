@@ -339,7 +339,7 @@ void run_job(const Stage& s, int32_t tile, int32_t rows) {
   auto dot = [&](int32_t r, int64_t row) {
     if (fp8_weights(s)) {  // dequantize_fp8_block_ref's W, what the CPU linear holds
       const auto* q = static_cast<const uint8_t*>(w) + row * k;
-      const float* srow = expert_scale(s, expert) + (row / kFp8Block) * (k / kFp8Block);
+      const float* srow = expert_scale(s, expert) + (row / kFp8Block) * fp8_scale_columns(k);
       for (int64_t i = 0; i < k; ++i) wrow[i] = fp8e4m3_to_f32(q[i]) * srow[i / kFp8Block];
     } else {
       for (int64_t i = 0; i < k; ++i) wrow[i] = bf16f(static_cast<const uint16_t*>(w)[row * k + i]);
@@ -489,14 +489,14 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
       return bad(fmt::format("w_type {}: bf16 or e4m3 with 128 x 128 block scales", static_cast<int>(s.w_type)));
     if (fp8_weights(s)) {
       // One scale a row group of 16 and a compute warp's 128 k: no group crosses a scale block.
-      if (s.k % kFp8Block != 0 || s.tile % kGroupRows != 0 ||
+      if (s.k % 32 != 0 || s.tile % kGroupRows != 0 ||
           (s.epilogue == Epilogue::kSiluMulBf16 && (s.n / 2) % kGroupRows != 0))
-        return bad(fmt::format("e4m3 weights with k = {}, tile = {}, n = {}: need k a multiple of 128, tile a multiple "
+        return bad(fmt::format("e4m3 weights with k = {}, tile = {}, n = {}: need k a multiple of 32, tile a multiple "
                                "of 16 and (SiLU) n / 2 a multiple of 16, so no row group crosses a scale block",
                                s.k, s.tile, s.n));
       if (slotted(s) ? !s.scale_table && !s.w_scale : !s.w_scale)
         return bad("e4m3 weights need their block scales (w_scale, or slotted, a scale_table)");
-      if (slotted(s) && !s.scale_table && s.scale_expert_stride < ((s.n + kFp8Block - 1) / kFp8Block) * (s.k / kFp8Block))
+      if (slotted(s) && !s.scale_table && s.scale_expert_stride < fp8_scale_floats(s.n, s.k))
         return bad(fmt::format("scale_expert_stride = {}: need >= an expert's scales", s.scale_expert_stride));
       if (slotted(s) && !s.w_table && s.expert_stride % 16 != 0)
         return bad(fmt::format("expert_stride = {}: e4m3 experts start on 16-byte boundaries", s.expert_stride));
@@ -696,8 +696,6 @@ void set_weight_table(Stage& s, const void* const* table, const float* const* sc
   s.scale_table = scale_table;
   if (scale_table) s.w_type = WeightType::kFp8Block;
 }
-// Floats of one expert's block scales.
-int64_t scale_floats(int64_t n, int64_t k) { return (n + kFp8Block - 1) / kFp8Block * (k / kFp8Block); }
 
 }  // namespace
 
@@ -817,7 +815,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     up.tile = tile;
     up.slots = c.shared_pieces;  // no route table: slot u is piece u
     up.expert_stride = up.n * up.k;
-    up.scale_expert_stride = scale_floats(up.n, up.k);
+    up.scale_expert_stride = fp8_scale_floats(up.n, up.k);
     set_weight_table(up, c.shared_gate_up_table, c.shared_gate_up_scale_table);
     up.out_slot_stride = kMaxWidth * c.shared_inter;
     up.wait_mask = o_done;
@@ -835,7 +833,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     down.tile = tile;
     down.slots = c.shared_pieces;
     down.expert_stride = down.n * down.k;
-    down.scale_expert_stride = scale_floats(down.n, down.k);
+    down.scale_expert_stride = fp8_scale_floats(down.n, down.k);
     set_weight_table(down, c.shared_down_table, c.shared_down_scale_table);
     down.x_slot_stride = kMaxWidth * c.shared_inter;
     down.out_slot_stride = kMaxWidth * c.hidden;
@@ -858,7 +856,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   up.tile = tile;
   route(up);
   up.expert_stride = up.n * up.k;
-  up.scale_expert_stride = scale_floats(up.n, up.k);
+  up.scale_expert_stride = fp8_scale_floats(up.n, up.k);
   set_weight_table(up, c.gate_up_table, c.gate_up_scale_table);
   up.out_slot_stride = kMaxWidth * c.inter;
   up.wait_mask = 1u << kSelectStage;
@@ -875,7 +873,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   down.tile = tile;
   route(down);
   down.expert_stride = down.n * down.k;
-  down.scale_expert_stride = scale_floats(down.n, down.k);
+  down.scale_expert_stride = fp8_scale_floats(down.n, down.k);
   set_weight_table(down, c.down_table, c.down_scale_table);
   down.x_slot_stride = kMaxWidth * c.inter;
   down.out_slot_stride = kMaxWidth * c.hidden;
@@ -924,8 +922,8 @@ std::vector<Stage> attention_output_stages(const AttentionOutputChain& c) {
   // Head h's W_UV: kv_b_proj's rows h * (qk_nope + v_head) + qk_nope ... (e4m3: the scale rows from qk_nope / 128).
   const int64_t eb = c.kv_b_scale ? 1 : 2;
   set_weight(uv, c.kv_b ? static_cast<const uint8_t*>(c.kv_b) + int64_t{c.qk_nope} * c.kv_lora * eb : nullptr,
-             c.kv_b_scale ? c.kv_b_scale + c.qk_nope / kFp8Block * (c.kv_lora / kFp8Block) : nullptr);
-  uv.scale_expert_stride = (c.qk_nope + c.v_head) / kFp8Block * (c.kv_lora / kFp8Block);
+             c.kv_b_scale ? c.kv_b_scale + c.qk_nope / kFp8Block * fp8_scale_columns(c.kv_lora) : nullptr);
+  uv.scale_expert_stride = (c.qk_nope + c.v_head) / kFp8Block * fp8_scale_columns(c.kv_lora);
   uv.n = c.v_head;
   uv.k = c.kv_lora;
   uv.x = c.o_lat;
@@ -1033,7 +1031,7 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   if (c.w_uk_t) {  // q_full[r, h, :kv_lora] = q_nope[r, h] . W_UK[h]: slot h reads head h's columns of q
     Stage ab;
     set_weight(ab, c.w_uk_t, c.uk_t_scale);
-    ab.scale_expert_stride = scale_floats(c.kv_lora, c.qk_nope);
+    ab.scale_expert_stride = fp8_scale_floats(c.kv_lora, c.qk_nope);
     ab.n = c.kv_lora;
     ab.k = c.qk_nope;
     ab.x = c.q;

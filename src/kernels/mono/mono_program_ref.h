@@ -129,7 +129,7 @@ struct AttentionOutputChain {
 std::vector<Stage> attention_output_stages(const AttentionOutputChain& c);
 
 // The chains below take each GEMV weight as a pointer and, beside it, its
-// FP8 block scales (`*_scale`, [ceil(n / 128), k / 128] f32): a weight whose
+// FP8 block scales (`*_scale`, [ceil(n / 128), ceil(k / 128)] f32): a weight whose
 // scales are set is float8 e4m3 bytes with DeepSeek-V3's 128 x 128 block
 // scaling (WeightType::kFp8Block; the stage's tile a multiple of 16), else
 // bf16. Tables of per-expert weights come with tables of their scales.
