@@ -1,5 +1,6 @@
 #include "ops/front_program_op.h"
 
+#include "kernels/mono/mono_program.h"
 #include "ops/decode_program.h"
 
 #ifdef NUCLEUS_HAVE_CUDA
@@ -54,8 +55,9 @@ Status front_program_supported(const FrontProgramOp& op) {
       return unsupported(kv_b->name + ": an FP8 absorption needs qk_nope and v_head multiples of 128 (whole scale blocks a head)");
     if (kv_b->out_features != d.num_heads * (d.qk_nope + d.v_head) || kv_b->in_features != d.kv_lora)
       return unsupported(kv_b->name + " is not [heads * (qk_nope + v_head), kv_lora]");
-    if (d.num_heads > 64 || d.qk_nope < 16 || d.qk_nope % 16 != 0 || (d.qk_nope + d.qk_rope) % 8 != 0)
-      return unsupported("the absorption takes at most 64 heads and qk_nope a multiple of 16 (heads " +
+    if (d.num_heads > kernels::mono::kMaxHeadSlots || d.qk_nope < 16 || d.qk_nope % 16 != 0 ||
+        (d.qk_nope + d.qk_rope) % 8 != 0)
+      return unsupported("the absorption takes at most 128 heads and qk_nope a multiple of 16 (heads " +
                          std::to_string(d.num_heads) + ", qk_nope " + std::to_string(d.qk_nope) + ")");
     if (d.kv_lora != 512 || d.qk_rope != 64)  // the absorbed query [heads, 576] the decode attention reads
       return unsupported("the absorbed query is read as [heads, 512 + 64] (kv_lora " + std::to_string(d.kv_lora) +

@@ -23,9 +23,9 @@ Status moe_program_supported(const MoeProgramOp& op) {
   if (H % 16 != 0 || H > 8192) return unsupported("hidden size " + std::to_string(H) + " is not a multiple of 16 up to 8192");
   const LinearWeight& o = p.o_proj->weight();
   NUCLEUS_RETURN_IF_ERROR(program_weight_supported(o));
-  if (o.out_features != H || o.in_features % 16 != 0 || o.in_features > 8192)
+  if (o.out_features != H || o.in_features % 16 != 0 || o.in_features > kernels::mono::kMaxGlobalK)
     return unsupported(o.name + ": an input width of " + std::to_string(o.in_features) +
-                       " (need a multiple of 16 up to 8192)");
+                       " (need a multiple of 16 up to 32768)");
   if (p.norm->all_reduce().comm) return unsupported("tensor parallelism all-reduces the delta before the norm");
   if (p.norm->weight().dtype() != DType::kF32 || p.norm->weight().numel() != H)
     return unsupported("the post-attention norm's weight is not f32 [hidden]");
@@ -64,8 +64,8 @@ Status moe_program_supported(const MoeProgramOp& op) {
         (a->output_in_program_rows() != op.max_rows() && a->attention_in_program_rows() != op.max_rows()))
       return unsupported("the attention op is not this layer's, set to leave its output to the program");
     if (d.kv_lora != 512 || d.qk_rope != 64 || d.qk_nope != 128 || d.v_head != 128 || d.num_heads < 1 ||
-        d.num_heads > 64)
-      return unsupported("the attention output needs kv_lora 512, qk_rope 64, qk_nope 128, v_head 128 and at most 64 "
+        d.num_heads > kernels::mono::kMaxHeadSlots)
+      return unsupported("the attention output needs kv_lora 512, qk_rope 64, qk_nope 128, v_head 128 and at most 128 "
                          "heads (heads " + std::to_string(d.num_heads) + ")");
     if (a->attention_in_program_rows() > 0 && !op.attention_buffer())
       return unsupported("the attention runs in the front program but the block has no partials buffer");

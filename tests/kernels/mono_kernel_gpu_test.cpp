@@ -326,6 +326,20 @@ TEST_F(MonoKernelGpu, Fp8BlockScaledChainMatchesTheReference) {
   run_case(small, 2, 2, 32, sms);
 }
 
+// x past kMaxK (x_from_global): o_proj reading 16,384 values a row (DeepSeek-V3
+// at TP 1) straight from global memory in the MMA loop, bf16 and e4m3, full
+// and partial rows (the rows past `rows` are never read there).
+TEST_F(MonoKernelGpu, XPastTheSharedMemoryFromGlobal) {
+  const int32_t sms = current_device_sms();
+  for (bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "e4m3" : "bf16");
+    Chain c(1024, 16384, 16384, 512, fp8 ? 910 : 909, fp8);
+    run_case(c, 1, 1, 16, sms);
+    run_case(c, 8, 5, 64, sms);
+    run_case(c, 4, 4, 16, sms);
+  }
+}
+
 TEST_F(MonoKernelGpu, WidestX) {  // k = 8192: x takes 131 KB of shared memory, 5 ring slots
   Chain c(8192, 256, 256, 512, 606);
   run_case(c, 8, 8, 16, current_device_sms());

@@ -26,6 +26,7 @@ namespace {
 struct Block {
   int64_t hidden = 256, o_k = 4 * 64, inter = 192, experts = 8, shared = 1, top_k = 2;
   DType dtype = DType::kBF16;
+  bool fp8_scales = true;  // FP8 linears get 128 x 128 block scales
   std::deque<LinearWeight> w;  // stable addresses
   Tensor norm = Tensor::empty({256}, DType::kF32);
 
@@ -35,6 +36,10 @@ struct Block {
     lw.out_features = out;
     lw.in_features = in;
     lw.weight = Tensor::empty({out, in}, dtype);
+    if (dtype == DType::kF8E4M3 && fp8_scales) {  // DeepSeek-V3's 128 x 128 block scales
+      lw.block_n = lw.block_k = 128;
+      lw.scale_inv = Tensor::empty({(out + 127) / 128, (in + 127) / 128}, DType::kF32);
+    }
     w.push_back(std::move(lw));
     return &w.back();
   }
@@ -50,7 +55,10 @@ struct Block {
     MoeProgramOp::Parts p;
     p.o_proj = std::make_unique<LinearOp>(linear("o_proj", hidden, o_k), false);
     p.norm = std::make_unique<AddRmsNormOp>(norm, 1e-6f, true);
+    const DType linears = dtype;
+    dtype = DType::kBF16;  // the router stays bf16 (DeepSeek-V3's FP8 checkpoints do not quantize the gate)
     p.router = std::make_unique<LinearOp>(linear("gate", experts, hidden), false);
+    dtype = linears;
     p.route = std::make_unique<MoeRouteOp>(r, Tensor());
     p.experts = std::make_unique<MoeExpertsOp>(std::move(ex), inter, r.slots());
     return std::make_unique<MoeProgramOp>(1, std::move(p), hidden, shared);
@@ -94,14 +102,25 @@ TEST(MoeProgramOp, AcceptsTheShippedTinyModelV2LiteAndV3Routing) {
 
 TEST(MoeProgramOp, RefusesWhatTheProgramCannotRun) {
   {
-    Block b;
+    Block b;  // FP8 e4m3 with DeepSeek-V3's block scales: programs read it
     b.dtype = DType::kF8E4M3;
-    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "is not bf16"));
+    const Status s = moe_program_supported(*b.op(noaux(4, 2)));
+    EXPECT_TRUE(s.ok()) << s.message();
+    b.fp8_scales = false;  // without them (or with other blocks): refused
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "programs read FP8 weights with 128 x 128 block scales"));
   }
   {
-    Block b;  // V3's o_proj: 128 heads x 128 = 16384 inputs, wider than x in shared memory
+    Block b;
+    b.dtype = DType::kF32;
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "is neither bf16 nor FP8 e4m3"));
+  }
+  {
+    Block b;  // V3's o_proj at one rank: 128 heads x 128 = 16384 inputs, read from global memory
     b.o_k = 16384;
-    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "an input width of 16384"));
+    const Status s = moe_program_supported(*b.op(noaux(4, 2)));
+    EXPECT_TRUE(s.ok()) << s.message();
+    b.o_k = 32784;
+    EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "an input width of 32784"));
   }
   {
     Block b;
@@ -144,6 +163,7 @@ struct Front {
   int64_t layer = 1, hidden = 256, heads = 4, q_lora = 128;
   bool absorb = false;  // give the front kv_b_proj (the absorption)
   DType dtype = DType::kBF16, kv_b_dtype = DType::kBF16;
+  bool fp8_scales = true;  // FP8 linears get 128 x 128 block scales
   KvCacheDtype cache = KvCacheDtype::kBF16;
   bool fuse_kv_norm = true;
   const float* inv_freq = reinterpret_cast<const float*>(uintptr_t{1} << 32);  // a device address (never read here)
@@ -158,6 +178,10 @@ struct Front {
     lw.out_features = out;
     lw.in_features = in;
     lw.weight = Tensor::empty({out, in}, dtype);
+    if (dtype == DType::kF8E4M3 && fp8_scales) {  // DeepSeek-V3's 128 x 128 block scales
+      lw.block_n = lw.block_k = 128;
+      lw.scale_inv = Tensor::empty({(out + 127) / 128, (in + 127) / 128}, DType::kF32);
+    }
     w.push_back(std::move(lw));
     return &w.back();
   }
@@ -211,9 +235,12 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
     return ::testing::AssertionSuccess();
   };
   {
-    Front f;
+    Front f;  // FP8 e4m3 with block scales: accepted; without: refused
     f.dtype = DType::kF8E4M3;
-    EXPECT_TRUE(refused_front(f, "is not bf16"));
+    const Status s = front_program_supported(*f.op());
+    EXPECT_TRUE(s.ok()) << s.message();
+    f.fp8_scales = false;
+    EXPECT_TRUE(refused_front(f, "programs read FP8 weights with 128 x 128 block scales"));
   }
   {
     Front f;
@@ -247,16 +274,22 @@ TEST(FrontProgramOp, RefusesWhatTheProgramCannotRun) {
     EXPECT_NE(op->attrs().find("absorbs"), std::string::npos) << op->attrs();
   }
   {
-    Front f;
+    Front f;  // an FP8 kv_b_proj: W_UK^T is transposed with its block scales
     f.absorb = true;
     f.kv_b_dtype = DType::kF8E4M3;
-    EXPECT_TRUE(refused_front(f, "kv_b_proj is not bf16"));
+    const Status s = front_program_supported(*f.op());
+    EXPECT_TRUE(s.ok()) << s.message();
+    f.fp8_scales = false;
+    EXPECT_TRUE(refused_front(f, "kv_b_proj: programs read FP8 weights with 128 x 128 block scales"));
   }
   {
     Front f;  // V3 at one rank: 128 heads
     f.absorb = true;
     f.heads = 128;
-    EXPECT_TRUE(refused_front(f, "at most 64 heads"));
+    const Status s = front_program_supported(*f.op());
+    EXPECT_TRUE(s.ok()) << s.message();
+    f.heads = 160;
+    EXPECT_TRUE(refused_front(f, "at most 128 heads"));
   }
   // The attention in the front (NUCLEUS_DECODE_PROGRAM_ATTENTION): an absorbing front with a buffer and a scale.
   {
@@ -335,7 +368,14 @@ TEST(MoeProgramOp, TakesTheAttentionOutputOfItsOwnLayer) {
   MlaDecodeAttentionOp fp8_attn(1, fp8, d, AttentionMode::kAuto);
   fp8_attn.set_output_in_program_rows(8);
   op->set_attention(&fp8_attn);
-  EXPECT_TRUE(refused(*op, "kv_b_proj_fp8 is not bf16"));
+  const Status fp8_ok = moe_program_supported(*op);  // an FP8 kv_b_proj with block scales: W_UV reads e4m3
+  EXPECT_TRUE(fp8_ok.ok()) << fp8_ok.message();
+  b.fp8_scales = false;
+  const LinearWeight* unscaled = b.linear("kv_b_proj_unscaled", 2 * 256, 512);
+  MlaDecodeAttentionOp unscaled_attn(1, unscaled, d, AttentionMode::kAuto);
+  unscaled_attn.set_output_in_program_rows(8);
+  op->set_attention(&unscaled_attn);
+  EXPECT_TRUE(refused(*op, "kv_b_proj_unscaled: programs read FP8 weights with 128 x 128 block scales"));
   Block wide;  // o_proj reading 384 inputs: not the attention's 2 x 128 heads
   wide.o_k = 384;
   auto op2 = wide.op(noaux(4, 2));
@@ -380,8 +420,9 @@ TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
     Front fp8;
     fp8.layer = 2;
     fp8.dtype = DType::kF8E4M3;
+    fp8.fp8_scales = false;
     op->set_next_front(fp8.op());
-    EXPECT_TRUE(refused(*op, "the joined front: q_a_proj is not bf16"));
+    EXPECT_TRUE(refused(*op, "the joined front: q_a_proj: programs read FP8 weights with 128 x 128 block scales"));
     // The model takes a refused front back and adds it as its own op.
     std::unique_ptr<FrontProgramOp> back = op->take_next_front();
     ASSERT_NE(back, nullptr);

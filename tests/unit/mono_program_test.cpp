@@ -287,6 +287,35 @@ TEST(MonoProgram, Fp8BlockScaledWeightsEqualThePlainChain) {
   refused([](std::vector<Stage>& st) { st[1].w_type = static_cast<WeightType>(7); }, "w_type 7");
 }
 
+// x past kMaxK: a kLoad stage reads it from global memory (x_from_global;
+// o_proj at DeepSeek-V3's 128 heads reads 16,384 values a row), so the plan
+// takes it (and never keeps a global x in shared memory for a later stage);
+// a norm prologue, whose x the kernel builds in shared memory, is refused.
+TEST(MonoProgram, XPastTheSharedMemoryStaysInGlobalMemory) {
+  HostChain c(/*hidden=*/64, /*front_n=*/16400, /*o_k=*/16400, /*inter=*/48, /*seed=*/31);
+  for (const auto& [width, rows] : {std::pair{1, 1}, std::pair{8, 5}}) {
+    const Plain want = plain_chain(c, rows);
+    c.poison();
+    auto plan = plan_program(layer_chain_stages(c.chain(), 16), width, 9);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    EXPECT_TRUE(x_from_global(plan->stages[1]));
+    EXPECT_FALSE(x_from_global(plan->stages[0]));
+    for (const Stage& st : plan->stages) EXPECT_EQ(st.x_reuse >> 1 & 1u, 0u) << "nothing kept from a global x";
+    ASSERT_TRUE(run_program_ref(*plan, rows, 5).ok());
+    expect_rows(c.o, want.o, rows, c.hidden, "o");
+    expect_rows(c.delta_out, want.delta_out, rows, c.hidden, "delta_out");
+  }
+  std::vector<Stage> st = layer_chain_stages(c.chain(), 16);
+  st[1].k = kMaxGlobalK + 16;
+  auto too_wide = plan_program(st, 8, 4);
+  ASSERT_FALSE(too_wide.ok());
+  EXPECT_NE(too_wide.status().message().find("from 16 to 32768"), std::string::npos) << too_wide.status().message();
+  HostChain wide(/*hidden=*/kMaxK + 16, /*front_n=*/32, /*o_k=*/32, /*inter=*/16, /*seed=*/32);
+  auto norm = plan_program(layer_chain_stages(wide.chain(), 16), 8, 4);
+  ASSERT_FALSE(norm.ok());
+  EXPECT_NE(norm.status().message().find("8192 for a norm prologue"), std::string::npos) << norm.status().message();
+}
+
 LayerChain v2_lite_chain_at_fake_addresses() {
   LayerChain c;
   c.hidden = 2048;
@@ -365,7 +394,8 @@ TEST(MonoProgram, PlanRefusesWhatTheKernelCannotRun) {
     return st;
   };
   EXPECT_TRUE(refused(with(1, [](Stage& s) { s.k = 2040; }), "stage 1: n = 2048, k = 2040"));
-  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.k = 8208; }), "k a multiple of 16 from 16 to 8192"));
+  EXPECT_TRUE(refused(with(0, [](Stage& s) { s.k = 8208; }), "stage 0: n = 3648, k = 8208: need n >= 1 and k a multiple of 16 from 16 to 32768 (8192 for a norm prologue"));
+  EXPECT_TRUE(refused(with(1, [](Stage& s) { s.k = 32784; s.x_stride = 32784; }), "k = 32784: need n >= 1 and k a multiple of 16 from 16 to 32768"));
   EXPECT_TRUE(refused(with(2, [](Stage& s) { s.n = 5631; }), "stage 2: n = 5631: a SiLU-and-multiply stage"));
   EXPECT_TRUE(refused(with(0, [](Stage& s) { s.tile = 0; }), "stage 0: tile = 0"));
   EXPECT_TRUE(refused(with(0, [](Stage& s) { s.tile = 65; }), "tile = 65"));

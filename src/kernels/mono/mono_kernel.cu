@@ -51,7 +51,8 @@ static_assert(kMaxWidth * (kAttendXK + 8) >= kAttendXElems, "x's region holds an
 
 int64_t widest_k(const Program& p) {
   int64_t k = 16;
-  for (int s = 0; s < p.num_stages; ++s) k = p.stages[s].k > k ? p.stages[s].k : k;
+  for (int s = 0; s < p.num_stages; ++s)
+    if (!x_from_global(p.stages[s])) k = p.stages[s].k > k ? p.stages[s].k : k;
   // A kAttend job keeps q and a key tile in x's place: kAttendXElems values (8 rows of k + 8).
   for (int s = 0; s < p.num_stages; ++s)
     if (p.stages[s].kind == Kind::kAttend) k = k < kAttendXK ? kAttendXK : k;
@@ -693,7 +694,12 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const bool carry =
           x_stage >= 0 && !writes &&
           (x_stage == job.stage ? s.prologue == Prologue::kAddRmsNorm || slot == x_slot : (s.x_reuse >> x_stage & 1u));
-      if (used && !carry) {
+      // x past kMaxK stays in global memory: the MMAs read row min(lane / 4,
+      // rows - 1) there (a pad row's column of the product is never stored;
+      // the buffer may hold only `rows` rows).
+      const bool xg = x_from_global(s);
+      const uint16_t* x_row = xg ? s.x + slot * s.x_slot_stride + min(lane / 4, p.rows - 1) * s.x_stride : nullptr;
+      if (used && !carry && !xg) {
         build_x(p, s, job.tile, s.x ? s.x + slot * s.x_slot_stride : nullptr, xs, L.x_pitch, ss_smem, ct);
         x_stage = job.stage;
         x_slot = slot;
@@ -715,13 +721,20 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
           if (!fp8) {
             const uint32_t b_base =
                 xs_u32 + static_cast<uint32_t>((b_row * L.x_pitch + slice_first(s, sl) + b_col) * 2);
+            // (global x: lane (g, q) holds x[g][k + 2q, + 1] and x[g][k + 2q + 8, + 9], the ldmatrix layout)
+            const uint16_t* xk = xg ? x_row + slice_first(s, sl) + 2 * (lane % 4) : nullptr;
 #pragma unroll
             for (int st = 0; st < 4; ++st) {
               const int kk = cw * 64 + st * 16;
               if (kk < kc) {
                 uint32_t a[4], b0, b1;
                 ptx::ldmatrix_x4(a_base + kk * 2, a[0], a[1], a[2], a[3]);
-                ptx::ldmatrix_x2(b_base + kk * 2, b0, b1);
+                if (xg) {  // plain (weak, L1-cached) loads: the stage's wait acquired the writer's stores
+                  b0 = *reinterpret_cast<const uint32_t*>(xk + kk);
+                  b1 = *reinterpret_cast<const uint32_t*>(xk + kk + 8);
+                } else {
+                  ptx::ldmatrix_x2(b_base + kk * 2, b0, b1);
+                }
                 ptx::mma_m16n8k16_bf16(acc, a, b0, b1);
               }
             }
@@ -734,7 +747,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
             // order within a step is permuted alike on both operands.
             const int kk = cw * static_cast<int>(kFp8Block);
             const int64_t k0 = slice_first(s, sl) + kk;
-            const uint16_t* xrow = xs + (lane / 4) * L.x_pitch + k0 + 4 * (lane % 4);
+            const uint16_t* xrow = xg ? x_row + k0 + 4 * (lane % 4) : xs + (lane / 4) * L.x_pitch + k0 + 4 * (lane % 4);
             float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int st = 0; st < 4; ++st) {
@@ -746,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
                 uint32_t a[4];
                 fp8_detail::e4m3x4_to_bf16x4(r[2 * h], a[0], a[2]);
                 fp8_detail::e4m3x4_to_bf16x4(r[2 * h + 1], a[1], a[3]);
-                const uint2 b = *reinterpret_cast<const uint2*>(xrow + st * 32 + h * 16);
+                const uint2 b = *reinterpret_cast<const uint2*>(xrow + st * 32 + h * 16);  // shared, or global (weak)
                 ptx::mma_m16n8k16_bf16(part, a, b.x, b.y);
               }
             }

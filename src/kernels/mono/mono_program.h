@@ -68,8 +68,12 @@ constexpr int kMaxWidth = 8;    // rows a step of the program has at most (the M
 constexpr int kMaxTile = 64;    // output columns (pairs for kSiluMulBf16) a job owns at most
 constexpr int kGroupRows = 16;  // weight rows of a chunk (the MMA's m)
 constexpr int kSliceK = 512;    // k columns of a chunk
-constexpr int64_t kMaxK = 8192; // the widest x a stage reads (x sits in shared memory, 8 rows)
+constexpr int64_t kMaxK = 8192; // the widest x a stage builds in shared memory (8 rows)
+// The widest x a kLoad stage reads: past kMaxK its x stays in global memory
+// (x_from_global; e.g. o_proj at DeepSeek-V3's 128 heads, 16,384).
+constexpr int64_t kMaxGlobalK = 32768;
 constexpr int kMaxRouteSlots = 64;   // distinct experts a route table holds (8 rows x top-8)
+constexpr int kMaxHeadSlots = 128;   // slots of a slotted stage without a table (heads: DeepSeek-V3's 128)
 constexpr int kMaxExperts = 384;     // router width a kSelect stage takes (Kimi-K2)
 constexpr int kMaxGroups = 8;        // noaux_tc expert groups a kSelect stage takes (DeepSeek-V3)
 constexpr int kMaxMergeSplits = 256; // KV splits a kMerge stage merges (kernels::kMlaDecodeMaxSplits)
@@ -101,8 +105,8 @@ struct Stage {
   // kGemv: w [n, k] contiguous (row stride k), 16-byte aligned: bf16
   // (w_type kBf16; k % 16 == 0) or e4m3 bytes (kFp8Block: k % 32 == 0,
   // tile % 16 == 0, the SiLU halves n / 2 % 16 == 0, so no row group of 16
-  // crosses a scale block); k <= kMaxK; kSiluMulBf16: n even. kCombine: n =
-  // the columns.
+  // crosses a scale block); k <= kMaxK, or for kLoad <= kMaxGlobalK;
+  // kSiluMulBf16: n even. kCombine: n = the columns.
   const void* w = nullptr;
   int64_t n = 0, k = 0;
   WeightType w_type = WeightType::kBf16;
@@ -136,7 +140,8 @@ struct Stage {
   // Routed kGemv and kCombine: the table, written by stage route_stage (a
   // kSelect this stage waits for). A slotted kGemv (routed, or `slots` > 1
   // with no table: slot u is expert u, e.g. the pieces of DeepSeek's shared
-  // experts) has `slots` (1 ... kMaxRouteSlots) slots; expert e's weight is
+  // experts) has `slots` (routed: 1 ... kMaxRouteSlots; else 1 ...
+  // kMaxHeadSlots) slots; expert e's weight is
   // w_table[e] (a device array of [n, k] weights) when set, else w + e *
   // expert_stride; x and out advance by x_slot_stride / out_slot_stride
   // elements a slot (expert_stride: weight elements, bytes for e4m3).
@@ -278,6 +283,11 @@ NUCLEUS_MONO_HD inline int32_t stage_jobs(const Stage& s) {
   return (slotted(s) ? s.slots : 1) * tiles_per_slot(s);
 }
 NUCLEUS_MONO_HD inline bool fp8_weights(const Stage& s) { return s.w_type == WeightType::kFp8Block; }
+// A kGemv stage whose x the kernel reads from global memory (L1 / L2) in the
+// MMA loop instead of building it in shared memory: kLoad past kMaxK.
+NUCLEUS_MONO_HD inline bool x_from_global(const Stage& s) {
+  return s.kind == Kind::kGemv && s.prologue == Prologue::kLoad && s.k > kMaxK;
+}
 // Bytes of one weight element.
 NUCLEUS_MONO_HD inline int64_t weight_element_bytes(const Stage& s) { return fp8_weights(s) ? 1 : 2; }
 // Expert e's weight of a slotted stage (slot 0 of an unslotted one: w).

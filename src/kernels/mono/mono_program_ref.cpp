@@ -125,6 +125,7 @@ std::vector<Range> x_inputs(const Stage& s, int32_t width) {
 // Whether stages a and b build the same x from the same inputs.
 bool same_x_inputs(const Stage& a, const Stage& b) {
   if (a.kind != Kind::kGemv || b.kind != Kind::kGemv || a.prologue != b.prologue || a.k != b.k) return false;
+  if (x_from_global(a) || x_from_global(b)) return false;  // nothing of theirs in shared memory to keep
   if (a.prologue != Prologue::kAddRmsNorm)
     return !slotted(a) && !slotted(b) && a.x == b.x && a.x_stride == b.x_stride &&
            (a.prologue == Prologue::kLoad || (a.norm_w == b.norm_w && a.eps == b.eps));
@@ -481,8 +482,11 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
   } else {
     if (slotted(s) ? !s.w_table && (!s.w || !aligned16(s.w)) : !s.w || !aligned16(s.w))
       return bad("w must be a 16-byte aligned [n, k] weight (or, slotted, a w_table)");
-    if (s.n < 1 || s.k < 16 || s.k % 16 != 0 || s.k > kMaxK)
-      return bad(fmt::format("n = {}, k = {}: need n >= 1 and k a multiple of 16 from 16 to {}", s.n, s.k, kMaxK));
+    const int64_t max_k = s.prologue == Prologue::kLoad ? kMaxGlobalK : kMaxK;
+    if (s.n < 1 || s.k < 16 || s.k % 16 != 0 || s.k > max_k)
+      return bad(fmt::format("n = {}, k = {}: need n >= 1 and k a multiple of 16 from 16 to {} ({} for a norm "
+                             "prologue, whose x the kernel builds in shared memory)",
+                             s.n, s.k, kMaxGlobalK, kMaxK));
     if (s.epilogue == Epilogue::kSiluMulBf16 && s.n % 2 != 0)
       return bad(fmt::format("n = {}: a SiLU-and-multiply stage needs gate and up halves (even n)", s.n));
     if (s.w_type != WeightType::kBf16 && s.w_type != WeightType::kFp8Block)
@@ -501,7 +505,9 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
       if (slotted(s) && !s.w_table && s.expert_stride % 16 != 0)
         return bad(fmt::format("expert_stride = {}: e4m3 experts start on 16-byte boundaries", s.expert_stride));
     }
-    if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
+    const int32_t max_slots = s.route ? kMaxRouteSlots : kMaxHeadSlots;
+    if (s.slots < 1 || s.slots > max_slots)
+      return bad(fmt::format("slots = {}: need 1 ... {} ({} with a route table)", s.slots, kMaxHeadSlots, kMaxRouteSlots));
     if (slotted(s)) {
       if (s.route) NUCLEUS_RETURN_IF_ERROR(waits_for_route());
       if (!s.w_table && (s.expert_stride < s.n * s.k || s.expert_stride % 8 != 0))

@@ -93,7 +93,7 @@ std::vector<Stage> join_programs(std::vector<Stage> first, const std::vector<Sta
 // with W_UV[h] = kv_b_proj's rows h * (qk_nope + v_head) + qk_nope ... + v_head
 // ([v_head, kv_lora] bf16; one slot a head, side by side in each row). With
 // splits == 1 the attention wrote o_lat itself (o_lat_in [rows, heads,
-// kv_lora] bf16). At most kMaxRouteSlots heads. With q_full set, the stages
+// kv_lora] bf16). At most kMaxHeadSlots heads. With q_full set, the stages
 // start with the attention (kAttend) whose partials the merge reads.
 struct AttentionOutputChain {
   int32_t num_heads = 0, kv_lora = 512, qk_nope = 128, v_head = 128;
@@ -270,7 +270,7 @@ struct FrontChain {
   // qk_nope] bf16, head h's W_UK transposed (row c holds kv_b_proj[h *
   // (qk_nope + v_head) + d][c] for d < qk_nope); q_full [8, heads, kv_lora +
   // qk_rope] bf16, what the decode attention reads; jobs of absorb_tile
-  // columns. At most kMaxRouteSlots heads. FP8 (uk_t_scale set): e4m3 with
+  // columns. At most kMaxHeadSlots heads. FP8 (uk_t_scale set): e4m3 with
   // the transposed blocks' scales [heads][kv_lora / 128, qk_nope / 128].
   const void* w_uk_t = nullptr;
   const float* uk_t_scale = nullptr;
