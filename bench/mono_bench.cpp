@@ -26,6 +26,8 @@
 // activates (from the program's route table), each once (one copy of the
 // weights: a step touches 104-560 MB, past the 50 MB L2). The block's delta
 // is zero, so the ops' in-place residual add keeps every run's routing.
+// Last table: the GEMV chain with FP8 e4m3 block-scaled weights at
+// DeepSeek-V3's shapes (74 MB), program against the skinny FP8 kernel's chain.
 // Method (bench/bench_util.h): CUDA graphs of 20 chains rotating over 3
 // copies of the weights (174 MB, past the L2), the median per chain. Bytes =
 // the weights once (activations are < 0.2 MB); % of the one roofline
@@ -50,6 +52,7 @@
 #include "core/device.h"
 #include "core/roofline.h"
 #include "kernels/activation/silu_mul.cuh"
+#include "kernels/gemm/skinny_fp8_gemm.cuh"
 #include "kernels/gemm/skinny_gemm.cuh"
 #include "kernels/mono/mono_kernel.cuh"
 #include "kernels/mono/mono_program_ref.h"
@@ -595,6 +598,130 @@ int main(int argc, char** argv) {
         std::printf("| %ld | MoE block + next front: one program | %d | | %.2f | | | %.2fx |\n", long(m), distinct, one,
                     two / one);
         std::fflush(stdout);
+      }
+    }
+  }
+  // The GEMV chain with FP8 e4m3 weights and 128 x 128 block scales at DeepSeek-V3's shapes (LayerChain: hidden
+  // 7168, q_a + kv_a 2112, o_proj 7168 x 2048 (16 heads: TP 8), an expert of 2048: gate_up 4096 x 7168, down
+  // 7168 x 2048; 74 MB), against the plain chain with the skinny FP8 kernel (skinny_fp8_gemm.cuh).
+  {
+    constexpr int64_t kH8 = 7168, kF8 = 1536 + 576, kO8 = 2048, kI8 = 2048;
+    struct Fp8 {
+      Tensor q, scale;
+    };
+    auto fp8_weight = [](int64_t n, int64_t k) {
+      std::vector<uint8_t> q(static_cast<size_t>(n * k));
+      for (auto& b : q) {
+        b = static_cast<uint8_t>(bench::next_rand() & 0x77);  // |value| < 2^-0, no NaN codes
+        b |= static_cast<uint8_t>(bench::next_rand() & 0x80);
+      }
+      std::vector<float> sc(static_cast<size_t>((n + 127) / 128 * ((k + 127) / 128)));
+      for (auto& v : sc) v = 0.01f + 0.01f * static_cast<float>(bench::next_rand() % 100) / 100.0f;
+      Fp8 w{Tensor::empty({n * k}, DType::kF8E4M3, Device::kCuda), Tensor::empty({static_cast<int64_t>(sc.size())},
+                                                                                   DType::kF32, Device::kCuda)};
+      copy_to_device(w.q.raw(), q.data(), q.size());
+      copy_to_device(w.scale.raw(), sc.data(), sc.size() * 4);
+      return w;
+    };
+    struct Fp8Weights {
+      Fp8 front, o, gate_up, down;
+    };
+    std::vector<Fp8Weights> w8;
+    for (int i = 0; i < kCopies; ++i)
+      w8.push_back({fp8_weight(kF8, kH8), fp8_weight(kH8, kO8), fp8_weight(2 * kI8, kH8), fp8_weight(kH8, kI8)});
+    Tensor n1w = f32_tensor(kH8, 0.5f, 1.5f), n2w = f32_tensor(kH8, 0.5f, 1.5f);
+    Tensor res = f32_tensor(kRows * kH8, -1.0f, 1.0f), res_mid = f32_tensor(kRows * kH8, 0, 0),
+           res_out = f32_tensor(kRows * kH8, 0, 0);
+    Tensor dlt = bench::random_bf16(kRows * kH8, 0.01f), xn = bench::random_bf16(kRows * kH8, 0),
+           fr = bench::random_bf16(kRows * kF8, 0), ob = bench::random_bf16(kRows * kH8, 0),
+           gu = bench::random_bf16(kRows * 2 * kI8, 0), hb = bench::random_bf16(kRows * kI8, 0),
+           dout = bench::random_bf16(kRows * kH8, 0);
+    const double bytes8 = static_cast<double>(kF8 * kH8 + kH8 * kO8 + 2 * kI8 * kH8 + kH8 * kI8);
+    std::printf("\n| m | FP8 chain (V3 shapes, %.1f MB) | ring slots | us | GB/s | %% of roofline | vs plain |\n"
+                "|---|---|---|---|---|---|---|\n",
+                bytes8 / 1e6);
+    for (int64_t m : ms) {
+      auto row8 = [&](const std::string& variant, const std::string& slots, double us, double base) {
+        const double gbs = us > 0 ? bytes8 / (us * 1e-6) / 1e9 : 0;
+        std::printf("| %ld | %s | %s | %.2f | %.0f | %.1f%% | %s |\n", long(m), variant.c_str(), slots.c_str(), us, gbs,
+                    100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec,
+                    base > 0 && us > 0 ? (std::to_string(base / us).substr(0, 4) + "x").c_str() : "");
+        std::fflush(stdout);
+      };
+      const double plain8 = bench::median_us_per_launch(kCopies, [&](int i) {
+        AddRmsNormParams n;
+        n.residual = ptr<float>(res);
+        n.delta = dlt.raw();
+        n.w = ptr<float>(n1w);
+        n.rows = m;
+        n.width = kH8;
+        n.out = ptr<__nv_bfloat16>(xn);
+        n.pdl = true;
+        bool ok = launch_add_rmsnorm(n, stream) == cudaSuccess;
+        auto gemm = [&](const Tensor& x, int64_t x_stride, const Fp8& wt, Tensor& out, int64_t nn, int64_t k) {
+          SkinnyFp8GemmArgs a;
+          a.x = ptr<__nv_bfloat16>(x);
+          a.x_stride = x_stride;
+          a.w = ptr<uint8_t>(wt.q);
+          a.scale_inv = ptr<float>(wt.scale);
+          a.out = out.raw();
+          a.out_stride = nn;
+          a.m = m;
+          a.n = nn;
+          a.k = k;
+          a.pdl = true;
+          return launch_skinny_fp8_gemm(a, stream) == cudaSuccess;
+        };
+        ok = ok && gemm(xn, kH8, w8[i].front, fr, kF8, kH8);
+        ok = ok && gemm(fr, kF8, w8[i].o, ob, kH8, kO8);
+        AddRmsNormParams n2 = n;
+        n2.delta = ob.raw();
+        n2.w = ptr<float>(n2w);
+        ok = ok && launch_add_rmsnorm(n2, stream) == cudaSuccess;
+        ok = ok && gemm(xn, kH8, w8[i].gate_up, gu, 2 * kI8, kH8);
+        ok = ok && launch_silu_mul(ptr<__nv_bfloat16>(gu), m, kI8, ptr<__nv_bfloat16>(hb), stream, true) == cudaSuccess;
+        ok = ok && gemm(hb, kI8, w8[i].down, dout, kH8, kI8);
+        return ok;
+      });
+      row8("plain (skinny FP8)", "", plain8, -1);
+      for (int64_t tile : tiles) {
+        std::vector<std::unique_ptr<DevicePlan>> copies;
+        for (int i = 0; i < kCopies && (copies.empty() || copies.back()); ++i) {
+          mono::LayerChain lc;
+          lc.hidden = kH8;
+          lc.front_n = kF8;
+          lc.o_k = kO8;
+          lc.inter = kI8;
+          lc.w_front = w8[i].front.q.raw();
+          lc.w_o = w8[i].o.q.raw();
+          lc.w_gate_up = w8[i].gate_up.q.raw();
+          lc.w_down = w8[i].down.q.raw();
+          lc.front_scale = ptr<float>(w8[i].front.scale);
+          lc.o_scale = ptr<float>(w8[i].o.scale);
+          lc.gate_up_scale = ptr<float>(w8[i].gate_up.scale);
+          lc.down_scale = ptr<float>(w8[i].down.scale);
+          lc.input_norm = ptr<float>(n1w);
+          lc.post_norm = ptr<float>(n2w);
+          lc.residual_in = ptr<float>(res);
+          lc.delta_in = ptr<uint16_t>(dlt);
+          lc.residual_mid = ptr<float>(res_mid);
+          lc.residual_out = ptr<float>(res_out);
+          lc.front = ptr<uint16_t>(fr);
+          lc.o = ptr<uint16_t>(ob);
+          lc.h = ptr<uint16_t>(hb);
+          lc.delta_out = ptr<uint16_t>(dout);
+          copies.push_back(device_plan(mono::layer_chain_stages(lc, static_cast<int32_t>(tile)), m, c.num_sms));
+        }
+        const std::string name = "program/" + std::to_string(tile);
+        if (!copies.back()) {
+          row8(name, "", -1, -1);
+          continue;
+        }
+        const int32_t rows = static_cast<int32_t>(m);
+        const double us = bench::median_us_per_launch(kCopies, [&](int i) {
+          return mono::launch_mono_program(copies[i]->program(rows), stream, true) == cudaSuccess;
+        });
+        row8(name, std::to_string(mono::mono_ring_slots(copies[0]->program(rows))), us, plain8);
       }
     }
   }
