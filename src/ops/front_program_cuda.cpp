@@ -33,29 +33,22 @@ constexpr int32_t kAbsorbTile = 64;  // columns of q_lat an absorption job owns 
 // W_UK^T of every head from kv_b_proj [heads * (qk_nope + v_head), kv_lora]
 // (device): [heads, kv_lora, qk_nope], through the host once at reserve, in
 // kv_b's type: bf16, or e4m3 with the transposed 128 x 128 blocks' scales
-// (the same values: block (c / 128, d / 128) of head h's W_UK^T is block (h
-// (qk_nope + v_head) / 128 + d / 128, c / 128) of kv_b; qk_nope and v_head
-// multiples of 128, front_program_supported's condition).
+// (mono::transpose_w_uk, transpose_w_uk_scale; qk_nope and v_head multiples
+// of 128, front_program_supported's condition).
 template <typename T>
 Tensor transposed_w_uk(const LinearWeight& kv_b, const kernels::MlaDims& d, DType dtype) {
-  const int64_t H = d.num_heads, nope = d.qk_nope, lora = d.kv_lora, per_head = d.qk_nope + d.v_head;
-  std::vector<T> w(static_cast<size_t>(H * per_head * lora)), t(static_cast<size_t>(H * lora * nope));
+  std::vector<T> w(static_cast<size_t>(d.num_heads * (d.qk_nope + d.v_head) * d.kv_lora));
   copy_to_host(w.data(), kv_b.weight.raw(), w.size() * sizeof(T));
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t dd = 0; dd < nope; ++dd)
-      for (int64_t c = 0; c < lora; ++c) t[(h * lora + c) * nope + dd] = w[(h * per_head + dd) * lora + c];
-  Tensor out = Tensor::empty({H * lora * nope}, dtype, Device::kCuda);
+  const std::vector<T> t = mono::transpose_w_uk(w.data(), d.num_heads, d.qk_nope, d.v_head, d.kv_lora);
+  Tensor out = Tensor::empty({static_cast<int64_t>(t.size())}, dtype, Device::kCuda);
   copy_to_device(out.raw(), t.data(), t.size() * sizeof(T));
   return out;
 }
 Tensor transposed_w_uk_scale(const LinearWeight& kv_b, const kernels::MlaDims& d) {
-  const int64_t B = 128, H = d.num_heads, nb = d.qk_nope / B, lb = d.kv_lora / B, hb = (d.qk_nope + d.v_head) / B;
-  std::vector<float> sc(static_cast<size_t>(H * hb * lb)), t(static_cast<size_t>(H * lb * nb));
+  std::vector<float> sc(static_cast<size_t>(kv_b.scale_inv.numel()));
   copy_to_host(sc.data(), kv_b.scale_inv.raw(), sc.size() * sizeof(float));
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t cb = 0; cb < lb; ++cb)
-      for (int64_t db = 0; db < nb; ++db) t[(h * lb + cb) * nb + db] = sc[(h * hb + db) * lb + cb];
-  Tensor out = Tensor::empty({H * lb * nb}, DType::kF32, Device::kCuda);
+  const std::vector<float> t = mono::transpose_w_uk_scale(sc.data(), d.num_heads, d.qk_nope, d.v_head, d.kv_lora);
+  Tensor out = Tensor::empty({static_cast<int64_t>(t.size())}, DType::kF32, Device::kCuda);
   copy_to_device(out.raw(), t.data(), t.size() * sizeof(float));
   return out;
 }

@@ -448,8 +448,16 @@ struct HostMoe {
   bool tables = false;
   std::vector<uint16_t> gate_up_rev, down_rev;
   std::vector<const void*> gate_up_ptrs, down_ptrs;
+  // fp8: the experts' and shared pieces' weights as e4m3 with block scales,
+  // one Fp8Weight an expert / piece (the router stays bf16).
+  bool fp8 = false;
+  std::vector<Fp8Weight> e_gate_up, e_down, s_gate_up, s_down;
+  std::vector<uint8_t> q_gate_up, q_down, q_sgu, q_sdn;    // experts / pieces one after another
+  std::vector<float> sc_gate_up, sc_down, sc_sgu, sc_sdn;  // their scales, likewise
+  std::vector<const float*> gate_up_scale_ptrs, down_scale_ptrs;
 
-  HostMoe(MoeChain shape, uint64_t seed, bool tables_ = false) : c(shape), tables(tables_) {
+  HostMoe(MoeChain shape, uint64_t seed, bool tables_ = false, bool fp8_ = false)
+      : c(shape), tables(tables_), fp8(fp8_) {
     const int64_t H = c.hidden, E = c.num_experts;
     w_router = random_bf16(E * H, 0.3f, seed + 1);
     w_gate_up = random_bf16(E * 2 * c.inter * H, 0.2f, seed + 2);
@@ -457,6 +465,22 @@ struct HostMoe {
     if (c.shared_inter > 0) {
       w_shared_gate_up = random_bf16(c.shared_pieces * 2 * c.shared_inter * H, 0.2f, seed + 4);
       w_shared_down = random_bf16(c.shared_pieces * H * c.shared_inter, 0.2f, seed + 5);
+    }
+    if (fp8) {
+      auto flat = [](std::vector<Fp8Weight>& ws, int64_t n, int64_t k, int64_t count, uint64_t sd,
+                     std::vector<uint8_t>& q, std::vector<float>& sc) {
+        for (int64_t e = 0; e < count; ++e) {
+          ws.emplace_back(n, k, sd + 100 * static_cast<uint64_t>(e));
+          q.insert(q.end(), ws.back().q.begin(), ws.back().q.end());
+          sc.insert(sc.end(), ws.back().scale.begin(), ws.back().scale.end());
+        }
+      };
+      flat(e_gate_up, 2 * c.inter, H, E, seed + 20, q_gate_up, sc_gate_up);
+      flat(e_down, H, c.inter, E, seed + 21, q_down, sc_down);
+      if (c.shared_inter > 0) {
+        flat(s_gate_up, 2 * c.shared_inter, H, c.shared_pieces, seed + 22, q_sgu, sc_sgu);
+        flat(s_down, H, c.shared_inter, c.shared_pieces, seed + 23, q_sdn, sc_sdn);
+      }
     }
     delta = random_bf16(8 * H, 1.0f, seed + 6);
     if (c.method == TopK::kNoauxTc) bias = random_f32(E, -0.1f, 0.1f, seed + 7);
@@ -477,7 +501,30 @@ struct HostMoe {
     c.w_router = w_router.data();
     c.w_gate_up = w_gate_up.data();
     c.w_down = w_down.data();
-    if (tables) {  // each expert through its table entry, stored in reverse order
+    if (fp8) {
+      c.w_gate_up = q_gate_up.data();
+      c.w_down = q_down.data();
+      c.gate_up_scale = sc_gate_up.data();
+      c.down_scale = sc_down.data();
+      if (tables) {  // each expert through its own tensors' table entries (weights and scales)
+        gate_up_ptrs.clear();
+        down_ptrs.clear();
+        gate_up_scale_ptrs.clear();
+        down_scale_ptrs.clear();
+        for (int64_t e = 0; e < c.num_experts; ++e) {
+          gate_up_ptrs.push_back(e_gate_up[e].q.data());
+          down_ptrs.push_back(e_down[e].q.data());
+          gate_up_scale_ptrs.push_back(e_gate_up[e].scale.data());
+          down_scale_ptrs.push_back(e_down[e].scale.data());
+        }
+        c.w_gate_up = c.w_down = nullptr;
+        c.gate_up_scale = c.down_scale = nullptr;
+        c.gate_up_table = gate_up_ptrs.data();
+        c.down_table = down_ptrs.data();
+        c.gate_up_scale_table = gate_up_scale_ptrs.data();
+        c.down_scale_table = down_scale_ptrs.data();
+      }
+    } else if (tables) {  // each expert through its table entry, stored in reverse order
       const int64_t E = c.num_experts, gu = 2 * c.inter * c.hidden, dn = c.hidden * c.inter;
       gate_up_rev.resize(w_gate_up.size());
       down_rev.resize(w_down.size());
@@ -495,6 +542,12 @@ struct HostMoe {
     }
     c.w_shared_gate_up = w_shared_gate_up.empty() ? nullptr : w_shared_gate_up.data();
     c.w_shared_down = w_shared_down.empty() ? nullptr : w_shared_down.data();
+    if (fp8 && c.shared_inter > 0) {
+      c.w_shared_gate_up = q_sgu.data();
+      c.w_shared_down = q_sdn.data();
+      c.shared_gate_up_scale = sc_sgu.data();
+      c.shared_down_scale = sc_sdn.data();
+    }
     c.bias = bias.empty() ? nullptr : bias.data();
     c.post_norm = post_norm.data();
     c.residual = residual.data();
@@ -553,7 +606,17 @@ PlainMoe plain_moe(const HostMoe& m, int64_t rows) {
     gemm_ref(h.data(), inter, down.data(), 1, H, inter, y.data(), H, false);
     return y;
   };
-  const std::vector<float> gate_up = widen(m.w_gate_up), down = widen(m.w_down);
+  // The weights as the CPU linears hold them: bf16 widened, or FP8 dequantized (dequantize_fp8_block_ref).
+  auto all = [&](const std::vector<uint16_t>& bf16, const std::vector<Fp8Weight>& w8) {
+    if (!m.fp8) return widen(bf16);
+    std::vector<float> f;
+    for (const Fp8Weight& w : w8) {
+      const std::vector<float> d = w.dequantized();
+      f.insert(f.end(), d.begin(), d.end());
+    }
+    return f;
+  };
+  const std::vector<float> gate_up = all(m.w_gate_up, m.e_gate_up), down = all(m.w_down, m.e_down);
   p.delta_out.assign(rows * H, 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<std::pair<int32_t, float>> chosen;
@@ -567,7 +630,7 @@ PlainMoe plain_moe(const HostMoe& m, int64_t rows) {
       for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
     }
     if (c.shared_inter > 0) {
-      const std::vector<float> sgu = widen(m.w_shared_gate_up), sdn = widen(m.w_shared_down);
+      const std::vector<float> sgu = all(m.w_shared_gate_up, m.s_gate_up), sdn = all(m.w_shared_down, m.s_down);
       const int64_t gu = 2 * c.shared_inter * H, dn = H * c.shared_inter;
       for (int32_t piece = 0; piece < c.shared_pieces; ++piece) {
         const std::vector<float> y = expert(x.data() + r * H, {sgu.begin() + piece * gu, sgu.begin() + (piece + 1) * gu},
@@ -654,6 +717,45 @@ TEST(MonoProgram, MoeBlockEqualsThePlainMoe) {
       }
     }
   }
+}
+
+// FP8 e4m3 experts and shared pieces with block scales: contiguous (the
+// stage's scale_expert_stride) and through per-expert weight and scale tables
+// (the engine's layout), against the plain MoE on the dequantized weights,
+// bit for bit.
+TEST(MonoProgram, Fp8MoeBlockEqualsThePlainMoe) {
+  MoeChain shape = v2_lite_like_moe();
+  shape.hidden = 128;
+  shape.inter = 64;
+  shape.shared_inter = 96;
+  shape.shared_pieces = 2;
+  shape.num_experts = 16;
+  shape.top_k = 4;
+  for (bool tables : {false, true})
+    for (const auto& [width, rows] : {std::pair{1, 1}, std::pair{8, 6}}) {
+      SCOPED_TRACE(::testing::Message() << (tables ? "tables" : "contiguous") << ", width " << width << ", rows "
+                                        << rows);
+      MoeChain sc = shape;
+      sc.slots = std::min(width * sc.top_k, sc.num_experts);
+      HostMoe m(sc, 41, tables, /*fp8=*/true);
+      const PlainMoe want = plain_moe(m, rows);
+      auto plan = plan_program(moe_chain_stages(m.c, 16), width, 5);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      int fp8_stages = 0;
+      for (const Stage& st : plan->stages) fp8_stages += fp8_weights(st) ? 1 : 0;
+      EXPECT_EQ(fp8_stages, 4) << "the shared and routed gate_up and down; the router bf16";
+      ASSERT_TRUE(run_program_ref(*plan, rows, 3).ok());
+      expect_rows(m.residual_out, want.residual_out, rows, sc.hidden, "residual_out");
+      expect_rows(m.delta_out, want.delta_out, rows, sc.hidden, "delta_out");
+      if (!tables) {  // a scale stride shorter than an expert's scales is refused
+        std::vector<Stage> st = moe_chain_stages(m.c, 16);
+        for (Stage& s : st)
+          if (routed(s)) s.scale_expert_stride -= 1;
+        auto bad = plan_program(st, width, 5);
+        ASSERT_FALSE(bad.ok());
+        EXPECT_NE(bad.status().message().find("scale_expert_stride"), std::string::npos) << bad.status().message();
+      }
+    }
 }
 
 // The engine's layout: each expert in its own tensor (weight tables), two
@@ -790,6 +892,65 @@ TEST(MonoProgram, StagesDependOnWeightsNotActivations) {
 // GEMM outputs, a bf16 cache row); a row with slot -1 writes no cache row;
 // the first layer's front (no delta) writes no residual; with a q LoRA,
 // q_a, its RMSNorm (a plain-norm prologue) and q_b.
+// The absorption from an FP8 kv_b_proj: W_UK^T transposed with its blocks'
+// scales (transpose_w_uk, transpose_w_uk_scale) gives q_full = q_nope . W_UK
+// of the dequantized kv_b.
+TEST(MonoProgram, AbsorptionFromAnFp8KvB) {
+  const int64_t H = 64, heads = 2, nope = 128, rope_dim = 64, v = 128, lora = 256, head = nope + rope_dim,
+                width = lora + rope_dim, slots = 16;
+  const Fp8Weight kv_b(heads * (nope + v), lora, 61);
+  const std::vector<float> w = kv_b.dequantized();
+  const std::vector<uint8_t> uk_t = transpose_w_uk(kv_b.q.data(), heads, nope, v, lora);
+  const std::vector<float> uk_t_scale = transpose_w_uk_scale(kv_b.scale.data(), heads, nope, v, lora);
+  ASSERT_EQ(uk_t_scale.size(), static_cast<size_t>(heads * 2 * 1));
+  RopeParams rp;
+  rp.rope_dim = rope_dim;
+  rp.theta = 10000.0;
+  const RopeTable table = make_rope_table(rp, 1 << 12);
+  const std::vector<uint16_t> w_q = random_bf16(heads * head * H, 0.3f, 62), w_kva = random_bf16(width * H, 0.3f, 63);
+  const std::vector<float> input_norm = random_f32(H, 0.5f, 1.5f, 64), kv_norm = random_f32(lora, 0.5f, 1.5f, 65);
+  const std::vector<float> residual = random_f32(8 * H, -2.0f, 2.0f, 66);
+  const std::vector<int32_t> positions = {0, 3, 17, 100, 2047, 9, 5, 1};
+  const std::vector<int64_t> slot_mapping = {4, 9, -1, 0, 15, 12, 2, 3};
+  std::vector<uint16_t> q(8 * heads * head, kNanBf16), kv_a(8 * width, kNanBf16), cache(slots * width, kNanBf16),
+      q_full(8 * heads * width, kNanBf16);
+  FrontChain c;
+  c.hidden = H;
+  c.num_heads = static_cast<int32_t>(heads);
+  c.qk_nope = static_cast<int32_t>(nope);
+  c.qk_rope = static_cast<int32_t>(rope_dim);
+  c.kv_lora = static_cast<int32_t>(lora);
+  c.w_q = w_q.data();
+  c.w_kva = w_kva.data();
+  c.input_norm = input_norm.data();
+  c.kv_norm = kv_norm.data();
+  c.inv_freq = table.inv_freq.data();
+  c.residual = residual.data();
+  c.q = q.data();
+  c.kv_a = kv_a.data();
+  c.positions = positions.data();
+  c.slot_mapping = slot_mapping.data();
+  c.cache = cache.data();
+  c.num_slots = slots;
+  c.w_uk_t = uk_t.data();
+  c.uk_t_scale = uk_t_scale.data();
+  c.q_full = q_full.data();
+  c.absorb_tile = 64;
+  const int rows = 6;
+  auto plan = plan_program(front_chain_stages(c, 16), 8, 5);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_TRUE(run_program_ref(*plan, rows, 4).ok());
+  for (int r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t cc = 0; cc < lora; ++cc) {
+        double acc = 0.0;
+        for (int64_t d = 0; d < nope; ++d)
+          acc += static_cast<double>(bf16_to_f32(q[(r * heads + h) * head + d])) * w[(h * (nope + v) + d) * lora + cc];
+        ASSERT_NEAR(bf16_to_f32(q_full[(r * heads + h) * width + cc]), acc, std::abs(acc) * 0.0079 + 1e-4)
+            << "q_full row " << r << " head " << h << " " << cc;
+      }
+}
+
 TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
   const int64_t H = 64, heads = 2, nope = 16, rope_dim = 16, lora = 32, head = nope + rope_dim, width = lora + rope_dim;
   const int64_t slots = 40;
@@ -927,6 +1088,51 @@ TEST(MonoProgram, LayerFrontEqualsThePlainChain) {
 // (kernels/mla/mla_split_plan.h: an even share of at least min_split_keys,
 // or the device rule), then W_UV per head, against an f64 computation of the
 // documented formulas written here; with one split, o_lat passed through.
+// W_UV read in place from an FP8 kv_b_proj ([heads * (qk_nope + v_head),
+// kv_lora] e4m3 with 128 x 128 blocks: head h's value rows start at scale
+// row (h (qk_nope + v_head) + qk_nope) / 128), against o_lat . W_UV on the
+// dequantized weight.
+TEST(MonoProgram, AttentionOutputReadsAnFp8KvB) {
+  const int32_t heads = 3, lora = 256, nope = 128, v = 128;
+  const Fp8Weight kv_b(int64_t{heads} * (nope + v), lora, 51);
+  const std::vector<float> w = kv_b.dequantized();
+  const std::vector<uint16_t> o_lat_in = random_bf16(8 * heads * lora, 1.0f, 52);
+  std::vector<int32_t> token_seq(8, 0), query_start = {0, 8}, context = {100};
+  std::vector<uint16_t> o_lat(8 * heads * lora, kNanBf16), out(8 * heads * v, kNanBf16);
+  AttentionOutputChain c;
+  c.num_heads = heads;
+  c.kv_lora = lora;
+  c.qk_nope = nope;
+  c.v_head = v;
+  c.kv_b = kv_b.q.data();
+  c.kv_b_scale = kv_b.scale.data();
+  c.o_lat_in = o_lat_in.data();
+  c.splits = 1;
+  c.token_seq = token_seq.data();
+  c.query_start = query_start.data();
+  c.context_lens = context.data();
+  c.o_lat = o_lat.data();
+  c.attn_out = out.data();
+  const std::vector<Stage> st = attention_output_stages(c);
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_TRUE(fp8_weights(st[1]));
+  const int rows = 5;
+  auto plan = plan_program(st, 8, 4);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_TRUE(run_program_ref(*plan, rows, 2).ok());
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < heads; ++h)
+      for (int d = 0; d < v; ++d) {
+        double acc = 0.0;
+        for (int cc = 0; cc < lora; ++cc)
+          acc += static_cast<double>(bf16_to_f32(o_lat_in[(r * heads + h) * lora + cc])) *
+                 w[(static_cast<int64_t>(h) * (nope + v) + nope + d) * lora + cc];
+        ASSERT_NEAR(bf16_to_f32(out[r * heads * v + h * v + d]), acc, std::abs(acc) * 0.0079 + 1e-4)
+            << "attn_out row " << r << " head " << h << " " << d;
+      }
+  for (int64_t i = rows * heads * v; i < 8 * heads * v; ++i) ASSERT_EQ(out[i], kNanBf16) << "pad rows written";
+}
+
 TEST(MonoProgram, AttentionOutputMergesTheSplitsAndProjectsValues) {
   const int32_t heads = 4, lora = 32, nope = 16, v = 16, S = 8;
   const std::vector<uint16_t> kv_b = random_bf16(heads * (nope + v) * lora, 0.3f, 21);

@@ -1092,6 +1092,16 @@ std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile) {
   return st;
 }
 
+std::vector<float> transpose_w_uk_scale(const float* scale, int64_t heads, int64_t qk_nope, int64_t v_head,
+                                        int64_t kv_lora) {
+  const int64_t nb = qk_nope / kFp8Block, lb = fp8_scale_columns(kv_lora), hb = (qk_nope + v_head) / kFp8Block;
+  std::vector<float> t(static_cast<size_t>(heads * lb * nb));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t cb = 0; cb < lb; ++cb)
+      for (int64_t db = 0; db < nb; ++db) t[(h * lb + cb) * nb + db] = scale[(h * hb + db) * lb + cb];
+  return t;
+}
+
 int32_t program_attention_splits(int32_t width, int32_t num_heads, int32_t num_ctas) {
   const int32_t groups = (num_heads + kAttendHeads - 1) / kAttendHeads;
   const int32_t s = num_ctas / std::max(1, width * groups);

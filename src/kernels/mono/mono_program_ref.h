@@ -283,6 +283,27 @@ struct FrontChain {
 };
 std::vector<Stage> front_chain_stages(const FrontChain& c, int32_t tile);
 
+// FrontChain::w_uk_t from kv_b_proj [heads * (qk_nope + v_head), kv_lora]
+// (host memory; T = uint16_t for bf16, uint8_t for e4m3): [heads, kv_lora,
+// qk_nope], row c of head h holding kv_b[h * (qk_nope + v_head) + d][c] for
+// d < qk_nope.
+template <typename T>
+std::vector<T> transpose_w_uk(const T* kv_b, int64_t heads, int64_t qk_nope, int64_t v_head, int64_t kv_lora) {
+  std::vector<T> t(static_cast<size_t>(heads * kv_lora * qk_nope));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t d = 0; d < qk_nope; ++d)
+      for (int64_t c = 0; c < kv_lora; ++c) t[(h * kv_lora + c) * qk_nope + d] = kv_b[(h * (qk_nope + v_head) + d) * kv_lora + c];
+  return t;
+}
+// FrontChain::uk_t_scale for an e4m3 kv_b with 128 x 128 block scales
+// ([heads * (qk_nope + v_head) / 128, ceil(kv_lora / 128)] f32): the
+// transposed blocks' scales [heads, ceil(kv_lora / 128), qk_nope / 128], the
+// same values (block (c / 128, d / 128) of head h's W_UK^T is block (h
+// (qk_nope + v_head) / 128 + d / 128, c / 128) of kv_b). qk_nope and v_head
+// multiples of 128.
+std::vector<float> transpose_w_uk_scale(const float* scale, int64_t heads, int64_t qk_nope, int64_t v_head,
+                                        int64_t kv_lora);
+
 // A decode program's own attention (a front's kAttend stage and the merge of
 // the next MoE program): its KV splits at `width` rows of `num_heads` heads
 // on num_ctas CTAs, so that width * head groups * splits fills the CTAs (2 ...
