@@ -504,8 +504,39 @@ struct Moe {
   bool tables = false;
   Tensor d_gu_rev, d_dn_rev, d_gu_table, d_dn_table, d_residual_copy;
   std::vector<float> h_residual_copy;
+  // fp8: the experts and shared pieces quantized to e4m3 with 128 x 128 block
+  // scales (amax / 448 a block) from the bf16 weights; f_* are the weights
+  // the reference multiplies by (widened bf16, or the dequantized e4m3).
+  bool fp8 = false;
+  std::vector<uint8_t> q_gu, q_dn, q_sgu, q_sdn;
+  std::vector<float> s_gu, s_dn, s_sgu, s_sdn, f_gu, f_dn, f_sgu, f_sdn;
+  Tensor d_q_gu, d_q_dn, d_q_sgu, d_q_sdn, d_s_gu, d_s_dn, d_s_sgu, d_s_sdn;
 
-  Moe(MoeChain c, uint64_t seed, bool tables_ = false) : shape(c), tables(tables_) {
+  // count [n, k] bf16 weights one after another -> e4m3 codes, their scales and the dequantized values.
+  static void quantize(const std::vector<uint16_t>& w, int64_t count, int64_t n, int64_t k, std::vector<uint8_t>& q,
+                       std::vector<float>& scale, std::vector<float>& f) {
+    const int64_t nb = (n + 127) / 128, kb = (k + 127) / 128;
+    q.resize(w.size());
+    f.resize(w.size());
+    scale.assign(static_cast<size_t>(count * nb * kb), 0.0f);
+    for (int64_t e = 0; e < count; ++e) {
+      float* sc = scale.data() + e * nb * kb;
+      const uint16_t* we = w.data() + e * n * k;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < k; ++c)
+          sc[(r / 128) * kb + c / 128] = std::max(sc[(r / 128) * kb + c / 128], std::fabs(bf16_to_f32(we[r * k + c])));
+      for (int64_t b = 0; b < nb * kb; ++b) sc[b] = sc[b] > 0.0f ? sc[b] / 448.0f : 1.0f;
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t c = 0; c < k; ++c) {
+          const int64_t i = e * n * k + r * k + c;
+          const float s = sc[(r / 128) * kb + c / 128];
+          q[i] = f32_to_fp8e4m3(bf16_to_f32(w[i]) / s);
+          f[i] = fp8e4m3_to_f32(q[i]) * s;
+        }
+    }
+  }
+
+  Moe(MoeChain c, uint64_t seed, bool tables_ = false, bool fp8_ = false) : shape(c), tables(tables_), fp8(fp8_) {
     const int64_t H = c.hidden, E = c.num_experts;
     auto scale = [](int64_t k) { return 1.7f / std::sqrt(static_cast<float>(k)); };
     w_router = hashed_bf16(E * H, 4.0f * scale(H), seed + 1);
@@ -542,6 +573,26 @@ struct Moe {
     if (c.shared_inter > 0) {
       d_w_shared_gate_up = device_copy(w_shared_gate_up, DType::kBF16);
       d_w_shared_down = device_copy(w_shared_down, DType::kBF16);
+    }
+    f_gu = from_bf16(w_gate_up);
+    f_dn = from_bf16(w_down);
+    f_sgu = from_bf16(w_shared_gate_up);
+    f_sdn = from_bf16(w_shared_down);
+    if (fp8) {
+      quantize(w_gate_up, E, 2 * c.inter, H, q_gu, s_gu, f_gu);
+      quantize(w_down, E, H, c.inter, q_dn, s_dn, f_dn);
+      d_q_gu = device_copy(q_gu, DType::kF8E4M3);
+      d_q_dn = device_copy(q_dn, DType::kF8E4M3);
+      d_s_gu = device_copy(s_gu, DType::kF32);
+      d_s_dn = device_copy(s_dn, DType::kF32);
+      if (c.shared_inter > 0) {
+        quantize(w_shared_gate_up, c.shared_pieces, 2 * c.shared_inter, H, q_sgu, s_sgu, f_sgu);
+        quantize(w_shared_down, c.shared_pieces, H, c.shared_inter, q_sdn, s_sdn, f_sdn);
+        d_q_sgu = device_copy(q_sgu, DType::kF8E4M3);
+        d_q_sdn = device_copy(q_sdn, DType::kF8E4M3);
+        d_s_sgu = device_copy(s_sgu, DType::kF32);
+        d_s_sdn = device_copy(s_sdn, DType::kF32);
+      }
     }
     d_delta = device_copy(delta, DType::kBF16);
     if (!bias.empty()) d_bias = device_copy(bias, DType::kF32);
@@ -590,6 +641,18 @@ struct Moe {
     c.y = h_y.data();
     c.delta_out = h_delta_out.data();
     c.residual_copy_to = tables ? h_residual_copy.data() : nullptr;
+    if (fp8) {
+      c.w_gate_up = q_gu.data();
+      c.w_down = q_dn.data();
+      c.gate_up_scale = s_gu.data();
+      c.down_scale = s_dn.data();
+      if (c.shared_inter > 0) {
+        c.w_shared_gate_up = q_sgu.data();
+        c.w_shared_down = q_sdn.data();
+        c.shared_gate_up_scale = s_sgu.data();
+        c.shared_down_scale = s_sdn.data();
+      }
+    }
     return c;
   }
   MoeChain device() {
@@ -616,6 +679,18 @@ struct Moe {
       c.gate_up_table = static_cast<const void* const*>(d_gu_table.raw());
       c.down_table = static_cast<const void* const*>(d_dn_table.raw());
       c.residual_copy_to = d_residual_copy.data<float>();
+    }
+    if (fp8) {
+      c.w_gate_up = d_q_gu.raw();
+      c.w_down = d_q_dn.raw();
+      c.gate_up_scale = d_s_gu.data<float>();
+      c.down_scale = d_s_dn.data<float>();
+      if (c.shared_inter > 0) {
+        c.w_shared_gate_up = d_q_sgu.raw();
+        c.w_shared_down = d_q_sdn.raw();
+        c.shared_gate_up_scale = d_s_sgu.data<float>();
+        c.shared_down_scale = d_s_sdn.data<float>();
+      }
     }
     return c;
   }
@@ -660,15 +735,13 @@ std::vector<float> moe_from_table(const Moe& m, const RouteTable& t, int32_t row
   const std::vector<float> delta = from_bf16(m.delta);
   kernels::add_rmsnorm_ref(res.data(), delta.data(), m.post_norm.data(), rows, H, c.eps, x.data());
   for (float& v : x) v = round_to_bf16(v);
-  auto expert = [&](const float* xr, const uint16_t* gu_w, const uint16_t* dn_w, int64_t inter) {
-    std::vector<float> gu_f(2 * inter * H), dn_f(H * inter), gu(2 * inter), h(inter), y(H);
-    for (int64_t i = 0; i < 2 * inter * H; ++i) gu_f[i] = bf16_to_f32(gu_w[i]);
-    for (int64_t i = 0; i < H * inter; ++i) dn_f[i] = bf16_to_f32(dn_w[i]);
-    kernels::gemm_ref(xr, H, gu_f.data(), 1, 2 * inter, H, gu.data(), 2 * inter, false);
+  auto expert = [&](const float* xr, const float* gu_f, const float* dn_f, int64_t inter) {
+    std::vector<float> gu(2 * inter), h(inter), y(H);
+    kernels::gemm_ref(xr, H, gu_f, 1, 2 * inter, H, gu.data(), 2 * inter, false);
     for (float& v : gu) v = round_to_bf16(v);
     kernels::silu_mul_ref(gu.data(), 1, inter, h.data());
     for (float& v : h) v = round_to_bf16(v);
-    kernels::gemm_ref(h.data(), inter, dn_f.data(), 1, H, inter, y.data(), H, false);
+    kernels::gemm_ref(h.data(), inter, dn_f, 1, H, inter, y.data(), H, false);
     return y;
   };
   std::vector<float> out(8 * H, 0.0f);
@@ -678,14 +751,14 @@ std::vector<float> moe_from_table(const Moe& m, const RouteTable& t, int32_t row
       const float w = t.weight[r][u];
       if (w == 0.0f) continue;  // a row's unchosen experts add nothing
       const int64_t e = t.expert[u];
-      const std::vector<float> y = expert(x.data() + r * H, m.w_gate_up.data() + e * 2 * c.inter * H,
-                                          m.w_down.data() + e * H * c.inter, c.inter);
+      const std::vector<float> y = expert(x.data() + r * H, m.f_gu.data() + e * 2 * c.inter * H,
+                                          m.f_dn.data() + e * H * c.inter, c.inter);
       for (int64_t i = 0; i < H; ++i) acc[i] += w * y[i];
     }
     for (int32_t piece = 0; c.shared_inter > 0 && piece < c.shared_pieces; ++piece) {
       const std::vector<float> y =
-          expert(x.data() + r * H, m.w_shared_gate_up.data() + piece * 2 * c.shared_inter * H,
-                 m.w_shared_down.data() + piece * H * c.shared_inter, c.shared_inter);
+          expert(x.data() + r * H, m.f_sgu.data() + piece * 2 * c.shared_inter * H,
+                 m.f_sdn.data() + piece * H * c.shared_inter, c.shared_inter);
       for (int64_t i = 0; i < H; ++i) acc[i] += y[i];
     }
     for (int64_t i = 0; i < H; ++i) out[r * H + i] = round_to_bf16(acc[i]);
@@ -782,6 +855,28 @@ TEST_F(MonoKernelGpu, MoeBlockV3Routing) {  // 256 experts, noaux_tc in 8 groups
   c.slots = 64;
   Moe m(c, 808);
   for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{8, 6}}) run_moe_case(m, width, rows, 16);
+}
+
+// FP8 e4m3 routed experts and shared expert with 128 x 128 block scales (the
+// routed stages find each slot's scales through the route table's expert):
+// DeepSeek-V3's routing at a TP 8-like expert width.
+TEST_F(MonoKernelGpu, Fp8MoeBlockV3Routing) {
+  MoeChain c;
+  c.hidden = 1024;
+  c.inter = 256;
+  c.shared_inter = 256;
+  c.num_experts = 32;
+  c.top_k = 8;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.scoring = Scoring::kSigmoid;
+  c.method = TopK::kNoauxTc;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.slots = 32;
+  Moe m(c, 818, /*tables=*/false, /*fp8=*/true);
+  for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 8}, std::pair{4, 3}}) run_moe_case(m, width, rows, 16);
+  run_moe_case(m, 2, 2, 64);
 }
 
 TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
