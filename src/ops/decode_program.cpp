@@ -41,6 +41,10 @@ Status program_weight_supported(const LinearWeight& w) {
   if (!w.fp8()) return unsupported(w.name + " is neither bf16 nor FP8 e4m3 (programs read those)");
   if (w.block_n != 128 || w.block_k != 128 || !w.scale_inv.defined() || w.scale_inv.dtype() != DType::kF32)
     return unsupported(w.name + ": programs read FP8 weights with 128 x 128 block scales (f32)");
+  const int64_t scales = (w.out_features + 127) / 128 * ((w.in_features + 127) / 128);
+  if (w.scale_inv.numel() != scales)
+    return unsupported(w.name + ": " + std::to_string(w.scale_inv.numel()) + " block scales, not the [ceil(out / 128), " +
+                       "ceil(in / 128)] = " + std::to_string(scales) + " a program reads");
   if (w.in_features % 32 != 0)
     return unsupported(w.name + ": in_features " + std::to_string(w.in_features) +
                        " is not a multiple of 32 (a program's FP8 step)");

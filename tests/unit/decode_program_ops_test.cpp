@@ -110,6 +110,13 @@ TEST(MoeProgramOp, RefusesWhatTheProgramCannotRun) {
     EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "programs read FP8 weights with 128 x 128 block scales"));
   }
   {
+    Block b;  // scales of another shape than [ceil(out / 128), ceil(in / 128)]
+    b.dtype = DType::kF8E4M3;
+    auto op = b.op(noaux(4, 2));
+    const_cast<LinearWeight&>(op->parts().o_proj->weight()).scale_inv = Tensor::empty({3}, DType::kF32);
+    EXPECT_TRUE(refused(*op, "o_proj: 3 block scales, not the [ceil(out / 128), ceil(in / 128)] = 4"));
+  }
+  {
     Block b;
     b.dtype = DType::kF32;
     EXPECT_TRUE(refused(*b.op(noaux(4, 2)), "is neither bf16 nor FP8 e4m3"));
