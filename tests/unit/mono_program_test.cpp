@@ -719,6 +719,69 @@ TEST(MonoProgram, MoeBlockEqualsThePlainMoe) {
   }
 }
 
+// A dense MLP as a MoeChain without routed experts (num_experts 0): the MLP
+// is the one shared piece, the combine (no route table) its output to bf16
+// with the residual copied back; no router or select stage. An intermediate
+// past 8192 (DeepSeek-V2-Lite's dense 10944): the down projection reads x
+// from global memory in the kernel.
+TEST(MonoProgram, DenseMlpAsAChainWithoutRoutedExperts) {
+  const int64_t H = 64, inter = 8320;
+  const std::vector<uint16_t> w_gu = random_bf16(2 * inter * H, 0.2f, 71), w_dn = random_bf16(H * inter, 0.05f, 72);
+  const std::vector<uint16_t> delta = random_bf16(8 * H, 1.0f, 73);
+  const std::vector<float> post_norm = random_f32(H, 0.5f, 1.5f, 74), residual = random_f32(8 * H, -2.0f, 2.0f, 75);
+  for (const auto& [width, rows] : {std::pair{1, 1}, std::pair{8, 6}}) {
+    SCOPED_TRACE(::testing::Message() << "width " << width << ", rows " << rows);
+    std::vector<float> residual_out(8 * H, NAN), y_shared(8 * H, NAN), residual_copy(8 * H, NAN);
+    std::vector<uint16_t> h_shared(8 * inter, kNanBf16), delta_out(8 * H, kNanBf16);
+    MoeChain c;
+    c.hidden = H;
+    c.shared_inter = inter;
+    c.w_shared_gate_up = w_gu.data();
+    c.w_shared_down = w_dn.data();
+    c.post_norm = post_norm.data();
+    c.residual = residual.data();
+    c.delta = delta.data();
+    c.residual_out = residual_out.data();
+    c.h_shared = h_shared.data();
+    c.y_shared = y_shared.data();
+    c.delta_out = delta_out.data();
+    c.residual_copy_to = residual_copy.data();
+    const std::vector<Stage> st = moe_chain_stages(c, 16);
+    ASSERT_EQ(st.size(), 3u) << "gate_up, down, combine";
+    EXPECT_EQ(st[2].kind, Kind::kCombine);
+    EXPECT_EQ(st[2].route, nullptr);
+    EXPECT_TRUE(x_from_global(st[1]));
+    auto plan = plan_program(st, width, 7);
+    ASSERT_TRUE(plan.ok()) << plan.status().message();
+    ASSERT_TRUE(run_program_ref(*plan, rows, 9).ok());
+    // The plain MLP: add + norm, gate_up, SiLU * up, down, at the graph's rounding points.
+    std::vector<float> res(residual.begin(), residual.begin() + rows * H), x(rows * H), gu(rows * 2 * inter),
+        h(rows * inter), y(rows * H);
+    add_rmsnorm_ref(res.data(), widen(delta).data(), post_norm.data(), rows, H, 1e-6f, x.data());
+    round_all(x);
+    gemm_ref(x.data(), H, widen(w_gu).data(), rows, 2 * inter, H, gu.data(), 2 * inter, false);
+    round_all(gu);
+    silu_mul_ref(gu.data(), rows, inter, h.data());
+    round_all(h);
+    gemm_ref(h.data(), inter, widen(w_dn).data(), rows, H, inter, y.data(), H, false);
+    round_all(y);
+    expect_rows(residual_out, res, rows, H, "residual_out");
+    expect_rows(residual_copy, res, rows, H, "residual copied back");
+    expect_rows(delta_out, y, rows, H, "delta_out");
+  }
+  // A combine without a route table and without shared outputs sums nothing: refused.
+  std::vector<uint16_t> out(8 * H);
+  Stage cb;
+  cb.kind = Kind::kCombine;
+  cb.n = H;
+  cb.tile = 16;
+  cb.out = out.data();
+  cb.out_stride = H;
+  auto bad = plan_program({cb}, 8, 2);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("needs shared"), std::string::npos) << bad.status().message();
+}
+
 // FP8 e4m3 experts and shared pieces with block scales: contiguous (the
 // stage's scale_expert_stride) and through per-expert weight and scale tables
 // (the engine's layout), against the plain MoE on the dequantized weights,

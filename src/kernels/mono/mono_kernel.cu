@@ -564,7 +564,7 @@ __device__ void attend_job(const Program& p, const Stage& s, int32_t j, uint16_t
 // A kCombine job: columns [first, first + cols) of every row.
 __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float* scratch, int ct) {
   const RouteTable* t = s.route;
-  const int c = __ldcg(&t->count);
+  const int c = t ? __ldcg(&t->count) : 0;  // no table (a dense MLP): the shared outputs only
   float* w = scratch;  // [rows][count]
   for (int idx = ct; idx < p.rows * c; idx += kConsumerThreads) w[idx] = __ldcg(&t->weight[idx / c][idx % c]);
   compute_barrier();

@@ -86,7 +86,7 @@ std::vector<Range> ranges(const Stage& s, int32_t width) {
   }
   if (s.route) r.push_back(range_of(s.route, 1, false, "route"));
   if (s.kind == Kind::kCombine) {
-    r.push_back(range_of(s.partials, (s.slots - 1) * s.x_slot_stride + width * s.n, false, "partials"));
+    if (s.route) r.push_back(range_of(s.partials, (s.slots - 1) * s.x_slot_stride + width * s.n, false, "partials"));
     if (s.shared)
       r.push_back(range_of(s.shared, (s.shared_slots - 1) * s.shared_slot_stride + width * s.n, false, "shared"));
     if (s.residual_copy_to) {
@@ -166,13 +166,13 @@ void run_select(const Stage& s, int32_t rows) {
 
 // A kCombine job: columns [first, first + count) of every row.
 void run_combine(const Stage& s, int32_t tile, int32_t rows) {
-  const RouteTable& t = *s.route;
+  const int32_t count = s.route ? s.route->count : 0;  // no table: the shared outputs only
   const int64_t first = job_first_column(s, tile);
   for (int32_t r = 0; r < rows; ++r)
     for (int32_t c = 0; c < job_columns(s, tile); ++c) {
       const int64_t i = first + c;
       float acc = 0.0f;
-      for (int32_t u = 0; u < t.count; ++u) acc += t.weight[r][u] * s.partials[u * s.x_slot_stride + r * s.n + i];
+      for (int32_t u = 0; u < count; ++u) acc += s.route->weight[r][u] * s.partials[u * s.x_slot_stride + r * s.n + i];
       if (s.shared)
         for (int32_t u = 0; u < s.shared_slots; ++u) acc += s.shared[u * s.shared_slot_stride + r * s.n + i];
       static_cast<uint16_t*>(s.out)[r * s.out_stride + i] = f32_to_bf16(acc);
@@ -469,13 +469,16 @@ Status check_stage(const Stage& s, int index, int32_t width, int32_t range_rows)
   } else if (s.tile < 1 || s.tile > kMaxTile) {
     return bad(fmt::format("tile = {}: need 1 ... {}", s.tile, kMaxTile));
   } else if (s.kind == Kind::kCombine) {
-    NUCLEUS_RETURN_IF_ERROR(waits_for_route());
-    if (s.slots < 1 || s.slots > kMaxRouteSlots) return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
+    // Without a route table (a dense MLP: no routed experts) it sums the shared outputs only.
+    if (!s.route && !s.shared) return bad("a kCombine stage without a route table sums the shared outputs: needs shared");
+    if (s.route) NUCLEUS_RETURN_IF_ERROR(waits_for_route());
+    if (s.route && (s.slots < 1 || s.slots > kMaxRouteSlots))
+      return bad(fmt::format("slots = {}: need 1 ... {}", s.slots, kMaxRouteSlots));
     if (s.shared && (s.shared_slots < 1 || (s.shared_slots > 1 && s.shared_slot_stride < width * s.n)))
       return bad(fmt::format("shared_slots = {}, shared_slot_stride = {}: need >= 1 slots of >= width * n", s.shared_slots,
                              s.shared_slot_stride));
     if (s.residual_copy_to && !s.residual_out) return bad("residual_copy_to needs residual_out (what to copy)");
-    if (s.n < 1 || !s.partials || !s.out || s.out_stride < s.n || s.x_slot_stride < width * s.n)
+    if (s.n < 1 || (s.route && (!s.partials || s.x_slot_stride < width * s.n)) || !s.out || s.out_stride < s.n)
       return bad(fmt::format("a kCombine stage needs partials with a slot stride >= width * n = {} (x_slot_stride "
                              "= {}) and out with a row stride >= n = {}",
                              width * s.n, s.x_slot_stride, s.n));
@@ -780,6 +783,9 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     st.push_back(o);
     o_done = 1u << 0;
   }
+  // A dense MLP (num_experts 0): no router, select or routed stages; the
+  // shared piece is the MLP and the combine sums it alone.
+  const bool routed_experts = c.num_experts > 0;
   Stage router;
   router.wait_mask = o_done;
   router.w = c.w_router;
@@ -806,8 +812,12 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   select.norm_topk_prob = c.norm_topk_prob ? 1 : 0;
   select.routed_scaling_factor = c.routed_scaling_factor;
   select.wait_mask = 1u << (st.size() - 1);  // the router
-  st.push_back(select);
-  const int32_t kSelectStage = static_cast<int32_t>(st.size()) - 1;
+  if (routed_experts) {
+    st.push_back(select);
+  } else {
+    st.pop_back();  // no router either
+  }
+  const int32_t kSelectStage = routed_experts ? static_cast<int32_t>(st.size()) - 1 : -1;
   uint32_t shared_done = 0;
   if (c.shared_inter > 0) {
     Stage up;
@@ -825,6 +835,7 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     set_weight_table(up, c.shared_gate_up_table, c.shared_gate_up_scale_table);
     up.out_slot_stride = kMaxWidth * c.shared_inter;
     up.wait_mask = o_done;
+    if (!routed_experts) up.residual_out = c.residual_out;  // (the router's job otherwise)
     st.push_back(up);
     Stage down;
     set_weight(down, c.w_shared_down, c.shared_down_scale);
@@ -851,40 +862,44 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
     s.route_stage = kSelectStage;
     s.slots = c.slots;
   };
-  Stage up;
-  set_weight(up, c.w_gate_up, c.gate_up_scale);
-  up.n = 2 * c.inter;
-  up.k = c.hidden;
-  norm_prologue(up);
-  up.epilogue = Epilogue::kSiluMulBf16;
-  up.out = c.h;
-  up.out_stride = c.inter;
-  up.tile = tile;
-  route(up);
-  up.expert_stride = up.n * up.k;
-  up.scale_expert_stride = fp8_scale_floats(up.n, up.k);
-  set_weight_table(up, c.gate_up_table, c.gate_up_scale_table);
-  up.out_slot_stride = kMaxWidth * c.inter;
-  up.wait_mask = 1u << kSelectStage;
-  st.push_back(up);
-  Stage down;
-  set_weight(down, c.w_down, c.down_scale);
-  down.n = c.hidden;
-  down.k = c.inter;
-  down.x = c.h;
-  down.x_stride = c.inter;
-  down.epilogue = Epilogue::kStoreF32;
-  down.out = c.y;
-  down.out_stride = c.hidden;
-  down.tile = tile;
-  route(down);
-  down.expert_stride = down.n * down.k;
-  down.scale_expert_stride = fp8_scale_floats(down.n, down.k);
-  set_weight_table(down, c.down_table, c.down_scale_table);
-  down.x_slot_stride = kMaxWidth * c.inter;
-  down.out_slot_stride = kMaxWidth * c.hidden;
-  down.wait_mask = (1u << kSelectStage) | (1u << (st.size() - 1));
-  st.push_back(down);
+  uint32_t routed_done = 0;
+  if (routed_experts) {
+    Stage up;
+    set_weight(up, c.w_gate_up, c.gate_up_scale);
+    up.n = 2 * c.inter;
+    up.k = c.hidden;
+    norm_prologue(up);
+    up.epilogue = Epilogue::kSiluMulBf16;
+    up.out = c.h;
+    up.out_stride = c.inter;
+    up.tile = tile;
+    route(up);
+    up.expert_stride = up.n * up.k;
+    up.scale_expert_stride = fp8_scale_floats(up.n, up.k);
+    set_weight_table(up, c.gate_up_table, c.gate_up_scale_table);
+    up.out_slot_stride = kMaxWidth * c.inter;
+    up.wait_mask = 1u << kSelectStage;
+    st.push_back(up);
+    Stage down;
+    set_weight(down, c.w_down, c.down_scale);
+    down.n = c.hidden;
+    down.k = c.inter;
+    down.x = c.h;
+    down.x_stride = c.inter;
+    down.epilogue = Epilogue::kStoreF32;
+    down.out = c.y;
+    down.out_stride = c.hidden;
+    down.tile = tile;
+    route(down);
+    down.expert_stride = down.n * down.k;
+    down.scale_expert_stride = fp8_scale_floats(down.n, down.k);
+    set_weight_table(down, c.down_table, c.down_scale_table);
+    down.x_slot_stride = kMaxWidth * c.inter;
+    down.out_slot_stride = kMaxWidth * c.hidden;
+    down.wait_mask = (1u << kSelectStage) | (1u << (st.size() - 1));
+    st.push_back(down);
+    routed_done = (1u << kSelectStage) | (1u << (st.size() - 1));
+  }
   Stage combine;
   combine.kind = Kind::kCombine;
   combine.n = c.hidden;
@@ -898,8 +913,8 @@ std::vector<Stage> moe_chain_stages(const MoeChain& c, int32_t tile) {
   combine.out = c.delta_out;
   combine.out_stride = c.hidden;
   combine.tile = tile;
-  route(combine);
-  combine.wait_mask = (1u << kSelectStage) | (1u << (st.size() - 1)) | shared_done;
+  if (routed_experts) route(combine);
+  combine.wait_mask = routed_done | shared_done;
   st.push_back(combine);
   return st;
 }
