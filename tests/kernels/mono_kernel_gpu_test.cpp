@@ -879,6 +879,79 @@ TEST_F(MonoKernelGpu, Fp8MoeBlockV3Routing) {
   run_moe_case(m, 2, 2, 64);
 }
 
+// A dense MLP as a MoeChain without routed experts (DeepSeek-V2-Lite's first
+// layer: 10944 intermediate, so the down projection reads x from global
+// memory), bf16 and FP8 (the weights quantized to e4m3 with block scales):
+// the kernel against the reference program, residual copied back.
+TEST_F(MonoKernelGpu, DenseMlpV2Lite) {
+  const int64_t H = 2048, inter = 10944;
+  auto scale = [](int64_t k) { return 1.7f / std::sqrt(static_cast<float>(k)); };
+  const std::vector<uint16_t> w_gu = hashed_bf16(2 * inter * H, scale(H), 91), w_dn = hashed_bf16(H * inter, scale(inter), 92);
+  const std::vector<uint16_t> delta = random_bf16(8 * H, 1.0f, 93);
+  const std::vector<float> post_norm = random_f32(H, 0.5f, 1.5f, 94), residual = random_f32(8 * H, -2.0f, 2.0f, 95);
+  std::vector<uint8_t> q_gu, q_dn;
+  std::vector<float> s_gu, s_dn, f_gu, f_dn;
+  Moe::quantize(w_gu, 1, 2 * inter, H, q_gu, s_gu, f_gu);
+  Moe::quantize(w_dn, 1, H, inter, q_dn, s_dn, f_dn);
+  Tensor d_gu = device_copy(w_gu, DType::kBF16), d_dn = device_copy(w_dn, DType::kBF16);
+  Tensor d_q_gu = device_copy(q_gu, DType::kF8E4M3), d_q_dn = device_copy(q_dn, DType::kF8E4M3);
+  Tensor d_s_gu = device_copy(s_gu, DType::kF32), d_s_dn = device_copy(s_dn, DType::kF32);
+  Tensor d_delta = device_copy(delta, DType::kBF16), d_post_norm = device_copy(post_norm, DType::kF32);
+  Tensor d_residual = device_copy(residual, DType::kF32);
+  const int32_t sms = current_device_sms();
+  cudaStream_t stream = cuda::context().stream;
+  for (bool fp8 : {false, true})
+    for (auto [width, rows] : {std::pair{1, 1}, std::pair{8, 6}}) {
+      SCOPED_TRACE(::testing::Message() << (fp8 ? "e4m3" : "bf16") << ", width " << width << ", rows " << rows);
+      std::vector<float> h_res_out(8 * H, NAN), h_y(8 * H, NAN), h_copy(8 * H, NAN);
+      std::vector<uint16_t> h_h(8 * inter, 0x7fc0), h_out(8 * H, 0x7fc0);
+      Tensor d_res_out = nan_filled(8 * H, DType::kF32), d_y = nan_filled(8 * H, DType::kF32),
+             d_copy = nan_filled(8 * H, DType::kF32), d_h = nan_filled(8 * inter, DType::kBF16),
+             d_out = nan_filled(8 * H, DType::kBF16);
+      MoeChain hc;
+      hc.hidden = H;
+      hc.shared_inter = inter;
+      MoeChain dc = hc;
+      hc.w_shared_gate_up = fp8 ? static_cast<const void*>(q_gu.data()) : w_gu.data();
+      hc.w_shared_down = fp8 ? static_cast<const void*>(q_dn.data()) : w_dn.data();
+      hc.shared_gate_up_scale = fp8 ? s_gu.data() : nullptr;
+      hc.shared_down_scale = fp8 ? s_dn.data() : nullptr;
+      hc.post_norm = post_norm.data();
+      hc.residual = residual.data();
+      hc.delta = delta.data();
+      hc.residual_out = h_res_out.data();
+      hc.h_shared = h_h.data();
+      hc.y_shared = h_y.data();
+      hc.delta_out = h_out.data();
+      hc.residual_copy_to = h_copy.data();
+      dc.w_shared_gate_up = fp8 ? d_q_gu.raw() : d_gu.raw();
+      dc.w_shared_down = fp8 ? d_q_dn.raw() : d_dn.raw();
+      dc.shared_gate_up_scale = fp8 ? d_s_gu.data<float>() : nullptr;
+      dc.shared_down_scale = fp8 ? d_s_dn.data<float>() : nullptr;
+      dc.post_norm = d_post_norm.data<float>();
+      dc.residual = d_residual.data<float>();
+      dc.delta = d_delta.data<uint16_t>();
+      dc.residual_out = d_res_out.data<float>();
+      dc.h_shared = d_h.data<uint16_t>();
+      dc.y_shared = d_y.data<float>();
+      dc.delta_out = d_out.data<uint16_t>();
+      dc.residual_copy_to = d_copy.data<float>();
+      auto host_plan = plan_program(moe_chain_stages(hc, 16), width, sms);
+      ASSERT_TRUE(host_plan.ok()) << host_plan.status().message();
+      ASSERT_TRUE(run_program_ref(*host_plan, rows, 5).ok());
+      auto plan = plan_program(moe_chain_stages(dc, 16), width, sms);
+      ASSERT_TRUE(plan.ok()) << plan.status().message();
+      DevicePlan dp(std::move(*plan));
+      ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_TRUE(rows_close(d_res_out, h_res_out, rows, H, "residual_out"));
+      EXPECT_TRUE(rows_close(d_h, h_h, rows, inter, "h"));
+      EXPECT_TRUE(rows_close(d_out, h_out, rows, H, "delta_out"));
+      EXPECT_TRUE(rows_close(d_copy, h_copy, rows, H, "residual copied back"));
+      EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+    }
+}
+
 TEST_F(MonoKernelGpu, LayerFrontV2Lite) {
   const int64_t H = 2048, heads = 16, head = 192, width = 576, slots = 64;
   RopeParams rp;
