@@ -111,11 +111,14 @@ class FrontProgramOp : public OpHoldingOps<FrontProgramOp> {
   std::shared_ptr<void> state_;
 };
 
-// OK, or why a decode program cannot serve the front: bf16 q and kv_a
-// weights (q_lora a multiple of 16 up to 8192), hidden a multiple of 16 up to 8192, the kv norm fused into the
-// RoPE op, a bf16 cache, an even qk_rope up to 128, kv_lora up to 1024, one
-// rank; to absorb, a bf16 kv_b_proj [heads * (qk_nope + v_head), kv_lora],
-// at most 64 heads, qk_nope a multiple of 16.
+// OK, or why a decode program cannot serve the front: q and kv_a weights
+// bf16 or FP8 e4m3 with 128 x 128 block scales (ops/decode_program.h
+// program_weight_supported; q_lora a multiple of 16 up to 8192), hidden a
+// multiple of 16 up to 8192, the kv norm fused into the RoPE op, a bf16
+// cache, an even qk_rope up to 128, kv_lora up to 1024, one rank; to absorb,
+// a kv_b_proj [heads * (qk_nope + v_head), kv_lora] of those types (FP8:
+// qk_nope and v_head multiples of 128), at most 128 heads, qk_nope a
+// multiple of 16.
 Status front_program_supported(const FrontProgramOp& op);
 
 }  // namespace nucleus

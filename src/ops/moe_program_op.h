@@ -120,17 +120,18 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   std::shared_ptr<void> state_;
 };
 
-// OK, or why a decode program cannot serve the block: bf16 weights (o_proj,
-// router, experts), hidden, o_proj's input and the expert widths multiples
-// of 16 up to 8192, at most
-// 384 routed experts, greedy routing (groups unused) or noaux_tc in at most 8
-// groups, top_k * 8 <= 64, shared pieces of one width, one rank (no
-// all-reduce before the norm), no add + norm folded into the experts op; a
-// next front that front_program_supported accepts, of layer + 1, with a
-// delta and the same hidden size; an attention op of this layer set to leave
-// its output to the program (output_in_program_rows = max_rows()), with kv_lora 512,
-// qk_rope 64, qk_nope 128, v_head 128, at most 64 heads and a bf16
-// kv_b_proj.
+// OK, or why a decode program cannot serve the block: o_proj and expert
+// weights bf16 or FP8 e4m3 with 128 x 128 block scales (ops/decode_program.h
+// program_weight_supported; each stage's experts of one type), a bf16 router,
+// hidden and the expert widths multiples of 16 up to 8192, o_proj's input a
+// multiple of 16 up to 32768, at most 384 routed experts, greedy routing
+// (groups unused) or noaux_tc in at most 8 groups, top_k * 8 <= 64, shared
+// pieces of one width, one rank (no all-reduce before the norm), no add +
+// norm folded into the experts op; a next front that front_program_supported
+// accepts, of layer + 1, with a delta and the same hidden size; an attention
+// op of this layer set to leave its output to the program
+// (output_in_program_rows = max_rows()), with kv_lora 512, qk_rope 64,
+// qk_nope 128, v_head 128, at most 128 heads and a kv_b_proj of those types.
 Status moe_program_supported(const MoeProgramOp& op);
 
 }  // namespace nucleus
