@@ -266,6 +266,11 @@ constexpr KnobInfo kKnobs[] = {
      "does nothing for the steps programs run: a layer is one program; off by default until measured against the "
      "attention kernels; read when a graph is built",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodeProgramDense), "NUCLEUS_DECODE_PROGRAM_DENSE", KnobType::kFlag, "", "1",
+     "with NUCLEUS_DECODE_PROGRAMS=1, each dense layer's o_proj, post-attention add + norm and MLP also run as one "
+     "program (ops/moe_program_op.h dense(), joined with the next layer's front like a MoE block); 0: the separate "
+     "ops; read when a graph is built",
+     "src/model/deepseek/deepseek_model.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

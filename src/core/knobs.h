@@ -75,6 +75,7 @@ enum class Knob {
   kDecodeProgramAttnOutput,
   kDecodeProgramMaxRows,
   kDecodeProgramAttention,
+  kDecodeProgramDense,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -49,6 +49,31 @@ const float* const* scales(const Tensor& t) { return t.defined() ? static_cast<c
 mono::MoeChain chain(const MoeProgramOp& op, const State& s, int32_t width, const uint16_t* attn_out, float* residual,
                      uint16_t* delta) {
   const MoeProgramOp::Parts& p = op.parts();
+  if (op.dense()) {  // the MLP as the one shared piece of a chain without routed experts
+    mono::MoeChain c;
+    c.hidden = op.hidden();
+    c.shared_pieces = 1;
+    c.shared_inter = p.down->weight().in_features;
+    c.eps = p.norm->eps();
+    c.w_o = p.o_proj->weight().weight.raw();
+    c.o_scale = program_weight_scale(p.o_proj->weight());
+    c.o_k = p.o_proj->weight().in_features;
+    c.attn_out = attn_out;
+    c.w_shared_gate_up = p.gate_up->weight().weight.raw();
+    c.w_shared_down = p.down->weight().weight.raw();
+    c.shared_gate_up_scale = program_weight_scale(p.gate_up->weight());
+    c.shared_down_scale = program_weight_scale(p.down->weight());
+    c.post_norm = p.norm->weight().data<float>();
+    c.residual = residual;
+    c.delta = delta;
+    c.residual_out = s.residual_out.data<float>();
+    c.h_shared = static_cast<uint16_t*>(s.h_shared.raw());
+    c.y_shared = s.y_shared.data<float>();
+    c.delta_out = delta;
+    c.residual_copy_to = residual;
+    (void)width;
+    return c;
+  }
   const kernels::MoeRoutingParams& r = p.route->params();
   const auto& ex = p.experts->experts();
   const int64_t E = r.num_experts;
@@ -110,6 +135,14 @@ void run_parts(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const Ten
   if (!ctx.error.ok()) return;
   p.norm->run(ctx, {in[1], out[1]}, {out[0], out[2]});
   if (!ctx.error.ok()) return;
+  if (op.dense()) {  // out = {residual, delta, x_norm, gate_up, h}
+    p.gate_up->run(ctx, {out[2]}, {out[3]});
+    if (!ctx.error.ok()) return;
+    p.act->run(ctx, {out[3]}, {out[4]});
+    if (!ctx.error.ok()) return;
+    p.down->run(ctx, {out[4]}, {out[1]});
+    return;
+  }
   p.router->run(ctx, {out[2]}, {out[3]});
   if (!ctx.error.ok()) return;
   p.route->run(ctx, {out[3]}, {out[4], out[5]});
@@ -119,9 +152,10 @@ void run_parts(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const Ten
 
 // The joined front's buffers within the op's (ops/moe_program_op.h).
 TensorList front_in(const TensorList& out) { return {out[0], out[1]}; }
-TensorList front_out(const TensorList& out) {
+// (The block's own buffers: 7, a dense layer's 5.)
+TensorList front_out(const MoeProgramOp& op, const TensorList& out) {
   TensorList o = {out[0], out[2]};
-  for (size_t i = 7; i < out.size(); ++i) o.push_back(out[i]);  // q, kv_a[, q_a][, q_full]
+  for (size_t i = op.dense() ? 5 : 7; i < out.size(); ++i) o.push_back(out[i]);  // q, kv_a[, q_a][, q_full]
   return o;
 }
 
@@ -201,6 +235,20 @@ Status moe_program_reserve(MoeProgramOp& op, const StepLimits& limits, Device de
   if (device != Device::kCuda || op.device_state()) return ok_status();
   auto s = std::make_shared<State>();
   const MoeProgramOp::Parts& p = op.parts();
+  if (op.dense()) {  // the MLP's h and output, the residual (moe_chain_stages without routed experts)
+    const int64_t H = op.hidden(), inter = p.down->weight().in_features;
+    s->h_shared = Tensor::empty({mono::kMaxWidth * inter}, DType::kBF16, Device::kCuda);
+    s->y_shared = Tensor::empty({mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
+    s->residual_out = Tensor::empty({mono::kMaxWidth * H}, DType::kF32, Device::kCuda);
+    if (op.attention())
+      s->o_lat = Tensor::empty({mono::kMaxWidth * op.attention()->dims().num_heads * op.attention()->dims().kv_lora},
+                               DType::kBF16, Device::kCuda);
+    const State& state = *s;
+    s->runner.reserve(
+        [&](int32_t width) { return stages(op, state, width, nullptr, nullptr, nullptr, nullptr, nullptr); });
+    op.device_state() = s;
+    return ok_status();
+  }
   const kernels::MoeRoutingParams& r = p.route->params();
   const auto& ex = p.experts->experts();
   const int64_t E = r.num_experts, H = op.hidden(), inter = ex[0].down->in_features;
@@ -246,7 +294,7 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
                                         ") runs the attention's output but was not reserved"));
   if (rows > op.max_rows() || !s) {
     run_parts(op, ctx, in, out);
-    if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(out));
+    if (ctx.error.ok() && op.next_front()) op.next_front()->run(ctx, front_in(out), front_out(op, out));
     return;
   }
   NUCLEUS_CHECK(in[1].raw() == out[0].raw(), "moe_program: the residual must be updated in place");
@@ -256,7 +304,7 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
   std::vector<const void*> key = {attn_out, residual, delta};
   FrontProgramBuffers front;
   if (op.next_front()) {
-    front = front_program_buffers(*op.next_front(), ctx, front_in(out), front_out(out));
+    front = front_program_buffers(*op.next_front(), ctx, front_in(out), front_out(op, out));
     for (const void* b : front_program_buffer_key(front)) key.push_back(b);
   }
   AttentionLeft left;
@@ -289,7 +337,7 @@ void moe_program(MoeProgramOp& op, OpContext& ctx, const TensorList& in, const T
           std::to_string(rows) + " rows)");
   if (!launched) return;
   cudaStream_t stream = cuda::context().stream;
-  if (ctx.stats) {  // the routed experts the step activated (benchmarks; syncs)
+  if (ctx.stats && !op.dense()) {  // the routed experts the step activated (benchmarks; syncs)
     mono::RouteTable t;
     if (cudaMemcpyAsync(&t, s->table.raw(), sizeof(t), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
         cudaStreamSynchronize(stream) != cudaSuccess)

@@ -23,12 +23,19 @@
 // after the block). CUDA only; the decode graph uses it with
 // NUCLEUS_DECODE_PROGRAMS=1 (docs/flags.md).
 //
+// A dense layer (dense(): DeepSeek's first_k_dense_replace layers) holds its
+// MLP's ops instead of router, routing and experts, and the program is
+//   delta = attn_out . W_o^T;  residual += delta;  x = rmsnorm(residual) * w
+//   delta = (silu(x . W_gate^T) * (x . W_up^T)) . W_down^T
+// with out = {residual, delta, x_norm, gate_up [T, 2 inter] bf16, h [T,
+// inter] bf16} (the held ops' buffers), then the joined front's as below.
+//
 // Joined with the next layer's attention front (set_next_front;
 // NUCLEUS_DECODE_PROGRAM_JOIN, on by default with programs): one program runs
 // the block and then that front (kernels/mono join_programs: the front's
 // first stages wait for the block's combine), so a layer boundary is one
 // launch instead of two. out then continues with the front's own outputs:
-// {..., moe_scratch, q, kv_a[, q_a][, q_full]} (ops/front_program_op.h), the front
+// {..., moe_scratch (dense: h), q, kv_a[, q_a][, q_full]} (ops/front_program_op.h), the front
 // reading residual = out[0] and delta = out[1] and using x_norm = out[2].
 // Wider steps run the block's ops, then the front op.
 //
@@ -71,6 +78,12 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
     std::unique_ptr<LinearOp> router;
     std::unique_ptr<MoeRouteOp> route;
     std::unique_ptr<MoeExpertsOp> experts;
+    // A dense layer's MLP instead of router, route and experts (dense()):
+    // gate_up [2 inter, hidden], SiLU * up, down [hidden, inter], as the
+    // decode graph's mlp.gate_up_proj, mlp.act, mlp.down_proj.
+    std::unique_ptr<LinearOp> gate_up;
+    std::unique_ptr<SiluMulOp> act;
+    std::unique_ptr<LinearOp> down;
   };
   MoeProgramOp(int64_t layer, Parts parts, int64_t hidden, int64_t shared_pieces)
       : layer_(layer), parts_(std::move(parts)), hidden_(hidden), shared_pieces_(shared_pieces) {}
@@ -83,6 +96,10 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
   Parts& parts() { return parts_; }
   int64_t hidden() const { return hidden_; }
   int64_t shared_pieces() const { return shared_pieces_; }
+  // A dense layer's MLP (Parts::gate_up / act / down; no router, routing or
+  // experts): the program is o_proj, the add + norm, gate_up with SiLU * up,
+  // down and the sum to bf16 (kernels/mono MoeChain without routed experts).
+  bool dense() const { return parts_.gate_up != nullptr; }
   // Backend-owned state (the program's buffers and queues), made by reserve.
   std::shared_ptr<void>& device_state() { return state_; }
   // The next layer's front, run in the same program (see above); null: none.
@@ -106,7 +123,7 @@ class MoeProgramOp : public OpHoldingOps<MoeProgramOp> {
  protected:
   std::vector<Op*> held() const override {
     return {parts_.o_proj.get(), parts_.norm.get(), parts_.router.get(), parts_.route.get(), parts_.experts.get(),
-            next_front_.get()};
+            parts_.gate_up.get(), parts_.act.get(), parts_.down.get(), next_front_.get()};
   }
 
  private:

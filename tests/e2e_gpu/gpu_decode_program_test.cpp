@@ -10,6 +10,8 @@
 //    attention's query and each MoE program merging the attention's splits
 //    and applying W_UV, unless NUCLEUS_DECODE_PROGRAM_JOIN=0 /
 //    NUCLEUS_DECODE_PROGRAM_ABSORB=0 / NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0;
+//    the dense first layer's o_proj, norm and MLP as one program too (joined
+//    with layer 1's front) unless NUCLEUS_DECODE_PROGRAM_DENSE=0;
 //    with NUCLEUS_DECODE_PROGRAM_ATTENTION=1 the fronts also run the
 //    attention (a layer is one program; also unjoined, with steps of more
 //    than 4 rows back on the attention op);
@@ -80,7 +82,7 @@ void check_programs(const std::string& model, bool served) {
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_ATTENTION=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 "
                           "NUCLEUS_DECODE_PROGRAM_MAX_ROWS=4",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0 "
-                          "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0",
+                          "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0 NUCLEUS_DECODE_PROGRAM_DENSE=0",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 NUCLEUS_DECODE_PROGRAM_ABSORB=0",
                           "NUCLEUS_DECODE_PROGRAMS=0"}) {
     const bool on = std::string(env).find("PROGRAMS=1") != std::string::npos;
@@ -88,11 +90,16 @@ void check_programs(const std::string& model, bool served) {
     const bool absorbed = on && std::string(env).find("ABSORB=0") == std::string::npos;
     const bool attention_output = on && std::string(env).find("ATTN_OUTPUT=0") == std::string::npos;
     const bool attention = on && std::string(env).find("ATTENTION=1") != std::string::npos;
+    const bool dense = on && std::string(env).find("DENSE=0") == std::string::npos;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", std::string(env) + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
     EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on && served) << env << ": the decode graph";
     // Joined: layer 1's MoE program also runs layer 2's front (one node; attrs "+front of layer 2").
     EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined && served) << env << ": the join";
+    // The dense first layer's o_proj, norm and MLP as a program too (attrs "dense MLP"), joined with layer 1's front.
+    EXPECT_EQ(batch.err.find("dense MLP") != std::string::npos, dense && served) << env << ": the dense layer";
+    EXPECT_EQ(batch.err.find("+front of layer 1") != std::string::npos, dense && joined && served)
+        << env << ": the dense layer joined";
     // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).
     EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed && served) << env << ": the absorption";
     // The start-up log says which widths run as programs.

@@ -393,6 +393,49 @@ TEST(MoeProgramOp, TakesTheAttentionOutputOfItsOwnLayer) {
 // NUCLEUS_DECODE_PROGRAM_JOIN: a MoE program takes the next layer's front
 // (one launch a layer boundary) only when that front is one a program serves,
 // of the next layer, reading the block's delta at the same hidden size.
+// A dense layer (MoeProgramOp::dense): o_proj, the add + norm and the MLP's
+// gate_up, SiLU * up and down, bf16 or FP8, up to 32768 intermediate units
+// (the down projection reads x from global memory); its parts are the MLP's,
+// never router, routing or experts.
+TEST(MoeProgramOp, DenseLayerMlp) {
+  auto dense = [](Block& b, int64_t inter) {
+    MoeProgramOp::Parts p;
+    p.o_proj = std::make_unique<LinearOp>(b.linear("o_proj", b.hidden, b.o_k), false);
+    p.norm = std::make_unique<AddRmsNormOp>(b.norm, 1e-6f, true);
+    p.gate_up = std::make_unique<LinearOp>(b.linear("mlp.gate_up_proj", 2 * inter, b.hidden), false);
+    p.act = std::make_unique<SiluMulOp>();
+    p.down = std::make_unique<LinearOp>(b.linear("mlp.down_proj", b.hidden, inter), false);
+    return std::make_unique<MoeProgramOp>(0, std::move(p), b.hidden, 0);
+  };
+  {
+    Block b;  // V2-Lite's dense MLP width
+    auto op = dense(b, 10944);
+    EXPECT_TRUE(op->dense());
+    const Status s = moe_program_supported(*op);
+    EXPECT_TRUE(s.ok()) << s.message();
+    EXPECT_NE(op->attrs().find("dense MLP 10944"), std::string::npos) << op->attrs();
+  }
+  {
+    Block b;  // FP8 with block scales
+    b.dtype = DType::kF8E4M3;
+    const Status s = moe_program_supported(*dense(b, 768));
+    EXPECT_TRUE(s.ok()) << s.message();
+  }
+  {
+    Block b;  // wider than a program's x reads
+    EXPECT_TRUE(refused(*dense(b, 32784), "an MLP of width 32784"));
+  }
+  {
+    Block b;  // a dense op without its act, or with a router, is not a block the program knows
+    auto op = dense(b, 768);
+    op->parts().act.reset();
+    EXPECT_TRUE(refused(*op, "a part of the block is missing"));
+    auto mixed = dense(b, 768);
+    mixed->parts().router = std::make_unique<LinearOp>(b.linear("gate", 8, b.hidden), false);
+    EXPECT_TRUE(refused(*mixed, "a part of the block is missing"));
+  }
+}
+
 TEST(MoeProgramOp, JoinsOnlyTheNextLayersFront) {
   Block b;  // layer 1
   auto op = b.op(noaux(4, 2));

@@ -323,7 +323,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
                                     attn_output_in_program;
   const auto attention_buffer = attention_in_program ? std::make_shared<ProgramAttentionBuffer>() : nullptr;
   int program_fronts = 0, program_blocks = 0, joined_fronts = 0, absorbing_fronts = 0, attention_outputs = 0,
-      attending_fronts = 0;
+      attending_fronts = 0, dense_blocks = 0;
+  // Dense layers' MLPs as programs too (NUCLEUS_DECODE_PROGRAM_DENSE).
+  const bool dense_in_program = decode_programs && env_flag(Knob::kDecodeProgramDense);
   static std::atomic<bool> said_programs{false};
   static std::atomic<bool> said_why_no_absorb{false}, said_why_no_attn_output{false}, said_why_no_attention{false};
   struct PendingMoe {
@@ -509,21 +511,31 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}",
                          rank_.comm ? "tensor parallelism all-reduces the delta before the norm"
                                     : "the shared experts run as one MLP, not as pieces the program can stream");
-    } else if (decode_programs && lw.moe) {
-      const MoeWeights& m = *lw.moe;
-      kernels::MoeRoutingParams routing = moe_routing_params(c);
-      routing.shared_slots = static_cast<int64_t>(m.shared_experts.size());
-      std::vector<ExpertWeights> experts;
-      for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
-      for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
-      const int64_t inter = c.moe_intermediate_size / tp;
+    } else if (decode_programs && (lw.moe || (lw.mlp && dense_in_program))) {
+      // (A dense layer's MLP the same way: o_proj, the add + norm and the MLP
+      // as one program, MoeProgramOp::dense.)
       MoeProgramOp::Parts parts;
       parts.o_proj = std::make_unique<LinearOp>(&aw.o_proj, false);
       parts.norm = std::make_unique<AddRmsNormOp>(lw.post_attention_layernorm, eps, true);
-      parts.router = std::make_unique<LinearOp>(&m.router, false);
-      parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
-      parts.experts = std::make_unique<MoeExpertsOp>(std::move(experts), inter, routing.slots());
-      auto program = std::make_unique<MoeProgramOp>(l, std::move(parts), H, routing.shared_slots);
+      kernels::MoeRoutingParams routing = moe_routing_params(c);
+      int64_t inter = 0;
+      if (lw.moe) {
+        const MoeWeights& m = *lw.moe;
+        routing.shared_slots = static_cast<int64_t>(m.shared_experts.size());
+        std::vector<ExpertWeights> experts;
+        for (const auto& e : m.experts) experts.push_back({&e.gate_up, &e.down});
+        for (const auto& e : m.shared_experts) experts.push_back({&e.gate_up, &e.down});
+        inter = c.moe_intermediate_size / tp;
+        parts.router = std::make_unique<LinearOp>(&m.router, false);
+        parts.route = std::make_unique<MoeRouteOp>(routing, m.e_score_correction_bias);
+        parts.experts = std::make_unique<MoeExpertsOp>(std::move(experts), inter, routing.slots());
+      } else {
+        inter = lw.mlp->inter;
+        parts.gate_up = std::make_unique<LinearOp>(&lw.mlp->gate_up, false);
+        parts.act = std::make_unique<SiluMulOp>();
+        parts.down = std::make_unique<LinearOp>(&lw.mlp->down, false);
+      }
+      auto program = std::make_unique<MoeProgramOp>(l, std::move(parts), H, lw.moe ? routing.shared_slots : 0);
       program->set_max_rows(program_rows);
       Status why = moe_program_supported(*program);
       // The attention's split merge and W_UV too, where the program can run them.
@@ -562,21 +574,31 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         }
       }
       if (why.ok()) {
-        const int logits = g.buffer("router_logits", c.n_routed_experts, DType::kF32);
-        const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
-        const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
-        const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
         std::vector<int> moe_in = {attn_out, residual};
         if (attn_output && !program->attention_buffer()) moe_in.push_back(o_lat);  // the attention's o_lat (one split)
-        PendingMoe pm{p + "mlp.program", std::move(program), moe_in,
-                      {residual, delta, x_norm, logits, ids, weights, moe_scratch}};
+        std::vector<int> moe_out = {residual, delta, x_norm};
+        if (lw.moe) {
+          const int logits = g.buffer("router_logits", c.n_routed_experts, DType::kF32);
+          const int ids = g.buffer("topk_ids", routing.slots(), DType::kI32);
+          const int weights = g.buffer("topk_weights", routing.slots(), DType::kF32);
+          const int moe_scratch = g.scratch("moe_scratch", W, routing.slots() * inter, DType::kF32);
+          moe_out.insert(moe_out.end(), {logits, ids, weights, moe_scratch});
+        } else {  // the MLP's held ops' buffers (add_mlp's)
+          moe_out.push_back(g.buffer("gate_up." + std::to_string(inter), 2 * inter, act));
+          moe_out.push_back(g.buffer("mlp_act." + std::to_string(inter), inter, act));
+        }
+        PendingMoe pm{p + "mlp.program", std::move(program), moe_in, moe_out};
         if (join_programs && l + 1 < c.num_hidden_layers) {
           pending_moe = std::move(pm);  // the next layer's front may join it
         } else {
           g.add(pm.name, std::move(pm.op), pm.in, pm.out);
         }
-        ++moe_layers;
-        ++program_blocks;
+        if (lw.moe) {
+          ++moe_layers;
+          ++program_blocks;
+        } else {
+          ++dense_blocks;
+        }
         continue;
       } else if (!said_why_no_program.exchange(true)) {
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
@@ -631,12 +653,13 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   }
   add_pending_moe();
   // Which steps and which parts of the layers run as programs, once.
-  if ((program_fronts > 0 || program_blocks > 0) && rank_.shard.rank == 0 && !said_programs.exchange(true))
-    NUCLEUS_LOG_INFO("decode programs: {}; {} attention fronts ({} absorbing the query, {} running the attention) "
-                     "and {} MoE blocks ({} with the attention's output, {} joined with the next layer's front) of {} "
-                     "layers",
+  if ((program_fronts > 0 || program_blocks > 0 || dense_blocks > 0) && rank_.shard.rank == 0 &&
+      !said_programs.exchange(true))
+    NUCLEUS_LOG_INFO("decode programs: {}; {} attention fronts ({} absorbing the query, {} running the attention), "
+                     "{} MoE blocks and {} dense MLPs ({} with the attention's output, {} joined with the next "
+                     "layer's front) of {} layers",
                      decode_program_widths_text(program_rows), program_fronts, absorbing_fronts, attending_fronts,
-                     program_blocks, attention_outputs, joined_fronts, c.num_hidden_layers);
+                     program_blocks, dense_blocks, attention_outputs, joined_fronts, c.num_hidden_layers);
   add_delta_norm("norm", weights_.norm, /*partial_delta=*/true);
   // Asked for by name (=1) but nowhere possible: say why, once.
   static std::atomic<bool> said_why_not_folded{false};
