@@ -803,7 +803,10 @@ void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
     EXPECT_TRUE(rows_close(m.d_residual_copy, m.h_residual_copy, rows, m.shape.hidden, "residual copied back"));
   }
   // The output: the CPU block for the kernel's routing.
-  EXPECT_TRUE(rows_close(m.d_delta_out, moe_from_table(m, got, rows), rows, m.shape.hidden, "delta_out"));
+  // (As bf16 values: rows_close reads the device buffer as the reference's element type.)
+  std::vector<uint16_t> want_out;
+  for (float v : moe_from_table(m, got, rows)) want_out.push_back(f32_to_bf16(v));
+  EXPECT_TRUE(rows_close(m.d_delta_out, want_out, rows, m.shape.hidden, "delta_out"));
   // Twice more, the second as a PDL dependent: the same bits, the counters back at zero.
   const std::vector<uint16_t> first = host_copy<uint16_t>(m.d_delta_out);
   ASSERT_EQ(launch_mono_program(dp.program(rows), stream, false), cudaSuccess);
