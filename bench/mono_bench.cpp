@@ -33,7 +33,8 @@
 // the weights once (activations are < 0.2 MB); % of the one roofline
 // (core/roofline.h, 4.58 TB/s). Prints a markdown table.
 //
-//   mono_bench [--m 1,2,4,8] [--tiles 16,32,64]
+//   mono_bench [--m 1,2,4,8] [--tiles 16,32,64] [--probe]
+// --probe prints only the diagnostic table (mono_kernel.cuh MonoProbe).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -117,9 +118,15 @@ std::unique_ptr<DevicePlan> device_plan(const std::vector<mono::Stage>& stages, 
 
 int main(int argc, char** argv) {
   std::vector<int64_t> ms = {1, 2, 4, 8}, tiles = {16, 32, 64};
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--m")) ms = bench::parse_list(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--tiles")) tiles = bench::parse_list(argv[i + 1]);
+  bool probe_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--probe")) {
+      probe_only = true;
+    } else if (i + 1 < argc && !std::strcmp(argv[i], "--m")) {
+      ms = bench::parse_list(argv[++i]);
+    } else if (i + 1 < argc && !std::strcmp(argv[i], "--tiles")) {
+      tiles = bench::parse_list(argv[++i]);
+    }
   }
   for (int64_t m : ms)
     if (m != 1 && m != 2 && m != 4 && m != 8) {
@@ -157,6 +164,78 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%d", std::gmtime(&now));
   std::printf("# mono_bench %s on %s (%d SMs, L2 %.0f MB); roofline %.2f TB/s; weights %.1f MB a chain\n\n", date,
               c.name.c_str(), c.num_sms, c.l2_bytes / 1e6, roofline::kHbmBytesPerSec / 1e12, weight_bytes / 1e6);
+  // --probe: what limits the program's streaming (mono_kernel.cuh MonoProbe): the q_proj + kv_a GEMV alone
+  // (one stage, 14.9 MB) and the layer chain, with the copy path alone, 16-byte cp.async copies, fewer slots.
+  if (probe_only) {
+    std::printf("| m | probe | what | ring slots | us | GB/s | %% of roofline |\n|---|---|---|---|---|---|---|\n");
+    for (int64_t m : ms)
+      for (int what = 0; what < 2; ++what) {
+        std::vector<std::unique_ptr<DevicePlan>> plans;
+        for (int i = 0; i < kCopies; ++i) {
+          std::vector<mono::Stage> st;
+          if (what == 0) {
+            mono::Stage g;
+            g.w = ptr<uint16_t>(w[i].front);
+            g.n = kFront;
+            g.k = kHidden;
+            g.x = ptr<uint16_t>(x_norm);
+            g.x_stride = kHidden;
+            g.out = ptr<uint16_t>(front);
+            g.out_stride = kFront;
+            g.tile = 16;
+            st = {g};
+          } else {
+            mono::LayerChain lc;
+            lc.hidden = kHidden;
+            lc.front_n = kFront;
+            lc.o_k = kOk;
+            lc.inter = kInter;
+            lc.w_front = ptr<uint16_t>(w[i].front);
+            lc.w_o = ptr<uint16_t>(w[i].o);
+            lc.w_gate_up = ptr<uint16_t>(w[i].gate_up);
+            lc.w_down = ptr<uint16_t>(w[i].down);
+            lc.input_norm = ptr<float>(input_norm);
+            lc.post_norm = ptr<float>(post_norm);
+            lc.residual_in = ptr<float>(residual);
+            lc.delta_in = ptr<uint16_t>(delta);
+            lc.residual_mid = ptr<float>(residual_mid);
+            lc.residual_out = ptr<float>(residual_out);
+            lc.front = ptr<uint16_t>(front);
+            lc.o = ptr<uint16_t>(o);
+            lc.h = ptr<uint16_t>(h);
+            lc.delta_out = ptr<uint16_t>(delta_out);
+            st = mono::layer_chain_stages(lc, 16);
+          }
+          plans.push_back(device_plan(st, m, c.num_sms));
+          if (!plans.back()) return 1;
+        }
+        const double bytes = what == 0 ? static_cast<double>(kFront * kHidden * 2) : weight_bytes;
+        const int32_t rows = static_cast<int32_t>(m);
+        struct Variant {
+          const char* name;
+          mono::MonoProbe probe;
+        };
+        const Variant variants[] = {{"default", {}},
+                                    {"copy only", {true, false, 0}},
+                                    {"cp.async 16 B", {false, true, 0}},
+                                    {"cp.async 16 B, copy only", {true, true, 0}},
+                                    {"2 slots", {false, false, 2}},
+                                    {"4 slots", {false, false, 4}},
+                                    {"6 slots", {false, false, 6}}};
+        for (const Variant& v : variants) {
+          const double us = bench::median_us_per_launch(kCopies, [&](int i) {
+            return mono::launch_mono_program(plans[i]->program(rows), stream, true, v.probe) == cudaSuccess;
+          });
+          const double gbs = bytes / (us * 1e-6) / 1e9;
+          std::printf("| %ld | %s | %s | %d | %.2f | %.0f | %.1f%% |\n", long(m), v.name,
+                      what == 0 ? "q_proj + kv_a GEMV" : "layer chain",
+                      mono::mono_ring_slots(plans[0]->program(rows), v.probe), us, gbs,
+                      100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec);
+          std::fflush(stdout);
+        }
+      }
+    return 0;
+  }
   std::printf("| m | variant | ring slots | us | GB/s | %% of roofline | vs plain |\n|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
 

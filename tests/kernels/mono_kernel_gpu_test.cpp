@@ -340,6 +340,27 @@ TEST_F(MonoKernelGpu, XPastTheSharedMemoryFromGlobal) {
   }
 }
 
+// The benchmark's diagnostic copy path (MonoProbe::cp_async: 16-byte
+// cp.async by every lane of the copy warp) and a ring of 2 slots give the
+// default path's bits.
+TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
+  Chain c(2048, 3648, 2048, 2816, 919);
+  auto plan = plan_program(layer_chain_stages(c.device_chain(), 16), 8, current_device_sms());
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  DevicePlan dp(std::move(*plan));
+  cudaStream_t stream = cuda::context().stream;
+  ASSERT_EQ(launch_mono_program(dp.program(6), stream, false), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<uint16_t> want = host_copy<uint16_t>(c.d_delta_out);
+  for (const MonoProbe probe : {MonoProbe{false, true, 0}, MonoProbe{false, false, 2}, MonoProbe{false, true, 3}}) {
+    SCOPED_TRACE(::testing::Message() << "cp_async " << probe.cp_async << ", max_slots " << probe.max_slots);
+    ASSERT_EQ(cudaMemsetAsync(c.d_delta_out.raw(), 0xff, c.d_delta_out.nbytes(), stream), cudaSuccess);  // NaN
+    ASSERT_EQ(launch_mono_program(dp.program(6), stream, false, probe), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want);
+  }
+}
+
 TEST_F(MonoKernelGpu, WidestX) {  // k = 8192: x takes 131 KB of shared memory, 5 ring slots
   Chain c(8192, 256, 256, 512, 606);
   run_case(c, 8, 8, 16, current_device_sms());

@@ -582,15 +582,17 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
   }
 }
 
+// probe: bit 0 copy_only, bit 1 cp_async (MonoProbe); 0 in the engine.
 __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
-                                                                   int64_t k_max) {
+                                                                   int64_t k_max, int probe) {
   extern __shared__ __align__(128) uint8_t smem[];
   const Layout L = layout(slots, k_max);
   const uint32_t ring = ptx::smem_u32(smem + L.ring);
   const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
+  const bool copy_only = probe & 1, lane_copies = probe & 2;
   if (threadIdx.x == 0) {
     for (int i = 0; i < slots; ++i) {
-      ptx::mbarrier_init(full + 8 * i, 1);
+      ptx::mbarrier_init(full + 8 * i, lane_copies ? 32 : 1);
       ptx::mbarrier_init(empty + 8 * i, kComputeWarps);
     }
     ptx::fence_mbarrier_init();
@@ -637,6 +639,18 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
           const uint32_t slot = chunk % slots, round = chunk / slots;
           const int32_t kc = slice_columns(s, sl);
+          if (lane_copies) {  // (MonoProbe::cp_async) 16-byte copies by all 32 lanes, then one arrival each
+            if (lane == 0 && round > 0) ptx::mbarrier_wait_parity(empty + 8 * slot, (round - 1) & 1u);
+            __syncwarp();
+            const int pieces = static_cast<int>(kc * eb / 16);  // 16-byte pieces a row
+            for (int i = lane; i < gr.count * pieces; i += 32) {
+              const int row = i / pieces, piece = i % pieces;
+              ptx::cp_async_16(ring + slot * kSlotBytes + row * kRowPitch + piece * 16,
+                               w + ((gr.first_row + row) * s.k + slice_first(s, sl)) * eb + piece * 16, 16);
+            }
+            asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * slot) : "memory");
+            continue;
+          }
           if (lane == 0) {
             if (round > 0) ptx::mbarrier_wait_parity(empty + 8 * slot, (round - 1) & 1u);
             ptx::mbarrier_arrive_expect_tx(full + 8 * slot, static_cast<uint32_t>(gr.count * kc * eb));
@@ -718,7 +732,9 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
           const int32_t kc = slice_columns(s, sl);
           ptx::mbarrier_wait_parity(full + 8 * rs, round & 1u);
           const uint32_t a_base = ring + rs * kSlotBytes + a_row * kRowPitch + a_col * 2;
-          if (!fp8) {
+          if (copy_only) {
+            // (MonoProbe::copy_only: no math)
+          } else if (!fp8) {
             const uint32_t b_base =
                 xs_u32 + static_cast<uint32_t>((b_row * L.x_pitch + slice_first(s, sl) + b_col) * 2);
             // (global x: lane (g, q) holds x[g][k + 2q, + 1] and x[g][k + 2q + 8, + 9], the ldmatrix layout)
@@ -824,24 +840,30 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   }
 }
 
-int slots_for(const Program& p) {
+int slots_for(const Program& p, const MonoProbe& probe = {}) {
   const int64_t k = widest_k(p);
   const size_t left = kSmemLimit - layout(0, k).total;
   int slots = static_cast<int>(left / kSlotBytes);
+  if (probe.max_slots > 0 && slots > probe.max_slots) slots = probe.max_slots;
   return slots > kMaxSlots ? kMaxSlots : slots;
 }
 
 }  // namespace
 
 int mono_ring_slots(const Program& p) { return slots_for(p); }
+int mono_ring_slots(const Program& p, const MonoProbe& probe) { return slots_for(p, probe); }
 
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl) {
+  return launch_mono_program(p, stream, pdl, MonoProbe{});
+}
+
+cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe) {
   if ((p.width != 1 && p.width != 2 && p.width != 4 && p.width != 8) || p.rows < 1 || p.rows > p.width ||
       p.num_stages < 1 || p.num_stages > kMaxStages || !p.queue_start || !p.jobs || !p.counters || p.num_ctas < 1 ||
       p.num_ctas > current_device_sms())
     return cudaErrorInvalidValue;
-  const int slots = slots_for(p);
-  if (slots < kMinSlots) return cudaErrorInvalidValue;
+  const int slots = slots_for(p, probe);
+  if (slots < kMinSlots && !(probe.max_slots > 0 && slots >= 1)) return cudaErrorInvalidValue;
   const cudaError_t attr = cuda_common::once_per_device([] {
     return cudaFuncSetAttribute(mono_program_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(kSmemLimit));
@@ -850,7 +872,7 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
   const size_t smem = layout(slots, widest_k(p)).total;
   const cudaError_t e =
       pdl::launch(mono_program_kernel, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
-                  widest_k(p));
+                  widest_k(p), (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0));
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

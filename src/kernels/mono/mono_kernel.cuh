@@ -56,4 +56,23 @@ int mono_ring_slots(const Program& p);
 // (mono_program_ref.h), which checks every stage.
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl);
 
+// Diagnostic variants for the benchmark (bench/mono_bench.cpp --probe; the
+// engine never sets them), to find what limits the kernel's streaming
+// (docs/perf.md "Decode programs: the first GPU run": ~1.1 TB/s):
+//   copy_only    the compute warps wait for each chunk and free it but skip
+//                the MMAs: the rate the copy path alone reaches;
+//   cp_async     the copy warp's 32 lanes copy each chunk with 16-byte
+//                cp.async (LDGSTS, L2-only) and signal the slot's barrier with
+//                cp.async.mbarrier.arrive, instead of one cp.async.bulk a row;
+//   max_slots    at most this many ring slots (0: as many as fit).
+// Results are the program's (copy_only: the outputs are not computed).
+struct MonoProbe {
+  bool copy_only = false;
+  bool cp_async = false;
+  int max_slots = 0;
+};
+cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe);
+// The ring slots a launch with `probe` uses.
+int mono_ring_slots(const Program& p, const MonoProbe& probe);
+
 }  // namespace nucleus::kernels::mono
