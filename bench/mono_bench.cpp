@@ -221,7 +221,9 @@ int main(int argc, char** argv) {
                                     {"cp.async 16 B, copy only", {true, true, 0}},
                                     {"2 slots", {false, false, 2}},
                                     {"4 slots", {false, false, 4}},
-                                    {"6 slots", {false, false, 6}}};
+                                    {"6 slots", {false, false, 6}},
+                                    {"release add, acquire poll", {false, false, 0, true}},
+                                    {"cp.async 16 B, release/acquire", {false, true, 0, true}}};
         for (const Variant& v : variants) {
           const double us = bench::median_us_per_launch(kCopies, [&](int i) {
             return mono::launch_mono_program(plans[i]->program(rows), stream, true, v.probe) == cudaSuccess;

@@ -341,8 +341,8 @@ TEST_F(MonoKernelGpu, XPastTheSharedMemoryFromGlobal) {
 }
 
 // The benchmark's diagnostic copy path (MonoProbe::cp_async: 16-byte
-// cp.async by every lane of the copy warp) and a ring of 2 slots give the
-// default path's bits.
+// cp.async by every lane of the copy warp), a ring of 2 slots and the
+// release/acquire counters give the default path's bits.
 TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
   Chain c(2048, 3648, 2048, 2816, 919);
   auto plan = plan_program(layer_chain_stages(c.device_chain(), 16), 8, current_device_sms());
@@ -352,8 +352,10 @@ TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
   ASSERT_EQ(launch_mono_program(dp.program(6), stream, false), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   const std::vector<uint16_t> want = host_copy<uint16_t>(c.d_delta_out);
-  for (const MonoProbe probe : {MonoProbe{false, true, 0}, MonoProbe{false, false, 2}, MonoProbe{false, true, 3}}) {
-    SCOPED_TRACE(::testing::Message() << "cp_async " << probe.cp_async << ", max_slots " << probe.max_slots);
+  for (const MonoProbe probe : {MonoProbe{false, true, 0}, MonoProbe{false, false, 2}, MonoProbe{false, true, 3},
+                                MonoProbe{false, false, 0, true}}) {
+    SCOPED_TRACE(::testing::Message() << "cp_async " << probe.cp_async << ", max_slots " << probe.max_slots
+                                      << ", release " << probe.release);
     ASSERT_EQ(cudaMemsetAsync(c.d_delta_out.raw(), 0xff, c.d_delta_out.nbytes(), stream), cudaSuccess);  // NaN
     ASSERT_EQ(launch_mono_program(dp.program(6), stream, false, probe), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);

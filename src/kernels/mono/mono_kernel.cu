@@ -99,7 +99,8 @@ __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(_
 // finished; every compute thread must call it. Compute thread s polls stage
 // s's counter, so the waits on several stages overlap their round trips to
 // L2 instead of following one another.
-__device__ void wait_stages(const Program& p, uint32_t mask, int ct) {
+// (release_acquire: MonoProbe::release, the acquire poll alone, no fence after it.)
+__device__ void wait_stages(const Program& p, uint32_t mask, int ct, bool release_acquire = false) {
   if (ct < kMaxStages && ct < p.num_stages && (mask >> ct & 1u)) {
     const int s = ct;
     const int32_t target = stage_jobs(p.stages[s]);
@@ -110,7 +111,7 @@ __device__ void wait_stages(const Program& p, uint32_t mask, int ct) {
                static_cast<int>(blockIdx.x), s, load_acquire(p.counters + s), target);
         __trap();
       }
-    __threadfence();
+    if (!release_acquire) __threadfence();
   }
   compute_barrier();
 }
@@ -589,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   const Layout L = layout(slots, k_max);
   const uint32_t ring = ptx::smem_u32(smem + L.ring);
   const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
-  const bool copy_only = probe & 1, lane_copies = probe & 2;
+  const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = probe & 4;
   if (threadIdx.x == 0) {
     for (int i = 0; i < slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, lane_copies ? 32 : 1);
@@ -687,7 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     const Job job = p.jobs[q];
     const Stage& s = p.stages[job.stage];
     if (s.kind != Kind::kGemv) {
-      wait_stages(p, s.wait_mask, ct);
+      wait_stages(p, s.wait_mask, ct, release_acquire);
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
       else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
       else if (s.kind == Kind::kMerge) merge_job(p, s, job.tile, out_tile, ct);
@@ -698,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       else combine_job(p, s, job.tile, out_tile, ct);
     } else {
       const int32_t slot = job_slot(s, job.tile);
-      wait_stages(p, s.wait_mask, ct);
+      wait_stages(p, s.wait_mask, ct, release_acquire);
       const bool used = !routed(s) || slot < __ldcg(&s.route->count);
       // x carries over within a stage (and slot, for kLoad) and from the
       // earlier stages the planner found to build the same x from inputs
@@ -822,8 +823,12 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     }
     compute_barrier();  // every column written (and the shared scratch free for the next job)
     if (ct == 0) {
-      __threadfence();
-      atomicAdd(p.counters + job.stage, 1);
+      if (release_acquire) {  // (MonoProbe::release) one release add: the writes before the CTA's barrier first
+        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p.counters + job.stage) : "memory");
+      } else {
+        __threadfence();
+        atomicAdd(p.counters + job.stage, 1);
+      }
     }
   }
   // The last CTA out clears the counters for the next launch (every other CTA
@@ -872,7 +877,7 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl,
   const size_t smem = layout(slots, widest_k(p)).total;
   const cudaError_t e =
       pdl::launch(mono_program_kernel, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
-                  widest_k(p), (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0));
+                  widest_k(p), (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) | (probe.release ? 4 : 0));
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

@@ -64,12 +64,17 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //   cp_async     the copy warp's 32 lanes copy each chunk with 16-byte
 //                cp.async (LDGSTS, L2-only) and signal the slot's barrier with
 //                cp.async.mbarrier.arrive, instead of one cp.async.bulk a row;
-//   max_slots    at most this many ring slots (0: as many as fit).
+//   max_slots    at most this many ring slots (0: as many as fit);
+//   release      a job counts itself done with one red.release.gpu add and
+//                a wait is the ld.acquire.gpu poll alone, instead of
+//                __threadfence (fence.sc) before the add and after the poll
+//                (whether a full fence waits behind the ring's copies).
 // Results are the program's (copy_only: the outputs are not computed).
 struct MonoProbe {
   bool copy_only = false;
   bool cp_async = false;
   int max_slots = 0;
+  bool release = false;
 };
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe);
 // The ring slots a launch with `probe` uses.
