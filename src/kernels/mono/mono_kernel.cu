@@ -583,7 +583,7 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
   }
 }
 
-// probe: bit 0 copy_only, bit 1 cp_async (MonoProbe); 0 in the engine.
+// probe: bit 0 copy_only, bit 1 cp_async, bit 2 release (MonoProbe); 0 in the engine.
 __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
                                                                    int64_t k_max, int probe) {
   extern __shared__ __align__(128) uint8_t smem[];

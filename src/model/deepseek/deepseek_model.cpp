@@ -308,7 +308,7 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
   // MoE blocks as decode programs (ops/moe_program_op.h): CUDA decode graphs, NUCLEUS_DECODE_PROGRAMS=1.
   const bool decode_programs =
       kind == StepKind::kDecode && options_.device == Device::kCuda && env_flag(Knob::kDecodePrograms);
-  static std::atomic<bool> said_why_no_program{false}, said_why_no_front{false};
+  static std::atomic<bool> said_why_no_program{false}, said_why_no_front{false}, said_why_no_dense{false};
   // A MoE program not yet added to the graph: the next layer's front may
   // join it (NUCLEUS_DECODE_PROGRAM_JOIN: one launch a layer boundary).
   const bool join_programs = decode_programs && env_flag(Knob::kDecodeProgramJoin);
@@ -511,7 +511,8 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
         NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}",
                          rank_.comm ? "tensor parallelism all-reduces the delta before the norm"
                                     : "the shared experts run as one MLP, not as pieces the program can stream");
-    } else if (decode_programs && (lw.moe || (lw.mlp && dense_in_program))) {
+    } else if (decode_programs && (lw.moe || (lw.mlp && dense_in_program && !rank_.comm))) {
+      // (Not a dense layer under tensor parallelism: its norm must all-reduce o_proj's partial delta first.)
       // (A dense layer's MLP the same way: o_proj, the add + norm and the MLP
       // as one program, MoeProgramOp::dense.)
       MoeProgramOp::Parts parts;
@@ -600,8 +601,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           ++dense_blocks;
         }
         continue;
-      } else if (!said_why_no_program.exchange(true)) {
-        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops: {}", why.message());
+      } else if (lw.moe ? !said_why_no_program.exchange(true) : !said_why_no_dense.exchange(true)) {
+        NUCLEUS_LOG_WARN("NUCLEUS_DECODE_PROGRAMS=1: the {} run the separate ops: {}",
+                         lw.moe ? "MoE blocks" : "dense layers' MLPs", why.message());
       }
     }
     take_back_attention();  // (no MoE program took it: a dense layer, or a block the program cannot run)
