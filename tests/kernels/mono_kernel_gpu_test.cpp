@@ -361,6 +361,18 @@ TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want);
   }
+  // FP8 weights (1,024-byte rows a chunk) through the 16-byte copies and the release counters.
+  Chain f(2048, 2112, 2048, 2048, 920, /*fp8=*/true);
+  auto fplan = plan_program(layer_chain_stages(f.device_chain(), 16), 4, current_device_sms());
+  ASSERT_TRUE(fplan.ok()) << fplan.status().message();
+  DevicePlan fdp(std::move(*fplan));
+  ASSERT_EQ(launch_mono_program(fdp.program(3), stream, false), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  const std::vector<uint16_t> fwant = host_copy<uint16_t>(f.d_delta_out);
+  ASSERT_EQ(cudaMemsetAsync(f.d_delta_out.raw(), 0xff, f.d_delta_out.nbytes(), stream), cudaSuccess);
+  ASSERT_EQ(launch_mono_program(fdp.program(3), stream, false, MonoProbe{false, true, 0, true}), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(host_copy<uint16_t>(f.d_delta_out), fwant) << "e4m3, cp.async 16 B, release counters";
 }
 
 TEST_F(MonoKernelGpu, WidestX) {  // k = 8192: x takes 131 KB of shared memory, 5 ring slots

@@ -664,6 +664,8 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         }
       }
     }
+    // (MonoProbe::cp_async: no lane leaves with its copies in flight.)
+    if (lane_copies) asm volatile("cp.async.wait_all;\n" ::: "memory");
     // The compute warps count this CTA out only after this warp's last read
     // of a counter (a route table's), so the reset cannot come before it.
     asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
