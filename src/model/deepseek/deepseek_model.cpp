@@ -393,9 +393,9 @@ void DeepseekModel::build(StepGraph& g, StepKind kind, std::vector<int>* bf16_bu
           front->parts().kv_b = nullptr;
         }
       }
-      // The attention too, for layers whose MoE program can merge it (checked there; taken back if not).
+      // The attention too, for layers whose program (MoE block or dense MLP) can merge it (checked there; taken back if not).
       const std::string forced_attention = forced_backend("mla_decode");
-      if (why.ok() && attention_in_program && front->absorbs() && lw.moe &&
+      if (why.ok() && attention_in_program && front->absorbs() && (lw.moe || (lw.mlp && dense_in_program)) &&
           (forced_attention.empty() || forced_attention == "nucleus")) {
         front->set_attend(true, dims.scale, attention_buffer);
         if (!front_program_supported(*front).ok()) front->set_attend(false);
