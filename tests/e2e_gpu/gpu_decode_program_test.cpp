@@ -65,7 +65,7 @@ void expect_reference(const json& cases, const std::vector<std::vector<int>>& go
   }
 }
 
-void check_programs(const std::string& model, bool served) {
+void check_programs(const std::string& model) {
   ASSERT_TRUE(testing::have_gpu()) << "GPU tests need a CUDA device";
   std::ifstream in(testing::model_path("ref/cases.json"));
   const json cases = json::parse(in)[model];
@@ -93,21 +93,21 @@ void check_programs(const std::string& model, bool served) {
     const bool dense = on && std::string(env).find("DENSE=0") == std::string::npos;
     RunResult batch = run(base + " --prompts " + dir + "/prompts.jsonl", std::string(env) + " NUCLEUS_DUMP_GRAPH=1", dir);
     ASSERT_EQ(batch.status, 0) << batch.err;
-    EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on && served) << env << ": the decode graph";
+    EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on) << env << ": the decode graph";
     // Joined: layer 1's MoE program also runs layer 2's front (one node; attrs "+front of layer 2").
-    EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined && served) << env << ": the join";
+    EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined) << env << ": the join";
     // The dense first layer's o_proj, norm and MLP as a program too (attrs "dense MLP"), joined with layer 1's front.
-    EXPECT_EQ(batch.err.find("dense MLP") != std::string::npos, dense && served) << env << ": the dense layer";
-    EXPECT_EQ(batch.err.find("+front of layer 1") != std::string::npos, dense && joined && served)
+    EXPECT_EQ(batch.err.find("dense MLP") != std::string::npos, dense) << env << ": the dense layer";
+    EXPECT_EQ(batch.err.find("+front of layer 1") != std::string::npos, dense && joined)
         << env << ": the dense layer joined";
     // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).
-    EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed && served) << env << ": the absorption";
+    EXPECT_EQ(batch.err.find(" absorbs") != std::string::npos, absorbed) << env << ": the absorption";
     // The start-up log says which widths run as programs.
     const std::string e = env;
     const char* widths = e.find("MAX_ROWS=2") != std::string::npos   ? "decode programs: widths 1, 2 run as programs"
                          : e.find("MAX_ROWS=4") != std::string::npos ? "decode programs: widths 1, 2, 4 run as programs"
                                                                       : "decode programs: widths 1, 2, 4, 8 run as programs";
-    if (on && served) {
+    if (on) {
       EXPECT_NE(batch.err.find(widths), std::string::npos) << env << ": " << batch.err.substr(0, 2000);
       // tiny-dsv3: layer 0 dense, layers 1-3 MoE; each front running the attention when asked (the dense
       // program merges layer 0's like the MoE programs).
@@ -116,14 +116,10 @@ void check_programs(const std::string& model, bool served) {
       }
     }
     // With NUCLEUS_DECODE_PROGRAM_ATTENTION=1 the fronts of the MoE layers run the attention (attrs "attends").
-    EXPECT_EQ(batch.err.find(" attends") != std::string::npos, attention && served) << env << ": the attention";
+    EXPECT_EQ(batch.err.find(" attends") != std::string::npos, attention) << env << ": the attention";
     // The MoE programs merge the attention's splits and apply W_UV (attrs "+attention output").
-    EXPECT_EQ(batch.err.find("+attention output") != std::string::npos, attention_output && served)
+    EXPECT_EQ(batch.err.find("+attention output") != std::string::npos, attention_output)
         << env << ": the attention output";
-    if (on && !served) {
-      EXPECT_NE(batch.err.find("NUCLEUS_DECODE_PROGRAMS=1: the MoE blocks run the separate ops"), std::string::npos)
-          << batch.err;
-    }
     std::vector<std::vector<int>> got;
     for (const json& line : json_lines(batch.out)) got.push_back(line["token_ids"]);
     expect_reference(cases, got, std::string(env) + " batch");
@@ -150,7 +146,7 @@ void check_programs(const std::string& model, bool served) {
   }
 }
 
-TEST(GpuDecodeProgram, MoeBlocksOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3", /*served=*/true); }
+TEST(GpuDecodeProgram, MoeBlocksOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3"); }
 
 // Programs under MTP speculative decoding with one sequence at a time: verify
 // steps of up to 3 rows run as decode rows, wider than the attention's scratch
@@ -176,7 +172,7 @@ TEST(GpuDecodeProgram, WithMtpSpeculativeDecoding) {
   expect_reference(cases, got, "programs with MTP, one sequence at a time");
 }
 
-TEST(GpuDecodeProgram, Fp8ModelOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3-fp8", /*served=*/true); }
+TEST(GpuDecodeProgram, Fp8ModelOnAndOffAgreeWithTheReference) { check_programs("tiny-dsv3-fp8"); }
 
 }  // namespace
 }  // namespace nucleus
