@@ -37,6 +37,7 @@
 // --probe prints only the diagnostic table (mono_kernel.cuh MonoProbe).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -215,15 +216,27 @@ int main(int argc, char** argv) {
           const char* name;
           mono::MonoProbe probe;
         };
+        auto pr = [](bool copy_only, bool rotate, bool packed, bool contiguous, bool no_hint) {
+          mono::MonoProbe q;
+          q.copy_only = copy_only;
+          q.rotate = rotate;
+          q.packed_rows = packed;
+          q.contiguous = contiguous;
+          q.no_hint = no_hint;
+          return q;
+        };
         const Variant variants[] = {{"default", {}},
                                     {"copy only", {true, false, 0}},
                                     {"cp.async 16 B", {false, true, 0}},
-                                    {"cp.async 16 B, copy only", {true, true, 0}},
                                     {"2 slots", {false, false, 2}},
-                                    {"4 slots", {false, false, 4}},
                                     {"6 slots", {false, false, 6}},
                                     {"release add, acquire poll", {false, false, 0, true}},
-                                    {"cp.async 16 B, release/acquire", {false, true, 0, true}}};
+                                    {"rotated slices", pr(false, true, false, false, false)},
+                                    {"copy only, rotated slices", pr(true, true, false, false, false)},
+                                    {"copy only, 128-B aligned rows", pr(true, false, true, false, false)},
+                                    {"copy only, one 16 KB copy a chunk", pr(true, false, false, true, false)},
+                                    {"no L2 hint", pr(false, false, false, false, true)},
+                                    {"copy only, no L2 hint", pr(true, false, false, false, true)}};
         for (const Variant& v : variants) {
           const double us = bench::median_us_per_launch(kCopies, [&](int i) {
             return mono::launch_mono_program(plans[i]->program(rows), stream, true, v.probe) == cudaSuccess;
@@ -235,6 +248,37 @@ int main(int argc, char** argv) {
                       100.0 * gbs * 1e9 / roofline::kHbmBytesPerSec);
           std::fflush(stdout);
         }
+        // Where the time goes (MonoProbe::timeline) in the last of four
+        // back-to-back launches, default and copy only: per CTA, us after the
+        // earliest CTA's start; min / median / max over the CTAs.
+        Tensor tl_buf = Tensor::empty({int64_t{c.num_sms} * 12}, DType::kI32, Device::kCuda);  // [CTA][6] u64
+        for (int copy_only = 0; copy_only < 2; ++copy_only) {
+          mono::MonoProbe q;
+          q.copy_only = copy_only;
+          q.timeline = static_cast<unsigned long long*>(tl_buf.raw());
+          zero_device(tl_buf);
+          for (int i = 0; i < 4; ++i)
+            if (mono::launch_mono_program(plans[i % kCopies]->program(rows), stream, true, q) != cudaSuccess) return 1;
+          NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
+          std::vector<unsigned long long> t(static_cast<size_t>(c.num_sms) * 6);
+          NUCLEUS_CUDA_CHECK(cudaMemcpy(t.data(), tl_buf.raw(), t.size() * 8, cudaMemcpyDeviceToHost));
+          const int ctas = plans[3 % kCopies]->program(rows).num_ctas;
+          unsigned long long t0 = ~0ull;
+          for (int cta = 0; cta < ctas; ++cta) t0 = std::min(t0, t[cta * 6]);
+          std::printf("\ntimeline m=%ld %s%s (us after the first CTA's start; min / median / max over %d CTAs)\n",
+                      long(m), what == 0 ? "GEMV" : "chain", copy_only ? ", copy only" : "", ctas);
+          const char* names[6] = {"start", "inputs ready", "first chunk landed", "last chunk landed", "compute done",
+                                  "copies issued"};
+          for (int f = 0; f < 6; ++f) {
+            std::vector<double> v;
+            for (int cta = 0; cta < ctas; ++cta)
+              if (t[cta * 6 + f] >= t0) v.push_back(static_cast<double>(t[cta * 6 + f] - t0) / 1e3);
+            if (v.empty()) continue;
+            std::sort(v.begin(), v.end());
+            std::printf("  %-20s %7.2f %7.2f %7.2f\n", names[f], v.front(), v[v.size() / 2], v.back());
+          }
+        }
+        std::printf("\n| m | probe | what | ring slots | us | GB/s | %% of roofline |\n|---|---|---|---|---|---|---|\n");
       }
     return 0;
   }

@@ -96,8 +96,9 @@ void check_programs(const std::string& model) {
     EXPECT_EQ(batch.err.find("cuda_program") != std::string::npos, on) << env << ": the decode graph";
     // Joined: layer 1's MoE program also runs layer 2's front (one node; attrs "+front of layer 2").
     EXPECT_EQ(batch.err.find("+front of layer 2") != std::string::npos, joined) << env << ": the join";
-    // The dense first layer's o_proj, norm and MLP as a program too (attrs "dense MLP"), joined with layer 1's front.
-    EXPECT_EQ(batch.err.find("dense MLP") != std::string::npos, dense) << env << ": the dense layer";
+    // The dense first layer's o_proj, norm and MLP as a program too (attrs " dense MLP <inter>"; the start-up
+    // log's "dense MLPs" count is not it), joined with layer 1's front.
+    EXPECT_EQ(batch.err.find(" dense MLP ") != std::string::npos, dense) << env << ": the dense layer";
     EXPECT_EQ(batch.err.find("+front of layer 1") != std::string::npos, dense && joined)
         << env << ": the dense layer joined";
     // Absorbing: the fronts write the attention's absorbed query (attrs "absorbs"; the attention reads mla_q_full).

@@ -583,14 +583,19 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
   }
 }
 
-// probe: bit 0 copy_only, bit 1 cp_async, bit 2 release (MonoProbe); 0 in the engine.
+// probe: bit 0 copy_only, bit 1 cp_async, bit 2 release, 3 rotate, 4 packed_rows, 5 contiguous, 6 no_hint
+// (MonoProbe); 0 and a null timeline in the engine.
 __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
-                                                                   int64_t k_max, int probe) {
+                                                                   int64_t k_max, int probe,
+                                                                   unsigned long long* timeline) {
   extern __shared__ __align__(128) uint8_t smem[];
   const Layout L = layout(slots, k_max);
   const uint32_t ring = ptx::smem_u32(smem + L.ring);
   const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
   const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = probe & 4;
+  const bool rotate = probe & 8, packed_rows = probe & 16, contiguous = probe & 32, no_hint = probe & 64;
+  unsigned long long* tl = timeline ? timeline + 6 * blockIdx.x : nullptr;
+  if (tl && threadIdx.x == 0) tl[0] = global_ns();
   if (threadIdx.x == 0) {
     for (int i = 0; i < slots; ++i) {
       ptx::mbarrier_init(full + 8 * i, lane_copies ? 32 : 1);
@@ -635,9 +640,11 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       }
       const int64_t eb = weight_element_bytes(s);
       const int32_t slices = stage_slices(s);
+      const int32_t rot = rotate ? static_cast<int32_t>(blockIdx.x) % slices : 0;
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
-        for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
+        for (int32_t si = 0; si < slices; ++si, ++chunk) {
+          const int32_t sl = (si + rot) % slices;
           const uint32_t slot = chunk % slots, round = chunk / slots;
           const int32_t kc = slice_columns(s, sl);
           if (lane_copies) {  // (MonoProbe::cp_async) 16-byte copies by all 32 lanes, then one arrival each
@@ -657,13 +664,25 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
             ptx::mbarrier_arrive_expect_tx(full + 8 * slot, static_cast<uint32_t>(gr.count * kc * eb));
           }
           __syncwarp();
-          if (lane < gr.count)
-            ptx::bulk_copy_g2s(ring + slot * kSlotBytes + lane * kRowPitch,
-                               w + ((gr.first_row + lane) * s.k + slice_first(s, sl)) * eb,
-                               static_cast<uint32_t>(kc * eb), full + 8 * slot, policy);
+          if (contiguous) {  // (MonoProbe::contiguous, copy_only) the chunk's bytes as one run
+            if (lane == 0)
+              ptx::bulk_copy_g2s(ring + slot * kSlotBytes, w + (gr.first_row * s.k + slice_first(s, sl) * gr.count) * eb,
+                                 static_cast<uint32_t>(gr.count * kc * eb), full + 8 * slot, policy);
+          } else if (lane < gr.count) {
+            const uint32_t dst = ring + slot * kSlotBytes + lane * (packed_rows ? kSliceK * 2 : kRowPitch);
+            const uint8_t* src = w + ((gr.first_row + lane) * s.k + slice_first(s, sl)) * eb;
+            if (no_hint)  // (MonoProbe::no_hint)
+              asm volatile(
+                  "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                  "l"(src), "r"(static_cast<uint32_t>(kc * eb)), "r"(full + 8 * slot)
+                  : "memory");
+            else
+              ptx::bulk_copy_g2s(dst, src, static_cast<uint32_t>(kc * eb), full + 8 * slot, policy);
+          }
         }
       }
     }
+    if (tl && lane == 0) tl[5] = global_ns();
     // (MonoProbe::cp_async: no lane leaves with its copies in flight.)
     if (lane_copies) asm volatile("cp.async.wait_all;\n" ::: "memory");
     // The compute warps count this CTA out only after this warp's last read
@@ -680,6 +699,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem + L.x);
   const uint32_t xs_u32 = ptx::smem_u32(xs);
   pdl::wait_for_inputs();  // the kernel before has finished: activations and counters are final
+  if (tl && ct == 0) tl[1] = global_ns();
   // ldmatrix addresses: A (16 weight rows x 16 k) as four 8x8 matrices, B (8
   // rows of x x 16 k) as two.
   const int a_row = ((lane / 8) & 1) * 8 + lane % 8, a_col = (lane / 16) * 8;
@@ -727,13 +747,16 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const float* scale = nullptr;
       if (fp8 && groups > 0)
         scale = expert_scale(s, routed(s) ? __ldcg(&s.route->expert[slot]) : slotted(s) ? slot : 0);
+      const int32_t rot = rotate ? static_cast<int32_t>(blockIdx.x) % slices : 0;
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (int32_t sl = 0; sl < slices; ++sl, ++chunk) {
+        for (int32_t si = 0; si < slices; ++si, ++chunk) {
+          const int32_t sl = (si + rot) % slices;
           const uint32_t rs = chunk % slots, round = chunk / slots;
           const int32_t kc = slice_columns(s, sl);
           ptx::mbarrier_wait_parity(full + 8 * rs, round & 1u);
+          if (tl && ct == 0) tl[chunk == 0 ? 2 : 3] = global_ns();
           const uint32_t a_base = ring + rs * kSlotBytes + a_row * kRowPitch + a_col * 2;
           if (copy_only) {
             // (MonoProbe::copy_only: no math)
@@ -833,6 +856,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       }
     }
   }
+  if (tl && ct == 0) tl[4] = global_ns();
   // The last CTA out clears the counters for the next launch (every other CTA
   // has finished all its waits before it counts itself out; bar 2 waits for
   // the copy warp's).
@@ -879,7 +903,11 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl,
   const size_t smem = layout(slots, widest_k(p)).total;
   const cudaError_t e =
       pdl::launch(mono_program_kernel, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
-                  widest_k(p), (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) | (probe.release ? 4 : 0));
+                  widest_k(p),
+                  (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) | (probe.release ? 4 : 0) |
+                      (probe.rotate ? 8 : 0) | (probe.packed_rows ? 16 : 0) | (probe.contiguous ? 32 : 0) |
+                      (probe.no_hint ? 64 : 0),
+                  probe.timeline);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 

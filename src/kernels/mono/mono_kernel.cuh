@@ -68,13 +68,30 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //   release      a job counts itself done with one red.release.gpu add and
 //                a wait is the ld.acquire.gpu poll alone, instead of
 //                __threadfence (fence.sc) before the add and after the poll
-//                (whether a full fence waits behind the ring's copies).
+//                (whether a full fence waits behind the ring's copies);
+//   rotate       CTA c streams each group's slices starting at slice
+//                c % slices (the sums' order changes, so the low bits may);
+//   packed_rows  copy_only only: rows land at a 1,024-byte pitch (128-byte
+//                aligned destinations) instead of kRowPitch's 1,040;
+//   contiguous   copy_only only: one bulk copy a chunk of the chunk's bytes
+//                of the group's contiguous rows (the same bytes a job
+//                streams, read as one run instead of 16 rows' slices);
+//   no_hint      the bulk copies carry no L2 evict-first policy;
+//   timeline     when set, CTA c writes %globaltimer (ns) to timeline[c * 6 +
+//                i]: i = 0 start, 1 the compute warps' inputs ready (the PDL
+//                wait), 2 the first chunk landed, 3 the last chunk landed, 4
+//                the compute warps done, 5 the copy warp done issuing.
 // Results are the program's (copy_only: the outputs are not computed).
 struct MonoProbe {
   bool copy_only = false;
   bool cp_async = false;
   int max_slots = 0;
   bool release = false;
+  bool rotate = false;
+  bool packed_rows = false;
+  bool contiguous = false;
+  bool no_hint = false;
+  unsigned long long* timeline = nullptr;  // [num_ctas][6] on the device
 };
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe);
 // The ring slots a launch with `probe` uses.
