@@ -225,6 +225,12 @@ int main(int argc, char** argv) {
           q.no_hint = no_hint;
           return q;
         };
+        auto lean = [](bool copy_only) {
+          mono::MonoProbe q;
+          q.copy_only = copy_only;
+          q.lean = true;
+          return q;
+        };
         const Variant variants[] = {{"default", {}},
                                     {"copy only", {true, false, 0}},
                                     {"cp.async 16 B", {false, true, 0}},
@@ -236,7 +242,9 @@ int main(int argc, char** argv) {
                                     {"copy only, 128-B aligned rows", pr(true, false, true, false, false)},
                                     {"copy only, one 16 KB copy a chunk", pr(true, false, false, true, false)},
                                     {"no L2 hint", pr(false, false, false, false, true)},
-                                    {"copy only, no L2 hint", pr(true, false, false, false, true)}};
+                                    {"copy only, no L2 hint", pr(true, false, false, false, true)},
+                                    {"lean build", lean(false)},
+                                    {"lean build, copy only", lean(true)}};
         for (const Variant& v : variants) {
           const double us = bench::median_us_per_launch(kCopies, [&](int i) {
             return mono::launch_mono_program(plans[i]->program(rows), stream, true, v.probe) == cudaSuccess;

@@ -584,7 +584,9 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
 }
 
 // probe: bit 0 copy_only, bit 1 cp_async, bit 2 release, 3 rotate, 4 packed_rows, 5 contiguous, 6 no_hint
-// (MonoProbe); 0 and a null timeline in the engine.
+// (MonoProbe); 0 and a null timeline in the engine. kLean (MonoProbe::lean): bf16 GEMV stages only, the
+// other kinds and FP8 compiled out.
+template <bool kLean>
 __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
                                                                    int64_t k_max, int probe,
                                                                    unsigned long long* timeline) {
@@ -617,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const Stage& s = p.stages[job.stage];
       int32_t groups = job_groups(s, job.tile);
       const uint8_t* w = static_cast<const uint8_t*>(s.w);
-      if (groups > 0 && slotted(s)) {
+      if (!kLean && groups > 0 && slotted(s)) {
         int32_t expert = job_slot(s, job.tile);  // no table: slot u is expert u
         if (routed(s)) {
           // The one wait for the step's results: which expert this slot streams.
@@ -709,7 +711,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   for (int32_t q = q0; q < q1; ++q) {
     const Job job = p.jobs[q];
     const Stage& s = p.stages[job.stage];
-    if (s.kind != Kind::kGemv) {
+    if (!kLean && s.kind != Kind::kGemv) {
       wait_stages(p, s.wait_mask, ct, release_acquire);
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
       else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
@@ -722,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     } else {
       const int32_t slot = job_slot(s, job.tile);
       wait_stages(p, s.wait_mask, ct, release_acquire);
-      const bool used = !routed(s) || slot < __ldcg(&s.route->count);
+      const bool used = kLean || !routed(s) || slot < __ldcg(&s.route->count);
       // x carries over within a stage (and slot, for kLoad) and from the
       // earlier stages the planner found to build the same x from inputs
       // nothing rewrote since (Stage::x_reuse); an add + RMSNorm job 0 that
@@ -742,7 +744,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         x_slot = slot;
       }
       const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
-      const bool fp8 = fp8_weights(s);
+      const bool fp8 = !kLean && fp8_weights(s);
       // kFp8Block: this job's scales (its expert's in a slotted stage), row stride fp8_scale_columns(k).
       const float* scale = nullptr;
       if (fp8 && groups > 0)
@@ -896,13 +898,21 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl,
   const int slots = slots_for(p, probe);
   if (slots < kMinSlots && !(probe.max_slots > 0 && slots >= 1)) return cudaErrorInvalidValue;
   const cudaError_t attr = cuda_common::once_per_device([] {
-    return cudaFuncSetAttribute(mono_program_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(kSmemLimit));
+    const cudaError_t e = cudaFuncSetAttribute(mono_program_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kSmemLimit));
+    return e != cudaSuccess ? e
+                            : cudaFuncSetAttribute(mono_program_kernel<true>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kSmemLimit));
   });
+  if (probe.lean)
+    for (int s = 0; s < p.num_stages; ++s)
+      if (p.stages[s].kind != Kind::kGemv || fp8_weights(p.stages[s]) || slotted(p.stages[s]))
+        return cudaErrorInvalidValue;  // (MonoProbe::lean: bf16 GEMV stages only)
   if (attr != cudaSuccess) return attr;
   const size_t smem = layout(slots, widest_k(p)).total;
   const cudaError_t e =
-      pdl::launch(mono_program_kernel, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
+      pdl::launch(probe.lean ? mono_program_kernel<true> : mono_program_kernel<false>, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
                   widest_k(p),
                   (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) | (probe.release ? 4 : 0) |
                       (probe.rotate ? 8 : 0) | (probe.packed_rows ? 16 : 0) | (probe.contiguous ? 32 : 0) |

@@ -80,7 +80,10 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //   timeline     when set, CTA c writes %globaltimer (ns) to timeline[c * 6 +
 //                i]: i = 0 start, 1 the compute warps' inputs ready (the PDL
 //                wait), 2 the first chunk landed, 3 the last chunk landed, 4
-//                the compute warps done, 5 the copy warp done issuing.
+//                the compute warps done, 5 the copy warp done issuing;
+//   lean         a build of the kernel with bf16 GEMV stages only (the other
+//                kinds and FP8 compiled out: what the code size and registers
+//                cost); cudaErrorInvalidValue for another program.
 // Results are the program's (copy_only: the outputs are not computed).
 struct MonoProbe {
   bool copy_only = false;
@@ -91,6 +94,7 @@ struct MonoProbe {
   bool packed_rows = false;
   bool contiguous = false;
   bool no_hint = false;
+  bool lean = false;
   unsigned long long* timeline = nullptr;  // [num_ctas][6] on the device
 };
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe);
