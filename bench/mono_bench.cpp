@@ -215,6 +215,7 @@ int main(int argc, char** argv) {
         struct Variant {
           const char* name;
           mono::MonoProbe probe;
+          bool full = false;  // the full build (Program::lean false)
         };
         auto pr = [](bool copy_only, bool rotate, bool packed, bool contiguous, bool no_hint) {
           mono::MonoProbe q;
@@ -223,12 +224,6 @@ int main(int argc, char** argv) {
           q.packed_rows = packed;
           q.contiguous = contiguous;
           q.no_hint = no_hint;
-          return q;
-        };
-        auto lean = [](bool copy_only) {
-          mono::MonoProbe q;
-          q.copy_only = copy_only;
-          q.lean = true;
           return q;
         };
         const Variant variants[] = {{"default", {}},
@@ -243,11 +238,13 @@ int main(int argc, char** argv) {
                                     {"copy only, one 16 KB copy a chunk", pr(true, false, false, true, false)},
                                     {"no L2 hint", pr(false, false, false, false, true)},
                                     {"copy only, no L2 hint", pr(true, false, false, false, true)},
-                                    {"lean build", lean(false)},
-                                    {"lean build, copy only", lean(true)}};
+                                    {"full build", {}, true},
+                                    {"full build, copy only", {true, false, 0}, true}};
         for (const Variant& v : variants) {
           const double us = bench::median_us_per_launch(kCopies, [&](int i) {
-            return mono::launch_mono_program(plans[i]->program(rows), stream, true, v.probe) == cudaSuccess;
+            mono::Program p = plans[i]->program(rows);
+            p.lean = !v.full;
+            return mono::launch_mono_program(p, stream, true, v.probe) == cudaSuccess;
           });
           const double gbs = bytes / (us * 1e-6) / 1e9;
           std::printf("| %ld | %s | %s | %d | %.2f | %.0f | %.1f%% |\n", long(m), v.name,
@@ -259,7 +256,8 @@ int main(int argc, char** argv) {
         // Where the time goes (MonoProbe::timeline) in the last of four
         // back-to-back launches, default and copy only: per CTA, us after the
         // earliest CTA's start; min / median / max over the CTAs.
-        Tensor tl_buf = Tensor::empty({int64_t{c.num_sms} * 12}, DType::kI32, Device::kCuda);  // [CTA][6] u64
+        constexpr int kF = mono::kTimelineFields;
+        Tensor tl_buf = Tensor::empty({int64_t{c.num_sms} * kF * 2}, DType::kI32, Device::kCuda);  // [CTA][kF] u64
         for (int copy_only = 0; copy_only < 2; ++copy_only) {
           mono::MonoProbe q;
           q.copy_only = copy_only;
@@ -268,11 +266,11 @@ int main(int argc, char** argv) {
           for (int i = 0; i < 4; ++i)
             if (mono::launch_mono_program(plans[i % kCopies]->program(rows), stream, true, q) != cudaSuccess) return 1;
           NUCLEUS_CUDA_CHECK(cudaStreamSynchronize(stream));
-          std::vector<unsigned long long> t(static_cast<size_t>(c.num_sms) * 6);
+          std::vector<unsigned long long> t(static_cast<size_t>(c.num_sms) * kF);
           NUCLEUS_CUDA_CHECK(cudaMemcpy(t.data(), tl_buf.raw(), t.size() * 8, cudaMemcpyDeviceToHost));
           const int ctas = plans[3 % kCopies]->program(rows).num_ctas;
           unsigned long long t0 = ~0ull;
-          for (int cta = 0; cta < ctas; ++cta) t0 = std::min(t0, t[cta * 6]);
+          for (int cta = 0; cta < ctas; ++cta) t0 = std::min(t0, t[cta * kF]);
           std::printf("\ntimeline m=%ld %s%s (us after the first CTA's start; min / median / max over %d CTAs)\n",
                       long(m), what == 0 ? "GEMV" : "chain", copy_only ? ", copy only" : "", ctas);
           const char* names[6] = {"start", "inputs ready", "first chunk landed", "last chunk landed", "compute done",
@@ -280,10 +278,28 @@ int main(int argc, char** argv) {
           for (int f = 0; f < 6; ++f) {
             std::vector<double> v;
             for (int cta = 0; cta < ctas; ++cta)
-              if (t[cta * 6 + f] >= t0) v.push_back(static_cast<double>(t[cta * 6 + f] - t0) / 1e3);
+              if (t[cta * kF + f] >= t0) v.push_back(static_cast<double>(t[cta * kF + f] - t0) / 1e3);
             if (v.empty()) continue;
             std::sort(v.begin(), v.end());
             std::printf("  %-20s %7.2f %7.2f %7.2f\n", names[f], v.front(), v[v.size() / 2], v.back());
+          }
+          // Per stage: its jobs' waits done and jobs done (the stage is done at the max).
+          const mono::ProgramPlan& pl = plans[3 % kCopies]->plan;
+          for (size_t st = 0; st < pl.stages.size(); ++st) {
+            std::vector<double> w, d;
+            for (int cta = 0; cta < ctas; ++cta)
+              for (int j = pl.queue_start[cta]; j < pl.queue_start[cta + 1] && j - pl.queue_start[cta] < mono::kTimelineJobs;
+                   ++j)
+                if (pl.jobs[j].stage == static_cast<int32_t>(st)) {
+                  const size_t at = static_cast<size_t>(cta) * kF + 6 + 2 * (j - pl.queue_start[cta]);
+                  if (t[at] >= t0) w.push_back(static_cast<double>(t[at] - t0) / 1e3);
+                  if (t[at + 1] >= t0) d.push_back(static_cast<double>(t[at + 1] - t0) / 1e3);
+                }
+            if (w.empty() || d.empty()) continue;
+            std::sort(w.begin(), w.end());
+            std::sort(d.begin(), d.end());
+            std::printf("  stage %zu (%zu jobs): waits done %7.2f %7.2f %7.2f; jobs done %7.2f %7.2f %7.2f\n", st, d.size(),
+                        w.front(), w[w.size() / 2], w.back(), d.front(), d[d.size() / 2], d.back());
           }
         }
         std::printf("\n| m | probe | what | ring slots | us | GB/s | %% of roofline |\n|---|---|---|---|---|---|---|\n");

@@ -271,6 +271,11 @@ constexpr KnobInfo kKnobs[] = {
      "program (ops/moe_program_op.h dense(), joined with the next layer's front like a MoE block); 0: the separate "
      "ops; read when a graph is built",
      "src/model/deepseek/deepseek_model.cpp"},
+    {KNOB(kDecodeProgramLean), "NUCLEUS_DECODE_PROGRAM_LEAN", KnobType::kFlag, "", "1",
+     "with NUCLEUS_DECODE_PROGRAMS=1, each program launches the smallest build of the decode-program kernel that "
+     "runs its stages (no FP8 code for bf16 weights, no attention or MoE code for plain GEMV stages: less code to "
+     "fetch); 0: always the full build; the same bits either way; read when the programs are reserved",
+     "src/ops/decode_program_cuda.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -76,6 +76,7 @@ enum class Knob {
   kDecodeProgramMaxRows,
   kDecodeProgramAttention,
   kDecodeProgramDense,
+  kDecodeProgramLean,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -584,9 +584,10 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
 }
 
 // probe: bit 0 copy_only, bit 1 cp_async, bit 2 release, 3 rotate, 4 packed_rows, 5 contiguous, 6 no_hint
-// (MonoProbe); 0 and a null timeline in the engine. kLean (MonoProbe::lean): bf16 GEMV stages only, the
-// other kinds and FP8 compiled out.
-template <bool kLean>
+// (MonoProbe); 0 and a null timeline in the engine. The builds (Program::lean): kFp8 with FP8 weights,
+// kKinds with the stages other than unslotted GEMVs (routed and slotted GEMVs, select, RoPE, attend, merge,
+// combine); the full build has both.
+template <bool kFp8, bool kKinds>
 __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_constant__ Program p, int slots,
                                                                    int64_t k_max, int probe,
                                                                    unsigned long long* timeline) {
@@ -596,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
   const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = probe & 4;
   const bool rotate = probe & 8, packed_rows = probe & 16, contiguous = probe & 32, no_hint = probe & 64;
-  unsigned long long* tl = timeline ? timeline + 6 * blockIdx.x : nullptr;
+  unsigned long long* tl = timeline ? timeline + kTimelineFields * blockIdx.x : nullptr;
   if (tl && threadIdx.x == 0) tl[0] = global_ns();
   if (threadIdx.x == 0) {
     for (int i = 0; i < slots; ++i) {
@@ -619,7 +620,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const Stage& s = p.stages[job.stage];
       int32_t groups = job_groups(s, job.tile);
       const uint8_t* w = static_cast<const uint8_t*>(s.w);
-      if (!kLean && groups > 0 && slotted(s)) {
+      if (kKinds && groups > 0 && slotted(s)) {
         int32_t expert = job_slot(s, job.tile);  // no table: slot u is expert u
         if (routed(s)) {
           // The one wait for the step's results: which expert this slot streams.
@@ -711,8 +712,9 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   for (int32_t q = q0; q < q1; ++q) {
     const Job job = p.jobs[q];
     const Stage& s = p.stages[job.stage];
-    if (!kLean && s.kind != Kind::kGemv) {
+    if (kKinds && s.kind != Kind::kGemv) {
       wait_stages(p, s.wait_mask, ct, release_acquire);
+      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[6 + 2 * (q - q0)] = global_ns();
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
       else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
       else if (s.kind == Kind::kMerge) merge_job(p, s, job.tile, out_tile, ct);
@@ -724,7 +726,8 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     } else {
       const int32_t slot = job_slot(s, job.tile);
       wait_stages(p, s.wait_mask, ct, release_acquire);
-      const bool used = kLean || !routed(s) || slot < __ldcg(&s.route->count);
+      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[6 + 2 * (q - q0)] = global_ns();
+      const bool used = !kKinds || !routed(s) || slot < __ldcg(&s.route->count);
       // x carries over within a stage (and slot, for kLoad) and from the
       // earlier stages the planner found to build the same x from inputs
       // nothing rewrote since (Stage::x_reuse); an add + RMSNorm job 0 that
@@ -744,7 +747,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         x_slot = slot;
       }
       const int32_t groups = used ? job_groups(s, job.tile) : 0, slices = stage_slices(s);
-      const bool fp8 = !kLean && fp8_weights(s);
+      const bool fp8 = kFp8 && fp8_weights(s);
       // kFp8Block: this job's scales (its expert's in a slotted stage), row stride fp8_scale_columns(k).
       const float* scale = nullptr;
       if (fp8 && groups > 0)
@@ -849,6 +852,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       }
     }
     compute_barrier();  // every column written (and the shared scratch free for the next job)
+    if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[7 + 2 * (q - q0)] = global_ns();
     if (ct == 0) {
       if (release_acquire) {  // (MonoProbe::release) one release add: the writes before the CTA's barrier first
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p.counters + job.stage) : "memory");
@@ -871,6 +875,19 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       __threadfence();
     }
   }
+}
+
+using Kernel = void (*)(Program, int, int64_t, int, unsigned long long*);
+
+// The smallest build that runs every stage of `p` (the full one unless p.lean).
+Kernel kernel_for(const Program& p) {
+  bool fp8 = !p.lean, kinds = !p.lean;
+  for (int s = 0; s < p.num_stages; ++s) {
+    fp8 |= fp8_weights(p.stages[s]);
+    kinds |= p.stages[s].kind != Kind::kGemv || slotted(p.stages[s]);
+  }
+  return fp8 ? (kinds ? mono_program_kernel<true, true> : mono_program_kernel<true, false>)
+             : (kinds ? mono_program_kernel<false, true> : mono_program_kernel<false, false>);
 }
 
 int slots_for(const Program& p, const MonoProbe& probe = {}) {
@@ -898,21 +915,18 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl,
   const int slots = slots_for(p, probe);
   if (slots < kMinSlots && !(probe.max_slots > 0 && slots >= 1)) return cudaErrorInvalidValue;
   const cudaError_t attr = cuda_common::once_per_device([] {
-    const cudaError_t e = cudaFuncSetAttribute(mono_program_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kSmemLimit));
-    return e != cudaSuccess ? e
-                            : cudaFuncSetAttribute(mono_program_kernel<true>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(kSmemLimit));
+    for (const Kernel k : {mono_program_kernel<false, false>, mono_program_kernel<true, false>,
+                           mono_program_kernel<false, true>, mono_program_kernel<true, true>}) {
+      const cudaError_t e =
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemLimit));
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
   });
-  if (probe.lean)
-    for (int s = 0; s < p.num_stages; ++s)
-      if (p.stages[s].kind != Kind::kGemv || fp8_weights(p.stages[s]) || slotted(p.stages[s]))
-        return cudaErrorInvalidValue;  // (MonoProbe::lean: bf16 GEMV stages only)
   if (attr != cudaSuccess) return attr;
   const size_t smem = layout(slots, widest_k(p)).total;
   const cudaError_t e =
-      pdl::launch(probe.lean ? mono_program_kernel<true> : mono_program_kernel<false>, static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
+      pdl::launch(kernel_for(p), static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
                   widest_k(p),
                   (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) | (probe.release ? 4 : 0) |
                       (probe.rotate ? 8 : 0) | (probe.packed_rows ? 16 : 0) | (probe.contiguous ? 32 : 0) |

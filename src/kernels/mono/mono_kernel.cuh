@@ -77,14 +77,15 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //                of the group's contiguous rows (the same bytes a job
 //                streams, read as one run instead of 16 rows' slices);
 //   no_hint      the bulk copies carry no L2 evict-first policy;
-//   timeline     when set, CTA c writes %globaltimer (ns) to timeline[c * 6 +
-//                i]: i = 0 start, 1 the compute warps' inputs ready (the PDL
-//                wait), 2 the first chunk landed, 3 the last chunk landed, 4
-//                the compute warps done, 5 the copy warp done issuing;
-//   lean         a build of the kernel with bf16 GEMV stages only (the other
-//                kinds and FP8 compiled out: what the code size and registers
-//                cost); cudaErrorInvalidValue for another program.
+//   timeline     when set, CTA c writes %globaltimer (ns) to timeline[c *
+//                kTimelineFields + i]: i = 0 start, 1 the compute warps'
+//                inputs ready (the PDL wait), 2 the first chunk landed, 3 the
+//                last chunk landed, 4 the compute warps done, 5 the copy warp
+//                done issuing; 6 + 2 j its queue's job j's waits done and 7 +
+//                2 j that job done (j < kTimelineJobs).
 // Results are the program's (copy_only: the outputs are not computed).
+inline constexpr int kTimelineJobs = 24;
+inline constexpr int kTimelineFields = 6 + 2 * kTimelineJobs;
 struct MonoProbe {
   bool copy_only = false;
   bool cp_async = false;
@@ -94,7 +95,6 @@ struct MonoProbe {
   bool packed_rows = false;
   bool contiguous = false;
   bool no_hint = false;
-  bool lean = false;
   unsigned long long* timeline = nullptr;  // [num_ctas][6] on the device
 };
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe);
