@@ -105,6 +105,12 @@ struct DevicePlan {
   }
 };
 
+std::string fmt_us(double v) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f", v);
+  return b;
+}
+
 // plan_program on the device, or null (the error printed).
 std::unique_ptr<DevicePlan> device_plan(const std::vector<mono::Stage>& stages, int64_t width, int num_sms) {
   auto plan = mono::plan_program(stages, static_cast<int32_t>(width), num_sms);
@@ -283,23 +289,36 @@ int main(int argc, char** argv) {
             std::sort(v.begin(), v.end());
             std::printf("  %-20s %7.2f %7.2f %7.2f\n", names[f], v.front(), v[v.size() / 2], v.back());
           }
-          // Per stage: its jobs' waits done and jobs done (the stage is done at the max).
+          // Per stage: when its jobs' waits were done and its jobs counted
+          // (min / median / max: the stage is done at the max), and the
+          // median job's phases: building x, the chunks (MMAs), storing and
+          // counting.
           const mono::ProgramPlan& pl = plans[3 % kCopies]->plan;
+          auto mmm = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v.empty() ? std::string("-") : fmt_us(v.front()) + " " + fmt_us(v[v.size() / 2]) + " " + fmt_us(v.back());
+          };
           for (size_t st = 0; st < pl.stages.size(); ++st) {
-            std::vector<double> w, d;
+            std::vector<double> w, d, px, pc, pe;
             for (int cta = 0; cta < ctas; ++cta)
               for (int j = pl.queue_start[cta]; j < pl.queue_start[cta + 1] && j - pl.queue_start[cta] < mono::kTimelineJobs;
                    ++j)
                 if (pl.jobs[j].stage == static_cast<int32_t>(st)) {
-                  const size_t at = static_cast<size_t>(cta) * kF + 6 + 2 * (j - pl.queue_start[cta]);
-                  if (t[at] >= t0) w.push_back(static_cast<double>(t[at] - t0) / 1e3);
-                  if (t[at + 1] >= t0) d.push_back(static_cast<double>(t[at + 1] - t0) / 1e3);
+                  const size_t at = static_cast<size_t>(cta) * kF + 6 + 4 * (j - pl.queue_start[cta]);
+                  const auto us = [&](size_t i) { return static_cast<double>(static_cast<long long>(t[i] - t0)) / 1e3; };
+                  if (t[at] < t0 || t[at + 3] < t0) continue;
+                  w.push_back(us(at));
+                  d.push_back(us(at + 3));
+                  const double xb = t[at + 1] >= t[at] ? us(at + 1) : us(at);  // x carried: no build
+                  if (t[at + 2] >= t[at]) {
+                    px.push_back(xb - us(at));
+                    pc.push_back(us(at + 2) - xb);
+                    pe.push_back(us(at + 3) - us(at + 2));
+                  }
                 }
-            if (w.empty() || d.empty()) continue;
-            std::sort(w.begin(), w.end());
-            std::sort(d.begin(), d.end());
-            std::printf("  stage %zu (%zu jobs): waits done %7.2f %7.2f %7.2f; jobs done %7.2f %7.2f %7.2f\n", st, d.size(),
-                        w.front(), w[w.size() / 2], w.back(), d.front(), d[d.size() / 2], d.back());
+            if (w.empty()) continue;
+            std::printf("  stage %zu (%zu jobs): waits done %s; counted %s; a job: x %s, chunks %s, store + count %s\n", st,
+                        d.size(), mmm(w).c_str(), mmm(d).c_str(), mmm(px).c_str(), mmm(pc).c_str(), mmm(pe).c_str());
           }
         }
         std::printf("\n| m | probe | what | ring slots | us | GB/s | %% of roofline |\n|---|---|---|---|---|---|---|\n");

@@ -714,7 +714,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     const Stage& s = p.stages[job.stage];
     if (kKinds && s.kind != Kind::kGemv) {
       wait_stages(p, s.wait_mask, ct, release_acquire);
-      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[6 + 2 * (q - q0)] = global_ns();
+      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[6 + 4 * (q - q0)] = global_ns();
       if (s.kind == Kind::kSelect) select_job(p, s, out_tile, ct);
       else if (s.kind == Kind::kRopeCache) rope_job(p, s, job.tile, out_tile, ct);
       else if (s.kind == Kind::kMerge) merge_job(p, s, job.tile, out_tile, ct);
@@ -726,7 +726,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     } else {
       const int32_t slot = job_slot(s, job.tile);
       wait_stages(p, s.wait_mask, ct, release_acquire);
-      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[6 + 2 * (q - q0)] = global_ns();
+      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[6 + 4 * (q - q0)] = global_ns();
       const bool used = !kKinds || !routed(s) || slot < __ldcg(&s.route->count);
       // x carries over within a stage (and slot, for kLoad) and from the
       // earlier stages the planner found to build the same x from inputs
@@ -743,6 +743,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const uint16_t* x_row = xg ? s.x + slot * s.x_slot_stride + min(lane / 4, p.rows - 1) * s.x_stride : nullptr;
       if (used && !carry && !xg) {
         build_x(p, s, job.tile, s.x ? s.x + slot * s.x_slot_stride : nullptr, xs, L.x_pitch, ss_smem, ct);
+        if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[7 + 4 * (q - q0)] = global_ns();
         x_stage = job.stage;
         x_slot = slot;
       }
@@ -831,6 +832,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         }
         ++group_count;
       }
+      if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[8 + 4 * (q - q0)] = global_ns();
       compute_barrier();  // the output tile is complete
       if (used) {
         const int32_t cols = job_columns(s, job.tile);
@@ -852,7 +854,6 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       }
     }
     compute_barrier();  // every column written (and the shared scratch free for the next job)
-    if (tl && ct == 0 && q - q0 < kTimelineJobs) tl[7 + 2 * (q - q0)] = global_ns();
     if (ct == 0) {
       if (release_acquire) {  // (MonoProbe::release) one release add: the writes before the CTA's barrier first
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p.counters + job.stage) : "memory");
@@ -860,6 +861,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
         __threadfence();
         atomicAdd(p.counters + job.stage, 1);
       }
+      if (tl && q - q0 < kTimelineJobs) tl[9 + 4 * (q - q0)] = global_ns();
     }
   }
   if (tl && ct == 0) tl[4] = global_ns();

@@ -81,11 +81,13 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //                kTimelineFields + i]: i = 0 start, 1 the compute warps'
 //                inputs ready (the PDL wait), 2 the first chunk landed, 3 the
 //                last chunk landed, 4 the compute warps done, 5 the copy warp
-//                done issuing; 6 + 2 j its queue's job j's waits done and 7 +
-//                2 j that job done (j < kTimelineJobs).
+//                done issuing; for its queue's job j < kTimelineJobs: 6 + 4 j
+//                the job's waits done, 7 + 4 j its x built (a GEMV that builds
+//                one), 8 + 4 j its last chunk used (a GEMV), 9 + 4 j its
+//                outputs stored and counted.
 // Results are the program's (copy_only: the outputs are not computed).
 inline constexpr int kTimelineJobs = 24;
-inline constexpr int kTimelineFields = 6 + 2 * kTimelineJobs;
+inline constexpr int kTimelineFields = 6 + 4 * kTimelineJobs;
 struct MonoProbe {
   bool copy_only = false;
   bool cp_async = false;
