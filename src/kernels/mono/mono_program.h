@@ -266,7 +266,7 @@ struct Program {
   int32_t* counters = nullptr;
   // Launch the smallest build of the kernel that runs these stages (a build
   // without FP8 weights, or with unslotted GEMV stages only, has less code to
-  // fetch; docs/decode_program.md "Builds"); false: the full build.
+  // fetch; docs/decode_program.md "The kernel"). false: the full build.
   // NUCLEUS_DECODE_PROGRAM_LEAN. The results are the same bits either way.
   bool lean = true;
 };
