@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
         struct Variant {
           const char* name;
           mono::MonoProbe probe;
-          bool full = false;  // the full build (Program::lean false)
+          bool full = false;   // the full build (Program::lean false)
+          bool fence = false;  // fence + atomic counters (Program::release_counters false)
         };
         auto pr = [](bool copy_only, bool rotate, bool packed, bool contiguous, bool no_hint) {
           mono::MonoProbe q;
@@ -237,7 +238,7 @@ int main(int argc, char** argv) {
                                     {"cp.async 16 B", {false, true, 0}},
                                     {"2 slots", {false, false, 2}},
                                     {"6 slots", {false, false, 6}},
-                                    {"release add, acquire poll", {false, false, 0, true}},
+                                    {"fence + atomic counters (before)", {}, false, true},
                                     {"rotated slices", pr(false, true, false, false, false)},
                                     {"copy only, rotated slices", pr(true, true, false, false, false)},
                                     {"copy only, 128-B aligned rows", pr(true, false, true, false, false)},
@@ -250,6 +251,7 @@ int main(int argc, char** argv) {
           const double us = bench::median_us_per_launch(kCopies, [&](int i) {
             mono::Program p = plans[i]->program(rows);
             p.lean = !v.full;
+            p.release_counters = !v.fence;
             return mono::launch_mono_program(p, stream, true, v.probe) == cudaSuccess;
           });
           const double gbs = bytes / (us * 1e-6) / 1e9;

@@ -276,6 +276,11 @@ constexpr KnobInfo kKnobs[] = {
      "runs its stages (no FP8 code for bf16 weights, no attention or MoE code for plain GEMV stages: less code to "
      "fetch); 0: always the full build; the same bits either way; read when the programs are reserved",
      "src/ops/decode_program_cuda.cpp"},
+    {KNOB(kDecodeProgramRelease), "NUCLEUS_DECODE_PROGRAM_RELEASE", KnobType::kFlag, "", "1",
+     "with NUCLEUS_DECODE_PROGRAMS=1, a program's CTAs count their jobs of a stage with one release add after the "
+     "last of them and wait with acquire polls (kernels/mono Program::release_counters); 0: a fence and an atomic "
+     "add a job, a fence after each wait; the same bits either way; read when the programs are reserved",
+     "src/ops/decode_program_cuda.cpp"},
     {KNOB(kWidthBuilds), "NUCLEUS_WIDTH_BUILDS", KnobType::kEnum, "0, 1, lean", "0",
      "the decode graph's MLA front end runs as NVRTC width builds (lean: never fused); "
      "another value is refused at start-up",

@@ -77,6 +77,7 @@ enum class Knob {
   kDecodeProgramAttention,
   kDecodeProgramDense,
   kDecodeProgramLean,
+  kDecodeProgramRelease,
   kWidthBuilds,
   kWidthCooperative,
   kStrictWidths,

@@ -19,6 +19,7 @@ namespace mono = kernels::mono;
 void DecodeProgramRunner::reserve(const MakeStages& make) {
   num_ctas_ = kernels::current_device_sms();
   lean_ = env_flag(Knob::kDecodeProgramLean);  // NUCLEUS_DECODE_PROGRAM_LEAN: the smallest build a program needs
+  release_ = env_flag(Knob::kDecodeProgramRelease);  // NUCLEUS_DECODE_PROGRAM_RELEASE: release/acquire counters
   counters_ = Tensor::empty({mono::kMaxStages + 1}, DType::kI32, Device::kCuda);
   zero_device(counters_);
   for (int i = 0; i < kNumWidths; ++i) {
@@ -68,6 +69,7 @@ bool DecodeProgramRunner::launch(OpContext& ctx, int64_t rows, const std::vector
   prog.jobs = static_cast<const mono::Job*>(jobs_[wi].raw());
   prog.counters = counters_.data<int32_t>();
   prog.lean = lean_;
+  prog.release_counters = release_;
   const cudaError_t e = mono::launch_mono_program(prog, cuda::context().stream, skinny_pdl());
   if (e != cudaSuccess) {
     ctx.fail(internal_error(where + ": " + cudaGetErrorString(e)));

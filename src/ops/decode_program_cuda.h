@@ -39,7 +39,8 @@ class DecodeProgramRunner {
   static constexpr int kNumWidths = 4;
   static constexpr size_t kMaxChecked = 64;  // checked stage lists kept a width (graphs need a few)
   int32_t num_ctas_ = 0;
-  bool lean_ = true;  // Program::lean (NUCLEUS_DECODE_PROGRAM_LEAN)
+  bool lean_ = true;     // Program::lean (NUCLEUS_DECODE_PROGRAM_LEAN)
+  bool release_ = true;  // Program::release_counters (NUCLEUS_DECODE_PROGRAM_RELEASE)
   Tensor counters_, queue_start_[kNumWidths], jobs_[kNumWidths];
   std::vector<int32_t> dealt_jobs_[kNumWidths];  // stage_jobs of each stage the queues were dealt for
   std::map<std::vector<const void*>, std::vector<kernels::mono::Stage>> checked_[kNumWidths];

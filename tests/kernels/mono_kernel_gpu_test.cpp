@@ -341,9 +341,10 @@ TEST_F(MonoKernelGpu, XPastTheSharedMemoryFromGlobal) {
 }
 
 // The benchmark's diagnostic copy path (MonoProbe::cp_async: 16-byte
-// cp.async by every lane of the copy warp), a ring of 2 slots, the
-// release/acquire counters and the full build (Program::lean false, against
-// the bf16 and the FP8 GEMV-only builds) give the default path's bits.
+// cp.async by every lane of the copy warp), a ring of 2 slots, the fence +
+// atomic counters (Program::release_counters false) and the full build
+// (Program::lean false, against the bf16 and the FP8 GEMV-only builds) give
+// the default path's bits.
 TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
   Chain c(2048, 3648, 2048, 2816, 919);
   auto plan = plan_program(layer_chain_stages(c.device_chain(), 16), 8, current_device_sms());
@@ -362,13 +363,15 @@ TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want);
   }
-  Program full = dp.program(6);
-  full.lean = false;
-  ASSERT_EQ(cudaMemsetAsync(c.d_delta_out.raw(), 0xff, c.d_delta_out.nbytes(), stream), cudaSuccess);
-  ASSERT_EQ(launch_mono_program(full, stream, false), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want) << "the full build";
-  // FP8 weights (1,024-byte rows a chunk) through the 16-byte copies and the release counters.
+  for (int v = 0; v < 2; ++v) {
+    Program other = dp.program(6);
+    (v == 0 ? other.lean : other.release_counters) = false;
+    ASSERT_EQ(cudaMemsetAsync(c.d_delta_out.raw(), 0xff, c.d_delta_out.nbytes(), stream), cudaSuccess);
+    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want) << (v == 0 ? "the full build" : "fence counters");
+  }
+  // FP8 weights (1,024-byte rows a chunk) through the 16-byte copies, the full build and the fence counters.
   Chain f(2048, 2112, 2048, 2048, 920, /*fp8=*/true);
   auto fplan = plan_program(layer_chain_stages(f.device_chain(), 16), 4, current_device_sms());
   ASSERT_TRUE(fplan.ok()) << fplan.status().message();
@@ -380,12 +383,14 @@ TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
   ASSERT_EQ(launch_mono_program(fdp.program(3), stream, false, MonoProbe{false, true, 0, true}), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(host_copy<uint16_t>(f.d_delta_out), fwant) << "e4m3, cp.async 16 B, release counters";
-  Program ffull = fdp.program(3);
-  ffull.lean = false;
-  ASSERT_EQ(cudaMemsetAsync(f.d_delta_out.raw(), 0xff, f.d_delta_out.nbytes(), stream), cudaSuccess);
-  ASSERT_EQ(launch_mono_program(ffull, stream, false), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(host_copy<uint16_t>(f.d_delta_out), fwant) << "e4m3, the full build";
+  for (int v = 0; v < 2; ++v) {
+    Program other = fdp.program(3);
+    (v == 0 ? other.lean : other.release_counters) = false;
+    ASSERT_EQ(cudaMemsetAsync(f.d_delta_out.raw(), 0xff, f.d_delta_out.nbytes(), stream), cudaSuccess);
+    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(host_copy<uint16_t>(f.d_delta_out), fwant) << (v == 0 ? "e4m3, the full build" : "e4m3, fence counters");
+  }
 }
 
 TEST_F(MonoKernelGpu, WidestX) {  // k = 8192: x takes 131 KB of shared memory, 5 ring slots
@@ -862,13 +867,17 @@ void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(host_copy<uint16_t>(m.d_delta_out), first);
   EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
-  // The full build (NUCLEUS_DECODE_PROGRAM_LEAN=0) gives the lean build's bits.
-  Program full = dp.program(rows);
-  full.lean = false;
-  ASSERT_EQ(cudaMemsetAsync(m.d_delta_out.raw(), 0xff, m.d_delta_out.nbytes(), stream), cudaSuccess);
-  ASSERT_EQ(launch_mono_program(full, stream, false), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(host_copy<uint16_t>(m.d_delta_out), first) << "the full build";
+  // The full build (NUCLEUS_DECODE_PROGRAM_LEAN=0) and the fence + atomic
+  // counters (NUCLEUS_DECODE_PROGRAM_RELEASE=0) give the default's bits.
+  for (int v = 0; v < 2; ++v) {
+    Program other = dp.program(rows);
+    (v == 0 ? other.lean : other.release_counters) = false;
+    ASSERT_EQ(cudaMemsetAsync(m.d_delta_out.raw(), 0xff, m.d_delta_out.nbytes(), stream), cudaSuccess);
+    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(host_copy<uint16_t>(m.d_delta_out), first) << (v == 0 ? "the full build" : "fence counters");
+    EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+  }
 }
 
 TEST_F(MonoKernelGpu, MoeBlockV2Lite) {  // 64 experts, top-6 softmax, two shared experts (2 x 1408)

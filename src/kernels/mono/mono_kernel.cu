@@ -99,7 +99,7 @@ __device__ __forceinline__ float bf16_round(float f) { return __bfloat162float(_
 // finished; every compute thread must call it. Compute thread s polls stage
 // s's counter, so the waits on several stages overlap their round trips to
 // L2 instead of following one another.
-// (release_acquire: MonoProbe::release, the acquire poll alone, no fence after it.)
+// (release_acquire: Program::release_counters, the acquire poll alone, no fence after it.)
 __device__ void wait_stages(const Program& p, uint32_t mask, int ct, bool release_acquire = false) {
   if (ct < kMaxStages && ct < p.num_stages && (mask >> ct & 1u)) {
     const int s = ct;
@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   const Layout L = layout(slots, k_max);
   const uint32_t ring = ptx::smem_u32(smem + L.ring);
   const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
-  const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = probe & 4;
+  const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = p.release_counters || (probe & 4);
   const bool rotate = probe & 8, packed_rows = probe & 16, contiguous = probe & 32, no_hint = probe & 64;
   unsigned long long* tl = timeline ? timeline + kTimelineFields * blockIdx.x : nullptr;
   if (tl && threadIdx.x == 0) tl[0] = global_ns();
@@ -709,6 +709,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   const int b_row = lane % 8, b_col = ((lane / 8) & 1) * 8;
   uint32_t chunk = 0, group_count = 0;
   int32_t x_stage = -1, x_slot = 0;  // whose x xs holds
+  int32_t uncounted = 0;             // (thread 0, release counters) finished jobs of the stage not yet added
   for (int32_t q = q0; q < q1; ++q) {
     const Job job = p.jobs[q];
     const Stage& s = p.stages[job.stage];
@@ -855,8 +856,16 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     }
     compute_barrier();  // every column written (and the shared scratch free for the next job)
     if (ct == 0) {
-      if (release_acquire) {  // (MonoProbe::release) one release add: the writes before the CTA's barrier first
-        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(p.counters + job.stage) : "memory");
+      if (release_acquire) {
+        // One release add a stage, after the CTA's last job of it (a queue
+        // holds a stage's jobs back to back, and no job waits for its own
+        // stage): the writes before the CTA's barrier first.
+        ++uncounted;
+        if (q + 1 == q1 || p.jobs[q + 1].stage != job.stage) {
+          asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p.counters + job.stage), "r"(uncounted)
+                       : "memory");
+          uncounted = 0;
+        }
       } else {
         __threadfence();
         atomicAdd(p.counters + job.stage, 1);

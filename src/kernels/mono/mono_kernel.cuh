@@ -65,10 +65,8 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //                cp.async (LDGSTS, L2-only) and signal the slot's barrier with
 //                cp.async.mbarrier.arrive, instead of one cp.async.bulk a row;
 //   max_slots    at most this many ring slots (0: as many as fit);
-//   release      a job counts itself done with one red.release.gpu add and
-//                a wait is the ld.acquire.gpu poll alone, instead of
-//                __threadfence (fence.sc) before the add and after the poll
-//                (whether a full fence waits behind the ring's copies);
+//   release      the release counters (Program::release_counters) even
+//                where the program asks for the fence and atomic ones;
 //   rotate       CTA c streams each group's slices starting at slice
 //                c % slices (the sums' order changes, so the low bits may);
 //   packed_rows  copy_only only: rows land at a 1,024-byte pitch (128-byte

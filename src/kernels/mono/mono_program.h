@@ -269,6 +269,12 @@ struct Program {
   // fetch; docs/decode_program.md "The kernel"). false: the full build.
   // NUCLEUS_DECODE_PROGRAM_LEAN. The results are the same bits either way.
   bool lean = true;
+  // Counters: a CTA adds its jobs of a stage with one red.release.gpu after
+  // the last of them (its barrier first), and a wait is the ld.acquire.gpu
+  // poll then the barrier (the pattern of CUTLASS's GenericBarrier); false: a
+  // __threadfence and an atomicAdd a job, and a fence after the poll.
+  // NUCLEUS_DECODE_PROGRAM_RELEASE. The same bits either way.
+  bool release_counters = true;
 };
 
 // Head groups of a kAttend stage.
