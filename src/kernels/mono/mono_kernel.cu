@@ -4,8 +4,10 @@
 //                 the slot's full barrier, issue one bulk copy per weight row.
 //   compute warps: for each job: wait for its stages, x into shared memory;
 //                 for each chunk: wait full, MMAs, arrive empty; per group the
-//                 eight warps' sums; then the epilogue, a fence and the
-//                 counter.
+//                 eight warps' sums; then the epilogue; after the CTA's last
+//                 job of a stage, one release add of its jobs to the stage's
+//                 counter (Program::release_counters; else a fence and an
+//                 add a job).
 #include "kernels/mono/mono_kernel.cuh"
 
 #include <cuda_bf16.h>
