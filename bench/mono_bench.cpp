@@ -34,7 +34,10 @@
 // (core/roofline.h, 4.58 TB/s). Prints a markdown table.
 //
 //   mono_bench [--m 1,2,4,8] [--tiles 16,32,64] [--probe]
-// --probe prints only the diagnostic table (mono_kernel.cuh MonoProbe).
+// --probe prints only the diagnostics (mono_kernel.cuh MonoProbe): the probe
+// table of the one-stage GEMV and the chain, and each one's timeline (per CTA
+// and per stage: when its jobs' waits ended and they were done, and the
+// median job's phases).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -84,6 +84,8 @@ void check_programs(const std::string& model) {
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_JOIN=0 NUCLEUS_DECODE_PROGRAM_ABSORB=0 "
                           "NUCLEUS_DECODE_PROGRAM_ATTN_OUTPUT=0 NUCLEUS_DECODE_PROGRAM_DENSE=0",
                           "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_MAX_ROWS=2 NUCLEUS_DECODE_PROGRAM_ABSORB=0",
+                          // The full kernel build and the fence counters (the switches off).
+                          "NUCLEUS_DECODE_PROGRAMS=1 NUCLEUS_DECODE_PROGRAM_LEAN=0 NUCLEUS_DECODE_PROGRAM_RELEASE=0",
                           "NUCLEUS_DECODE_PROGRAMS=0"}) {
     const bool on = std::string(env).find("PROGRAMS=1") != std::string::npos;
     const bool joined = on && std::string(env).find("JOIN=0") == std::string::npos;

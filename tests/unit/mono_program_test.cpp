@@ -287,6 +287,44 @@ TEST(MonoProgram, Fp8BlockScaledWeightsEqualThePlainChain) {
   refused([](std::vector<Stage>& st) { st[1].w_type = static_cast<WeightType>(7); }, "w_type 7");
 }
 
+// The build a launch takes (program_build, mono_kernel.cu's kernel_for): the
+// GEMV-only builds for unslotted GEMV chains, the FP8 path only for FP8
+// weights, the full build whenever Program::lean is false.
+TEST(MonoProgram, LeanBuildCoversEveryStage) {
+  HostChain bf(/*hidden=*/256, /*front_n=*/160, /*o_k=*/128, /*inter=*/192, /*seed=*/5);
+  HostChain f8(/*hidden=*/256, /*front_n=*/160, /*o_k=*/128, /*inter=*/192, /*seed=*/6, /*fp8=*/true);
+  auto build = [](const std::vector<Stage>& st, bool lean) {
+    Program p;
+    for (size_t i = 0; i < st.size(); ++i) p.stages[i] = st[i];
+    p.num_stages = static_cast<int32_t>(st.size());
+    p.lean = lean;
+    return program_build(p);
+  };
+  std::vector<Stage> chain = layer_chain_stages(bf.chain(), 16);
+  ProgramBuild b = build(chain, true);
+  EXPECT_FALSE(b.fp8);
+  EXPECT_FALSE(b.kinds);
+  b = build(layer_chain_stages(f8.chain(), 16), true);
+  EXPECT_TRUE(b.fp8);
+  EXPECT_FALSE(b.kinds);
+  b = build(chain, false);
+  EXPECT_TRUE(b.fp8 && b.kinds) << "Program::lean false: the full build";
+  // One stage of another kind, or a slotted GEMV, needs the kinds.
+  for (int v = 0; v < 3; ++v) {
+    std::vector<Stage> st = chain;
+    if (v == 0) st.back().kind = Kind::kCombine;
+    if (v == 1) st[1].slots = 2;
+    if (v == 2) st[2].route = reinterpret_cast<const RouteTable*>(&st);  // never read
+    b = build(st, true);
+    EXPECT_TRUE(b.kinds) << "variant " << v;
+    EXPECT_FALSE(b.fp8) << "variant " << v;
+  }
+  // FP8 weights in one stage only.
+  std::vector<Stage> mixed = chain;
+  mixed[1].w_type = WeightType::kFp8Block;
+  EXPECT_TRUE(build(mixed, true).fp8);
+}
+
 // x past kMaxK: a kLoad stage reads it from global memory (x_from_global;
 // o_proj at DeepSeek-V3's 128 heads reads 16,384 values a row), so the plan
 // takes it (and never keeps a global x in shared memory for a later stage);

@@ -645,7 +645,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       }
       const int64_t eb = weight_element_bytes(s);
       const int32_t slices = stage_slices(s);
-      const int32_t rot = rotate ? static_cast<int32_t>(blockIdx.x) % slices : 0;
+      const int32_t rot = rotate && slices > 0 ? static_cast<int32_t>(blockIdx.x) % slices : 0;
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
         for (int32_t si = 0; si < slices; ++si, ++chunk) {
@@ -756,7 +756,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
       const float* scale = nullptr;
       if (fp8 && groups > 0)
         scale = expert_scale(s, routed(s) ? __ldcg(&s.route->expert[slot]) : slotted(s) ? slot : 0);
-      const int32_t rot = rotate ? static_cast<int32_t>(blockIdx.x) % slices : 0;
+      const int32_t rot = rotate && slices > 0 ? static_cast<int32_t>(blockIdx.x) % slices : 0;
       for (int32_t g = 0; g < groups; ++g) {
         const GroupRows gr = job_group(s, job.tile, g);
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -859,9 +859,10 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
     compute_barrier();  // every column written (and the shared scratch free for the next job)
     if (ct == 0) {
       if (release_acquire) {
-        // One release add a stage, after the CTA's last job of it (a queue
-        // holds a stage's jobs back to back, and no job waits for its own
-        // stage): the writes before the CTA's barrier first.
+        // One release add a stage, after the CTA's last job of a run of it
+        // (deal_jobs keeps a stage's jobs back to back, so one add; no job
+        // waits for its own stage, and a waiter needs all of a stage's jobs):
+        // the writes before the CTA's barrier first.
         ++uncounted;
         if (q + 1 == q1 || p.jobs[q + 1].stage != job.stage) {
           asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p.counters + job.stage), "r"(uncounted)
@@ -892,15 +893,11 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
 
 using Kernel = void (*)(Program, int, int64_t, int, unsigned long long*);
 
-// The smallest build that runs every stage of `p` (the full one unless p.lean).
+// The build program_build(p) names.
 Kernel kernel_for(const Program& p) {
-  bool fp8 = !p.lean, kinds = !p.lean;
-  for (int s = 0; s < p.num_stages; ++s) {
-    fp8 |= fp8_weights(p.stages[s]);
-    kinds |= p.stages[s].kind != Kind::kGemv || slotted(p.stages[s]);
-  }
-  return fp8 ? (kinds ? mono_program_kernel<true, true> : mono_program_kernel<true, false>)
-             : (kinds ? mono_program_kernel<false, true> : mono_program_kernel<false, false>);
+  const ProgramBuild b = program_build(p);
+  return b.fp8 ? (b.kinds ? mono_program_kernel<true, true> : mono_program_kernel<true, false>)
+               : (b.kinds ? mono_program_kernel<false, true> : mono_program_kernel<false, false>);
 }
 
 int slots_for(const Program& p, const MonoProbe& probe = {}) {
@@ -925,6 +922,7 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl,
       p.num_stages < 1 || p.num_stages > kMaxStages || !p.queue_start || !p.jobs || !p.counters || p.num_ctas < 1 ||
       p.num_ctas > current_device_sms())
     return cudaErrorInvalidValue;
+  if ((probe.packed_rows || probe.contiguous) && !probe.copy_only) return cudaErrorInvalidValue;  // garbage sums
   const int slots = slots_for(p, probe);
   if (slots < kMinSlots && !(probe.max_slots > 0 && slots >= 1)) return cudaErrorInvalidValue;
   const cudaError_t attr = cuda_common::once_per_device([] {

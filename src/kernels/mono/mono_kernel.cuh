@@ -17,7 +17,8 @@
 //    rows of x as B: "swap AB", so 1 ... 8 rows cost the same), each warp 64
 //    of the slice's k; the eight warps' partial products are added in a fixed
 //    order (bit-identical from launch to launch); then the epilogue writes the
-//    job's columns, and one thread fences and adds 1 to the stage's counter.
+//    job's columns; after its last job of a stage the CTA adds its count of
+//    them to the stage's counter (Program::release_counters).
 //    A kSelect job routes one row a warp (warp-wide arg-max rounds) and writes
 //    the route table; a kCombine job sums the routed outputs by the table;
 //  - routed jobs: the copy warp waits for the route table (the select stage's
@@ -82,7 +83,9 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //                done issuing; for its queue's job j < kTimelineJobs: 6 + 4 j
 //                the job's waits done, 7 + 4 j its x built (a GEMV that builds
 //                one), 8 + 4 j its last chunk used (a GEMV), 9 + 4 j its
-//                outputs stored and counted.
+//                outputs stored (and, with fence counters or as the CTA's
+//                last job of the stage, counted);
+//   packed_rows and contiguous need copy_only (cudaErrorInvalidValue else).
 // Results are the program's (copy_only: the outputs are not computed).
 inline constexpr int kTimelineJobs = 24;
 inline constexpr int kTimelineFields = 6 + 4 * kTimelineJobs;
@@ -95,7 +98,7 @@ struct MonoProbe {
   bool packed_rows = false;
   bool contiguous = false;
   bool no_hint = false;
-  unsigned long long* timeline = nullptr;  // [num_ctas][6] on the device
+  unsigned long long* timeline = nullptr;  // [num_ctas][kTimelineFields] on the device
 };
 cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl, const MonoProbe& probe);
 // The ring slots a launch with `probe` uses.

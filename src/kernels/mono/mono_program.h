@@ -294,6 +294,24 @@ NUCLEUS_MONO_HD inline int32_t stage_jobs(const Stage& s) {
   return (slotted(s) ? s.slots : 1) * tiles_per_slot(s);
 }
 NUCLEUS_MONO_HD inline bool fp8_weights(const Stage& s) { return s.w_type == WeightType::kFp8Block; }
+
+// Which build of the kernel a launch of `p` takes (Program::lean): with the
+// FP8 weight path if a stage has FP8 weights, with the other stage kinds if a
+// stage is not an unslotted GEMV (routed and slotted GEMVs, select, RoPE,
+// attend, merge, combine); both when !p.lean. Engine programs always have a
+// RoPE or a combine stage, so lean only drops the FP8 path for bf16 weights.
+struct ProgramBuild {
+  bool fp8 = true;
+  bool kinds = true;
+};
+NUCLEUS_MONO_HD inline ProgramBuild program_build(const Program& p) {
+  ProgramBuild b{!p.lean, !p.lean};
+  for (int s = 0; s < p.num_stages; ++s) {
+    b.fp8 = b.fp8 || fp8_weights(p.stages[s]);
+    b.kinds = b.kinds || p.stages[s].kind != Kind::kGemv || slotted(p.stages[s]);
+  }
+  return b;
+}
 // A kGemv stage whose x the kernel reads from global memory (L1 / L2) in the
 // MMA loop instead of building it in shared memory: kLoad past kMaxK.
 NUCLEUS_MONO_HD inline bool x_from_global(const Stage& s) {
