@@ -165,6 +165,29 @@ int main(int argc, char** argv) {
   Tensor x_norm = bench::random_bf16(kRows * kHidden, 0), front = bench::random_bf16(kRows * kFront, 0),
          o = bench::random_bf16(kRows * kHidden, 0), gate_up = bench::random_bf16(kRows * 2 * kInter, 0),
          h = bench::random_bf16(kRows * kInter, 0), delta_out = bench::random_bf16(kRows * kHidden, 0);
+  // The layer chain over weight copy i and the shared activations.
+  auto layer_chain = [&](int i) {
+    mono::LayerChain lc;
+    lc.hidden = kHidden;
+    lc.front_n = kFront;
+    lc.o_k = kOk;
+    lc.inter = kInter;
+    lc.w_front = ptr<uint16_t>(w[i].front);
+    lc.w_o = ptr<uint16_t>(w[i].o);
+    lc.w_gate_up = ptr<uint16_t>(w[i].gate_up);
+    lc.w_down = ptr<uint16_t>(w[i].down);
+    lc.input_norm = ptr<float>(input_norm);
+    lc.post_norm = ptr<float>(post_norm);
+    lc.residual_in = ptr<float>(residual);
+    lc.delta_in = ptr<uint16_t>(delta);
+    lc.residual_mid = ptr<float>(residual_mid);
+    lc.residual_out = ptr<float>(residual_out);
+    lc.front = ptr<uint16_t>(front);
+    lc.o = ptr<uint16_t>(o);
+    lc.h = ptr<uint16_t>(h);
+    lc.delta_out = ptr<uint16_t>(delta_out);
+    return lc;
+  };
   const double weight_bytes = static_cast<double>((kFront * kHidden + kHidden * kOk + 2 * kInter * kHidden +
                                                    kHidden * kInter) *
                                                   2);
@@ -195,26 +218,7 @@ int main(int argc, char** argv) {
             g.tile = 16;
             st = {g};
           } else {
-            mono::LayerChain lc;
-            lc.hidden = kHidden;
-            lc.front_n = kFront;
-            lc.o_k = kOk;
-            lc.inter = kInter;
-            lc.w_front = ptr<uint16_t>(w[i].front);
-            lc.w_o = ptr<uint16_t>(w[i].o);
-            lc.w_gate_up = ptr<uint16_t>(w[i].gate_up);
-            lc.w_down = ptr<uint16_t>(w[i].down);
-            lc.input_norm = ptr<float>(input_norm);
-            lc.post_norm = ptr<float>(post_norm);
-            lc.residual_in = ptr<float>(residual);
-            lc.delta_in = ptr<uint16_t>(delta);
-            lc.residual_mid = ptr<float>(residual_mid);
-            lc.residual_out = ptr<float>(residual_out);
-            lc.front = ptr<uint16_t>(front);
-            lc.o = ptr<uint16_t>(o);
-            lc.h = ptr<uint16_t>(h);
-            lc.delta_out = ptr<uint16_t>(delta_out);
-            st = mono::layer_chain_stages(lc, 16);
+            st = mono::layer_chain_stages(layer_chain(i), 16);
           }
           plans.push_back(device_plan(st, m, c.num_sms));
           if (!plans.back()) return 1;
@@ -393,26 +397,8 @@ int main(int argc, char** argv) {
       const int width = static_cast<int>(m);
       bool planned = true;
       for (int i = 0; i < kCopies; ++i) {
-        mono::LayerChain lc;
-        lc.hidden = kHidden;
-        lc.front_n = kFront;
-        lc.o_k = kOk;
-        lc.inter = kInter;
-        lc.w_front = ptr<uint16_t>(w[i].front);
-        lc.w_o = ptr<uint16_t>(w[i].o);
-        lc.w_gate_up = ptr<uint16_t>(w[i].gate_up);
-        lc.w_down = ptr<uint16_t>(w[i].down);
-        lc.input_norm = ptr<float>(input_norm);
-        lc.post_norm = ptr<float>(post_norm);
-        lc.residual_in = ptr<float>(residual);
-        lc.delta_in = ptr<uint16_t>(delta);
-        lc.residual_mid = ptr<float>(residual_mid);
-        lc.residual_out = ptr<float>(residual_out);
-        lc.front = ptr<uint16_t>(front);
-        lc.o = ptr<uint16_t>(o);
-        lc.h = ptr<uint16_t>(h);
-        lc.delta_out = ptr<uint16_t>(delta_out);
-        copies.push_back(device_plan(mono::layer_chain_stages(lc, static_cast<int32_t>(tile)), width, c.num_sms));
+        copies.push_back(
+            device_plan(mono::layer_chain_stages(layer_chain(i), static_cast<int32_t>(tile)), width, c.num_sms));
         if (!copies.back()) {
           planned = false;
           break;

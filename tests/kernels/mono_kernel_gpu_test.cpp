@@ -237,6 +237,22 @@ struct DevicePlan {
   }
 };
 
+// The full build (NUCLEUS_DECODE_PROGRAM_LEAN=0) and the fence + atomic
+// counters (NUCLEUS_DECODE_PROGRAM_RELEASE=0) give the default's bits `want`
+// in `out` (poisoned before each launch) and leave the counters at zero.
+void expect_switches_keep_bits(DevicePlan& dp, int32_t rows, const Tensor& out, const std::vector<uint16_t>& want) {
+  cudaStream_t stream = cuda::context().stream;
+  for (int v = 0; v < 2; ++v) {
+    Program other = dp.program(rows);
+    (v == 0 ? other.lean : other.release_counters) = false;
+    ASSERT_EQ(cudaMemsetAsync(out.raw(), 0xff, out.nbytes(), stream), cudaSuccess);  // NaN
+    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(host_copy<uint16_t>(out), want) << (v == 0 ? "the full build" : "fence counters");
+    EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
+  }
+}
+
 std::vector<float> widen(const std::vector<float>& v) { return v; }
 std::vector<float> widen(const std::vector<uint16_t>& v) { return from_bf16(v); }
 
@@ -361,15 +377,7 @@ TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want);
   }
-  for (int v = 0; v < 2; ++v) {
-    Program other = dp.program(6);
-    (v == 0 ? other.lean : other.release_counters) = false;
-    ASSERT_EQ(cudaMemsetAsync(c.d_delta_out.raw(), 0xff, c.d_delta_out.nbytes(), stream), cudaSuccess);
-    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_EQ(host_copy<uint16_t>(c.d_delta_out), want) << (v == 0 ? "the full build" : "fence counters");
-    EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
-  }
+  expect_switches_keep_bits(dp, 6, c.d_delta_out, want);
   // FP8 weights (1,024-byte rows a chunk) through the 16-byte copies, the full build and the fence counters.
   Chain f(2048, 2112, 2048, 2048, 920, /*fp8=*/true);
   auto fplan = plan_program(layer_chain_stages(f.device_chain(), 16), 4, current_device_sms());
@@ -382,15 +390,7 @@ TEST_F(MonoKernelGpu, ProbeCopyPathsGiveTheSameBits) {
   ASSERT_EQ(launch_mono_program(fdp.program(3), stream, false, MonoProbe{false, true, 0}), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(host_copy<uint16_t>(f.d_delta_out), fwant) << "e4m3, cp.async 16 B";
-  for (int v = 0; v < 2; ++v) {
-    Program other = fdp.program(3);
-    (v == 0 ? other.lean : other.release_counters) = false;
-    ASSERT_EQ(cudaMemsetAsync(f.d_delta_out.raw(), 0xff, f.d_delta_out.nbytes(), stream), cudaSuccess);
-    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_EQ(host_copy<uint16_t>(f.d_delta_out), fwant) << (v == 0 ? "e4m3, the full build" : "e4m3, fence counters");
-    EXPECT_EQ(host_copy<int32_t>(fdp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
-  }
+  expect_switches_keep_bits(fdp, 3, f.d_delta_out, fwant);
   // The copy-only layouts refuse to run a program whose sums they would spoil.
   MonoProbe bad;
   bad.contiguous = true;
@@ -873,15 +873,7 @@ void run_moe_case(Moe& m, int32_t width, int32_t rows, int32_t tile) {
   EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
   // The full build (NUCLEUS_DECODE_PROGRAM_LEAN=0) and the fence + atomic
   // counters (NUCLEUS_DECODE_PROGRAM_RELEASE=0) give the default's bits.
-  for (int v = 0; v < 2; ++v) {
-    Program other = dp.program(rows);
-    (v == 0 ? other.lean : other.release_counters) = false;
-    ASSERT_EQ(cudaMemsetAsync(m.d_delta_out.raw(), 0xff, m.d_delta_out.nbytes(), stream), cudaSuccess);
-    ASSERT_EQ(launch_mono_program(other, stream, false), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_EQ(host_copy<uint16_t>(m.d_delta_out), first) << (v == 0 ? "the full build" : "fence counters");
-    EXPECT_EQ(host_copy<int32_t>(dp.counters), std::vector<int32_t>(kMaxStages + 1, 0));
-  }
+  expect_switches_keep_bits(dp, rows, m.d_delta_out, first);
 }
 
 TEST_F(MonoKernelGpu, MoeBlockV2Lite) {  // 64 experts, top-6 softmax, two shared experts (2 x 1408)

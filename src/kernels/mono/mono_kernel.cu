@@ -585,7 +585,7 @@ __device__ void combine_job(const Program& p, const Stage& s, int32_t job, float
   }
 }
 
-// probe: bit 0 copy_only, bit 1 cp_async, bit 2 release, 3 rotate, 4 packed_rows, 5 contiguous, 6 no_hint
+// probe: bit 0 copy_only, bit 1 cp_async, 3 rotate, 4 packed_rows, 5 contiguous, 6 no_hint
 // (MonoProbe); 0 and a null timeline in the engine. The builds (Program::lean): kFp8 with FP8 weights,
 // kKinds with the stages other than unslotted GEMVs (routed and slotted GEMVs, select, RoPE, attend, merge,
 // combine); the full build has both.
@@ -597,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) mono_program_kernel(const __grid_
   const Layout L = layout(slots, k_max);
   const uint32_t ring = ptx::smem_u32(smem + L.ring);
   const uint32_t full = ptx::smem_u32(smem + L.full), empty = ptx::smem_u32(smem + L.empty);
-  const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = p.release_counters || (probe & 4);
+  const bool copy_only = probe & 1, lane_copies = probe & 2, release_acquire = p.release_counters;
   const bool rotate = probe & 8, packed_rows = probe & 16, contiguous = probe & 32, no_hint = probe & 64;
   unsigned long long* tl = timeline ? timeline + kTimelineFields * blockIdx.x : nullptr;
   if (tl && threadIdx.x == 0) tl[0] = global_ns();
@@ -939,7 +939,7 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl,
   const cudaError_t e =
       pdl::launch(kernel_for(p), static_cast<int64_t>(p.num_ctas), kThreads, smem, pdl, stream, p, slots,
                   widest_k(p),
-                  (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) | (probe.release ? 4 : 0) |
+                  (probe.copy_only ? 1 : 0) | (probe.cp_async ? 2 : 0) |
                       (probe.rotate ? 8 : 0) | (probe.packed_rows ? 16 : 0) | (probe.contiguous ? 32 : 0) |
                       (probe.no_hint ? 64 : 0),
                   probe.timeline);

@@ -66,8 +66,6 @@ cudaError_t launch_mono_program(const Program& p, cudaStream_t stream, bool pdl)
 //                cp.async (LDGSTS, L2-only) and signal the slot's barrier with
 //                cp.async.mbarrier.arrive, instead of one cp.async.bulk a row;
 //   max_slots    at most this many ring slots (0: as many as fit);
-//   release      the release counters (Program::release_counters) even
-//                where the program asks for the fence and atomic ones;
 //   rotate       CTA c streams each group's slices starting at slice
 //                c % slices (the sums' order changes, so the low bits may);
 //   packed_rows  copy_only only: rows land at a 1,024-byte pitch (128-byte
@@ -93,7 +91,6 @@ struct MonoProbe {
   bool copy_only = false;
   bool cp_async = false;
   int max_slots = 0;
-  bool release = false;
   bool rotate = false;
   bool packed_rows = false;
   bool contiguous = false;
